@@ -1,0 +1,26 @@
+# Test helpers.
+#   dptrain_add_gtest(NAME LABEL label SOURCES ...): a GoogleTest executable, one ctest per test.
+#   dptrain_add_mpi_test(NAME name NP n SOURCES ...): runs under mpiexec with n ranks; flags for
+#     containers / root (--oversubscribe, --allow-run-as-root) come from MPIEXEC_PREFLAGS.
+function(dptrain_add_gtest name)
+  cmake_parse_arguments(A "" "LABEL" "SOURCES" ${ARGN})
+  if(NOT A_SOURCES)
+    return()
+  endif()
+  add_executable(${name} ${A_SOURCES})
+  target_link_libraries(${name} PRIVATE dptrain_testing GTest::gtest_main dptrain::warnings)
+  gtest_discover_tests(${name} DISCOVERY_MODE PRE_TEST PROPERTIES LABELS ${A_LABEL} TIMEOUT 300)
+endfunction()
+
+function(dptrain_add_mpi_test)
+  cmake_parse_arguments(A "" "NAME;NP" "SOURCES" ${ARGN})
+  set(exe mpi_${A_NAME})
+  add_executable(${exe} ${A_SOURCES} ${PROJECT_SOURCE_DIR}/tests/testing/mpi_main.cc)
+  target_link_libraries(${exe} PRIVATE dptrain_testing GTest::gtest dptrain::warnings dptrain::mpi)
+  separate_arguments(_pre UNIX_COMMAND "${MPIEXEC_PREFLAGS}")
+  add_test(NAME mpi.${A_NAME}.np${A_NP}
+    COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${A_NP} ${_pre} $<TARGET_FILE:${exe}>
+            ${MPIEXEC_POSTFLAGS})
+  set_tests_properties(mpi.${A_NAME}.np${A_NP} PROPERTIES PROCESSORS ${A_NP} TIMEOUT 120
+    LABELS mpi ENVIRONMENT "OMPI_MCA_mpi_yield_when_idle=1;OMPI_MCA_rmaps_base_oversubscribe=1")
+endfunction()

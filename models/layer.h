@@ -1,0 +1,82 @@
+// SPDX-License-Identifier: Apache-2.0
+// The layer interface. A layer owns its output and input-gradient buffers (sized for the largest
+// batch at Setup), keeps what backward needs from forward, and talks only to the Backend.
+// Parameters and gradients are not owned: the Model binds views into its flat buffers.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "runtime/backend.h"
+#include "runtime/tensor.h"
+
+namespace dptrain {
+
+// How a parameter is initialised (PyTorch defaults).
+enum class Init : uint8_t {
+  kFanInUniform,  // U(-1/sqrt(fan_in), 1/sqrt(fan_in)): nn.Conv2d / nn.Linear weight and bias
+  kZeros,
+  kOnes,
+};
+
+// A parameter or buffer a layer exposes. `value` and `grad` point at the layer's members; the
+// Model assigns views of its flat buffers to them. Buffers (running statistics) have no grad.
+struct ParamRef {
+  std::string name;  // relative to the layer: "weight", "bias", "0.conv1.weight"
+  Shape shape;
+  Init init = Init::kZeros;
+  int64_t fan_in = 1;
+  Tensor* value = nullptr;
+  Tensor* grad = nullptr;
+};
+
+struct SetupOptions {
+  Precision precision = Precision::kF32;
+  bool need_dx = true;  // false for the first layer: nobody consumes the gradient of the input
+};
+
+// Per-forward context. sample_offset is the position of this batch's first sample within the
+// step's global batch so stochastic layers (dropout) draw the same numbers on any world size.
+struct ForwardContext {
+  bool training = false;
+  uint64_t seed = 0;  // run seed
+  int64_t step = 0;   // optimizer step
+  int64_t sample_offset = 0;
+};
+
+class Layer {
+ public:
+  Layer(Backend& backend, std::string name) : backend_(backend), name_(std::move(name)) {}
+  virtual ~Layer() = default;
+  Layer(const Layer&) = delete;
+  Layer& operator=(const Layer&) = delete;
+
+  const std::string& name() const { return name_; }
+  virtual std::string type() const = 0;
+
+  // Prepares for inputs of shape `in` (dimension 0 = the largest batch); returns the output
+  // shape. Allocates output / dx buffers and backend plans. Called once.
+  virtual Shape Setup(const Shape& in, const SetupOptions& opts) = 0;
+  // Trainable parameters and non-trainable buffers, in forward order.
+  virtual void ListParams(std::vector<ParamRef>* /*out*/) {}
+  virtual void ListBuffers(std::vector<ParamRef>* /*out*/) {}
+
+  // x: (n, ...) with n <= the Setup batch. Returns the output (a view owned by the layer, valid
+  // until the next Forward). In training mode keeps x and what backward needs.
+  virtual const Tensor& Forward(const Tensor& x, const ForwardContext& ctx) = 0;
+  // dy: gradient of the loss w.r.t. the last Forward's output. Writes parameter gradients
+  // (added to existing values when accumulate is true) and returns dx (undefined when the layer
+  // was set up with need_dx = false).
+  virtual const Tensor& Backward(const Tensor& dy, bool accumulate) = 0;
+
+  // Bytes of activations this layer holds per sample (outputs, saved inputs, workspaces), for
+  // `dptrain plan`.
+  virtual int64_t ActivationBytesPerSample() const { return 0; }
+
+ protected:
+  Backend& backend_;
+  std::string name_;
+};
+
+}  // namespace dptrain

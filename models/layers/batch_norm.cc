@@ -1,0 +1,54 @@
+// SPDX-License-Identifier: Apache-2.0
+// BatchNorm layer.
+#include "models/layers/batch_norm.h"
+
+#include "runtime/error.h"
+
+namespace dptrain {
+
+Shape BatchNorm::Setup(const Shape& in, const SetupOptions& opts) {
+  DPT_CHECK_AS(ConfigError, in.rank() == 2 || in.rank() == 4)
+      << "batchnorm '" << name_ << "' needs (N, C) or (N, C, H, W) input, got " << in.ToString();
+  channels_ = in[1];
+  per_sample_ = in.numel() / in[0];
+  need_dx_ = opts.need_dx;
+  save_mean_ = backend_.Empty(Shape{channels_}, DType::kF32, name_ + " saved mean");
+  save_invstd_ = backend_.Empty(Shape{channels_}, DType::kF32, name_ + " saved invstd");
+  out_ = backend_.Empty(in, DType::kF32, name_ + " output");
+  if (need_dx_) dx_buf_ = backend_.Empty(in, DType::kF32, name_ + " input gradient");
+  return in;
+}
+
+void BatchNorm::ListParams(std::vector<ParamRef>* out) {
+  out->push_back({"weight", Shape{channels_}, Init::kOnes, 1, &gamma_, &ggamma_});
+  out->push_back({"bias", Shape{channels_}, Init::kZeros, 1, &beta_, &gbeta_});
+}
+
+void BatchNorm::ListBuffers(std::vector<ParamRef>* out) {
+  out->push_back({"running_mean", Shape{channels_}, Init::kZeros, 1, &running_mean_, nullptr});
+  out->push_back({"running_var", Shape{channels_}, Init::kOnes, 1, &running_var_, nullptr});
+}
+
+const Tensor& BatchNorm::Forward(const Tensor& x, const ForwardContext& ctx) {
+  y_ = out_.Batch(x.shape()[0]);
+  x_ = x;
+  if (ctx.training) {
+    backend_.BatchNormForwardTraining(args_, x, gamma_, beta_, &running_mean_, &running_var_, &y_,
+                                      &save_mean_, &save_invstd_);
+  } else {
+    backend_.BatchNormForwardInference(args_, x, gamma_, beta_, running_mean_, running_var_, &y_);
+  }
+  return y_;
+}
+
+const Tensor& BatchNorm::Backward(const Tensor& dy, bool accumulate) {
+  // The backend computes dx together with the parameter gradients; without need_dx it writes
+  // into the output buffer, which is no longer needed once backward has reached this layer.
+  dx_ = need_dx_ ? dx_buf_.Batch(dy.shape()[0]) : out_.Batch(dy.shape()[0]);
+  backend_.BatchNormBackward(x_, dy, gamma_, save_mean_, save_invstd_, &dx_, &ggamma_, &gbeta_,
+                             accumulate);
+  if (!need_dx_) dx_ = Tensor();
+  return dx_;
+}
+
+}  // namespace dptrain

@@ -1,0 +1,73 @@
+// SPDX-License-Identifier: Apache-2.0
+// Conv2d layer: plans the backend op once per batch size, runs forward/backward through it.
+#include "models/layers/conv2d.h"
+
+#include "runtime/error.h"
+
+namespace dptrain {
+
+Conv2d::Conv2d(Backend& be, std::string name, int64_t out_channels, int64_t kernel, int64_t stride,
+               int64_t pad, bool bias)
+    : Layer(be, std::move(name)),
+      out_channels_(out_channels),
+      kernel_(kernel),
+      stride_(stride),
+      pad_(pad),
+      bias_(bias) {}
+
+Shape Conv2d::Setup(const Shape& in, const SetupOptions& opts) {
+  DPT_CHECK_AS(ConfigError, in.rank() == 4)
+      << "conv2d '" << name_ << "' needs (N, C, H, W) input, got " << in.ToString();
+  desc_ = Conv2dDesc{in[0],   in[1],   in[2], in[3], out_channels_, kernel_,
+                     kernel_, stride_, pad_,  bias_, opts.precision};
+  DPT_CHECK_AS(ConfigError, desc_.out_h() > 0 && desc_.out_w() > 0)
+      << "conv2d '" << name_ << "': kernel " << kernel_ << " with pad " << pad_
+      << " does not fit input " << in.ToString();
+  if (!backend_.Supports(desc_)) {
+    DPT_THROW(UnsupportedError) << backend_.name() << ": " << desc_.ToString();
+  }
+  need_dx_ = opts.need_dx;
+  plan_ = backend_.PrepareConv2d(desc_);
+  const Shape out{in[0], out_channels_, desc_.out_h(), desc_.out_w()};
+  out_ = backend_.Empty(out, DType::kF32, name_ + " output");
+  if (need_dx_) dx_buf_ = backend_.Empty(in, DType::kF32, name_ + " input gradient");
+  return out;
+}
+
+void Conv2d::ListParams(std::vector<ParamRef>* out) {
+  const int64_t fan_in = desc_.c * kernel_ * kernel_;
+  out->push_back({"weight", Shape{out_channels_, desc_.c, kernel_, kernel_}, Init::kFanInUniform,
+                  fan_in, &w_, &gw_});
+  if (bias_) out->push_back({"bias", Shape{out_channels_}, Init::kFanInUniform, fan_in, &b_, &gb_});
+}
+
+void Conv2d::PrepareFor(int64_t n) {
+  if (n == desc_.n) return;
+  desc_.n = n;
+  plan_ = backend_.PrepareConv2d(desc_);
+}
+
+const Tensor& Conv2d::Forward(const Tensor& x, const ForwardContext& /*ctx*/) {
+  PrepareFor(x.shape()[0]);
+  x_ = x;
+  y_ = out_.Batch(desc_.n);
+  backend_.Conv2dForward(*plan_, x, w_, bias_ ? &b_ : nullptr, &y_);
+  return y_;
+}
+
+const Tensor& Conv2d::Backward(const Tensor& dy, bool accumulate) {
+  backend_.Conv2dBackwardWeights(*plan_, x_, dy, &gw_, bias_ ? &gb_ : nullptr, accumulate);
+  if (need_dx_) {
+    dx_ = dx_buf_.Batch(desc_.n);
+    backend_.Conv2dBackwardData(*plan_, dy, w_, &dx_);
+  }
+  return dx_;
+}
+
+int64_t Conv2d::ActivationBytesPerSample() const {
+  const int64_t out = out_channels_ * desc_.out_h() * desc_.out_w();
+  const int64_t in = desc_.c * desc_.h * desc_.w;
+  return 4 * (out + (need_dx_ ? in : 0));
+}
+
+}  // namespace dptrain

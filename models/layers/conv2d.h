@@ -1,0 +1,36 @@
+// SPDX-License-Identifier: Apache-2.0
+// 2-D convolution, as torch.nn.Conv2d: weight (K, C, R, S), optional bias (K), square kernel,
+// symmetric padding. x: (N, C, H, W) -> y: (N, K, P, Q).
+#pragma once
+
+#include <memory>
+
+#include "models/layer.h"
+
+namespace dptrain {
+
+class Conv2d final : public Layer {
+ public:
+  Conv2d(Backend& be, std::string name, int64_t out_channels, int64_t kernel, int64_t stride,
+         int64_t pad, bool bias);
+  std::string type() const override { return "conv2d"; }
+  Shape Setup(const Shape& in, const SetupOptions& opts) override;
+  void ListParams(std::vector<ParamRef>* out) override;
+  const Tensor& Forward(const Tensor& x, const ForwardContext& ctx) override;
+  const Tensor& Backward(const Tensor& dy, bool accumulate) override;
+  int64_t ActivationBytesPerSample() const override;
+
+ private:
+  void PrepareFor(int64_t n);
+
+  int64_t out_channels_, kernel_, stride_, pad_;
+  bool bias_;
+  bool need_dx_ = true;
+  Conv2dDesc desc_;
+  std::shared_ptr<OpPlan> plan_;
+  Tensor w_, b_, gw_, gb_;
+  Tensor out_, dx_buf_;  // (max N, ...)
+  Tensor x_, y_, dx_;    // views for the current batch
+};
+
+}  // namespace dptrain

@@ -1,0 +1,69 @@
+// SPDX-License-Identifier: Apache-2.0
+// Pooling layer. Max pooling keeps the backend's workspace (argmax positions) from the training
+// forward for backward.
+#include "models/layers/pool.h"
+
+#include "runtime/error.h"
+
+namespace dptrain {
+
+Pool2d::Pool2d(Backend& be, std::string name, PoolKind kind, int64_t kernel, int64_t stride,
+               int64_t pad)
+    : Layer(be, std::move(name)), kind_(kind), kernel_(kernel), stride_(stride), pad_(pad) {}
+
+Shape Pool2d::Setup(const Shape& in, const SetupOptions& opts) {
+  DPT_CHECK_AS(ConfigError, in.rank() == 4)
+      << type() << " '" << name_ << "' needs (N, C, H, W) input, got " << in.ToString();
+  int64_t kernel = kernel_, stride = stride_;
+  if (kernel == 0) {  // global pooling
+    DPT_CHECK_AS(ConfigError, in[2] == in[3])
+        << "global " << type() << " '" << name_ << "' needs square input, got " << in.ToString();
+    kernel = in[2];
+    stride = in[2];
+  }
+  desc_ = PoolDesc{kind_, in[0], in[1], in[2], in[3], kernel, stride == 0 ? kernel : stride, pad_};
+  DPT_CHECK_AS(ConfigError, desc_.out_h() > 0 && desc_.out_w() > 0 && pad_ * 2 <= kernel)
+      << type() << " '" << name_ << "': kernel " << kernel << " pad " << pad_
+      << " does not fit input " << in.ToString();
+  if (!backend_.Supports(desc_))
+    DPT_THROW(UnsupportedError) << backend_.name() << ": " << desc_.ToString();
+  need_dx_ = opts.need_dx;
+  plan_ = backend_.PreparePool(desc_);
+  const Shape out{in[0], in[1], desc_.out_h(), desc_.out_w()};
+  out_ = backend_.Empty(out, DType::kF32, name_ + " output");
+  if (need_dx_) dx_buf_ = backend_.Empty(in, DType::kF32, name_ + " input gradient");
+  if (plan_->workspace_bytes > 0) {
+    ws_ = backend_.Empty(Shape{static_cast<int64_t>(plan_->workspace_bytes)}, DType::kU8,
+                         name_ + " workspace");
+  }
+  return out;
+}
+
+const Tensor& Pool2d::Forward(const Tensor& x, const ForwardContext& ctx) {
+  const int64_t n = x.shape()[0];
+  if (n != desc_.n) {
+    desc_.n = n;
+    plan_ = backend_.PreparePool(desc_);
+  }
+  y_ = out_.Batch(n);
+  have_ws_ = ctx.training && ws_.defined();
+  backend_.PoolForward(*plan_, x, &y_, have_ws_ ? &ws_ : nullptr);
+  return y_;
+}
+
+const Tensor& Pool2d::Backward(const Tensor& dy, bool /*accumulate*/) {
+  if (!need_dx_) return dx_;
+  DPT_CHECK(have_ws_ || kind_ == PoolKind::kAvg) << "pool backward without a training forward";
+  dx_ = dx_buf_.Batch(desc_.n);
+  backend_.PoolBackward(*plan_, dy, have_ws_ ? &ws_ : nullptr, &dx_);
+  return dx_;
+}
+
+int64_t Pool2d::ActivationBytesPerSample() const {
+  const int64_t out = desc_.c * desc_.out_h() * desc_.out_w();
+  const int64_t in = desc_.c * desc_.h * desc_.w;
+  const int64_t ws = ws_.defined() && desc_.n > 0 ? ws_.numel() / desc_.n : 0;
+  return 4 * (out + (need_dx_ ? in : 0)) + ws;
+}
+
+}  // namespace dptrain

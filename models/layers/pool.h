@@ -1,0 +1,32 @@
+// SPDX-License-Identifier: Apache-2.0
+// Max and average pooling, as torch.nn.MaxPool2d / AvgPool2d (floor mode, average counts padding).
+// kernel = 0 means global pooling over the whole (H, W).
+#pragma once
+
+#include <memory>
+
+#include "models/layer.h"
+
+namespace dptrain {
+
+class Pool2d final : public Layer {
+ public:
+  Pool2d(Backend& be, std::string name, PoolKind kind, int64_t kernel, int64_t stride, int64_t pad);
+  std::string type() const override { return kind_ == PoolKind::kMax ? "maxpool" : "avgpool"; }
+  Shape Setup(const Shape& in, const SetupOptions& opts) override;
+  const Tensor& Forward(const Tensor& x, const ForwardContext& ctx) override;
+  const Tensor& Backward(const Tensor& dy, bool accumulate) override;
+  int64_t ActivationBytesPerSample() const override;
+
+ private:
+  PoolKind kind_;
+  int64_t kernel_, stride_, pad_;
+  bool need_dx_ = true;
+  PoolDesc desc_;
+  std::shared_ptr<OpPlan> plan_;
+  Tensor out_, dx_buf_, ws_;
+  Tensor y_, dx_;
+  bool have_ws_ = false;
+};
+
+}  // namespace dptrain

@@ -1,0 +1,68 @@
+// SPDX-License-Identifier: Apache-2.0
+// Composite layers: Sequential (a chain, like torch.nn.Sequential; children's parameter names are
+// prefixed with the child's name) and Residual (y = main(x) + shortcut(x), shortcut = identity
+// when empty), the building block of ResNets.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "models/layer.h"
+
+namespace dptrain {
+
+class Sequential final : public Layer {
+ public:
+  Sequential(Backend& be, std::string name) : Layer(be, std::move(name)) {}
+  std::string type() const override { return "sequential"; }
+  Layer& Add(std::unique_ptr<Layer> layer);
+  const std::vector<std::unique_ptr<Layer>>& children() const { return children_; }
+  bool empty() const { return children_.empty(); }
+
+  Shape Setup(const Shape& in, const SetupOptions& opts) override;
+  void ListParams(std::vector<ParamRef>* out) override;
+  void ListBuffers(std::vector<ParamRef>* out) override;
+  const Tensor& Forward(const Tensor& x, const ForwardContext& ctx) override;
+  const Tensor& Backward(const Tensor& dy, bool accumulate) override;
+  int64_t ActivationBytesPerSample() const override;
+
+  // Backward that reports after each child: `after(i)` is called once child i's parameter
+  // gradients are final (children run last to first). Used by the Model for gradient buckets.
+  template <class F>
+  const Tensor& BackwardEach(const Tensor& dy, bool accumulate, F after) {
+    const Tensor* g = &dy;
+    for (size_t i = children_.size(); i-- > 0;) {
+      g = &children_[i]->Backward(*g, accumulate);
+      after(i);
+    }
+    return *g;
+  }
+
+ private:
+  std::vector<std::unique_ptr<Layer>> children_;
+  std::vector<Shape> shapes_;  // input shape of each child
+};
+
+class Residual final : public Layer {
+ public:
+  Residual(Backend& be, std::string name, std::unique_ptr<Sequential> main,
+           std::unique_ptr<Sequential> shortcut);
+  std::string type() const override { return "residual"; }
+  Shape Setup(const Shape& in, const SetupOptions& opts) override;
+  void ListParams(std::vector<ParamRef>* out) override;
+  void ListBuffers(std::vector<ParamRef>* out) override;
+  const Tensor& Forward(const Tensor& x, const ForwardContext& ctx) override;
+  const Tensor& Backward(const Tensor& dy, bool accumulate) override;
+  int64_t ActivationBytesPerSample() const override;
+
+ private:
+  std::unique_ptr<Sequential> main_, shortcut_;
+  bool need_dx_ = true;
+  int64_t per_sample_ = 0;
+  Tensor out_, dx_buf_, y_, dx_;
+};
+
+// Prefixes the names of the entries appended to `out` since index `from` with "prefix.".
+void PrefixNames(const std::string& prefix, size_t from, std::vector<ParamRef>* out);
+
+}  // namespace dptrain

@@ -1,0 +1,184 @@
+// SPDX-License-Identifier: Apache-2.0
+// Model: flat buffers, initialisation and the reverse-order layout that lets gradient buckets
+// be reduced while backward is still running.
+#include "models/model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "runtime/error.h"
+
+namespace dptrain {
+namespace {
+
+constexpr int64_t kAlign = 16;  // floats: every tensor starts on a 64-byte boundary
+int64_t AlignUp(int64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+// SplitMix64: a tiny, portable generator (std:: distributions differ between libraries).
+struct SplitMix {
+  uint64_t state;
+  uint64_t Next() {
+    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  double Uniform() { return static_cast<double>(Next() >> 11) * (1.0 / 9007199254740992.0); }
+};
+
+// Lays out `refs` in reverse order into one buffer; returns the total (aligned) length and
+// fills offsets (indexed like refs).
+int64_t LayoutReverse(const std::vector<ParamRef>& refs, std::vector<int64_t>* offsets) {
+  offsets->assign(refs.size(), 0);
+  int64_t off = 0;
+  for (size_t i = refs.size(); i-- > 0;) {
+    (*offsets)[i] = off;
+    off += AlignUp(refs[i].shape.numel());
+  }
+  return std::max<int64_t>(off, 1);
+}
+
+}  // namespace
+
+Model::Model(Backend& be, std::unique_ptr<Sequential> net, Shape input_shape)
+    : backend_(be), net_(std::move(net)), input_shape_(std::move(input_shape)) {}
+
+void Model::Setup(int64_t max_batch, Precision precision) {
+  DPT_CHECK(max_batch > 0);
+  max_batch_ = max_batch;
+  std::vector<int64_t> in_dims{max_batch};
+  for (int64_t d : input_shape_.dims()) in_dims.push_back(d);
+  SetupOptions opts;
+  opts.precision = precision;
+  opts.need_dx = false;
+  output_shape_ = net_->Setup(Shape(in_dims), opts);
+
+  // Parameters per top-level child, so we know how much of the gradient buffer is final after
+  // each child's backward.
+  param_refs_.clear();
+  std::vector<size_t> child_end;  // param_refs_ index after each child
+  for (auto& c : net_->children()) {
+    const size_t from = param_refs_.size();
+    c->ListParams(&param_refs_);
+    PrefixNames(c->name(), from, &param_refs_);
+    child_end.push_back(param_refs_.size());
+  }
+  buffer_refs_.clear();
+  net_->ListBuffers(&buffer_refs_);
+
+  std::vector<int64_t> poff, boff;
+  const int64_t ptotal = LayoutReverse(param_refs_, &poff);
+  const int64_t btotal = LayoutReverse(buffer_refs_, &boff);
+  params_ = backend_.Zeros(Shape{ptotal}, DType::kF32, "parameters (flat)");
+  grads_ = backend_.Zeros(Shape{ptotal}, DType::kF32, "gradients (flat)");
+  buffers_ = backend_.Zeros(Shape{btotal}, DType::kF32, "buffers (flat)");
+  named_params_.clear();
+  named_grads_.clear();
+  named_buffers_.clear();
+  for (size_t i = 0; i < param_refs_.size(); ++i) {
+    const auto& r = param_refs_[i];
+    for (const auto& np : named_params_) {
+      DPT_CHECK_AS(ConfigError, np.name != r.name)
+          << "two parameters are named '" << r.name << "'; give the layers distinct names";
+    }
+    *r.value = params_.View(r.shape, static_cast<size_t>(poff[i]) * 4);
+    *r.grad = grads_.View(r.shape, static_cast<size_t>(poff[i]) * 4);
+    named_params_.push_back({r.name, *r.value, poff[i]});
+    named_grads_.push_back({r.name, *r.grad, poff[i]});
+  }
+  for (size_t i = 0; i < buffer_refs_.size(); ++i) {
+    const auto& r = buffer_refs_[i];
+    *r.value = buffers_.View(r.shape, static_cast<size_t>(boff[i]) * 4);
+    named_buffers_.push_back({r.name, *r.value, boff[i]});
+  }
+  // After child c's backward, every parameter of children >= c is final; in the reverse layout
+  // those occupy [0, offset of the first parameter of child c + its aligned size) -- i.e. the
+  // end of the region of the first parameter of child c.
+  ready_after_child_.assign(net_->children().size(), 0);
+  size_t begin = 0;
+  for (size_t c = 0; c < child_end.size(); ++c) {
+    ready_after_child_[c] =
+        begin < child_end[c] ? poff[begin] + AlignUp(param_refs_[begin].shape.numel()) : -1;
+    begin = child_end[c];
+  }
+  // Children without parameters inherit the readiness of the next child with parameters after
+  // them (everything after them in forward order is already final).
+  int64_t ready = 0;
+  for (size_t c = net_->children().size(); c-- > 0;) {
+    if (ready_after_child_[c] < 0) ready_after_child_[c] = ready;
+    ready = ready_after_child_[c];
+  }
+
+  summary_.clear();
+  Shape s(in_dims);
+  for (auto& c : net_->children()) {
+    std::vector<ParamRef> refs;
+    c->ListParams(&refs);
+    int64_t count = 0;
+    for (const auto& r : refs) count += r.shape.numel();
+    std::ostringstream os;
+    os << (c->name().empty() ? "-" : c->name()) << " " << c->type() << " params=" << count;
+    summary_.push_back(os.str());
+  }
+}
+
+void Model::InitParams(uint64_t seed) {
+  std::vector<float> host(static_cast<size_t>(params_.numel()), 0.f);
+  SplitMix rng{seed};
+  // Forward order, like PyTorch's module construction order.
+  for (size_t i = 0; i < param_refs_.size(); ++i) {
+    const auto& r = param_refs_[i];
+    float* p = host.data() + named_params_[i].offset;
+    const int64_t n = r.shape.numel();
+    switch (r.init) {
+      case Init::kZeros:
+        std::fill(p, p + n, 0.f);
+        break;
+      case Init::kOnes:
+        std::fill(p, p + n, 1.f);
+        break;
+      case Init::kFanInUniform: {
+        const double bound = 1.0 / std::sqrt(static_cast<double>(std::max<int64_t>(r.fan_in, 1)));
+        for (int64_t j = 0; j < n; ++j) p[j] = static_cast<float>((2 * rng.Uniform() - 1) * bound);
+        break;
+      }
+    }
+  }
+  backend_.CopyFromHost(host.data(), &params_);
+  std::vector<float> hb(static_cast<size_t>(buffers_.numel()), 0.f);
+  for (size_t i = 0; i < buffer_refs_.size(); ++i) {
+    if (buffer_refs_[i].init == Init::kOnes) {
+      float* p = hb.data() + named_buffers_[i].offset;
+      std::fill(p, p + buffer_refs_[i].shape.numel(), 1.f);
+    }
+  }
+  backend_.CopyFromHost(hb.data(), &buffers_);
+  backend_.Zero(&grads_);
+}
+
+const Tensor& Model::Forward(const Tensor& x, const ForwardContext& ctx) {
+  return net_->Forward(x, ctx);
+}
+
+void Model::Backward(const Tensor& dout, bool accumulate,
+                     const std::function<void(int64_t)>& on_ready) {
+  net_->BackwardEach(dout, accumulate, [&](size_t child) {
+    if (on_ready) on_ready(ready_after_child_[child]);
+  });
+  if (on_ready) on_ready(grads_.numel());
+}
+
+int64_t Model::num_params() const {
+  int64_t n = 0;
+  for (const auto& p : named_params_) n += p.tensor.numel();
+  return n;
+}
+
+std::string Model::Summary() const {
+  std::string s;
+  for (const auto& line : summary_) s += line + "\n";
+  return s;
+}
+
+}  // namespace dptrain

@@ -1,0 +1,71 @@
+// SPDX-License-Identifier: Apache-2.0
+// A model: a Sequential network plus one flat parameter buffer, one flat gradient buffer and one
+// flat buffer of non-trainable state (batch-norm running statistics). Every parameter tensor is
+// a view into the flat buffers. Parameters are laid out in REVERSE forward order, so the
+// gradients that backward produces first (the last layers) are contiguous at the start of the
+// gradient buffer: after each top-level layer's backward, grads[0, ready) are final, which is
+// what the gradient reducer's buckets need.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "models/layers/sequential.h"
+
+namespace dptrain {
+
+struct NamedTensor {
+  std::string name;    // canonical, e.g. "conv1.weight" (no wrapper prefix, ever)
+  Tensor tensor;       // view into the flat buffer
+  int64_t offset = 0;  // in elements within the flat buffer
+};
+
+class Model {
+ public:
+  // input_shape: one sample, e.g. (1, 28, 28) or (10).
+  Model(Backend& be, std::unique_ptr<Sequential> net, Shape input_shape);
+
+  // Sets up every layer for batches of up to max_batch and allocates the flat buffers.
+  void Setup(int64_t max_batch, Precision precision);
+  // Deterministic PyTorch-style initialisation from `seed` (same on every rank).
+  void InitParams(uint64_t seed);
+
+  // x: (n, input_shape...) on the backend's device. Returns the output (logits / predictions).
+  const Tensor& Forward(const Tensor& x, const ForwardContext& ctx);
+  // Backward from d(loss)/d(output). Gradients are written into grads() (added when
+  // accumulate). `on_ready(n)` is called as backward proceeds: the first n floats of grads() are
+  // final. Called with n == grads().numel() at the end.
+  void Backward(const Tensor& dout, bool accumulate,
+                const std::function<void(int64_t)>& on_ready = nullptr);
+
+  Backend& backend() { return backend_; }
+  const Shape& input_shape() const { return input_shape_; }
+  const Shape& output_shape() const { return output_shape_; }  // with the max batch
+  int64_t max_batch() const { return max_batch_; }
+  Tensor& params() { return params_; }
+  Tensor& grads() { return grads_; }
+  Tensor& buffers() { return buffers_; }
+  const std::vector<NamedTensor>& named_params() const { return named_params_; }
+  const std::vector<NamedTensor>& named_buffers() const { return named_buffers_; }
+  const std::vector<NamedTensor>& named_grads() const { return named_grads_; }
+  int64_t num_params() const;  // real elements, without alignment padding
+  Sequential& net() { return *net_; }
+  // One line per layer: name, type, output shape, parameters.
+  std::string Summary() const;
+
+ private:
+  Backend& backend_;
+  std::unique_ptr<Sequential> net_;
+  Shape input_shape_, output_shape_;
+  int64_t max_batch_ = 0;
+  Tensor params_, grads_, buffers_;
+  std::vector<NamedTensor> named_params_, named_grads_, named_buffers_;
+  std::vector<ParamRef> param_refs_, buffer_refs_;
+  // For each top-level child, the number of grad floats final once its backward has run.
+  std::vector<int64_t> ready_after_child_;
+  std::vector<std::string> summary_;
+};
+
+}  // namespace dptrain

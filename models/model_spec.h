@@ -1,0 +1,26 @@
+// SPDX-License-Identifier: Apache-2.0
+// The model part of a run config: a zoo name or an explicit list of layers (DESIGN.md section 7).
+// Plain data; parsed and validated by launcher/config, built by models/zoo.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dptrain {
+
+struct LayerSpec {     // one entry of model.layers
+  std::string type;    // conv2d, linear, relu, maxpool, avgpool, batchnorm, dropout, flatten
+  std::string name;    // parameter prefix; default: the index in the list ("0", "1", ...) as in
+                       // torch.nn.Sequential, so a state_dict loads with strict=True
+  int64_t out = 0;     // conv2d/linear output channels/features
+  int64_t kernel = 0;  // conv2d (required), pools (default 2)
+  int64_t stride = 1;  // conv2d default 1; pools default = kernel
+  int64_t pad = 0;
+  bool bias = true;
+  double p = 0.5;  // dropout probability in [0, 1)
+
+  bool operator==(const LayerSpec&) const = default;
+};
+
+}  // namespace dptrain

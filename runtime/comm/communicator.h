@@ -1,0 +1,54 @@
+// SPDX-License-Identifier: Apache-2.0
+// The Communicator seam: collectives over the ranks of a job. The MPI implementation works on
+// host buffers (and is the control plane: every agreement between ranks goes over it); a NCCL
+// implementation works on device buffers. Every rank must call every collective in the same
+// order with the same sizes; calls block unless named *Async.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/tensor.h"
+
+namespace dptrain {
+
+enum class ReduceOp : uint8_t { kSum, kAvg, kMax, kMin };
+
+// A collective in flight. Wait() blocks until it completes (and rethrows its failure); Test()
+// advances it without blocking and says whether it is done.
+class CommHandle {
+ public:
+  virtual ~CommHandle() = default;
+  virtual void Wait() = 0;
+  virtual bool Test() = 0;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string name() const = 0;  // "mpi", "nccl"
+
+  // In-place reductions of f32, i32 or f64 data (tensor dtype).
+  virtual void AllReduce(Tensor* t, ReduceOp op) = 0;
+  virtual std::unique_ptr<CommHandle> AllReduceAsync(Tensor* t, ReduceOp op) = 0;
+  virtual void Broadcast(Tensor* t, int root) = 0;
+  // out has size() times in's elements; rank r's data lands at r * in.numel().
+  virtual void AllGather(const Tensor& in, Tensor* out) = 0;
+  virtual void Barrier() = 0;
+
+  // ---- host-side control plane (small values; always MPI) ----
+  virtual void AllReduceHost(double* values, int count, ReduceOp op) = 0;
+  virtual void AllReduceHost(int64_t* values, int count, ReduceOp op) = 0;
+  virtual void BroadcastHost(void* data, size_t bytes, int root) = 0;
+  // Every rank's string, indexed by rank.
+  virtual std::vector<std::string> AllGatherStrings(const std::string& mine) = 0;
+
+  // Convenience: true on every rank iff `ok` on every rank.
+  bool AllTrue(bool ok);
+};
+
+}  // namespace dptrain

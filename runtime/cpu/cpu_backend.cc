@@ -1,0 +1,702 @@
+// SPDX-License-Identifier: Apache-2.0
+// CPU backend. Convolution, inner product (linear) and pooling are oneDNN primitives whose
+// primitive descriptors are built once per descriptor and cached (plan once, run many). oneDNN's
+// scratchpad is user-managed so execution allocates nothing. Everything elementwise goes through
+// runtime/elementwise.h, the same functions the CUDA kernels call.
+#include "runtime/cpu/cpu_backend.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <dnnl.hpp>
+#include <map>
+#include <tuple>
+
+#include "runtime/error.h"
+
+namespace dptrain::cpu {
+namespace {
+
+using dnnl::memory;
+using Dt = memory::data_type;
+using Tag = memory::format_tag;
+
+// oneDNN reports failures with dnnl::error; rethrow at the backend edge as DnnlError.
+#define DPT_DNNL(expr)                                                    \
+  [&]() {                                                                 \
+    try {                                                                 \
+      return expr;                                                        \
+    } catch (const dnnl::error& e) {                                      \
+      DPT_THROW(::dptrain::DnnlError)                                     \
+          << #expr << ": " << e.what() << " (status " << e.status << ")"; \
+    }                                                                     \
+  }()
+
+constexpr int64_t kParallelMin = 1 << 14;  // below this an OpenMP region costs more than it saves
+
+class HostRawAllocator final : public RawAllocator {
+ public:
+  void* Alloc(size_t bytes) noexcept override {
+    return std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+  }
+  void Free(void* ptr) noexcept override { std::free(ptr); }
+  Device device() const override { return Device::kCpu; }
+};
+
+void CheckF32(const Tensor& t, const char* what) {
+  DPT_CHECK(t.defined() && t.dtype() == DType::kF32 && t.device() == Device::kCpu)
+      << what << ": expected a cpu f32 tensor";
+}
+void CheckSame(const Tensor& a, const Tensor& b, const char* what) {
+  DPT_CHECK(a.numel() == b.numel())
+      << what << ": " << a.shape().ToString() << " vs " << b.shape().ToString();
+}
+
+dnnl::primitive_attr MakeAttr(Precision p) {
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  // bf16/f16: let oneDNN down-convert f32 inputs and compute in the lower precision (AVX-512
+  // bf16 / AMX where present); weights and activations stay f32 in memory (master weights).
+  if (p == Precision::kBF16) attr.set_fpmath_mode(dnnl::fpmath_mode::bf16);
+  if (p == Precision::kF16) attr.set_fpmath_mode(dnnl::fpmath_mode::f16);
+  return attr;
+}
+
+struct ConvPlan final : OpPlan {
+  Conv2dDesc d;
+  memory::desc x_md, w_md, b_md, y_md;
+  dnnl::convolution_forward::primitive_desc fwd_pd;
+  dnnl::convolution_backward_data::primitive_desc bwd_data_pd;
+  dnnl::convolution_backward_weights::primitive_desc bwd_w_pd;
+  dnnl::convolution_forward fwd;
+  dnnl::convolution_backward_data bwd_data;
+  dnnl::convolution_backward_weights bwd_w;
+  Tensor acc_w, acc_b;  // accumulate = true computes here first, then adds
+};
+
+struct LinearPlan final : OpPlan {
+  LinearDesc d;
+  memory::desc x_md, w_md, b_md, y_md;
+  dnnl::inner_product_forward::primitive_desc fwd_pd;
+  dnnl::inner_product_backward_data::primitive_desc bwd_data_pd;
+  dnnl::inner_product_backward_weights::primitive_desc bwd_w_pd;
+  dnnl::inner_product_forward fwd;
+  dnnl::inner_product_backward_data bwd_data;
+  dnnl::inner_product_backward_weights bwd_w;
+  Tensor acc_w, acc_b;
+};
+
+struct PoolPlan final : OpPlan {
+  PoolDesc d;
+  memory::desc x_md, y_md;
+  dnnl::pooling_forward::primitive_desc train_pd, infer_pd;
+  dnnl::pooling_backward::primitive_desc bwd_pd;
+  dnnl::pooling_forward train, infer;
+  dnnl::pooling_backward bwd;
+};
+
+auto ConvKey(const Conv2dDesc& d) {
+  return std::make_tuple(d.n, d.c, d.h, d.w, d.k, d.r, d.s, d.stride, d.pad, d.bias,
+                         static_cast<int>(d.precision));
+}
+auto LinearKey(const LinearDesc& d) {
+  return std::make_tuple(d.n, d.in, d.out, d.bias, static_cast<int>(d.precision));
+}
+auto PoolKey(const PoolDesc& d) {
+  return std::make_tuple(static_cast<int>(d.kind), d.n, d.c, d.h, d.w, d.kernel, d.stride, d.pad);
+}
+
+// y[i] += x[i]
+void AddInto(const float* x, float* y, int64_t n) {
+#pragma omp parallel for simd if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+}
+
+}  // namespace
+
+struct CpuBackend::Impl {
+  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
+  dnnl::stream stream{engine};
+  std::mutex mu;  // guards the caches (Prepare may be called from several threads in tests)
+  std::map<decltype(ConvKey({})), std::shared_ptr<ConvPlan>> conv;
+  std::map<decltype(LinearKey({})), std::shared_ptr<LinearPlan>> linear;
+  std::map<decltype(PoolKey({})), std::shared_ptr<PoolPlan>> pool;
+  // One scratchpad shared by all primitives (they run one at a time on one stream).
+  Tensor scratchpad;
+
+  void Reserve(CpuBackend& be, const memory::desc& md) {
+    const size_t need = md.get_size();
+    if (!scratchpad.defined() || scratchpad.bytes() < need) {
+      scratchpad = be.Empty(Shape{static_cast<int64_t>(std::max<size_t>(need, 1))}, DType::kU8,
+                            "onednn scratchpad");
+    }
+  }
+  memory Mem(const memory::desc& md, const Tensor& t) const { return memory(md, engine, t.raw()); }
+  memory Scratch(const memory::desc& md) const {
+    return memory(md, engine, scratchpad.defined() ? scratchpad.raw() : nullptr);
+  }
+};
+
+CpuBackend::CpuBackend()
+    : Backend(std::make_unique<CachingAllocator>(std::make_unique<HostRawAllocator>())),
+      impl_(std::make_unique<Impl>()) {}
+
+CpuBackend::~CpuBackend() = default;
+
+void CpuBackend::SetThreads(int threads) {
+  if (threads > 0) omp_set_num_threads(threads);
+}
+
+// ---- memory ------------------------------------------------------------------------------
+
+void CpuBackend::CopyFromHost(const void* src, Tensor* dst) {
+  std::memcpy(dst->raw(), src, dst->bytes());
+}
+void CpuBackend::CopyToHost(const Tensor& src, void* dst) {
+  std::memcpy(dst, src.raw(), src.bytes());
+}
+void CpuBackend::Copy(const Tensor& src, Tensor* dst) {
+  DPT_CHECK(src.bytes() == dst->bytes()) << src.bytes() << " vs " << dst->bytes();
+  if (src.raw() != dst->raw()) std::memmove(dst->raw(), src.raw(), src.bytes());
+}
+void CpuBackend::Zero(Tensor* t) { std::memset(t->raw(), 0, t->bytes()); }
+void CpuBackend::Fill(Tensor* t, float value) {
+  CheckF32(*t, "Fill");
+  float* p = t->data<float>();
+  const int64_t n = t->numel();
+  for (int64_t i = 0; i < n; ++i) p[i] = value;
+}
+
+// ---- support -----------------------------------------------------------------------------
+
+bool CpuBackend::Supports(const Conv2dDesc& d) const {
+  return d.n > 0 && d.c > 0 && d.k > 0 && d.r > 0 && d.s > 0 && d.stride > 0 && d.pad >= 0 &&
+         d.out_h() > 0 && d.out_w() > 0 && d.precision != Precision::kF16;
+}
+bool CpuBackend::Supports(const LinearDesc& d) const {
+  return d.n > 0 && d.in > 0 && d.out > 0 && d.precision != Precision::kF16;
+}
+bool CpuBackend::Supports(const PoolDesc& d) const {
+  return d.n > 0 && d.c > 0 && d.kernel > 0 && d.stride > 0 && d.pad >= 0 &&
+         d.pad * 2 <= d.kernel && d.out_h() > 0 && d.out_w() > 0;
+}
+
+// ---- conv2d ------------------------------------------------------------------------------
+
+std::shared_ptr<OpPlan> CpuBackend::PrepareConv2d(const Conv2dDesc& d) {
+  if (!Supports(d)) DPT_THROW(UnsupportedError) << "cpu: conv2d " << d.ToString();
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  auto& slot = impl_->conv[ConvKey(d)];
+  if (slot) return slot;
+  auto p = std::make_shared<ConvPlan>();
+  p->d = d;
+  const memory::dims strides{d.stride, d.stride}, pad{d.pad, d.pad};
+  p->x_md = memory::desc({d.n, d.c, d.h, d.w}, Dt::f32, Tag::nchw);
+  p->w_md = memory::desc({d.k, d.c, d.r, d.s}, Dt::f32, Tag::oihw);
+  p->b_md = d.bias ? memory::desc({d.k}, Dt::f32, Tag::x) : memory::desc();
+  p->y_md = memory::desc({d.n, d.k, d.out_h(), d.out_w()}, Dt::f32, Tag::nchw);
+  const auto attr = MakeAttr(d.precision);
+  const auto alg = dnnl::algorithm::convolution_direct;
+  p->fwd_pd = DPT_DNNL(dnnl::convolution_forward::primitive_desc(
+      dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, alg, p->x_md, p->w_md,
+                                      p->b_md, p->y_md, strides, pad, pad),
+      attr, impl_->engine));
+  p->bwd_data_pd = DPT_DNNL(dnnl::convolution_backward_data::primitive_desc(
+      dnnl::convolution_backward_data::desc(alg, p->x_md, p->w_md, p->y_md, strides, pad, pad),
+      attr, impl_->engine, p->fwd_pd));
+  p->bwd_w_pd = DPT_DNNL(dnnl::convolution_backward_weights::primitive_desc(
+      dnnl::convolution_backward_weights::desc(alg, p->x_md, p->w_md, p->b_md, p->y_md, strides,
+                                               pad, pad),
+      attr, impl_->engine, p->fwd_pd));
+  p->fwd = dnnl::convolution_forward(p->fwd_pd);
+  p->bwd_data = dnnl::convolution_backward_data(p->bwd_data_pd);
+  p->bwd_w = dnnl::convolution_backward_weights(p->bwd_w_pd);
+  impl_->Reserve(*this, p->fwd_pd.scratchpad_desc());
+  impl_->Reserve(*this, p->bwd_data_pd.scratchpad_desc());
+  impl_->Reserve(*this, p->bwd_w_pd.scratchpad_desc());
+  p->acc_w = Empty(Shape{d.k, d.c, d.r, d.s}, DType::kF32, "conv2d weight-grad accumulator");
+  if (d.bias) p->acc_b = Empty(Shape{d.k}, DType::kF32, "conv2d bias-grad accumulator");
+  slot = p;
+  return p;
+}
+
+void CpuBackend::Conv2dForward(const OpPlan& plan, const Tensor& x, const Tensor& w,
+                               const Tensor* b, Tensor* y) {
+  const auto& p = static_cast<const ConvPlan&>(plan);
+  CheckF32(x, "conv2d x");
+  DPT_CHECK(x.numel() == p.d.n * p.d.c * p.d.h * p.d.w)
+      << x.shape().ToString() << " for " << p.d.ToString();
+  std::unordered_map<int, memory> args{
+      {DNNL_ARG_SRC, impl_->Mem(p.x_md, x)},
+      {DNNL_ARG_WEIGHTS, impl_->Mem(p.w_md, w)},
+      {DNNL_ARG_DST, impl_->Mem(p.y_md, *y)},
+      {DNNL_ARG_SCRATCHPAD, impl_->Scratch(p.fwd_pd.scratchpad_desc())}};
+  if (p.d.bias) args.emplace(DNNL_ARG_BIAS, impl_->Mem(p.b_md, *b));
+  DPT_DNNL(p.fwd.execute(impl_->stream, args));
+}
+
+void CpuBackend::Conv2dBackwardData(const OpPlan& plan, const Tensor& dy, const Tensor& w,
+                                    Tensor* dx) {
+  const auto& p = static_cast<const ConvPlan&>(plan);
+  DPT_DNNL(p.bwd_data.execute(
+      impl_->stream, {{DNNL_ARG_DIFF_DST, impl_->Mem(p.y_md, dy)},
+                      {DNNL_ARG_WEIGHTS, impl_->Mem(p.w_md, w)},
+                      {DNNL_ARG_DIFF_SRC, impl_->Mem(p.x_md, *dx)},
+                      {DNNL_ARG_SCRATCHPAD, impl_->Scratch(p.bwd_data_pd.scratchpad_desc())}}));
+}
+
+void CpuBackend::Conv2dBackwardWeights(const OpPlan& plan, const Tensor& x, const Tensor& dy,
+                                       Tensor* dw, Tensor* db, bool accumulate) {
+  const auto& p = static_cast<const ConvPlan&>(plan);
+  const Tensor& w_out = accumulate ? p.acc_w : *dw;
+  std::unordered_map<int, memory> args{
+      {DNNL_ARG_SRC, impl_->Mem(p.x_md, x)},
+      {DNNL_ARG_DIFF_DST, impl_->Mem(p.y_md, dy)},
+      {DNNL_ARG_DIFF_WEIGHTS, impl_->Mem(p.w_md, w_out)},
+      {DNNL_ARG_SCRATCHPAD, impl_->Scratch(p.bwd_w_pd.scratchpad_desc())}};
+  if (p.d.bias) args.emplace(DNNL_ARG_DIFF_BIAS, impl_->Mem(p.b_md, accumulate ? p.acc_b : *db));
+  DPT_DNNL(p.bwd_w.execute(impl_->stream, args));
+  if (accumulate) {
+    AddInto(p.acc_w.data<float>(), dw->data<float>(), dw->numel());
+    if (p.d.bias) AddInto(p.acc_b.data<float>(), db->data<float>(), db->numel());
+  }
+}
+
+// ---- linear ------------------------------------------------------------------------------
+
+std::shared_ptr<OpPlan> CpuBackend::PrepareLinear(const LinearDesc& d) {
+  if (!Supports(d)) DPT_THROW(UnsupportedError) << "cpu: linear " << d.ToString();
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  auto& slot = impl_->linear[LinearKey(d)];
+  if (slot) return slot;
+  auto p = std::make_shared<LinearPlan>();
+  p->d = d;
+  p->x_md = memory::desc({d.n, d.in}, Dt::f32, Tag::nc);
+  p->w_md = memory::desc({d.out, d.in}, Dt::f32, Tag::oi);
+  p->b_md = d.bias ? memory::desc({d.out}, Dt::f32, Tag::x) : memory::desc();
+  p->y_md = memory::desc({d.n, d.out}, Dt::f32, Tag::nc);
+  const auto attr = MakeAttr(d.precision);
+  p->fwd_pd = DPT_DNNL(dnnl::inner_product_forward::primitive_desc(
+      dnnl::inner_product_forward::desc(dnnl::prop_kind::forward_training, p->x_md, p->w_md,
+                                        p->b_md, p->y_md),
+      attr, impl_->engine));
+  p->bwd_data_pd = DPT_DNNL(dnnl::inner_product_backward_data::primitive_desc(
+      dnnl::inner_product_backward_data::desc(p->x_md, p->w_md, p->y_md), attr, impl_->engine,
+      p->fwd_pd));
+  p->bwd_w_pd = DPT_DNNL(dnnl::inner_product_backward_weights::primitive_desc(
+      dnnl::inner_product_backward_weights::desc(p->x_md, p->w_md, p->b_md, p->y_md), attr,
+      impl_->engine, p->fwd_pd));
+  p->fwd = dnnl::inner_product_forward(p->fwd_pd);
+  p->bwd_data = dnnl::inner_product_backward_data(p->bwd_data_pd);
+  p->bwd_w = dnnl::inner_product_backward_weights(p->bwd_w_pd);
+  impl_->Reserve(*this, p->fwd_pd.scratchpad_desc());
+  impl_->Reserve(*this, p->bwd_data_pd.scratchpad_desc());
+  impl_->Reserve(*this, p->bwd_w_pd.scratchpad_desc());
+  p->acc_w = Empty(Shape{d.out, d.in}, DType::kF32, "linear weight-grad accumulator");
+  if (d.bias) p->acc_b = Empty(Shape{d.out}, DType::kF32, "linear bias-grad accumulator");
+  slot = p;
+  return p;
+}
+
+void CpuBackend::LinearForward(const OpPlan& plan, const Tensor& x, const Tensor& w,
+                               const Tensor* b, Tensor* y) {
+  const auto& p = static_cast<const LinearPlan&>(plan);
+  CheckF32(x, "linear x");
+  DPT_CHECK(x.numel() == p.d.n * p.d.in) << x.shape().ToString() << " for " << p.d.ToString();
+  std::unordered_map<int, memory> args{
+      {DNNL_ARG_SRC, impl_->Mem(p.x_md, x)},
+      {DNNL_ARG_WEIGHTS, impl_->Mem(p.w_md, w)},
+      {DNNL_ARG_DST, impl_->Mem(p.y_md, *y)},
+      {DNNL_ARG_SCRATCHPAD, impl_->Scratch(p.fwd_pd.scratchpad_desc())}};
+  if (p.d.bias) args.emplace(DNNL_ARG_BIAS, impl_->Mem(p.b_md, *b));
+  DPT_DNNL(p.fwd.execute(impl_->stream, args));
+}
+
+void CpuBackend::LinearBackwardData(const OpPlan& plan, const Tensor& dy, const Tensor& w,
+                                    Tensor* dx) {
+  const auto& p = static_cast<const LinearPlan&>(plan);
+  DPT_DNNL(p.bwd_data.execute(
+      impl_->stream, {{DNNL_ARG_DIFF_DST, impl_->Mem(p.y_md, dy)},
+                      {DNNL_ARG_WEIGHTS, impl_->Mem(p.w_md, w)},
+                      {DNNL_ARG_DIFF_SRC, impl_->Mem(p.x_md, *dx)},
+                      {DNNL_ARG_SCRATCHPAD, impl_->Scratch(p.bwd_data_pd.scratchpad_desc())}}));
+}
+
+void CpuBackend::LinearBackwardWeights(const OpPlan& plan, const Tensor& x, const Tensor& dy,
+                                       Tensor* dw, Tensor* db, bool accumulate) {
+  const auto& p = static_cast<const LinearPlan&>(plan);
+  const Tensor& w_out = accumulate ? p.acc_w : *dw;
+  std::unordered_map<int, memory> args{
+      {DNNL_ARG_SRC, impl_->Mem(p.x_md, x)},
+      {DNNL_ARG_DIFF_DST, impl_->Mem(p.y_md, dy)},
+      {DNNL_ARG_DIFF_WEIGHTS, impl_->Mem(p.w_md, w_out)},
+      {DNNL_ARG_SCRATCHPAD, impl_->Scratch(p.bwd_w_pd.scratchpad_desc())}};
+  if (p.d.bias) args.emplace(DNNL_ARG_DIFF_BIAS, impl_->Mem(p.b_md, accumulate ? p.acc_b : *db));
+  DPT_DNNL(p.bwd_w.execute(impl_->stream, args));
+  if (accumulate) {
+    AddInto(p.acc_w.data<float>(), dw->data<float>(), dw->numel());
+    if (p.d.bias) AddInto(p.acc_b.data<float>(), db->data<float>(), db->numel());
+  }
+}
+
+// ---- pooling -----------------------------------------------------------------------------
+
+std::shared_ptr<OpPlan> CpuBackend::PreparePool(const PoolDesc& d) {
+  if (!Supports(d)) DPT_THROW(UnsupportedError) << "cpu: pool " << d.ToString();
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  auto& slot = impl_->pool[PoolKey(d)];
+  if (slot) return slot;
+  auto p = std::make_shared<PoolPlan>();
+  p->d = d;
+  p->x_md = memory::desc({d.n, d.c, d.h, d.w}, Dt::f32, Tag::nchw);
+  p->y_md = memory::desc({d.n, d.c, d.out_h(), d.out_w()}, Dt::f32, Tag::nchw);
+  const memory::dims strides{d.stride, d.stride}, kernel{d.kernel, d.kernel}, pad{d.pad, d.pad};
+  // PyTorch's AvgPool2d counts padded zeros (count_include_pad=True); MaxPool2d pads with -inf.
+  const auto alg = d.kind == PoolKind::kMax ? dnnl::algorithm::pooling_max
+                                            : dnnl::algorithm::pooling_avg_include_padding;
+  const auto attr = MakeAttr(Precision::kF32);
+  p->train_pd = DPT_DNNL(dnnl::pooling_forward::primitive_desc(
+      dnnl::pooling_forward::desc(dnnl::prop_kind::forward_training, alg, p->x_md, p->y_md, strides,
+                                  kernel, pad, pad),
+      attr, impl_->engine));
+  p->infer_pd = DPT_DNNL(dnnl::pooling_forward::primitive_desc(
+      dnnl::pooling_forward::desc(dnnl::prop_kind::forward_inference, alg, p->x_md, p->y_md,
+                                  strides, kernel, pad, pad),
+      attr, impl_->engine));
+  p->bwd_pd = DPT_DNNL(dnnl::pooling_backward::primitive_desc(
+      dnnl::pooling_backward::desc(alg, p->x_md, p->y_md, strides, kernel, pad, pad), attr,
+      impl_->engine, p->train_pd));
+  p->train = dnnl::pooling_forward(p->train_pd);
+  p->infer = dnnl::pooling_forward(p->infer_pd);
+  p->bwd = dnnl::pooling_backward(p->bwd_pd);
+  p->workspace_bytes = d.kind == PoolKind::kMax ? p->train_pd.workspace_desc().get_size() : 0;
+  impl_->Reserve(*this, p->train_pd.scratchpad_desc());
+  impl_->Reserve(*this, p->infer_pd.scratchpad_desc());
+  impl_->Reserve(*this, p->bwd_pd.scratchpad_desc());
+  slot = p;
+  return p;
+}
+
+void CpuBackend::PoolForward(const OpPlan& plan, const Tensor& x, Tensor* y, Tensor* ws) {
+  const auto& p = static_cast<const PoolPlan&>(plan);
+  CheckF32(x, "pool x");
+  DPT_CHECK(x.numel() == p.d.n * p.d.c * p.d.h * p.d.w)
+      << x.shape().ToString() << " for " << p.d.ToString();
+  const bool training = ws != nullptr || p.d.kind == PoolKind::kAvg;
+  const auto& pd = training ? p.train_pd : p.infer_pd;
+  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, impl_->Mem(p.x_md, x)},
+                                       {DNNL_ARG_DST, impl_->Mem(p.y_md, *y)},
+                                       {DNNL_ARG_SCRATCHPAD, impl_->Scratch(pd.scratchpad_desc())}};
+  if (p.d.kind == PoolKind::kMax && ws != nullptr) {
+    DPT_CHECK(ws->bytes() >= p.workspace_bytes) << "pool workspace too small";
+    args.emplace(DNNL_ARG_WORKSPACE, impl_->Mem(p.train_pd.workspace_desc(), *ws));
+  }
+  DPT_DNNL((training ? p.train : p.infer).execute(impl_->stream, args));
+}
+
+void CpuBackend::PoolBackward(const OpPlan& plan, const Tensor& dy, const Tensor* ws, Tensor* dx) {
+  const auto& p = static_cast<const PoolPlan&>(plan);
+  std::unordered_map<int, memory> args{
+      {DNNL_ARG_DIFF_DST, impl_->Mem(p.y_md, dy)},
+      {DNNL_ARG_DIFF_SRC, impl_->Mem(p.x_md, *dx)},
+      {DNNL_ARG_SCRATCHPAD, impl_->Scratch(p.bwd_pd.scratchpad_desc())}};
+  if (p.d.kind == PoolKind::kMax) {
+    DPT_CHECK(ws != nullptr) << "max-pool backward needs the forward workspace";
+    args.emplace(DNNL_ARG_WORKSPACE, impl_->Mem(p.train_pd.workspace_desc(), *ws));
+  }
+  DPT_DNNL(p.bwd.execute(impl_->stream, args));
+}
+
+// ---- elementwise -------------------------------------------------------------------------
+
+void CpuBackend::ReluForward(const Tensor& x, Tensor* y) {
+  CheckSame(x, *y, "relu");
+  const float* in = x.data<float>();
+  float* out = y->data<float>();
+  const int64_t n = x.numel();
+#pragma omp parallel for simd if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) out[i] = ew::Relu(in[i]);
+}
+
+void CpuBackend::ReluBackward(const Tensor& y, const Tensor& dy, Tensor* dx) {
+  CheckSame(y, dy, "relu backward");
+  const float* yy = y.data<float>();
+  const float* g = dy.data<float>();
+  float* out = dx->data<float>();
+  const int64_t n = y.numel();
+#pragma omp parallel for simd if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) out[i] = ew::ReluGrad(yy[i], g[i]);
+}
+
+void CpuBackend::Add(const Tensor& a, const Tensor& b, Tensor* y) {
+  CheckSame(a, b, "add");
+  CheckSame(a, *y, "add");
+  const float* pa = a.data<float>();
+  const float* pb = b.data<float>();
+  float* out = y->data<float>();
+  const int64_t n = a.numel();
+#pragma omp parallel for simd if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) out[i] = pa[i] + pb[i];
+}
+
+void CpuBackend::Scale(Tensor* t, float alpha) {
+  float* p = t->data<float>();
+  const int64_t n = t->numel();
+#pragma omp parallel for simd if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) p[i] *= alpha;
+}
+
+void CpuBackend::DropoutForward(const Tensor& x, float p, uint64_t seed, Tensor* y) {
+  CheckSame(x, *y, "dropout");
+  const float* in = x.data<float>();
+  float* out = y->data<float>();
+  const int64_t n = x.numel();
+#pragma omp parallel for if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) out[i] = in[i] * ew::DropoutScale(seed, i, p);
+}
+
+void CpuBackend::DropoutBackward(const Tensor& dy, float p, uint64_t seed, Tensor* dx) {
+  DropoutForward(dy, p, seed, dx);  // the same mask and scale
+}
+
+// ---- batch norm --------------------------------------------------------------------------
+
+namespace {
+struct BnDims {
+  int64_t n, c, hw;
+};
+BnDims BnShape(const Tensor& x) {
+  const Shape& s = x.shape();
+  DPT_CHECK(s.rank() == 2 || s.rank() == 4) << "batch norm input " << s.ToString();
+  return {s[0], s[1], s.rank() == 4 ? s[2] * s[3] : 1};
+}
+}  // namespace
+
+void CpuBackend::BatchNormForwardTraining(const BatchNormArgs& a, const Tensor& x,
+                                          const Tensor& gamma, const Tensor& beta,
+                                          Tensor* running_mean, Tensor* running_var, Tensor* y,
+                                          Tensor* save_mean, Tensor* save_invstd) {
+  const BnDims d = BnShape(x);
+  const float* in = x.data<float>();
+  float* out = y->data<float>();
+  const int64_t m = d.n * d.hw;
+#pragma omp parallel for if (m * d.c > kParallelMin)
+  for (int64_t c = 0; c < d.c; ++c) {
+    double sum = 0, sq = 0;
+    for (int64_t i = 0; i < d.n; ++i) {
+      const float* p = in + (i * d.c + c) * d.hw;
+      for (int64_t j = 0; j < d.hw; ++j) sum += p[j];
+    }
+    const double mean = sum / static_cast<double>(m);
+    for (int64_t i = 0; i < d.n; ++i) {
+      const float* p = in + (i * d.c + c) * d.hw;
+      for (int64_t j = 0; j < d.hw; ++j) sq += (p[j] - mean) * (p[j] - mean);
+    }
+    const double var = sq / static_cast<double>(m);
+    const double invstd = 1.0 / std::sqrt(var + a.eps);
+    const float g = gamma.data<float>()[c] * static_cast<float>(invstd);
+    const float shift = beta.data<float>()[c] - static_cast<float>(mean) * g;
+    for (int64_t i = 0; i < d.n; ++i) {
+      const float* p = in + (i * d.c + c) * d.hw;
+      float* q = out + (i * d.c + c) * d.hw;
+      for (int64_t j = 0; j < d.hw; ++j) q[j] = p[j] * g + shift;
+    }
+    save_mean->data<float>()[c] = static_cast<float>(mean);
+    save_invstd->data<float>()[c] = static_cast<float>(invstd);
+    const double unbiased = m > 1 ? var * static_cast<double>(m) / static_cast<double>(m - 1) : var;
+    float& rm = running_mean->data<float>()[c];
+    float& rv = running_var->data<float>()[c];
+    rm = static_cast<float>((1 - a.momentum) * rm + a.momentum * mean);
+    rv = static_cast<float>((1 - a.momentum) * rv + a.momentum * unbiased);
+  }
+}
+
+void CpuBackend::BatchNormForwardInference(const BatchNormArgs& a, const Tensor& x,
+                                           const Tensor& gamma, const Tensor& beta,
+                                           const Tensor& running_mean, const Tensor& running_var,
+                                           Tensor* y) {
+  const BnDims d = BnShape(x);
+  const float* in = x.data<float>();
+  float* out = y->data<float>();
+#pragma omp parallel for if (d.n * d.c * d.hw > kParallelMin)
+  for (int64_t c = 0; c < d.c; ++c) {
+    const double invstd =
+        1.0 / std::sqrt(static_cast<double>(running_var.data<float>()[c]) + a.eps);
+    const float g = gamma.data<float>()[c] * static_cast<float>(invstd);
+    const float shift = beta.data<float>()[c] - running_mean.data<float>()[c] * g;
+    for (int64_t i = 0; i < d.n; ++i) {
+      const float* p = in + (i * d.c + c) * d.hw;
+      float* q = out + (i * d.c + c) * d.hw;
+      for (int64_t j = 0; j < d.hw; ++j) q[j] = p[j] * g + shift;
+    }
+  }
+}
+
+void CpuBackend::BatchNormBackward(const Tensor& x, const Tensor& dy, const Tensor& gamma,
+                                   const Tensor& save_mean, const Tensor& save_invstd, Tensor* dx,
+                                   Tensor* dgamma, Tensor* dbeta, bool accumulate) {
+  const BnDims d = BnShape(x);
+  const float* in = x.data<float>();
+  const float* g = dy.data<float>();
+  float* out = dx->data<float>();
+  const double m = static_cast<double>(d.n * d.hw);
+#pragma omp parallel for if (d.n * d.c * d.hw > kParallelMin)
+  for (int64_t c = 0; c < d.c; ++c) {
+    const double mean = save_mean.data<float>()[c];
+    const double invstd = save_invstd.data<float>()[c];
+    double sum_dy = 0, sum_dy_xhat = 0;
+    for (int64_t i = 0; i < d.n; ++i) {
+      const int64_t off = (i * d.c + c) * d.hw;
+      for (int64_t j = 0; j < d.hw; ++j) {
+        sum_dy += g[off + j];
+        sum_dy_xhat += g[off + j] * (in[off + j] - mean) * invstd;
+      }
+    }
+    // dx = gamma * invstd / m * (m * dy - sum(dy) - xhat * sum(dy * xhat))
+    const double k = gamma.data<float>()[c] * invstd / m;
+    for (int64_t i = 0; i < d.n; ++i) {
+      const int64_t off = (i * d.c + c) * d.hw;
+      for (int64_t j = 0; j < d.hw; ++j) {
+        const double xhat = (in[off + j] - mean) * invstd;
+        out[off + j] = static_cast<float>(k * (m * g[off + j] - sum_dy - xhat * sum_dy_xhat));
+      }
+    }
+    float& dgc = dgamma->data<float>()[c];
+    float& dbc = dbeta->data<float>()[c];
+    dgc = static_cast<float>(sum_dy_xhat) + (accumulate ? dgc : 0.f);
+    dbc = static_cast<float>(sum_dy) + (accumulate ? dbc : 0.f);
+  }
+}
+
+// ---- losses ------------------------------------------------------------------------------
+
+void CpuBackend::SoftmaxCrossEntropy(const Tensor& logits, const Tensor& labels, Tensor* probs,
+                                     Tensor* loss_sum, Tensor* correct) {
+  DPT_CHECK(logits.shape().rank() == 2) << "logits " << logits.shape().ToString();
+  const int64_t n = logits.shape()[0], k = logits.shape()[1];
+  DPT_CHECK(labels.numel() == n && labels.dtype() == DType::kI32) << "labels for " << n;
+  const float* x = logits.data<float>();
+  const int32_t* y = labels.data<int32_t>();
+  float* pr = probs->data<float>();
+  double loss = 0;
+  int64_t hits = 0, bad = -1;
+#pragma omp parallel for reduction(+ : loss, hits) if (n * k > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) {
+    const float* row = x + i * k;
+    float mx = row[0];
+    int64_t arg = 0;
+    for (int64_t j = 1; j < k; ++j) {
+      if (row[j] > mx) {
+        mx = row[j];
+        arg = j;
+      }
+    }
+    double sum = 0;
+    for (int64_t j = 0; j < k; ++j) sum += std::exp(static_cast<double>(row[j] - mx));
+    const double inv = 1.0 / sum;
+    for (int64_t j = 0; j < k; ++j) {
+      pr[i * k + j] = static_cast<float>(std::exp(static_cast<double>(row[j] - mx)) * inv);
+    }
+    const int32_t t = y[i];
+    if (t < 0 || t >= k) {
+#pragma omp critical
+      bad = i;
+      continue;
+    }
+    loss += std::log(sum) - static_cast<double>(row[t] - mx);
+    hits += arg == t ? 1 : 0;
+  }
+  if (bad >= 0) {
+    DPT_THROW(DataError) << "label " << y[bad] << " of sample " << bad
+                         << " in the batch is outside [0, " << k << ")";
+  }
+  loss_sum->data<float>()[0] = static_cast<float>(loss);
+  if (correct != nullptr) correct->data<float>()[0] = static_cast<float>(hits);
+}
+
+void CpuBackend::SoftmaxCrossEntropyBackward(const Tensor& probs, const Tensor& labels, float scale,
+                                             Tensor* dlogits) {
+  const int64_t n = probs.shape()[0], k = probs.shape()[1];
+  const float* pr = probs.data<float>();
+  const int32_t* y = labels.data<int32_t>();
+  float* out = dlogits->data<float>();
+#pragma omp parallel for if (n * k > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t j = 0; j < k; ++j) {
+      out[i * k + j] = ew::SoftmaxXentGrad(pr[i * k + j], j == y[i], scale);
+    }
+  }
+}
+
+void CpuBackend::MseLoss(const Tensor& y, const Tensor& t, Tensor* loss_sum) {
+  CheckSame(y, t, "mse");
+  const float* a = y.data<float>();
+  const float* b = t.data<float>();
+  const int64_t n = y.numel();
+  double sum = 0;
+#pragma omp parallel for reduction(+ : sum) if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) sum += ew::SquaredError(a[i], b[i]);
+  loss_sum->data<float>()[0] = static_cast<float>(sum);
+}
+
+void CpuBackend::MseBackward(const Tensor& y, const Tensor& t, float scale, Tensor* dy) {
+  CheckSame(y, t, "mse backward");
+  const float* a = y.data<float>();
+  const float* b = t.data<float>();
+  float* out = dy->data<float>();
+  const int64_t n = y.numel();
+#pragma omp parallel for simd if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) out[i] = ew::MseGrad(a[i], b[i], scale);
+}
+
+// ---- optimizers --------------------------------------------------------------------------
+
+void CpuBackend::SgdStep(const ew::SgdHyper& h, Tensor* param, const Tensor& grad,
+                         Tensor* momentum) {
+  CheckSame(*param, grad, "sgd");
+  float* p = param->data<float>();
+  const float* g = grad.data<float>();
+  float* buf = momentum != nullptr && momentum->defined() ? momentum->data<float>() : nullptr;
+  DPT_CHECK(buf != nullptr || h.momentum == 0.f) << "sgd with momentum needs a momentum buffer";
+  const int64_t n = param->numel();
+  float unused = 0;
+#pragma omp parallel for firstprivate(unused) if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) ew::SgdUpdate(h, p + i, g[i], buf ? buf + i : &unused);
+}
+
+void CpuBackend::AdamWStep(const ew::AdamWHyper& h, Tensor* param, const Tensor& grad, Tensor* m,
+                           Tensor* v) {
+  CheckSame(*param, grad, "adamw");
+  float* p = param->data<float>();
+  const float* g = grad.data<float>();
+  float* pm = m->data<float>();
+  float* pv = v->data<float>();
+  const int64_t n = param->numel();
+#pragma omp parallel for if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) ew::AdamWUpdate(h, p + i, g[i], pm + i, pv + i);
+}
+
+// ---- checks ------------------------------------------------------------------------------
+
+int64_t CpuBackend::CountNonFinite(const Tensor& t) {
+  const float* p = t.data<float>();
+  const int64_t n = t.numel();
+  int64_t bad = 0;
+#pragma omp parallel for reduction(+ : bad) if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) bad += ew::IsFinite(p[i]) ? 0 : 1;
+  return bad;
+}
+
+double CpuBackend::SumSquares(const Tensor& t) {
+  const float* p = t.data<float>();
+  const int64_t n = t.numel();
+  double sum = 0;
+#pragma omp parallel for reduction(+ : sum) if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(p[i]) * p[i];
+  return sum;
+}
+
+}  // namespace dptrain::cpu

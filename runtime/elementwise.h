@@ -1,0 +1,122 @@
+// SPDX-License-Identifier: Apache-2.0
+// Elementwise math written once for both backends: every function is `__host__ __device__` when
+// compiled by nvcc, so the CPU loops (and the CPU tests) exercise exactly the arithmetic the CUDA
+// kernels run. Scalar, branch-light, no library calls beyond <cmath>.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__CUDACC__)
+#define DPT_HD __host__ __device__ __forceinline__
+#else
+#define DPT_HD inline
+#endif
+
+namespace dptrain::ew {
+
+// ---- activations -------------------------------------------------------------------------
+DPT_HD float Relu(float x) { return x > 0.f ? x : 0.f; }
+// Gradient through ReLU given its output y (y > 0 <=> x > 0).
+DPT_HD float ReluGrad(float y, float dy) { return y > 0.f ? dy : 0.f; }
+
+// ---- dropout: a counter-based hash, so backward regenerates the mask instead of storing it ----
+DPT_HD uint32_t Hash32(uint64_t seed, uint64_t index) {
+  // SplitMix64 finaliser over (seed, index): stateless, identical on host and device.
+  uint64_t z = seed * 0x9E3779B97F4A7C15ull + index + 0x632BE59BD9B4E019ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return static_cast<uint32_t>(z >> 32);
+}
+DPT_HD float Uniform01(uint64_t seed, uint64_t index) {
+  return static_cast<float>(Hash32(seed, index) >> 8) * (1.0f / 16777216.0f);  // [0, 1)
+}
+// A seed whose hash stream is the stream of `seed` shifted by `offset` elements:
+// Hash32(ShiftSeed(s, o), i) == Hash32(s, o + i), because the index enters linearly next to
+// seed * kMul and kMul is odd (invertible mod 2^64). Lets each rank draw its slice of the global
+// batch's dropout mask without knowing the others.
+DPT_HD uint64_t ShiftSeed(uint64_t seed, uint64_t offset) {
+  return seed + offset * 0xF1DE83E19937733Dull;  // inverse of 0x9E3779B97F4A7C15 mod 2^64
+}
+// Inverted dropout: kept elements are scaled by 1/(1-p) so inference is the identity.
+DPT_HD float DropoutScale(uint64_t seed, uint64_t index, float p) {
+  return Uniform01(seed, index) >= p ? 1.0f / (1.0f - p) : 0.0f;
+}
+
+// ---- losses ------------------------------------------------------------------------------
+// Squared error of one element and its gradient for a mean over `count` elements.
+DPT_HD float SquaredError(float y, float t) { return (y - t) * (y - t); }
+DPT_HD float MseGrad(float y, float t, float inv_count) { return 2.f * (y - t) * inv_count; }
+// Softmax cross-entropy gradient of one logit: (p - onehot) / batch.
+DPT_HD float SoftmaxXentGrad(float prob, bool is_target, float inv_batch) {
+  return (prob - (is_target ? 1.f : 0.f)) * inv_batch;
+}
+
+// ---- optimizers (PyTorch semantics; grad_scale turns summed gradients into the mean) -------
+struct SgdHyper {
+  float lr;
+  float momentum;
+  float weight_decay;
+  float grad_scale;  // 1 / (world size * micro-steps) or loss-scale inverse folded in
+  bool nesterov;
+};
+// torch.optim.SGD: d = g + wd*p; buf = m*buf + d; d = nesterov ? d + m*buf : buf; p -= lr*d.
+DPT_HD void SgdUpdate(const SgdHyper& h, float* p, float g, float* buf) {
+  float d = g * h.grad_scale + h.weight_decay * *p;
+  if (h.momentum != 0.f) {
+    *buf = h.momentum * *buf + d;
+    d = h.nesterov ? d + h.momentum * *buf : *buf;
+  }
+  *p -= h.lr * d;
+}
+
+struct AdamWHyper {
+  float lr;
+  float beta1;
+  float beta2;
+  float eps;
+  float weight_decay;
+  float grad_scale;
+  float bias_correction1;  // 1 - beta1^t
+  float bias_correction2;  // 1 - beta2^t
+};
+// torch.optim.AdamW: p *= 1 - lr*wd; m, v moments; p -= lr * mhat / (sqrt(vhat) + eps).
+DPT_HD void AdamWUpdate(const AdamWHyper& h, float* p, float g, float* m, float* v) {
+  g *= h.grad_scale;
+  *p *= 1.f - h.lr * h.weight_decay;
+  *m = h.beta1 * *m + (1.f - h.beta1) * g;
+  *v = h.beta2 * *v + (1.f - h.beta2) * g * g;
+  const float mhat = *m / h.bias_correction1;
+  const float vhat = *v / h.bias_correction2;
+  *p -= h.lr * mhat / (sqrtf(vhat) + h.eps);
+}
+
+// ---- casts -------------------------------------------------------------------------------
+// bf16 is the top half of an IEEE float; round to nearest even, NaN stays NaN.
+DPT_HD uint16_t FloatToBf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+DPT_HD float Bf16ToFloat(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+DPT_HD bool IsFinite(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return (u & 0x7f800000u) != 0x7f800000u;
+}
+
+// Normalisation of one uint8 pixel: (x/255 - mean) / std.
+DPT_HD float NormalizePixel(uint8_t x, float mean, float inv_std) {
+  return (static_cast<float>(x) * (1.f / 255.f) - mean) * inv_std;
+}
+
+}  // namespace dptrain::ew

@@ -1,0 +1,91 @@
+// SPDX-License-Identifier: Apache-2.0
+// The caching allocator every tensor of the runtime goes through (one per device). Freed blocks
+// are kept in size bins and reused; statistics (in use, reserved, peak, allocations, OOMs) and an
+// optional byte budget make out-of-memory reproducible on CPU and explainable on GPU.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "runtime/tensor.h"
+
+namespace dptrain {
+
+// The device's own allocation functions. Alloc returns nullptr when the device is full.
+class RawAllocator {
+ public:
+  virtual ~RawAllocator() = default;
+  virtual void* Alloc(size_t bytes) noexcept = 0;
+  virtual void Free(void* ptr) noexcept = 0;
+  virtual Device device() const = 0;
+  // Physical capacity in bytes (0 = unknown).
+  virtual size_t Capacity() const { return 0; }
+};
+
+struct MemoryStats {
+  size_t in_use = 0;    // bytes held by live buffers (rounded block sizes)
+  size_t reserved = 0;  // in_use + cached free blocks: what the device sees
+  size_t peak_in_use = 0;
+  size_t peak_reserved = 0;
+  int64_t num_allocs = 0;         // Allocate() calls that returned memory
+  int64_t num_device_allocs = 0;  // of those, how many went to the device (cache misses)
+  int64_t num_ooms = 0;
+};
+
+class CachingAllocator {
+ public:
+  // budget = 0: no limit beyond the device itself.
+  explicit CachingAllocator(std::unique_ptr<RawAllocator> raw, size_t budget = 0);
+  ~CachingAllocator();
+  CachingAllocator(const CachingAllocator&) = delete;
+  CachingAllocator& operator=(const CachingAllocator&) = delete;
+
+  // A block of at least `bytes` (64-byte aligned). On failure frees the cache and retries once,
+  // then throws OutOfMemory with a report naming `label`. Thread-safe.
+  std::shared_ptr<Buffer> Allocate(size_t bytes, std::string_view label);
+  // Gives every cached (free) block back to the device.
+  void EmptyCache();
+  MemoryStats stats() const;
+  void ResetPeak();
+  void set_budget(size_t bytes);
+  size_t budget() const { return budget_; }
+  Device device() const { return raw_->device(); }
+  // Multi-line description of the state: stats, budget, the largest live buffers.
+  std::string Report(size_t top = 5) const;
+
+  // Called by ~Buffer.
+  void Release(void* ptr, size_t bytes) noexcept;
+
+  // Rounds a request to the block size actually reserved for it.
+  static size_t RoundSize(size_t bytes);
+
+ private:
+  void* AllocLocked(size_t block);
+  void EmptyCacheLocked();
+  std::string ReportLockedUnsafe(size_t top) const;  // mu_ held
+
+  std::unique_ptr<RawAllocator> raw_;
+  size_t budget_;
+  mutable std::mutex mu_;
+  std::multimap<size_t, void*> free_blocks_;  // size -> ptr
+  struct Live {
+    size_t bytes;
+    std::string label;
+  };
+  std::unordered_map<void*, Live> live_;
+  MemoryStats stats_;
+};
+
+// Parses "512MiB", "2GiB", "1.5GB", "1048576" into bytes; throws ConfigError naming `what`.
+size_t ParseByteSize(std::string_view text, std::string_view what);
+std::string FormatBytes(size_t bytes);  // "1.50 GiB"
+
+}  // namespace dptrain

@@ -1,0 +1,66 @@
+// SPDX-License-Identifier: Apache-2.0
+// Optimizer state allocation, the fused update and the learning-rate schedules.
+#include "runtime/optim/optimizer.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "runtime/error.h"
+
+namespace dptrain {
+
+Optimizer::Optimizer(Backend& be, const OptimizerConfig& cfg, const Tensor& params)
+    : backend_(be), cfg_(cfg) {
+  if (cfg_.kind == "sgd") {
+    if (cfg_.momentum != 0) slot_names_ = {"momentum_buffer"};
+  } else if (cfg_.kind == "adamw") {
+    slot_names_ = {"exp_avg", "exp_avg_sq"};
+  } else {
+    DPT_THROW(ConfigError) << "train.optimizer: unknown optimizer '" << cfg_.kind
+                           << "' (sgd, adamw)";
+  }
+  for (const auto& n : slot_names_) {
+    slots_.push_back(be.Zeros(params.shape(), DType::kF32, "optimizer " + n));
+  }
+}
+
+void Optimizer::Step(Tensor* params, const Tensor& grads, float lr, float grad_scale) {
+  ++steps_;
+  if (cfg_.kind == "sgd") {
+    const ew::SgdHyper h{lr, static_cast<float>(cfg_.momentum),
+                         static_cast<float>(cfg_.weight_decay), grad_scale, cfg_.nesterov};
+    backend_.SgdStep(h, params, grads, slots_.empty() ? nullptr : &slots_[0]);
+  } else {
+    const double t = static_cast<double>(steps_);
+    const ew::AdamWHyper h{lr,
+                           static_cast<float>(cfg_.beta1),
+                           static_cast<float>(cfg_.beta2),
+                           static_cast<float>(cfg_.eps),
+                           static_cast<float>(cfg_.weight_decay),
+                           grad_scale,
+                           static_cast<float>(1 - std::pow(cfg_.beta1, t)),
+                           static_cast<float>(1 - std::pow(cfg_.beta2, t))};
+    backend_.AdamWStep(h, params, grads, &slots_[0], &slots_[1]);
+  }
+}
+
+double LearningRate(const ScheduleConfig& c, int64_t s) {
+  if (c.warmup_steps > 0 && s < c.warmup_steps) {
+    return c.base_lr * static_cast<double>(s + 1) / static_cast<double>(c.warmup_steps);
+  }
+  const int64_t t = s - c.warmup_steps;
+  if (c.kind == "constant") return c.base_lr;
+  if (c.kind == "step") {
+    return c.base_lr *
+           std::pow(c.gamma, static_cast<double>(t / std::max<int64_t>(c.step_size, 1)));
+  }
+  if (c.kind == "cosine") {
+    const int64_t span = std::max<int64_t>(c.total_steps - c.warmup_steps, 1);
+    const double frac = std::min(1.0, static_cast<double>(t) / static_cast<double>(span));
+    return c.base_lr * 0.5 * (1 + std::cos(M_PI * frac));
+  }
+  DPT_THROW(ConfigError) << "train.schedule: unknown schedule '" << c.kind
+                         << "' (constant, step, cosine)";
+}
+
+}  // namespace dptrain

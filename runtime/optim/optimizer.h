@@ -1,0 +1,57 @@
+// SPDX-License-Identifier: Apache-2.0
+// Optimizers over the model's flat parameter buffer: one fused update per step (SGD with
+// momentum / Nesterov / weight decay, AdamW), PyTorch semantics. State lives in flat buffers
+// laid out like the parameters, so checkpointing a slot is a view per parameter.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/backend.h"
+
+namespace dptrain {
+
+struct OptimizerConfig {
+  std::string kind = "sgd";  // sgd | adamw
+  double momentum = 0.9;
+  bool nesterov = false;
+  double weight_decay = 0;
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+};
+
+class Optimizer {
+ public:
+  Optimizer(Backend& be, const OptimizerConfig& cfg, const Tensor& params);
+
+  // params -= update(grads * grad_scale) at learning rate lr. grad_scale turns summed gradients
+  // into the mean (1 / (world size * micro-steps)). Increments steps().
+  void Step(Tensor* params, const Tensor& grads, float lr, float grad_scale);
+
+  int64_t steps() const { return steps_; }
+  void set_steps(int64_t s) { steps_ = s; }
+  // Slot names and flat state buffers: sgd {"momentum_buffer"} (none without momentum),
+  // adamw {"exp_avg", "exp_avg_sq"}. Same length and layout as the parameters.
+  const std::vector<std::string>& slot_names() const { return slot_names_; }
+  std::vector<Tensor>& slots() { return slots_; }
+
+ private:
+  Backend& backend_;
+  OptimizerConfig cfg_;
+  int64_t steps_ = 0;
+  std::vector<std::string> slot_names_;
+  std::vector<Tensor> slots_;
+};
+
+struct ScheduleConfig {
+  std::string kind = "constant";  // constant | step | cosine
+  double base_lr = 0.05;
+  int64_t warmup_steps = 0;  // linear ramp base_lr * (s + 1) / warmup for s < warmup
+  int64_t total_steps = 1;   // cosine: decays to 0 at total_steps
+  int64_t step_size = 1;     // step: multiply by gamma every step_size steps after warm-up
+  double gamma = 0.1;
+};
+// Learning rate of optimizer step s (0-based).
+double LearningRate(const ScheduleConfig& c, int64_t s);
+
+}  // namespace dptrain

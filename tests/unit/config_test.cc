@@ -1,0 +1,689 @@
+// SPDX-License-Identifier: Apache-2.0
+// Config parsing: defaults, a full round trip through ToToml, --set overrides of every type, the
+// layers list, and that every error names the key and where its value came from.
+#include "launcher/config.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "runtime/error.h"
+
+namespace dptrain {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+constexpr char kSource[] = "configs/x.toml";
+
+// The smallest valid config: a zoo model and synthetic data.
+constexpr char kMinimal[] = R"(
+[model]
+name = "ref_cnn"
+[data]
+train = "synthetic"
+)";
+
+// Every key set to a value other than its default.
+constexpr char kFull[] = R"(# a full config
+run_dir = "runs/full"
+seed = 7
+
+[model]
+name = "cifar_net"
+classes = 100
+loss = "cross_entropy"
+
+[data]
+train = "data/cifar/train.h5"
+test = "data/cifar/test.h5"
+mean = [0.4914, 0.4822, 0.4465]
+std = [0.247, 0.2435, 0.2616]
+shuffle = false
+augment = "crop-flip"
+workers = 0
+synthetic_samples = 1000
+cache = "chunks"
+
+[train]
+epochs = 0
+max_steps = 1000
+global_batch = 256
+accumulate = 4
+optimizer = "adamw"
+lr = 3e-4
+momentum = 0.8
+nesterov = true
+weight_decay = 0.01
+beta1 = 0.85
+beta2 = 0.95
+eps = 1e-6
+schedule = "step"
+step_size = 300
+gamma = 0.5
+warmup_steps = 100
+precision = "bf16"
+log_every_steps = 10
+eval_every_epochs = 2
+deterministic = true
+
+[checkpoint]
+every_steps = 500
+every_epochs = 0
+keep = 5
+resume = "never"
+init = "pretrained/ckpt.h5"
+
+[memory]
+limit = "2GiB"
+auto_microbatch = true
+
+[dist]
+device = "cuda"
+backend = "nccl"
+device_binding = "set-device"
+gpus = "2,3"
+bucket_mb = 50
+collective_timeout_s = 60.5
+threads = 4
+check_replicas_every = 0
+)";
+
+TrainConfig Parse(std::string_view text, const std::vector<std::string>& sets = {}) {
+  return ParseConfig(text, kSource, sets);
+}
+
+// The ConfigError message that parsing `text` with `sets` throws ("" and a failure if none).
+std::string ErrorOf(std::string_view text, const std::vector<std::string>& sets = {}) {
+  try {
+    Parse(text, sets);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected a ConfigError for:\n" << text;
+  return "";
+}
+
+std::string MinimalWith(std::string_view extra) {
+  return std::string(kMinimal) + std::string(extra);
+}
+
+TEST(ConfigTest, DefaultsWhenKeysAbsent) {
+  const TrainConfig c = Parse(kMinimal);
+  EXPECT_EQ(c.source, kSource);
+  EXPECT_EQ(c.run_dir, "runs/default");
+  EXPECT_EQ(c.seed, 42);
+  EXPECT_EQ(c.model.name, "ref_cnn");
+  EXPECT_EQ(c.model.classes, 10);
+  EXPECT_TRUE(c.model.layers.empty());
+  EXPECT_EQ(c.model.loss, "auto");
+  EXPECT_EQ(c.data.train, "synthetic");
+  EXPECT_EQ(c.data.test, "");
+  EXPECT_TRUE(c.data.mean.empty());
+  EXPECT_TRUE(c.data.std.empty());
+  EXPECT_TRUE(c.data.shuffle);
+  EXPECT_EQ(c.data.augment, "none");
+  EXPECT_EQ(c.data.workers, 2);
+  EXPECT_EQ(c.data.synthetic_samples, 8192);
+  EXPECT_EQ(c.data.cache, "auto");
+
+  const TrainSection defaults;
+  EXPECT_EQ(c.train, defaults);
+  EXPECT_EQ(c.train.epochs, 5);
+  EXPECT_EQ(c.train.global_batch, 128);
+  EXPECT_EQ(c.train.optimizer, "sgd");
+  EXPECT_DOUBLE_EQ(c.train.lr, 0.05);
+  EXPECT_DOUBLE_EQ(c.train.weight_decay, 5e-4);
+  EXPECT_EQ(c.train.schedule, "constant");
+  EXPECT_EQ(c.train.precision, "fp32");
+
+  EXPECT_EQ(c.checkpoint, CheckpointConfig{});
+  EXPECT_EQ(c.checkpoint.resume, "auto");
+  EXPECT_EQ(c.checkpoint.keep, 3);
+  EXPECT_EQ(c.memory, MemoryConfig{});
+  EXPECT_EQ(c.memory.limit_bytes, 0u);
+  EXPECT_EQ(c.dist, DistConfig{});
+  EXPECT_EQ(c.dist.device_binding, "remap");
+  EXPECT_EQ(c.dist.bucket_mb, 25);
+  EXPECT_DOUBLE_EQ(c.dist.collective_timeout_s, 300);
+}
+
+TEST(ConfigTest, FullConfigValues) {
+  const TrainConfig c = Parse(kFull);
+  EXPECT_EQ(c.run_dir, "runs/full");
+  EXPECT_EQ(c.seed, 7);
+  EXPECT_EQ(c.model.name, "cifar_net");
+  EXPECT_EQ(c.model.classes, 100);
+  EXPECT_EQ(c.model.loss, "cross_entropy");
+  EXPECT_EQ(c.data.test, "data/cifar/test.h5");
+  EXPECT_EQ(c.data.mean, (std::vector<double>{0.4914, 0.4822, 0.4465}));
+  EXPECT_EQ(c.data.std, (std::vector<double>{0.247, 0.2435, 0.2616}));
+  EXPECT_FALSE(c.data.shuffle);
+  EXPECT_EQ(c.data.augment, "crop-flip");
+  EXPECT_EQ(c.data.workers, 0);
+  EXPECT_EQ(c.data.synthetic_samples, 1000);
+  EXPECT_EQ(c.data.cache, "chunks");
+  EXPECT_EQ(c.train.epochs, 0);
+  EXPECT_EQ(c.train.max_steps, 1000);
+  EXPECT_EQ(c.train.global_batch, 256);
+  EXPECT_EQ(c.train.accumulate, 4);
+  EXPECT_EQ(c.train.optimizer, "adamw");
+  EXPECT_DOUBLE_EQ(c.train.lr, 3e-4);
+  EXPECT_DOUBLE_EQ(c.train.momentum, 0.8);
+  EXPECT_TRUE(c.train.nesterov);
+  EXPECT_DOUBLE_EQ(c.train.weight_decay, 0.01);
+  EXPECT_DOUBLE_EQ(c.train.beta1, 0.85);
+  EXPECT_DOUBLE_EQ(c.train.beta2, 0.95);
+  EXPECT_DOUBLE_EQ(c.train.eps, 1e-6);
+  EXPECT_EQ(c.train.schedule, "step");
+  EXPECT_EQ(c.train.step_size, 300);
+  EXPECT_DOUBLE_EQ(c.train.gamma, 0.5);
+  EXPECT_EQ(c.train.warmup_steps, 100);
+  EXPECT_EQ(c.train.precision, "bf16");
+  EXPECT_EQ(c.train.log_every_steps, 10);
+  EXPECT_EQ(c.train.eval_every_epochs, 2);
+  EXPECT_TRUE(c.train.deterministic);
+  EXPECT_EQ(c.checkpoint.every_steps, 500);
+  EXPECT_EQ(c.checkpoint.every_epochs, 0);
+  EXPECT_EQ(c.checkpoint.keep, 5);
+  EXPECT_EQ(c.checkpoint.resume, "never");
+  EXPECT_EQ(c.checkpoint.init, "pretrained/ckpt.h5");
+  EXPECT_EQ(c.memory.limit, "2GiB");
+  EXPECT_EQ(c.memory.limit_bytes, size_t{2} << 30);
+  EXPECT_TRUE(c.memory.auto_microbatch);
+  EXPECT_EQ(c.dist.device, "cuda");
+  EXPECT_EQ(c.dist.backend, "nccl");
+  EXPECT_EQ(c.dist.device_binding, "set-device");
+  EXPECT_EQ(c.dist.gpus, "2,3");
+  EXPECT_EQ(c.dist.bucket_mb, 50);
+  EXPECT_DOUBLE_EQ(c.dist.collective_timeout_s, 60.5);
+  EXPECT_EQ(c.dist.threads, 4);
+  EXPECT_EQ(c.dist.check_replicas_every, 0);
+}
+
+TEST(ConfigTest, FullConfigRoundTripsThroughToToml) {
+  const TrainConfig c = Parse(kFull);
+  const std::string text = ToToml(c);
+  const TrainConfig again = ParseConfig(text, c.source);
+  EXPECT_EQ(again, c) << text;
+  EXPECT_EQ(ConfigHash(again), ConfigHash(c));
+  EXPECT_EQ(ToToml(again), text);
+  // Every key is written, with its effective value.
+  EXPECT_THAT(text, HasSubstr("\n[train]\n"));
+  EXPECT_THAT(text, HasSubstr("lr = 3e-04\n"));
+  EXPECT_THAT(text, HasSubstr("limit = \"2GiB\"\n"));
+  EXPECT_THAT(text, HasSubstr("check_replicas_every = 0\n"));
+}
+
+TEST(ConfigTest, DefaultsRoundTripAndFloatsStayFloats) {
+  const TrainConfig c = Parse(kMinimal);
+  const std::string text = ToToml(c);
+  EXPECT_EQ(ParseConfig(text, kSource), c) << text;
+  EXPECT_THAT(text, HasSubstr("collective_timeout_s = 300.0\n"));
+  EXPECT_THAT(text, HasSubstr("epochs = 5\n"));
+  EXPECT_THAT(text, HasSubstr("seed = 42\n"));
+}
+
+TEST(ConfigTest, AwkwardValuesRoundTripExactly) {
+  TrainConfig c = Parse(kMinimal);
+  c.run_dir = "runs/with \"quotes\" \\ and\ttab";
+  c.train.lr = 0.1 + 0.2;  // not representable in few digits
+  c.train.eps = 1e-300;
+  c.data.mean = {1.0 / 3, 2};
+  c.data.std = {1e20, 0.1};
+  const TrainConfig again = ParseConfig(ToToml(c), kSource);
+  EXPECT_EQ(again, c) << ToToml(c);
+}
+
+TEST(ConfigTest, HashIsStableAndSensitive) {
+  const TrainConfig a = Parse(kFull);
+  const TrainConfig b = ParseConfig(kFull, "elsewhere/y.toml");
+  EXPECT_EQ(ConfigHash(a), ConfigHash(b));  // independent of where it was read from
+  const TrainConfig c = Parse(kFull, {"train.lr=0.0004"});
+  EXPECT_NE(ConfigHash(a), ConfigHash(c));
+  EXPECT_NE(ConfigHash(Parse(kMinimal)), ConfigHash(a));
+}
+
+TEST(ConfigTest, EmptySourceIsCalledString) {
+  EXPECT_EQ(ParseConfig(kMinimal, "").source, "<string>");
+  try {
+    ParseConfig("seed = -1\n" + std::string(kMinimal), "");
+    FAIL() << "expected a ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("<string>:1: seed must be >= 0"));
+  }
+}
+
+TEST(ConfigTest, IntegerAcceptedForFloatKey) {
+  EXPECT_DOUBLE_EQ(Parse(MinimalWith("[train]\nlr = 1\n")).train.lr, 1.0);
+}
+
+// ------------------------------------------------------------------------------------------
+// Errors from the file: key, line, what was wrong.
+
+TEST(ConfigTest, ErrorIsConfigErrorWithUsageExitCode) {
+  try {
+    Parse(MinimalWith("[train]\nlr = \"fast\"\n"));
+    FAIL() << "expected a ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.exit_code(), 2);
+  }
+}
+
+TEST(ConfigTest, SyntaxErrorHasLineAndColumn) {
+  const std::string msg = ErrorOf("[model]\nname = \"ref_cnn\"\nclasses = = 3\n");
+  EXPECT_THAT(msg, HasSubstr("configs/x.toml:3:"));
+  EXPECT_THAT(msg, HasSubstr("TOML syntax error"));
+  // An unquoted string in the file gets a hint.
+  EXPECT_THAT(ErrorOf("[model]\nname = \"ref_cnn\"\n[data]\ntrain = data/x.h5\n"),
+              AllOf(HasSubstr("configs/x.toml:4:"), HasSubstr("strings are quoted")));
+}
+
+TEST(ConfigTest, WrongTypeNamesKeyLineAndValue) {
+  // kMinimal is 5 lines; [train] is line 6, lr line 7.
+  EXPECT_THAT(ErrorOf(MinimalWith("[train]\nlr = \"fast\"\n")),
+              HasSubstr("configs/x.toml:7: train.lr: expected a number, got string \"fast\""));
+  EXPECT_THAT(ErrorOf(MinimalWith("[train]\nnesterov = 1\n")),
+              HasSubstr("configs/x.toml:7: train.nesterov: expected a boolean"));
+  EXPECT_THAT(ErrorOf(MinimalWith("[train]\noptimizer = 3\n")),
+              HasSubstr("configs/x.toml:7: train.optimizer: expected a string, got integer 3"));
+  EXPECT_THAT(ErrorOf("seed = \"x\"\n" + std::string(kMinimal)),
+              HasSubstr("configs/x.toml:1: seed: expected an integer, got string \"x\""));
+}
+
+TEST(ConfigTest, FloatForIntKeyIsError) {
+  EXPECT_THAT(ErrorOf(MinimalWith("[train]\nepochs = 1.5\n")),
+              HasSubstr("configs/x.toml:7: train.epochs: expected an integer, got float 1.5"));
+  EXPECT_THAT(ErrorOf(MinimalWith("[train]\nglobal_batch = 64.0\n")),
+              AllOf(HasSubstr("train.global_batch: expected an integer, got float 64.0"),
+                    HasSubstr("without a decimal point")));
+}
+
+TEST(ConfigTest, NonFiniteFloatIsError) {
+  EXPECT_THAT(ErrorOf(MinimalWith("[train]\nlr = nan\n")),
+              HasSubstr("configs/x.toml:7: train.lr: expected a finite number"));
+}
+
+TEST(ConfigTest, ArrayElementTypeIsChecked) {
+  EXPECT_THAT(ErrorOf(MinimalWith("mean = [0.5, \"x\"]\nstd = [1, 1]\n")),
+              HasSubstr("configs/x.toml:6: data.mean[1]: expected a number, got string \"x\""));
+  EXPECT_THAT(ErrorOf(MinimalWith("mean = 0.5\n")),
+              HasSubstr("configs/x.toml:6: data.mean: expected an array of numbers"));
+}
+
+TEST(ConfigTest, UnknownKeyNamesKeyAndLine) {
+  EXPECT_THAT(ErrorOf(MinimalWith("[train]\nepochs = 3\nlrr = 0.1\n")),
+              HasSubstr("configs/x.toml:8: unknown key 'train.lrr' (did you mean 'train.lr'?)"));
+  EXPECT_THAT(ErrorOf(MinimalWith("[train]\nnesterv = true\n")),
+              HasSubstr("unknown key 'train.nesterv' (did you mean 'train.nesterov'?)"));
+  // A key in the wrong table is found by its last component.
+  EXPECT_THAT(ErrorOf(MinimalWith("[train]\nseed = 1\n")),
+              HasSubstr("configs/x.toml:7: unknown key 'train.seed' (did you mean 'seed'?)"));
+  // Nothing close: no suggestion.
+  EXPECT_THAT(ErrorOf(MinimalWith("[train]\nzzzzzzzz = 1\n")),
+              AllOf(HasSubstr("unknown key 'train.zzzzzzzz'"), Not(HasSubstr("did you mean"))));
+}
+
+TEST(ConfigTest, UnknownTopLevelKeyAndTable) {
+  EXPECT_THAT(ErrorOf("rundir = \"x\"\n" + std::string(kMinimal)),
+              HasSubstr("configs/x.toml:1: unknown key 'rundir' (did you mean 'run_dir'?)"));
+  EXPECT_THAT(ErrorOf(MinimalWith("[trian]\nlr = 0.1\n")),
+              HasSubstr("configs/x.toml:6: unknown table '[trian]' (did you mean '[train]'?)"));
+  EXPECT_THAT(ErrorOf(MinimalWith("[train.extra]\nx = 1\n")),
+              HasSubstr("unknown key 'train.extra'"));
+  EXPECT_THAT(ErrorOf("train = 5\n" + std::string(kMinimal)),
+              HasSubstr("configs/x.toml:1: 'train' must be a table ([train]), got integer 5"));
+}
+
+TEST(ConfigTest, DottedKeysAtTopLevelWork) {
+  const TrainConfig c = Parse(std::string("train.lr = 0.2\n") + kMinimal);
+  EXPECT_DOUBLE_EQ(c.train.lr, 0.2);
+}
+
+// Range checks from the file point at the key's line.
+TEST(ConfigTest, RangeErrorFromFileNamesLine) {
+  EXPECT_THAT(ErrorOf(MinimalWith("[train]\nepochs = 2\nglobal_batch = 0\n")),
+              HasSubstr("configs/x.toml:8: train.global_batch must be >= 1, got 0"));
+  EXPECT_THAT(ErrorOf(MinimalWith("[train]\nlr = -0.1\n")),
+              HasSubstr("configs/x.toml:7: train.lr must be > 0"));
+}
+
+// Every range / enum check, through --set so the origin is the --set item.
+TEST(ConfigTest, EveryRangeCheckNamesKeyAndSet) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"seed=-1", "seed must be >= 0"},
+      {"run_dir=", "run_dir must not be empty"},
+      {"model.classes=0", "model.classes must be >= 1"},
+      {"model.loss=hinge", "model.loss must be one of"},
+      {"data.train=", "data.train is required"},
+      {"data.augment=flip", "data.augment must be one of \"none\", \"crop-flip\""},
+      {"data.workers=-1", "data.workers must be >= 0"},
+      {"data.synthetic_samples=0", "data.synthetic_samples must be >= 1"},
+      {"data.cache=disk", "data.cache must be one of"},
+      {"train.epochs=-1", "train.epochs must be >= 0"},
+      {"train.max_steps=-1", "train.max_steps must be >= 0"},
+      {"train.global_batch=0", "train.global_batch must be >= 1"},
+      {"train.accumulate=0", "train.accumulate must be >= 1"},
+      {"train.accumulate=3", "train.global_batch (128) must be divisible by train.accumulate (3)"},
+      {"train.optimizer=adam",
+       "train.optimizer must be one of \"sgd\", \"adamw\", got \"adam\" "
+       "(did you mean \"adamw\"?)"},
+      {"train.lr=0", "train.lr must be > 0"},
+      {"train.momentum=1", "train.momentum must be in [0, 1)"},
+      {"train.momentum=-0.1", "train.momentum must be in [0, 1)"},
+      {"train.weight_decay=-1", "train.weight_decay must be >= 0"},
+      {"train.beta1=1.0", "train.beta1 must be in [0, 1)"},
+      {"train.beta2=-0.5", "train.beta2 must be in [0, 1)"},
+      {"train.eps=0", "train.eps must be > 0"},
+      {"train.schedule=linear", "train.schedule must be one of"},
+      {"train.step_size=-1", "train.step_size must be >= 0"},
+      {"train.gamma=0", "train.gamma must be > 0"},
+      {"train.warmup_steps=-5", "train.warmup_steps must be >= 0"},
+      {"train.precision=fp8", "train.precision must be one of"},
+      {"train.log_every_steps=0", "train.log_every_steps must be >= 1"},
+      {"train.eval_every_epochs=-1", "train.eval_every_epochs must be >= 0"},
+      {"checkpoint.every_steps=-1", "checkpoint.every_steps must be >= 0"},
+      {"checkpoint.every_epochs=-1", "checkpoint.every_epochs must be >= 0"},
+      {"checkpoint.keep=0", "checkpoint.keep must be >= 1"},
+      {"checkpoint.resume=", "checkpoint.resume must be"},
+      {"memory.limit=lots", "memory.limit: \"lots\" is not a positive size"},
+      {"memory.limit=0", "memory.limit: \"0\" is not a positive size"},
+      {"dist.device=tpu", "dist.device must be one of"},
+      {"dist.backend=gloo", "dist.backend must be one of"},
+      {"dist.device_binding=pin", "dist.device_binding must be one of"},
+      {"dist.gpus=0,,1", "dist.gpus: empty entry"},
+      {"dist.bucket_mb=0", "dist.bucket_mb must be >= 1"},
+      {"dist.collective_timeout_s=0", "dist.collective_timeout_s must be > 0"},
+      {"dist.threads=-1", "dist.threads must be >= 0"},
+      {"dist.check_replicas_every=-1", "dist.check_replicas_every must be >= 0"},
+  };
+  for (const auto& [set, expected] : cases) {
+    SCOPED_TRACE(set);
+    const std::string msg = ErrorOf(kMinimal, {set});
+    EXPECT_THAT(msg, HasSubstr("--set " + set + ": "));
+    EXPECT_THAT(msg, HasSubstr(expected));
+  }
+}
+
+TEST(ConfigTest, CrossKeyChecks) {
+  EXPECT_THAT(ErrorOf(MinimalWith("[train]\nepochs = 0\n")),
+              HasSubstr("configs/x.toml:7: train.epochs and train.max_steps are both 0"));
+  EXPECT_THAT(ErrorOf(MinimalWith("[train]\nmomentum = 0.0\nnesterov = true\n")),
+              HasSubstr("configs/x.toml:8: train.nesterov = true needs train.momentum > 0"));
+  EXPECT_THAT(ErrorOf(kMinimal, {"dist.device=cpu", "dist.backend=nccl"}),
+              HasSubstr("--set dist.backend=nccl: dist.backend = \"nccl\" needs GPUs"));
+  // global_batch divisible by accumulate: 128 / 4 is fine, 100 / 8 is not.
+  EXPECT_EQ(Parse(kMinimal, {"train.accumulate=4"}).train.accumulate, 4);
+  EXPECT_THAT(ErrorOf(MinimalWith("[train]\nglobal_batch = 100\naccumulate = 8\n")),
+              HasSubstr("configs/x.toml:8: train.global_batch (100) must be divisible by "
+                        "train.accumulate (8)"));
+}
+
+TEST(ConfigTest, DataChecks) {
+  EXPECT_THAT(ErrorOf("[model]\nname = \"ref_cnn\"\n"),
+              HasSubstr("configs/x.toml: data.train is required"));
+  EXPECT_THAT(ErrorOf(MinimalWith("mean = [0.5, 0.5]\nstd = [0.2]\n")),
+              HasSubstr("configs/x.toml:7: data.mean has 2 entries but data.std has 1"));
+  EXPECT_THAT(ErrorOf(MinimalWith("mean = [0.5, 0.5]\nstd = [0.2, 0]\n")),
+              HasSubstr("configs/x.toml:7: data.std[1] must be > 0"));
+}
+
+TEST(ConfigTest, ModelNeedsExactlyOneOfNameAndLayers) {
+  EXPECT_THAT(ErrorOf("[data]\ntrain = \"synthetic\"\n"),
+              HasSubstr("configs/x.toml: no model: set model.name"));
+  EXPECT_THAT(ErrorOf("[model]\nname = \"mlp\"\nlayers = [{type = \"relu\"}]\n"
+                      "[data]\ntrain = \"synthetic\"\n"),
+              HasSubstr("configs/x.toml:2: model.name and model.layers are both set"));
+}
+
+TEST(ConfigTest, MemoryLimitIsParsed) {
+  EXPECT_EQ(Parse(kMinimal, {"memory.limit=512MiB"}).memory.limit_bytes, size_t{512} << 20);
+  EXPECT_EQ(Parse(kMinimal, {"memory.limit=1048576"}).memory.limit_bytes, size_t{1048576});
+  EXPECT_THAT(ErrorOf(MinimalWith("[memory]\nlimit = \"2 apples\"\n")),
+              HasSubstr("configs/x.toml:7: memory.limit: \"2 apples\" is not a positive size"));
+}
+
+TEST(ConfigTest, ResumeTakesAutoNeverOrPath) {
+  EXPECT_EQ(Parse(kMinimal, {"checkpoint.resume=never"}).checkpoint.resume, "never");
+  EXPECT_EQ(
+      Parse(kMinimal, {"checkpoint.resume=runs/a/checkpoints/ckpt-00000100.h5"}).checkpoint.resume,
+      "runs/a/checkpoints/ckpt-00000100.h5");
+}
+
+// ------------------------------------------------------------------------------------------
+// --set
+
+TEST(ConfigTest, SetStringsNeedNoQuotes) {
+  const TrainConfig c =
+      Parse(kMinimal, {"data.train=/data/x.h5", "data.test=\"/data/t.h5\"", "run_dir='runs/q'",
+                       "model.name=mlp", "train.optimizer=adamw", "dist.gpus=0,1"});
+  EXPECT_EQ(c.data.train, "/data/x.h5");
+  EXPECT_EQ(c.data.test, "/data/t.h5");
+  EXPECT_EQ(c.run_dir, "runs/q");
+  EXPECT_EQ(c.model.name, "mlp");
+  EXPECT_EQ(c.train.optimizer, "adamw");
+  EXPECT_EQ(c.dist.gpus, "0,1");
+}
+
+TEST(ConfigTest, SetEachType) {
+  const TrainConfig c = Parse(kMinimal, {"train.lr=0.1", "train.epochs=3", "train.nesterov=true",
+                                         "data.shuffle=false", "data.mean=[0.5]", "data.std=[0.25]",
+                                         "dist.collective_timeout_s=10", "seed=12345678901"});
+  EXPECT_DOUBLE_EQ(c.train.lr, 0.1);
+  EXPECT_EQ(c.train.epochs, 3);
+  EXPECT_TRUE(c.train.nesterov);
+  EXPECT_FALSE(c.data.shuffle);
+  EXPECT_EQ(c.data.mean, std::vector<double>{0.5});
+  EXPECT_EQ(c.data.std, std::vector<double>{0.25});
+  EXPECT_DOUBLE_EQ(c.dist.collective_timeout_s, 10.0);
+  EXPECT_EQ(c.seed, 12345678901);
+}
+
+TEST(ConfigTest, SetOverridesFileAndLaterSetWins) {
+  const TrainConfig c = Parse(MinimalWith("[train]\nlr = 0.3\n"), {"train.lr=0.2", "train.lr=0.4"});
+  EXPECT_DOUBLE_EQ(c.train.lr, 0.4);
+  // An override that makes the value valid again hides the file's bad value.
+  EXPECT_EQ(Parse(MinimalWith("[train]\nglobal_batch = 0\n"), {"train.global_batch=64"})
+                .train.global_batch,
+            64);
+}
+
+TEST(ConfigTest, SetErrors) {
+  EXPECT_THAT(ErrorOf(kMinimal, {"train.lr"}), HasSubstr("--set train.lr: expected key=value"));
+  EXPECT_THAT(ErrorOf(kMinimal, {"=3"}), HasSubstr("--set =3: missing key"));
+  EXPECT_THAT(ErrorOf(kMinimal, {"train.lrr=0.1"}),
+              HasSubstr("--set train.lrr=0.1: unknown key 'train.lrr' (did you mean 'train.lr'?)"));
+  EXPECT_THAT(ErrorOf(kMinimal, {"train.lr=abc"}),
+              HasSubstr("--set train.lr=abc: train.lr: expected a number, got 'abc'"));
+  EXPECT_THAT(ErrorOf(kMinimal, {"train.lr=\"fast\""}),
+              HasSubstr("--set train.lr=\"fast\": train.lr: expected a number, got string"));
+  EXPECT_THAT(
+      ErrorOf(kMinimal, {"train.epochs=2.5"}),
+      HasSubstr("--set train.epochs=2.5: train.epochs: expected an integer, got float 2.5"));
+  EXPECT_THAT(ErrorOf(kMinimal, {"train.nesterov=yes"}),
+              HasSubstr("--set train.nesterov=yes: train.nesterov: expected a boolean"));
+  EXPECT_THAT(ErrorOf(kMinimal, {"data.mean=[0.5, x]"}),
+              HasSubstr("--set data.mean=[0.5, x]: data.mean: expected an array of numbers"));
+  EXPECT_THAT(ErrorOf(kMinimal, {"data.mean=0.5"}),
+              HasSubstr("--set data.mean=0.5: data.mean: expected an array of numbers like [0.5]"));
+  EXPECT_THAT(ErrorOf(kMinimal, {"train.epochs="}),
+              HasSubstr("--set train.epochs=: train.epochs: expected an integer"));
+  EXPECT_THAT(ErrorOf(kMinimal, {"train.epochs=3\nlr = 4"}),
+              HasSubstr("train.epochs: expected a single value"));
+  // Larger than int64: the value is refused, naming the key.
+  EXPECT_THAT(ErrorOf(kMinimal, {"seed=99999999999999999999"}),
+              HasSubstr("--set seed=99999999999999999999: seed: expected an integer"));
+}
+
+TEST(ConfigTest, SetLayersIsUnsupported) {
+  EXPECT_THAT(ErrorOf(kMinimal, {"model.layers=[{type=\"relu\"}]"}),
+              HasSubstr("model.layers cannot be set with --set"));
+  EXPECT_THAT(ErrorOf(kMinimal, {"model.layers[0].out=3"}),
+              HasSubstr("--set model.layers[0].out=3: model.layers cannot be set with --set"));
+}
+
+// ------------------------------------------------------------------------------------------
+// model.layers
+
+constexpr char kLayers[] = R"([model]
+classes = 10
+layers = [
+  {type = "conv2d", name = "conv1", out = 32, kernel = 3, pad = 1},
+  {type = "relu"},
+  {type = "maxpool"},
+  {type = "avgpool", kernel = 3, stride = 1, pad = 1},
+  {type = "batchnorm"},
+  {type = "dropout", p = 0.25},
+  {type = "flatten"},
+  {type = "linear", name = "fc", out = 10, bias = false},
+]
+[data]
+train = "synthetic"
+)";
+
+TEST(ConfigTest, LayersParseWithDefaults) {
+  const TrainConfig c = Parse(kLayers);
+  ASSERT_EQ(c.model.layers.size(), 8u);
+  const auto& L = c.model.layers;
+  EXPECT_EQ(L[0].type, "conv2d");
+  EXPECT_EQ(L[0].name, "conv1");
+  EXPECT_EQ(L[0].out, 32);
+  EXPECT_EQ(L[0].kernel, 3);
+  EXPECT_EQ(L[0].stride, 1);
+  EXPECT_EQ(L[0].pad, 1);
+  EXPECT_TRUE(L[0].bias);
+  EXPECT_EQ(L[1].type, "relu");
+  EXPECT_EQ(L[1].name, "1");  // the index, like nn.Sequential
+  EXPECT_EQ(L[2].type, "maxpool");
+  EXPECT_EQ(L[2].kernel, 2);  // pool defaults: kernel 2, stride = kernel
+  EXPECT_EQ(L[2].stride, 2);
+  EXPECT_EQ(L[3].kernel, 3);
+  EXPECT_EQ(L[3].stride, 1);
+  EXPECT_EQ(L[3].pad, 1);
+  EXPECT_EQ(L[4].name, "4");
+  EXPECT_DOUBLE_EQ(L[5].p, 0.25);
+  EXPECT_EQ(L[6].type, "flatten");
+  EXPECT_EQ(L[7].name, "fc");
+  EXPECT_EQ(L[7].out, 10);
+  EXPECT_FALSE(L[7].bias);
+  EXPECT_TRUE(c.model.name.empty());
+}
+
+TEST(ConfigTest, LayersRoundTripThroughToToml) {
+  const TrainConfig c = Parse(kLayers);
+  const std::string text = ToToml(c);
+  EXPECT_EQ(ParseConfig(text, kSource), c) << text;
+  EXPECT_EQ(ConfigHash(ParseConfig(text, kSource)), ConfigHash(c));
+  EXPECT_THAT(text, Not(HasSubstr("name = \"\"")));
+}
+
+TEST(ConfigTest, LayersAsArrayOfTables) {
+  const TrainConfig c = Parse(R"([[model.layers]]
+type = "flatten"
+[[model.layers]]
+type = "linear"
+out = 10
+[data]
+train = "synthetic"
+)");
+  ASSERT_EQ(c.model.layers.size(), 2u);
+  EXPECT_EQ(c.model.layers[1].out, 10);
+}
+
+// `layers` text for a [model] table whose layers are given, data included. Layer i is on
+// line 3 + i.
+std::string WithLayers(std::string_view layers) {
+  return "[model]\nlayers = [\n" + std::string(layers) + "]\n[data]\ntrain = \"synthetic\"\n";
+}
+
+TEST(ConfigTest, LayerErrorsNameLayerKeyAndLine) {
+  EXPECT_THAT(ErrorOf(WithLayers("{type = \"flatten\"},\n{type = \"relu\"},\n"
+                                 "{type = \"conv2d\", out = 8, kernl = 3},\n")),
+              HasSubstr("configs/x.toml:5: unknown key 'model.layers[2].kernl' (did you mean "
+                        "'model.layers[2].kernel'?)"));
+  EXPECT_THAT(ErrorOf(WithLayers("{out = 3},\n")),
+              HasSubstr("configs/x.toml:3: model.layers[0]: missing key 'type'"));
+  EXPECT_THAT(ErrorOf(WithLayers("{type = \"relu\"},\n{type = \"conv\"},\n")),
+              HasSubstr("configs/x.toml:4: model.layers[1].type: unknown layer type \"conv\""));
+  EXPECT_THAT(ErrorOf(WithLayers("{type = \"convv2d\"},\n")),
+              HasSubstr("unknown layer type \"convv2d\" (did you mean \"conv2d\"?)"));
+  EXPECT_THAT(ErrorOf(WithLayers("{type = \"conv2d\", kernel = 3},\n")),
+              HasSubstr("configs/x.toml:3: model.layers[0].out is required for a conv2d layer"));
+  EXPECT_THAT(ErrorOf(WithLayers("{type = \"conv2d\", out = 3},\n")),
+              HasSubstr("model.layers[0].kernel is required for a conv2d layer"));
+  EXPECT_THAT(ErrorOf(WithLayers("{type = \"linear\"},\n")),
+              HasSubstr("model.layers[0].out is required for a linear layer"));
+  EXPECT_THAT(ErrorOf(WithLayers("{type = \"linear\", out = 0},\n")),
+              HasSubstr("configs/x.toml:3: model.layers[0].out must be >= 1, got 0"));
+  EXPECT_THAT(ErrorOf(WithLayers("{type = \"linear\", out = 4, kernel = 3},\n")),
+              HasSubstr("model.layers[0].kernel does not apply to a linear layer (linear takes "
+                        "out, bias)"));
+  EXPECT_THAT(ErrorOf(WithLayers("{type = \"relu\", p = 0.5},\n")),
+              HasSubstr("model.layers[0].p does not apply to a relu layer"));
+  EXPECT_THAT(ErrorOf(WithLayers("{type = \"dropout\", p = 1.0},\n")),
+              HasSubstr("model.layers[0].p must be in [0, 1)"));
+  EXPECT_THAT(ErrorOf(WithLayers("{type = \"conv2d\", out = 4, kernel = 3, stride = 0},\n")),
+              HasSubstr("model.layers[0].stride must be >= 1"));
+  EXPECT_THAT(ErrorOf(WithLayers("{type = \"maxpool\", kernel = 2, pad = 2},\n")),
+              HasSubstr("model.layers[0].pad must be <= kernel / 2"));
+  EXPECT_THAT(ErrorOf(WithLayers("{type = \"linear\", out = 2.0},\n")),
+              HasSubstr("model.layers[0].out: expected an integer, got float 2.0"));
+  EXPECT_THAT(ErrorOf(WithLayers("{type = \"relu\", name = \"a\"},\n{type = \"relu\", name = "
+                                 "\"a\"},\n")),
+              HasSubstr("configs/x.toml:4: model.layers[1].name \"a\" is already used by "
+                        "model.layers[0]"));
+  EXPECT_THAT(ErrorOf(WithLayers("{type = \"relu\", name = \"a.b\"},\n")),
+              HasSubstr("model.layers[0].name must be non-empty and contain no '.'"));
+  EXPECT_THAT(ErrorOf(WithLayers("\"relu\",\n")),
+              HasSubstr("model.layers[0]: expected a table like {type = \"relu\"}"));
+  EXPECT_THAT(ErrorOf(WithLayers("")), HasSubstr("configs/x.toml:2: model.layers is empty"));
+  EXPECT_THAT(ErrorOf("[model]\nlayers = \"relu\"\n[data]\ntrain = \"synthetic\"\n"),
+              HasSubstr("configs/x.toml:2: model.layers: expected an array of layer tables"));
+}
+
+// ------------------------------------------------------------------------------------------
+// LoadConfig
+
+TEST(ConfigTest, LoadConfigMissingFileNamesPath) {
+  try {
+    LoadConfig("/nonexistent/dir/cfg.toml");
+    FAIL() << "expected a ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("/nonexistent/dir/cfg.toml: cannot read config file"));
+  }
+  const std::string dir = testing::TempDir();
+  EXPECT_THROW(LoadConfig(dir), ConfigError);
+}
+
+TEST(ConfigTest, LoadConfigReadsFileAndUsesPathInMessages) {
+  const std::filesystem::path path =
+      std::filesystem::path(testing::TempDir()) / "dptrain_config_test.toml";
+  {
+    std::ofstream out(path);
+    out << kMinimal << "[train]\nlr = \"fast\"\n";
+  }
+  try {
+    LoadConfig(path.string());
+    FAIL() << "expected a ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_THAT(e.what(), HasSubstr(path.string() + ":7: train.lr: expected a number"));
+  }
+  {
+    std::ofstream out(path);
+    out << kMinimal;
+  }
+  const TrainConfig c = LoadConfig(path.string(), {"train.epochs=1"});
+  EXPECT_EQ(c.source, path.string());
+  EXPECT_EQ(c.train.epochs, 1);
+  std::filesystem::remove(path);
+}
+
+}  // namespace
+}  // namespace dptrain
