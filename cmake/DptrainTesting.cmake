@@ -9,7 +9,10 @@ function(dptrain_add_gtest name)
   endif()
   add_executable(${name} ${A_SOURCES})
   target_link_libraries(${name} PRIVATE dptrain_testing GTest::gtest_main dptrain::warnings)
-  gtest_discover_tests(${name} DISCOVERY_MODE PRE_TEST PROPERTIES LABELS ${A_LABEL} TIMEOUT 300)
+  # One compute thread per test process: ctest runs tests side by side on few cores, and
+  # OpenMP teams that outnumber the cores spin-wait on each other.
+  gtest_discover_tests(${name} DISCOVERY_MODE PRE_TEST PROPERTIES LABELS ${A_LABEL} TIMEOUT 300
+                       ENVIRONMENT "OMP_NUM_THREADS=1;OMP_WAIT_POLICY=passive")
 endfunction()
 
 function(dptrain_add_mpi_test)

@@ -99,7 +99,9 @@ int CmdTrain(const std::string& config_path, const std::vector<std::string>& set
     tenv.threads = threads;
     tenv.host = env.host;
     tenv.resolved_toml = ToToml(cfg);
-    tenv.interactive = env.rank == 0 && isatty(STDOUT_FILENO) != 0;
+    // A live progress line only for a single process on a terminal: mpirun gives ranks a pty
+    // even when its own output goes to a file or a pipe.
+    tenv.interactive = env.world == 1 && !vars.local_rank && isatty(STDOUT_FILENO) != 0;
     Train(cfg, tenv);
   } catch (const AgreedError& e) {
     // Every rank holds the same error: rank 0 prints it, all exit alike.

@@ -161,6 +161,7 @@ class Trainer {
   std::vector<float> targets_host_;
 
   int64_t step_ = 0;  // optimizer steps done
+  int64_t last_eval_step_ = -1;
   double lr_ = 0;
   // Logging window (local sums; reduced over ranks when logged).
   double win_loss_ = 0;
@@ -416,6 +417,7 @@ void Trainer::LogStep(int64_t epoch, bool force) {
 
 void Trainer::Evaluate(int64_t epoch) {
   if (!test_) return;
+  last_eval_step_ = step_;
   const auto t0 = Clock::now();
   const auto [begin, end] = EvalShard(test_->info().size, static_cast<int>(world_), comm_.rank());
   LoaderOptions o = loader_opts_;
@@ -501,6 +503,7 @@ TrainResult Trainer::Run() {
   win_start_ = run_start_;
   int64_t epoch = 0;
   while (step_ < total_steps_) {
+    const int64_t epoch_start = step_;
     loader_->Start(epoch, 0);
     while (loader_->HasNext() && step_ < total_steps_) {
       auto t0 = Clock::now();
@@ -510,7 +513,7 @@ TrainResult Trainer::Run() {
       LogStep(epoch, false);
     }
     loader_->Stop();
-    const bool epoch_done = !loader_->HasNext() || step_ % steps_per_epoch_ == 0;
+    const bool epoch_done = step_ - epoch_start == steps_per_epoch_;
     LogStep(epoch, true);
     if (epoch_done) {
       result_.epochs = epoch + 1;
@@ -532,9 +535,7 @@ TrainResult Trainer::Run() {
   result_.samples_per_s =
       static_cast<double>(step_ * cfg_.train.global_batch) / std::max(total, 1e-9);
   // Final evaluation if the last epoch's did not run.
-  if (test_ && (result_.test_loss < 0 || step_ % std::max<int64_t>(steps_per_epoch_, 1) != 0)) {
-    Evaluate(epoch - 1);
-  }
+  if (test_ && step_ != last_eval_step_) Evaluate(epoch - 1);
   if (is_root()) {
     if (env_.interactive) fmt::print("\n");
     const double n = static_cast<double>(std::max<int64_t>(step_, 1));

@@ -1,0 +1,55 @@
+# SPDX-License-Identifier: Apache-2.0
+# The README's two commands:
+#   make demo   install what is missing, build, train the reference CNN on Fashion-MNIST, 2 ranks
+#   make test   install what is missing, build, run every test with ctest
+# Also: make build, make data, make quick (unit + conformance only), make bench, make clean.
+BUILD ?= build
+JOBS ?= $(shell nproc)
+BUILD_TYPE ?= Release
+CMAKE_FLAGS ?=
+DPTRAIN := $(BUILD)/launcher/dptrain
+FMNIST := /usr/share/datasets/fashion-mnist
+ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-run-as-root,)
+
+.PHONY: all deps configure build data demo test quick bench clean
+all: build
+
+deps:
+	@bash scripts/install-deps.sh
+
+$(BUILD)/build.ninja: | deps
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DDPTRAIN_WERROR=ON \
+	  "-DMPIEXEC_PREFLAGS=--oversubscribe;--bind-to;none;$(ROOT_FLAG)" $(CMAKE_FLAGS)
+
+configure: $(BUILD)/build.ninja
+
+build: deps configure
+	cmake --build $(BUILD) -j $(JOBS)
+
+data/fmnist/train.h5: | build
+	@mkdir -p data/fmnist
+	$(DPTRAIN) convert --from idx --images $(FMNIST)/train-images-idx3-ubyte.gz \
+	  --labels $(FMNIST)/train-labels-idx1-ubyte.gz --out $@
+
+data/fmnist/test.h5: | build
+	@mkdir -p data/fmnist
+	$(DPTRAIN) convert --from idx --images $(FMNIST)/t10k-images-idx3-ubyte.gz \
+	  --labels $(FMNIST)/t10k-labels-idx1-ubyte.gz --out $@
+
+data: build data/fmnist/train.h5 data/fmnist/test.h5
+
+demo: build data
+	. scripts/mpi-env.sh && mpirun -np 2 $(DPTRAIN) train --config configs/fmnist_cnn.toml
+
+test: build data
+	cd $(BUILD) && DPTRAIN_DATA=$(CURDIR)/data ctest --output-on-failure -j $(JOBS) --timeout 900
+
+quick: build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -L "unit|conformance"
+
+bench: build data
+	@bash scripts/install-deps.sh --bench
+	bash bench/run.sh $(BUILD)
+
+clean:
+	rm -rf $(BUILD)

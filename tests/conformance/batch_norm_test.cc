@@ -1,0 +1,201 @@
+// SPDX-License-Identifier: Apache-2.0
+// Batch norm on every built backend against the double reference: training forward (output,
+// saved mean / inverse std, running statistics with momentum and unbiased variance), inference
+// forward, and backward (dx, dgamma, dbeta, overwrite and accumulate) on (N, C) and (N, C, H, W).
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "runtime/backend.h"
+#include "tests/testing/backends.h"
+#include "tests/testing/reference_ops.h"
+#include "tests/testing/tolerances.h"
+
+namespace dptrain::testing {
+namespace {
+
+struct BnCase {
+  Shape shape;  // (N, C) or (N, C, H, W)
+  BatchNormArgs args;
+};
+
+ref::BatchNormShape RefShape(const Shape& s) {
+  ref::BatchNormShape r;
+  r.n = s[0];
+  r.c = s[1];
+  r.spatial = s.rank() == 4 ? s[2] * s[3] : 1;
+  return r;
+}
+
+std::vector<BnCase> Cases() {
+  BatchNormArgs def;
+  BatchNormArgs other;
+  other.momentum = 0.3;
+  other.eps = 1e-3;
+  return {
+      {{4, 3}, def},          // features
+      {{2, 1}, def},          // the smallest batch with an unbiased variance
+      {{7, 5}, other},        // odd, other momentum / eps
+      {{33, 17}, def},        // prime channels
+      {{2, 3, 5, 7}, def},    // images, odd spatial
+      {{1, 4, 3, 3}, other},  // batch 1: statistics over H*W only
+      {{3, 13, 4, 5}, def},   // prime channels
+      {{8, 2, 16, 16}, def},  // long reductions
+  };
+}
+
+// Inputs with a per-channel offset and spread (mean 2c - 3, std ~ (c + 1) / 2): catches
+// one-pass variance cancellation and channel mix-ups.
+std::vector<float> MakeX(const ref::BatchNormShape& s, uint32_t seed) {
+  std::vector<float> x = RandomUniform(static_cast<size_t>(s.n * s.c * s.spatial), seed);
+  for (int64_t n = 0; n < s.n; ++n) {
+    for (int64_t c = 0; c < s.c; ++c) {
+      for (int64_t i = 0; i < s.spatial; ++i) {
+        float& v = x[static_cast<size_t>((n * s.c + c) * s.spatial + i)];
+        v = v * static_cast<float>(c + 1) + static_cast<float>(2 * c - 3);
+      }
+    }
+  }
+  return x;
+}
+
+class BatchNormTest : public BackendTest {};
+
+TEST_P(BatchNormTest, ForwardTraining) {
+  Backend& be = backend();
+  uint32_t seed = 4000;
+  for (const BnCase& bc : Cases()) {
+    seed += 10;
+    SCOPED_TRACE("x " + bc.shape.ToString());
+    const ref::BatchNormShape s = RefShape(bc.shape);
+    const std::vector<float> x = MakeX(s, seed);
+    const std::vector<float> gamma = RandomUniform(static_cast<size_t>(s.c), seed + 1, 0.5f, 1.5f);
+    const std::vector<float> beta = RandomUniform(static_cast<size_t>(s.c), seed + 2);
+    const std::vector<float> rm0 = RandomUniform(static_cast<size_t>(s.c), seed + 3);
+    const std::vector<float> rv0 = RandomUniform(static_cast<size_t>(s.c), seed + 4, 0.5f, 1.5f);
+
+    Tensor x_t = ToDevice(be, x, bc.shape);
+    Tensor g_t = ToDevice(be, gamma, {s.c});
+    Tensor b_t = ToDevice(be, beta, {s.c});
+    Tensor rm = ToDevice(be, rm0, {s.c});
+    Tensor rv = ToDevice(be, rv0, {s.c});
+    Tensor y = be.Empty(bc.shape, DType::kF32, "y");
+    Tensor sm = be.Empty({s.c}, DType::kF32, "save_mean");
+    Tensor si = be.Empty({s.c}, DType::kF32, "save_invstd");
+    be.BatchNormForwardTraining(bc.args, x_t, g_t, b_t, &rm, &rv, &y, &sm, &si);
+
+    std::vector<double> ref_rm = ToDouble(rm0), ref_rv = ToDouble(rv0);
+    std::vector<double> ref_y, ref_sm, ref_si;
+    ref::BatchNormForwardTraining(bc.args, s, ToDouble(x), ToDouble(gamma), ToDouble(beta), &ref_rm,
+                                  &ref_rv, &ref_y, &ref_sm, &ref_si);
+    const Tolerance tol = ForReduction(Precision::kF32, s.count());
+    EXPECT_TRUE(AllClose(ToHost(be, y), ref_y, tol)) << "y";
+    EXPECT_TRUE(AllClose(ToHost(be, sm), ref_sm, tol)) << "save_mean";
+    EXPECT_TRUE(AllClose(ToHost(be, si), ref_si, tol)) << "save_invstd";
+    EXPECT_TRUE(AllClose(ToHost(be, rm), ref_rm, tol)) << "running_mean";
+    EXPECT_TRUE(AllClose(ToHost(be, rv), ref_rv, tol)) << "running_var (unbiased)";
+  }
+}
+
+// Running statistics over several steps converge as PyTorch's do.
+TEST_P(BatchNormTest, RunningStatsOverSteps) {
+  Backend& be = backend();
+  const Shape shape{4, 3, 3, 3};
+  const ref::BatchNormShape s = RefShape(shape);
+  BatchNormArgs args;
+  args.momentum = 0.25;
+  const std::vector<float> gamma(3, 1.0f), beta(3, 0.0f);
+  Tensor g_t = ToDevice(be, gamma, {s.c});
+  Tensor b_t = ToDevice(be, beta, {s.c});
+  Tensor rm = be.Zeros({s.c}, DType::kF32, "running_mean");
+  Tensor rv = be.Empty({s.c}, DType::kF32, "running_var");
+  be.Fill(&rv, 1.0f);
+  std::vector<double> ref_rm(3, 0.0), ref_rv(3, 1.0);
+  Tensor y = be.Empty(shape, DType::kF32, "y");
+  Tensor sm = be.Empty({s.c}, DType::kF32, "save_mean");
+  Tensor si = be.Empty({s.c}, DType::kF32, "save_invstd");
+  for (uint32_t step = 0; step < 5; ++step) {
+    const std::vector<float> x = MakeX(s, 4500 + step);
+    Tensor x_t = ToDevice(be, x, shape);
+    be.BatchNormForwardTraining(args, x_t, g_t, b_t, &rm, &rv, &y, &sm, &si);
+    std::vector<double> ref_y, ref_sm, ref_si;
+    ref::BatchNormForwardTraining(args, s, ToDouble(x), ToDouble(gamma), ToDouble(beta), &ref_rm,
+                                  &ref_rv, &ref_y, &ref_sm, &ref_si);
+  }
+  const Tolerance tol = ForReduction(Precision::kF32, 5 * s.count());
+  EXPECT_TRUE(AllClose(ToHost(be, rm), ref_rm, tol)) << "running_mean";
+  EXPECT_TRUE(AllClose(ToHost(be, rv), ref_rv, tol)) << "running_var";
+}
+
+TEST_P(BatchNormTest, ForwardInference) {
+  Backend& be = backend();
+  uint32_t seed = 5000;
+  for (const BnCase& bc : Cases()) {
+    seed += 10;
+    SCOPED_TRACE("x " + bc.shape.ToString());
+    const ref::BatchNormShape s = RefShape(bc.shape);
+    const std::vector<float> x = MakeX(s, seed);
+    const std::vector<float> gamma = RandomUniform(static_cast<size_t>(s.c), seed + 1, 0.5f, 1.5f);
+    const std::vector<float> beta = RandomUniform(static_cast<size_t>(s.c), seed + 2);
+    const std::vector<float> rm = RandomUniform(static_cast<size_t>(s.c), seed + 3, -3.f, 3.f);
+    const std::vector<float> rv = RandomUniform(static_cast<size_t>(s.c), seed + 4, 0.1f, 4.0f);
+    Tensor x_t = ToDevice(be, x, bc.shape);
+    Tensor y = be.Empty(bc.shape, DType::kF32, "y");
+    be.BatchNormForwardInference(bc.args, x_t, ToDevice(be, gamma, {s.c}),
+                                 ToDevice(be, beta, {s.c}), ToDevice(be, rm, {s.c}),
+                                 ToDevice(be, rv, {s.c}), &y);
+    std::vector<double> ref_y;
+    ref::BatchNormForwardInference(bc.args, s, ToDouble(x), ToDouble(gamma), ToDouble(beta),
+                                   ToDouble(rm), ToDouble(rv), &ref_y);
+    EXPECT_TRUE(AllClose(ToHost(be, y), ref_y, ForPrecision(Precision::kF32)));
+  }
+}
+
+void CheckBackward(Backend& be, bool accumulate) {
+  uint32_t seed = 6000;
+  for (const BnCase& bc : Cases()) {
+    seed += 10;
+    SCOPED_TRACE("x " + bc.shape.ToString() + (accumulate ? " accumulate" : " overwrite"));
+    const ref::BatchNormShape s = RefShape(bc.shape);
+    const size_t c = static_cast<size_t>(s.c);
+    const std::vector<float> x = MakeX(s, seed);
+    const std::vector<float> dy = RandomUniform(x.size(), seed + 1);
+    const std::vector<float> gamma = RandomUniform(c, seed + 2, 0.5f, 1.5f);
+    // Saved statistics as a training forward would produce them (rounded to f32 for both sides).
+    std::vector<double> rm(c, 0.0), rv(c, 1.0), y_unused, sm_d, si_d;
+    ref::BatchNormForwardTraining(bc.args, s, ToDouble(x), ToDouble(gamma),
+                                  std::vector<double>(c, 0.0), &rm, &rv, &y_unused, &sm_d, &si_d);
+    std::vector<float> sm(c), si(c);
+    for (size_t i = 0; i < c; ++i) {
+      sm[i] = static_cast<float>(sm_d[i]);
+      si[i] = static_cast<float>(si_d[i]);
+    }
+    const std::vector<float> dg0 = RandomUniform(c, seed + 3);
+    const std::vector<float> db0 = RandomUniform(c, seed + 4);
+
+    Tensor dx = be.Empty(bc.shape, DType::kF32, "dx");
+    Tensor dg = ToDevice(be, dg0, {s.c});
+    Tensor db = ToDevice(be, db0, {s.c});
+    be.BatchNormBackward(ToDevice(be, x, bc.shape), ToDevice(be, dy, bc.shape),
+                         ToDevice(be, gamma, {s.c}), ToDevice(be, sm, {s.c}),
+                         ToDevice(be, si, {s.c}), &dx, &dg, &db, accumulate);
+
+    std::vector<double> ref_dx, ref_dg = ToDouble(dg0), ref_db = ToDouble(db0);
+    ref::BatchNormBackward(s, ToDouble(x), ToDouble(dy), ToDouble(gamma), ToDouble(sm),
+                           ToDouble(si), &ref_dx, &ref_dg, &ref_db, accumulate);
+    const Tolerance tol = ForReduction(Precision::kF32, s.count());
+    EXPECT_TRUE(AllClose(ToHost(be, dx), ref_dx, tol)) << "dx";
+    EXPECT_TRUE(AllClose(ToHost(be, dg), ref_dg, tol)) << "dgamma";
+    EXPECT_TRUE(AllClose(ToHost(be, db), ref_db, tol)) << "dbeta";
+  }
+}
+
+TEST_P(BatchNormTest, Backward) { CheckBackward(backend(), /*accumulate=*/false); }
+
+TEST_P(BatchNormTest, BackwardAccumulate) { CheckBackward(backend(), /*accumulate=*/true); }
+
+INSTANTIATE_TEST_SUITE_P(All, BatchNormTest, ::testing::ValuesIn(TestBackends()), BackendParamName);
+
+}  // namespace
+}  // namespace dptrain::testing

@@ -1,0 +1,224 @@
+// SPDX-License-Identifier: Apache-2.0
+// Conv2d on every built backend against the double reference: forward, backward data, backward
+// weights (overwrite and accumulate), on awkward shapes (batch 1, odd and non-square images, prime
+// channel counts, padding 0/1/2, stride 1/2, kernels 1/3/5 and non-square) and in bf16/f16.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/backend.h"
+#include "tests/testing/backends.h"
+#include "tests/testing/reference_ops.h"
+#include "tests/testing/tolerances.h"
+
+namespace dptrain::testing {
+namespace {
+
+Conv2dDesc MakeConv(int64_t n, int64_t c, int64_t h, int64_t w, int64_t k, int64_t r, int64_t s,
+                    int64_t stride, int64_t pad, bool bias, Precision p = Precision::kF32) {
+  Conv2dDesc d;
+  d.n = n, d.c = c, d.h = h, d.w = w, d.k = k, d.r = r, d.s = s;
+  d.stride = stride, d.pad = pad, d.bias = bias, d.precision = p;
+  return d;
+}
+
+// The shapes every conv test runs.
+std::vector<Conv2dDesc> Cases(Precision p) {
+  return {
+      MakeConv(1, 1, 1, 1, 1, 1, 1, 1, 0, true, p),    // everything 1
+      MakeConv(1, 3, 7, 5, 2, 3, 3, 1, 1, true, p),    // batch 1, odd non-square image
+      MakeConv(2, 3, 7, 5, 5, 3, 3, 2, 1, false, p),   // stride 2, no bias
+      MakeConv(3, 2, 9, 11, 7, 5, 5, 1, 2, true, p),   // kernel 5, pad 2
+      MakeConv(2, 5, 8, 8, 3, 1, 1, 2, 0, true, p),    // 1x1 stride 2
+      MakeConv(2, 4, 6, 6, 3, 3, 3, 2, 0, true, p),    // stride leaves the last row unused
+      MakeConv(2, 3, 7, 9, 3, 3, 5, 1, 2, false, p),   // non-square kernel, pad > r/2
+      MakeConv(1, 13, 5, 5, 17, 3, 3, 1, 1, true, p),  // prime channel counts
+      MakeConv(4, 3, 16, 16, 8, 3, 3, 1, 1, true, p),  // larger: blocked / Winograd paths
+      MakeConv(2, 3, 5, 5, 2, 5, 5, 1, 0, true, p),    // kernel = image: 1x1 output
+  };
+}
+
+struct ConvData {
+  std::vector<float> x, w, b;
+};
+
+ConvData MakeData(const Conv2dDesc& d, uint32_t seed) {
+  return {RandomUniform(static_cast<size_t>(d.n * d.c * d.h * d.w), seed),
+          RandomUniform(static_cast<size_t>(d.k * d.c * d.r * d.s), seed + 1),
+          RandomUniform(static_cast<size_t>(d.k), seed + 2)};
+}
+
+Shape XShape(const Conv2dDesc& d) { return {d.n, d.c, d.h, d.w}; }
+Shape WShape(const Conv2dDesc& d) { return {d.k, d.c, d.r, d.s}; }
+Shape YShape(const Conv2dDesc& d) { return {d.n, d.k, d.out_h(), d.out_w()}; }
+
+// Runs forward on `be` and compares with the reference.
+void CheckForward(Backend& be, const Conv2dDesc& d, uint32_t seed) {
+  SCOPED_TRACE(d.ToString());
+  const ConvData data = MakeData(d, seed);
+  auto plan = be.PrepareConv2d(d);
+  Tensor x = ToDevice(be, data.x, XShape(d));
+  Tensor w = ToDevice(be, data.w, WShape(d));
+  Tensor b = ToDevice(be, data.b, {d.k});
+  Tensor y = be.Empty(YShape(d), DType::kF32, "y");
+  be.Conv2dForward(*plan, x, w, d.bias ? &b : nullptr, &y);
+
+  std::vector<double> ref_y;
+  const std::vector<double> ref_b = ToDouble(data.b);
+  ref::Conv2dForward(d, ToDouble(data.x), ToDouble(data.w), d.bias ? &ref_b : nullptr, &ref_y);
+  EXPECT_TRUE(AllClose(ToHost(be, y), ref_y, ForReduction(d.precision, d.c * d.r * d.s + 1)));
+}
+
+void CheckBackwardData(Backend& be, const Conv2dDesc& d, uint32_t seed) {
+  SCOPED_TRACE(d.ToString());
+  const ConvData data = MakeData(d, seed);
+  const std::vector<float> dy = RandomUniform(static_cast<size_t>(YShape(d).numel()), seed + 3);
+  auto plan = be.PrepareConv2d(d);
+  Tensor dy_t = ToDevice(be, dy, YShape(d));
+  Tensor w = ToDevice(be, data.w, WShape(d));
+  Tensor dx = ToDevice(be, RandomUniform(static_cast<size_t>(XShape(d).numel()), 99), XShape(d));
+  be.Conv2dBackwardData(*plan, dy_t, w, &dx);  // dx starts as garbage: must be overwritten
+
+  std::vector<double> ref_dx;
+  ref::Conv2dBackwardData(d, ToDouble(dy), ToDouble(data.w), &ref_dx);
+  EXPECT_TRUE(AllClose(ToHost(be, dx), ref_dx, ForReduction(d.precision, d.k * d.r * d.s)));
+}
+
+void CheckBackwardWeights(Backend& be, const Conv2dDesc& d, uint32_t seed, bool accumulate) {
+  SCOPED_TRACE(d.ToString() + (accumulate ? " accumulate" : " overwrite"));
+  const ConvData data = MakeData(d, seed);
+  const std::vector<float> dy = RandomUniform(static_cast<size_t>(YShape(d).numel()), seed + 3);
+  // Existing gradient values: added to when accumulating, garbage to overwrite otherwise.
+  const std::vector<float> dw0 = RandomUniform(static_cast<size_t>(WShape(d).numel()), seed + 4);
+  const std::vector<float> db0 = RandomUniform(static_cast<size_t>(d.k), seed + 5);
+  auto plan = be.PrepareConv2d(d);
+  Tensor x = ToDevice(be, data.x, XShape(d));
+  Tensor dy_t = ToDevice(be, dy, YShape(d));
+  Tensor dw = ToDevice(be, dw0, WShape(d));
+  Tensor db = ToDevice(be, db0, {d.k});
+  be.Conv2dBackwardWeights(*plan, x, dy_t, &dw, d.bias ? &db : nullptr, accumulate);
+
+  std::vector<double> ref_dw = ToDouble(dw0), ref_db = ToDouble(db0);
+  ref::Conv2dBackwardWeights(d, ToDouble(data.x), ToDouble(dy), &ref_dw, d.bias ? &ref_db : nullptr,
+                             accumulate);
+  const int64_t terms = d.n * d.out_h() * d.out_w() + (accumulate ? 1 : 0);
+  EXPECT_TRUE(AllClose(ToHost(be, dw), ref_dw, ForReduction(d.precision, terms))) << "dw";
+  if (d.bias) {
+    EXPECT_TRUE(AllClose(ToHost(be, db), ref_db, ForReduction(d.precision, terms))) << "db";
+  } else {
+    EXPECT_TRUE(AllClose(ToHost(be, db), ToDouble(db0), kExactTol)) << "db written without bias";
+  }
+}
+
+class ConvTest : public BackendTest {
+ protected:
+  // Runs `check` on every case of precision `p`; cases the backend does not support are listed
+  // in one skip message at the end (the supported ones still run and can fail).
+  template <class F>
+  void ForEachCase(Precision p, F check) {
+    std::string unsupported;
+    uint32_t seed = 1000;
+    for (const Conv2dDesc& d : Cases(p)) {
+      seed += 10;
+      if (!backend().Supports(d)) {
+        unsupported += " [" + d.ToString() + "]";
+        continue;
+      }
+      check(d, seed);
+    }
+    if (!unsupported.empty()) GTEST_SKIP() << backend().name() << ": unsupported" << unsupported;
+  }
+};
+
+TEST_P(ConvTest, Forward) {
+  ForEachCase(Precision::kF32,
+              [&](const Conv2dDesc& d, uint32_t s) { CheckForward(backend(), d, s); });
+}
+
+TEST_P(ConvTest, BackwardData) {
+  ForEachCase(Precision::kF32,
+              [&](const Conv2dDesc& d, uint32_t s) { CheckBackwardData(backend(), d, s); });
+}
+
+TEST_P(ConvTest, BackwardWeights) {
+  ForEachCase(Precision::kF32, [&](const Conv2dDesc& d, uint32_t s) {
+    CheckBackwardWeights(backend(), d, s, /*accumulate=*/false);
+  });
+}
+
+TEST_P(ConvTest, BackwardWeightsAccumulate) {
+  ForEachCase(Precision::kF32, [&](const Conv2dDesc& d, uint32_t s) {
+    CheckBackwardWeights(backend(), d, s, /*accumulate=*/true);
+  });
+}
+
+// Running the same plan twice gives the same result (no state leaks between calls) and the
+// second accumulate adds the same gradient again.
+TEST_P(ConvTest, PlanReuseIsStateless) {
+  Backend& be = backend();
+  const Conv2dDesc d = MakeConv(2, 3, 7, 5, 4, 3, 3, 1, 1, true);
+  DPT_SKIP_UNLESS_SUPPORTED(be, d);
+  const ConvData data = MakeData(d, 7);
+  const std::vector<float> dy = RandomUniform(static_cast<size_t>(YShape(d).numel()), 8);
+  auto plan = be.PrepareConv2d(d);
+  Tensor x = ToDevice(be, data.x, XShape(d));
+  Tensor w = ToDevice(be, data.w, WShape(d));
+  Tensor b = ToDevice(be, data.b, {d.k});
+  Tensor y1 = be.Empty(YShape(d), DType::kF32, "y1");
+  Tensor y2 = be.Empty(YShape(d), DType::kF32, "y2");
+  be.Conv2dForward(*plan, x, w, &b, &y1);
+  be.Conv2dForward(*plan, x, w, &b, &y2);
+  EXPECT_TRUE(AllClose(ToHost(be, y2), ToDouble(ToHost(be, y1)), kExactTol));
+
+  Tensor dy_t = ToDevice(be, dy, YShape(d));
+  Tensor dw = be.Zeros(WShape(d), DType::kF32, "dw");
+  Tensor db = be.Zeros({d.k}, DType::kF32, "db");
+  be.Conv2dBackwardWeights(*plan, x, dy_t, &dw, &db, /*accumulate=*/true);
+  be.Conv2dBackwardWeights(*plan, x, dy_t, &dw, &db, /*accumulate=*/true);
+  std::vector<double> ref_dw, ref_db;
+  ref::Conv2dBackwardWeights(d, ToDouble(data.x), ToDouble(dy), &ref_dw, &ref_db, false);
+  ref::Scale(&ref_dw, 2.0);
+  ref::Scale(&ref_db, 2.0);
+  const Tolerance tol = ForReduction(d.precision, 2 * d.n * d.out_h() * d.out_w());
+  EXPECT_TRUE(AllClose(ToHost(be, dw), ref_dw, tol)) << "dw after two accumulations";
+  EXPECT_TRUE(AllClose(ToHost(be, db), ref_db, tol)) << "db after two accumulations";
+}
+
+TEST_P(ConvTest, BF16Forward) {
+  ForEachCase(Precision::kBF16,
+              [&](const Conv2dDesc& d, uint32_t s) { CheckForward(backend(), d, s); });
+}
+
+TEST_P(ConvTest, BF16BackwardData) {
+  ForEachCase(Precision::kBF16,
+              [&](const Conv2dDesc& d, uint32_t s) { CheckBackwardData(backend(), d, s); });
+}
+
+TEST_P(ConvTest, BF16BackwardWeights) {
+  ForEachCase(Precision::kBF16, [&](const Conv2dDesc& d, uint32_t s) {
+    CheckBackwardWeights(backend(), d, s, /*accumulate=*/true);
+  });
+}
+
+TEST_P(ConvTest, F16Forward) {
+  ForEachCase(Precision::kF16,
+              [&](const Conv2dDesc& d, uint32_t s) { CheckForward(backend(), d, s); });
+}
+
+TEST_P(ConvTest, F16BackwardData) {
+  ForEachCase(Precision::kF16,
+              [&](const Conv2dDesc& d, uint32_t s) { CheckBackwardData(backend(), d, s); });
+}
+
+TEST_P(ConvTest, F16BackwardWeights) {
+  ForEachCase(Precision::kF16, [&](const Conv2dDesc& d, uint32_t s) {
+    CheckBackwardWeights(backend(), d, s, /*accumulate=*/true);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(All, ConvTest, ::testing::ValuesIn(TestBackends()), BackendParamName);
+
+}  // namespace
+}  // namespace dptrain::testing

@@ -1,0 +1,182 @@
+// SPDX-License-Identifier: Apache-2.0
+// Elementwise ops on every built backend against the double reference: ReLU forward/backward
+// (inputs away from the kink), Add (including aliased outputs), Scale, and inverted dropout (p = 0
+// is the identity, the mask matches the shared stateless hash, keep-rate statistics).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "runtime/backend.h"
+#include "tests/testing/backends.h"
+#include "tests/testing/reference_ops.h"
+#include "tests/testing/tolerances.h"
+
+namespace dptrain::testing {
+namespace {
+
+// Sizes: 1, odd, prime, and one large enough to be split across threads / blocks.
+const std::vector<int64_t> kSizes = {1, 7, 1009, 65537};
+
+class ElementwiseTest : public BackendTest {};
+
+TEST_P(ElementwiseTest, ReluForwardBackward) {
+  Backend& be = backend();
+  for (int64_t n : kSizes) {
+    SCOPED_TRACE("n=" + std::to_string(n));
+    const std::vector<float> x = RandomDistinct(static_cast<size_t>(n), 11);
+    const std::vector<float> dy = RandomUniform(static_cast<size_t>(n), 12);
+    Tensor x_t = ToDevice(be, x, {n});
+    Tensor y = be.Empty({n}, DType::kF32, "y");
+    be.ReluForward(x_t, &y);
+    std::vector<double> ref_y, ref_dx;
+    ref::ReluForward(ToDouble(x), &ref_y);
+    EXPECT_TRUE(AllClose(ToHost(be, y), ref_y, kExactTol)) << "forward";
+
+    Tensor dy_t = ToDevice(be, dy, {n});
+    Tensor dx = be.Empty({n}, DType::kF32, "dx");
+    be.ReluBackward(y, dy_t, &dx);
+    ref::ReluBackward(ref_y, ToDouble(dy), &ref_dx);
+    EXPECT_TRUE(AllClose(ToHost(be, dx), ref_dx, kExactTol)) << "backward";
+  }
+}
+
+TEST_P(ElementwiseTest, ReluOnImageShape) {
+  Backend& be = backend();
+  const Shape shape{2, 3, 7, 5};
+  const std::vector<float> x = RandomDistinct(static_cast<size_t>(shape.numel()), 13);
+  Tensor x_t = ToDevice(be, x, shape);
+  Tensor y = be.Empty(shape, DType::kF32, "y");
+  be.ReluForward(x_t, &y);
+  std::vector<double> ref_y;
+  ref::ReluForward(ToDouble(x), &ref_y);
+  EXPECT_TRUE(AllClose(ToHost(be, y), ref_y, kExactTol));
+}
+
+TEST_P(ElementwiseTest, Add) {
+  Backend& be = backend();
+  for (int64_t n : kSizes) {
+    SCOPED_TRACE("n=" + std::to_string(n));
+    const std::vector<float> a = RandomUniform(static_cast<size_t>(n), 21);
+    const std::vector<float> b = RandomUniform(static_cast<size_t>(n), 22);
+    std::vector<double> ref_y;
+    ref::Add(ToDouble(a), ToDouble(b), &ref_y);
+    const Tolerance tol = ForPrecision(Precision::kF32);
+
+    Tensor a_t = ToDevice(be, a, {n});
+    Tensor b_t = ToDevice(be, b, {n});
+    Tensor y = be.Empty({n}, DType::kF32, "y");
+    be.Add(a_t, b_t, &y);
+    EXPECT_TRUE(AllClose(ToHost(be, y), ref_y, tol)) << "y separate";
+
+    be.Add(a_t, b_t, &a_t);  // y aliases a
+    EXPECT_TRUE(AllClose(ToHost(be, a_t), ref_y, tol)) << "y aliases a";
+
+    Tensor a2 = ToDevice(be, a, {n});
+    be.Add(a2, b_t, &b_t);  // y aliases b
+    EXPECT_TRUE(AllClose(ToHost(be, b_t), ref_y, tol)) << "y aliases b";
+  }
+}
+
+TEST_P(ElementwiseTest, AddSelf) {
+  Backend& be = backend();
+  const std::vector<float> a = RandomUniform(1009, 23);
+  Tensor a_t = ToDevice(be, a, {1009});
+  be.Add(a_t, a_t, &a_t);  // y aliases both inputs
+  std::vector<double> ref_y;
+  ref::Add(ToDouble(a), ToDouble(a), &ref_y);
+  EXPECT_TRUE(AllClose(ToHost(be, a_t), ref_y, kExactTol));
+}
+
+TEST_P(ElementwiseTest, Scale) {
+  Backend& be = backend();
+  for (int64_t n : kSizes) {
+    for (float alpha : {0.5f, -3.0f, 0.0f, 1.0f / 3.0f}) {
+      SCOPED_TRACE("n=" + std::to_string(n) + " alpha=" + std::to_string(alpha));
+      const std::vector<float> x = RandomUniform(static_cast<size_t>(n), 31);
+      Tensor t = ToDevice(be, x, {n});
+      be.Scale(&t, alpha);
+      std::vector<double> ref_t = ToDouble(x);
+      ref::Scale(&ref_t, alpha);
+      EXPECT_TRUE(AllClose(ToHost(be, t), ref_t, kExactTol));
+    }
+  }
+}
+
+TEST_P(ElementwiseTest, DropoutZeroIsIdentity) {
+  Backend& be = backend();
+  for (int64_t n : kSizes) {
+    SCOPED_TRACE("n=" + std::to_string(n));
+    const std::vector<float> x = RandomUniform(static_cast<size_t>(n), 41);
+    Tensor x_t = ToDevice(be, x, {n});
+    Tensor y = be.Empty({n}, DType::kF32, "y");
+    be.DropoutForward(x_t, 0.0f, 1234, &y);
+    EXPECT_TRUE(AllClose(ToHost(be, y), ToDouble(x), 0.0, 0.0)) << "forward";
+    Tensor dx = be.Empty({n}, DType::kF32, "dx");
+    be.DropoutBackward(x_t, 0.0f, 1234, &dx);
+    EXPECT_TRUE(AllClose(ToHost(be, dx), ToDouble(x), 0.0, 0.0)) << "backward";
+  }
+}
+
+TEST_P(ElementwiseTest, DropoutMatchesReference) {
+  Backend& be = backend();
+  for (float p : {0.5f, 0.1f, 0.9f}) {
+    for (int64_t n : kSizes) {
+      for (uint64_t seed : {uint64_t{0}, uint64_t{42}, uint64_t{0xDEADBEEFCAFEull}}) {
+        SCOPED_TRACE("p=" + std::to_string(p) + " n=" + std::to_string(n) +
+                     " seed=" + std::to_string(seed));
+        const std::vector<float> x = RandomDistinct(static_cast<size_t>(n), 51);  // no zeros
+        const std::vector<float> dy = RandomUniform(static_cast<size_t>(n), 52);
+        Tensor x_t = ToDevice(be, x, {n});
+        Tensor y = be.Empty({n}, DType::kF32, "y");
+        be.DropoutForward(x_t, p, seed, &y);
+        std::vector<double> ref_y, ref_dx;
+        ref::DropoutForward(ToDouble(x), p, seed, &ref_y);
+        EXPECT_TRUE(AllClose(ToHost(be, y), ref_y, kExactTol)) << "forward";
+
+        Tensor dy_t = ToDevice(be, dy, {n});
+        Tensor dx = be.Empty({n}, DType::kF32, "dx");
+        be.DropoutBackward(dy_t, p, seed, &dx);
+        ref::DropoutBackward(ToDouble(dy), p, seed, &ref_dx);
+        EXPECT_TRUE(AllClose(ToHost(be, dx), ref_dx, kExactTol)) << "backward";
+      }
+    }
+  }
+}
+
+// The mask keeps about 1 - p of the elements, keeps the mean (inverted dropout), and different
+// seeds give different masks.
+TEST_P(ElementwiseTest, DropoutStatistics) {
+  Backend& be = backend();
+  const int64_t n = 200003;
+  const float p = 0.5f;
+  Tensor ones = be.Empty({n}, DType::kF32, "ones");
+  be.Fill(&ones, 1.0f);
+  Tensor y1 = be.Empty({n}, DType::kF32, "y1");
+  Tensor y2 = be.Empty({n}, DType::kF32, "y2");
+  be.DropoutForward(ones, p, 7, &y1);
+  be.DropoutForward(ones, p, 8, &y2);
+  const std::vector<float> a = ToHost(be, y1), b = ToHost(be, y2);
+  int64_t kept = 0, differ = 0;
+  double sum = 0.0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    ASSERT_TRUE(a[i] == 0.0f || a[i] == 2.0f) << "element " << i << " = " << a[i];
+    if (a[i] != 0.0f) ++kept;
+    if ((a[i] != 0.0f) != (b[i] != 0.0f)) ++differ;
+    sum += a[i];
+  }
+  const double dn = static_cast<double>(n);
+  const double sigma = std::sqrt(p * (1.0 - p) / dn);  // of the kept fraction
+  EXPECT_NEAR(static_cast<double>(kept) / dn, 1.0 - p, kStatSigmas * sigma);
+  // Kept elements are 1 / (1 - p) = 2: the mean is 2 * kept / n.
+  EXPECT_NEAR(sum / dn, 1.0, kStatSigmas * 2 * sigma) << "inverted dropout keeps the mean";
+  // Two independent masks disagree with probability q = 2 p (1 - p).
+  const double q = 2 * p * (1 - p);
+  EXPECT_NEAR(static_cast<double>(differ) / dn, q, kStatSigmas * std::sqrt(q * (1 - q) / dn));
+}
+
+INSTANTIATE_TEST_SUITE_P(All, ElementwiseTest, ::testing::ValuesIn(TestBackends()),
+                         BackendParamName);
+
+}  // namespace
+}  // namespace dptrain::testing

@@ -1,0 +1,97 @@
+// SPDX-License-Identifier: Apache-2.0
+// Prepare* caches plans: an identical descriptor (even a separately built copy) returns the very
+// same plan object, a different descriptor a different one (STYLE.md section 2: plan once, run
+// many).
+#include <gtest/gtest.h>
+
+#include <memory>
+
+#include "runtime/backend.h"
+#include "tests/testing/backends.h"
+
+namespace dptrain::testing {
+namespace {
+
+Conv2dDesc SomeConv() {
+  Conv2dDesc d;
+  d.n = 2, d.c = 3, d.h = 7, d.w = 5, d.k = 4, d.r = 3, d.s = 3, d.stride = 1, d.pad = 1;
+  return d;
+}
+
+LinearDesc SomeLinear() {
+  LinearDesc d;
+  d.n = 5, d.in = 13, d.out = 7;
+  return d;
+}
+
+PoolDesc SomePool() {
+  PoolDesc d;
+  d.n = 2, d.c = 3, d.h = 7, d.w = 5, d.kernel = 3, d.stride = 2, d.pad = 1;
+  return d;
+}
+
+class PlanCacheTest : public BackendTest {};
+
+TEST_P(PlanCacheTest, Conv2d) {
+  Backend& be = backend();
+  const Conv2dDesc a = SomeConv();
+  DPT_SKIP_UNLESS_SUPPORTED(be, a);
+  const std::shared_ptr<OpPlan> p1 = be.PrepareConv2d(a);
+  const std::shared_ptr<OpPlan> p2 = be.PrepareConv2d(SomeConv());
+  ASSERT_NE(p1, nullptr);
+  EXPECT_EQ(p1.get(), p2.get()) << "identical descriptor, different plan";
+
+  for (auto change : {+[](Conv2dDesc& d) { d.n = 3; }, +[](Conv2dDesc& d) { d.stride = 2; },
+                      +[](Conv2dDesc& d) { d.pad = 0; }, +[](Conv2dDesc& d) { d.bias = false; },
+                      +[](Conv2dDesc& d) { d.s = 1; }, +[](Conv2dDesc& d) { d.k = 5; }}) {
+    Conv2dDesc b = SomeConv();
+    change(b);
+    SCOPED_TRACE(b.ToString());
+    if (!be.Supports(b)) continue;
+    EXPECT_NE(be.PrepareConv2d(b).get(), p1.get()) << "different descriptor, same plan";
+  }
+  Conv2dDesc bf = SomeConv();
+  bf.precision = Precision::kBF16;
+  if (be.Supports(bf)) {
+    EXPECT_NE(be.PrepareConv2d(bf).get(), p1.get()) << "bf16 shares the f32 plan";
+  }
+}
+
+TEST_P(PlanCacheTest, Linear) {
+  Backend& be = backend();
+  const LinearDesc a = SomeLinear();
+  DPT_SKIP_UNLESS_SUPPORTED(be, a);
+  const std::shared_ptr<OpPlan> p1 = be.PrepareLinear(a);
+  ASSERT_NE(p1, nullptr);
+  EXPECT_EQ(p1.get(), be.PrepareLinear(SomeLinear()).get()) << "identical descriptor";
+  for (auto change : {+[](LinearDesc& d) { d.n = 6; }, +[](LinearDesc& d) { d.in = 1; },
+                      +[](LinearDesc& d) { d.out = 8; }, +[](LinearDesc& d) { d.bias = false; }}) {
+    LinearDesc b = SomeLinear();
+    change(b);
+    SCOPED_TRACE(b.ToString());
+    if (!be.Supports(b)) continue;
+    EXPECT_NE(be.PrepareLinear(b).get(), p1.get()) << "different descriptor, same plan";
+  }
+}
+
+TEST_P(PlanCacheTest, Pool) {
+  Backend& be = backend();
+  const PoolDesc a = SomePool();
+  DPT_SKIP_UNLESS_SUPPORTED(be, a);
+  const std::shared_ptr<OpPlan> p1 = be.PreparePool(a);
+  ASSERT_NE(p1, nullptr);
+  EXPECT_EQ(p1.get(), be.PreparePool(SomePool()).get()) << "identical descriptor";
+  for (auto change : {+[](PoolDesc& d) { d.kind = PoolKind::kAvg; }, +[](PoolDesc& d) { d.h = 9; },
+                      +[](PoolDesc& d) { d.kernel = 2; }, +[](PoolDesc& d) { d.pad = 0; }}) {
+    PoolDesc b = SomePool();
+    change(b);
+    SCOPED_TRACE(b.ToString());
+    if (!be.Supports(b)) continue;
+    EXPECT_NE(be.PreparePool(b).get(), p1.get()) << "different descriptor, same plan";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(All, PlanCacheTest, ::testing::ValuesIn(TestBackends()), BackendParamName);
+
+}  // namespace
+}  // namespace dptrain::testing

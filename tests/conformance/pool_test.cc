@@ -1,0 +1,153 @@
+// SPDX-License-Identifier: Apache-2.0
+// Max and average pooling on every built backend against the double reference: forward (training
+// with workspace, inference without) and backward on odd sizes, padding, overlapping windows
+// (stride < kernel) and global pooling. Max-pool inputs are distinct, so there are no ties.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "runtime/backend.h"
+#include "tests/testing/backends.h"
+#include "tests/testing/reference_ops.h"
+#include "tests/testing/tolerances.h"
+
+namespace dptrain::testing {
+namespace {
+
+PoolDesc MakePool(PoolKind kind, int64_t n, int64_t c, int64_t h, int64_t w, int64_t kernel,
+                  int64_t stride, int64_t pad) {
+  PoolDesc d;
+  d.kind = kind, d.n = n, d.c = c, d.h = h, d.w = w;
+  d.kernel = kernel, d.stride = stride, d.pad = pad;
+  return d;
+}
+
+// Padding never exceeds kernel/2 (PyTorch's rule), so every window sees at least one real value.
+std::vector<PoolDesc> Cases(PoolKind kind) {
+  return {
+      MakePool(kind, 1, 1, 1, 1, 1, 1, 0),    // identity
+      MakePool(kind, 2, 3, 8, 8, 2, 2, 0),    // the usual 2x2/2
+      MakePool(kind, 2, 3, 7, 5, 2, 2, 0),    // odd sizes: last row/column dropped
+      MakePool(kind, 1, 3, 7, 5, 3, 2, 1),    // batch 1, padding
+      MakePool(kind, 2, 2, 9, 7, 3, 1, 1),    // overlapping windows
+      MakePool(kind, 2, 3, 11, 13, 5, 3, 2),  // kernel 5, pad 2
+      MakePool(kind, 3, 5, 6, 6, 6, 6, 0),    // global pooling
+      MakePool(kind, 1, 7, 5, 9, 3, 3, 1),    // prime channels, pad 1 stride 3
+  };
+}
+
+Shape XShape(const PoolDesc& d) { return {d.n, d.c, d.h, d.w}; }
+Shape YShape(const PoolDesc& d) { return {d.n, d.c, d.out_h(), d.out_w()}; }
+
+// Workspace for training forward/backward, or an undefined tensor when the plan needs none.
+Tensor Workspace(Backend& be, const OpPlan& plan) {
+  if (plan.workspace_bytes == 0) return {};
+  return be.Empty({static_cast<int64_t>(plan.workspace_bytes)}, DType::kU8, "pool ws");
+}
+
+std::vector<float> Inputs(const PoolDesc& d, uint32_t seed) {
+  const size_t n = static_cast<size_t>(XShape(d).numel());
+  return d.kind == PoolKind::kMax ? RandomDistinct(n, seed) : RandomUniform(n, seed);
+}
+
+void CheckPool(Backend& be, const PoolDesc& d, uint32_t seed) {
+  SCOPED_TRACE(d.ToString());
+  const std::vector<float> x = Inputs(d, seed);
+  const std::vector<float> dy = RandomUniform(static_cast<size_t>(YShape(d).numel()), seed + 1);
+  auto plan = be.PreparePool(d);
+  Tensor ws = Workspace(be, *plan);
+  Tensor* ws_ptr = ws.defined() ? &ws : nullptr;
+  Tensor x_t = ToDevice(be, x, XShape(d));
+  Tensor y = be.Empty(YShape(d), DType::kF32, "y");
+  be.PoolForward(*plan, x_t, &y, ws_ptr);
+
+  std::vector<double> ref_y, ref_dx;
+  ref::PoolForward(d, ToDouble(x), &ref_y);
+  // Max pooling is exact; average pooling is a sum of kernel^2 terms.
+  const Tolerance tol = ForReduction(Precision::kF32, d.kernel * d.kernel);
+  EXPECT_TRUE(AllClose(ToHost(be, y), ref_y, tol)) << "training forward";
+
+  Tensor y_inf = be.Empty(YShape(d), DType::kF32, "y inference");
+  be.PoolForward(*plan, x_t, &y_inf, nullptr);
+  EXPECT_TRUE(AllClose(ToHost(be, y_inf), ref_y, tol)) << "inference forward";
+
+  Tensor dy_t = ToDevice(be, dy, YShape(d));
+  Tensor dx = ToDevice(be, RandomUniform(static_cast<size_t>(XShape(d).numel()), 99), XShape(d));
+  be.PoolBackward(*plan, dy_t, ws_ptr, &dx);
+  ref::PoolBackward(d, ToDouble(x), ToDouble(dy), &ref_dx);
+  // An input can receive gradient from up to ceil(kernel/stride)^2 windows.
+  const int64_t fan = (d.kernel + d.stride - 1) / d.stride;
+  EXPECT_TRUE(AllClose(ToHost(be, dx), ref_dx, ForReduction(Precision::kF32, fan * fan)))
+      << "backward";
+}
+
+class PoolTest : public BackendTest {
+ protected:
+  void RunAll(PoolKind kind) {
+    std::string unsupported;
+    uint32_t seed = 3000;
+    for (const PoolDesc& d : Cases(kind)) {
+      seed += 10;
+      if (!backend().Supports(d)) {
+        unsupported += " [" + d.ToString() + "]";
+        continue;
+      }
+      CheckPool(backend(), d, seed);
+    }
+    if (!unsupported.empty()) GTEST_SKIP() << backend().name() << ": unsupported" << unsupported;
+  }
+};
+
+TEST_P(PoolTest, Max) { RunAll(PoolKind::kMax); }
+
+TEST_P(PoolTest, Avg) { RunAll(PoolKind::kAvg); }
+
+// Ties (a constant image): the forward value is exact, the gradient of each window goes to one
+// position holding the maximum (the reference picks the first in row-major window order; the
+// backend contract does not fix which), and no gradient is lost or duplicated.
+TEST_P(PoolTest, MaxTiesKeepGradientMass) {
+  Backend& be = backend();
+  const PoolDesc d = MakePool(PoolKind::kMax, 1, 2, 4, 4, 2, 2, 0);  // non-overlapping windows
+  DPT_SKIP_UNLESS_SUPPORTED(be, d);
+  const std::vector<float> x(static_cast<size_t>(XShape(d).numel()), 0.5f);
+  const std::vector<float> dy = RandomUniform(static_cast<size_t>(YShape(d).numel()), 5);
+  auto plan = be.PreparePool(d);
+  Tensor ws = Workspace(be, *plan);
+  Tensor* ws_ptr = ws.defined() ? &ws : nullptr;
+  Tensor x_t = ToDevice(be, x, XShape(d));
+  Tensor y = be.Empty(YShape(d), DType::kF32, "y");
+  be.PoolForward(*plan, x_t, &y, ws_ptr);
+  EXPECT_TRUE(AllClose(ToHost(be, y), std::vector<double>(dy.size(), 0.5), kExactTol));
+
+  Tensor dy_t = ToDevice(be, dy, YShape(d));
+  Tensor dx = be.Empty(XShape(d), DType::kF32, "dx");
+  be.PoolBackward(*plan, dy_t, ws_ptr, &dx);
+  const std::vector<float> got = ToHost(be, dx);
+  const int64_t P = d.out_h(), Q = d.out_w();
+  for (int64_t nc = 0; nc < d.n * d.c; ++nc) {
+    for (int64_t p = 0; p < P; ++p) {
+      for (int64_t q = 0; q < Q; ++q) {
+        int nonzero = 0;
+        double sum = 0.0;
+        for (int64_t i = 0; i < d.kernel; ++i) {
+          for (int64_t j = 0; j < d.kernel; ++j) {
+            const float g =
+                got[static_cast<size_t>((nc * d.h + p * d.stride + i) * d.w + q * d.stride + j)];
+            if (g != 0.f) ++nonzero;
+            sum += g;
+          }
+        }
+        const double want = dy[static_cast<size_t>((nc * P + p) * Q + q)];
+        EXPECT_EQ(nonzero, 1) << "window (" << nc << ", " << p << ", " << q << ")";
+        EXPECT_TRUE(Close(sum, want, kExactTol))
+            << "window (" << nc << ", " << p << ", " << q << ")";
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(All, PoolTest, ::testing::ValuesIn(TestBackends()), BackendParamName);
+
+}  // namespace
+}  // namespace dptrain::testing

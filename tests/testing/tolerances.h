@@ -1,0 +1,68 @@
+// SPDX-License-Identifier: Apache-2.0
+// Every numerical tolerance the tests use, per compute precision: the only place they live.
+// A backend result `got` matches the double reference `ref` when |got - ref| <= atol + rtol*|ref|
+// (STYLE.md section 6); tests/testing/backends.h AllClose() applies it element by element.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "runtime/backend.h"
+
+namespace dptrain::testing {
+
+struct Tolerance {
+  double atol = 0.0;
+  double rtol = 0.0;
+};
+
+// Elementwise ops and short reductions computed in f32 (inputs exactly representable in f32, so
+// the only error is the op's own rounding). Also used for several optimizer steps in f32.
+inline constexpr Tolerance kF32Tol{1e-5, 1e-4};
+// bf16 compute: 8 mantissa bits, relative rounding 2^-9 ~ 2e-3 per input and per output.
+inline constexpr Tolerance kBF16Tol{2e-2, 2e-2};
+// f16 compute: 11 mantissa bits, relative rounding 2^-12 ~ 2.4e-4.
+inline constexpr Tolerance kF16Tol{5e-3, 5e-3};
+// Results the backend contract says are accumulated in double (SumSquares): only summation order
+// differs from the reference.
+inline constexpr Tolerance kDoubleAccumTol{1e-9, 1e-9};
+// Equality up to at most a couple of f32 ulps (copies, identity dropout, exact scalings).
+inline constexpr Tolerance kExactTol{0.0, 2.5e-7};
+
+// Base tolerance of one output element computed in `p`.
+inline Tolerance ForPrecision(Precision p) {
+  switch (p) {
+    case Precision::kF32:
+      return kF32Tol;
+    case Precision::kBF16:
+      return kBF16Tol;
+    case Precision::kF16:
+      return kF16Tol;
+  }
+  return kF32Tol;
+}
+
+// Tolerance of an output that is a sum of `terms` products of O(1) values (conv: C*R*S; conv
+// backward data: K*R*S / stride^2; conv/linear weight gradients: the batch*spatial count;
+// batch-norm statistics: N*H*W). Rounding errors of independent terms add like a random walk, so
+// atol grows with sqrt(terms); rtol stays the precision's (the output itself grows as sqrt(terms)
+// too, so relative error is roughly constant). Blocked/Winograd algorithms (oneDNN, cuDNN) stay
+// well inside this.
+inline Tolerance ForReduction(Precision p, int64_t terms) {
+  Tolerance t = ForPrecision(p);
+  t.atol *= std::sqrt(static_cast<double>(std::max<int64_t>(terms, 1)));
+  return t;
+}
+
+// Statistical checks (dropout keep rate, ...): a count must lie within this many standard
+// deviations of its expectation. With fixed seeds the outcome is deterministic; 5 sigma keeps a
+// correct implementation passing for any seed with probability ~1 - 6e-7.
+inline constexpr double kStatSigmas = 5.0;
+
+// Gradient checks (central differences in double, STYLE.md section 6): step and pass criterion
+// |analytic - numeric| <= kGradCheckTol * max(1, |analytic|, |numeric|).
+inline constexpr double kGradCheckStep = 1e-3;
+inline constexpr double kGradCheckTol = 1e-5;
+
+}  // namespace dptrain::testing

@@ -1,0 +1,177 @@
+// SPDX-License-Identifier: Apache-2.0
+// Model graph: canonical names and PyTorch shapes, the reverse flat layout, gradient readiness
+// reporting, zoo models and the config layer builder.
+#include "models/model.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "models/zoo/zoo.h"
+#include "runtime/backend_registry.h"
+#include "runtime/error.h"
+#include "tests/testing/backends.h"
+
+namespace dptrain {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::map<std::string, Shape> ParamShapes(const Model& m) {
+  std::map<std::string, Shape> out;
+  for (const auto& p : m.named_params()) out[p.name] = p.tensor.shape();
+  return out;
+}
+
+TEST(ModelTest, RefCnnHasCanonicalNamesAndPytorchShapes) {
+  Backend& be = GetBackend("cpu");
+  Model m(be, BuildZooModel(be, "ref_cnn", 10), Shape{1, 28, 28});
+  m.Setup(4, Precision::kF32);
+  const std::map<std::string, Shape> want = {
+      {"conv1.weight", Shape{32, 1, 3, 3}},  {"conv1.bias", Shape{32}},
+      {"conv2.weight", Shape{64, 32, 3, 3}}, {"conv2.bias", Shape{64}},
+      {"fc1.weight", Shape{128, 3136}},      {"fc1.bias", Shape{128}},
+      {"fc2.weight", Shape{10, 128}},        {"fc2.bias", Shape{10}}};
+  EXPECT_EQ(ParamShapes(m), want);
+  EXPECT_EQ(m.num_params(), 32 * 9 + 32 + 64 * 32 * 9 + 64 + 128 * 3136 + 128 + 1280 + 10);
+  EXPECT_EQ(m.output_shape(), (Shape{4, 10}));
+  for (const auto& p : m.named_params()) EXPECT_EQ(p.name.rfind("module.", 0), std::string::npos);
+}
+
+TEST(ModelTest, ParametersAreLaidOutLastLayerFirst) {
+  Backend& be = GetBackend("cpu");
+  Model m(be, BuildZooModel(be, "ref_cnn", 10), Shape{1, 28, 28});
+  m.Setup(2, Precision::kF32);
+  std::map<std::string, int64_t> off;
+  for (const auto& p : m.named_params()) off[p.name] = p.offset;
+  EXPECT_EQ(off["fc2.bias"], 0);
+  EXPECT_LT(off["fc2.bias"], off["fc2.weight"]);
+  EXPECT_LT(off["fc2.weight"], off["fc1.bias"]);
+  EXPECT_LT(off["fc1.weight"], off["conv2.bias"]);
+  EXPECT_LT(off["conv2.weight"], off["conv1.bias"]);
+  EXPECT_LT(off["conv1.bias"], off["conv1.weight"]);
+  for (const auto& p : m.named_params()) EXPECT_EQ(p.offset % 16, 0) << p.name;
+  // Views alias the flat buffers.
+  for (const auto& p : m.named_params()) {
+    EXPECT_EQ(p.tensor.raw(), static_cast<char*>(m.params().raw()) + p.offset * 4);
+  }
+}
+
+TEST(ModelTest, BackwardReportsReadyGradientsInOrder) {
+  Backend& be = GetBackend("cpu");
+  Model m(be, BuildZooModel(be, "ref_cnn", 10), Shape{1, 28, 28});
+  m.Setup(2, Precision::kF32);
+  m.InitParams(1);
+  Tensor x = testing::ToDevice(be, testing::RandomUniform(2 * 784, 3), Shape{2, 1, 28, 28});
+  ForwardContext ctx;
+  ctx.training = true;
+  const Tensor& y = m.Forward(x, ctx);
+  Tensor dy =
+      testing::ToDevice(be, testing::RandomUniform(static_cast<size_t>(y.numel()), 4), y.shape());
+  std::vector<int64_t> ready;
+  m.Backward(dy, false, [&](int64_t n) { ready.push_back(n); });
+  ASSERT_FALSE(ready.empty());
+  EXPECT_TRUE(std::is_sorted(ready.begin(), ready.end()));
+  EXPECT_EQ(ready.back(), m.grads().numel());
+  // After the first reported point, fc2's gradients are final.
+  std::map<std::string, int64_t> end;
+  for (const auto& p : m.named_params()) end[p.name] = p.offset + p.tensor.numel();
+  EXPECT_GE(ready.front(), end["fc2.weight"]);
+  EXPECT_LT(ready.front(), end["conv1.weight"]);
+}
+
+TEST(ModelTest, CifarNetComputesFlattenSizeFromInput) {
+  Backend& be = GetBackend("cpu");
+  Model m(be, BuildZooModel(be, "cifar_net", 10), Shape{3, 32, 32});
+  m.Setup(2, Precision::kF32);
+  EXPECT_EQ(ParamShapes(m).at("fc1.weight"), (Shape{10, 64 * 16 * 16}));
+  Model small(be, BuildZooModel(be, "cifar_net", 10), Shape{3, 16, 16});
+  small.Setup(2, Precision::kF32);
+  EXPECT_EQ(ParamShapes(small).at("fc1.weight"), (Shape{10, 64 * 8 * 8}));
+}
+
+TEST(ModelTest, ResNet8NamesFollowTorchvision) {
+  Backend& be = GetBackend("cpu");
+  Model m(be, BuildZooModel(be, "resnet8", 10), Shape{3, 32, 32});
+  m.Setup(2, Precision::kF32);
+  const auto shapes = ParamShapes(m);
+  EXPECT_EQ(shapes.at("conv1.weight"), (Shape{16, 3, 3, 3}));
+  EXPECT_EQ(shapes.at("layer1.0.conv1.weight"), (Shape{16, 16, 3, 3}));
+  EXPECT_EQ(shapes.at("layer2.0.conv1.weight"), (Shape{32, 16, 3, 3}));
+  EXPECT_EQ(shapes.at("layer2.0.shortcut.0.weight"), (Shape{32, 16, 1, 1}));
+  EXPECT_EQ(shapes.at("layer3.0.bn2.weight"), (Shape{64}));
+  EXPECT_EQ(shapes.at("fc.weight"), (Shape{10, 64}));
+  EXPECT_EQ(shapes.count("layer1.0.shortcut.0.weight"), 0u);
+  std::vector<std::string> buffers;
+  for (const auto& b : m.named_buffers()) buffers.push_back(b.name);
+  EXPECT_THAT(buffers, ::testing::Contains("layer2.0.shortcut.1.running_var"));
+  EXPECT_EQ(m.output_shape(), (Shape{2, 10}));
+}
+
+TEST(ModelTest, LayersFromConfigUseSequentialIndexNames) {
+  Backend& be = GetBackend("cpu");
+  std::vector<LayerSpec> specs(4);
+  specs[0].type = "flatten";
+  specs[1].type = "linear";
+  specs[1].out = 7;
+  specs[2].type = "relu";
+  specs[3].type = "linear";
+  specs[3].out = 3;
+  specs[3].name = "head";
+  Model m(be, BuildFromLayers(be, specs), Shape{2, 3, 3});
+  m.Setup(5, Precision::kF32);
+  const auto shapes = ParamShapes(m);
+  EXPECT_EQ(shapes.at("1.weight"), (Shape{7, 18}));
+  EXPECT_EQ(shapes.at("head.weight"), (Shape{3, 7}));
+  EXPECT_EQ(m.output_shape(), (Shape{5, 3}));
+}
+
+TEST(ModelTest, UnknownZooNameListsKnownOnes) {
+  Backend& be = GetBackend("cpu");
+  try {
+    BuildZooModel(be, "resnet50", 10);
+    FAIL() << "expected ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("model.name: unknown model 'resnet50'"));
+    EXPECT_THAT(e.what(), HasSubstr("ref_cnn"));
+    EXPECT_EQ(e.exit_code(), 2);
+  }
+}
+
+TEST(ModelTest, LinearWithoutFlattenSaysSo) {
+  Backend& be = GetBackend("cpu");
+  std::vector<LayerSpec> specs(1);
+  specs[0].type = "linear";
+  specs[0].out = 3;
+  Model m(be, BuildFromLayers(be, specs), Shape{1, 4, 4});
+  try {
+    m.Setup(2, Precision::kF32);
+    FAIL() << "expected ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("flatten"));
+  }
+}
+
+TEST(ModelTest, InitIsDeterministicAndFanInBounded) {
+  Backend& be = GetBackend("cpu");
+  Model a(be, BuildZooModel(be, "ref_cnn", 10), Shape{1, 28, 28});
+  Model b(be, BuildZooModel(be, "ref_cnn", 10), Shape{1, 28, 28});
+  a.Setup(1, Precision::kF32);
+  b.Setup(1, Precision::kF32);
+  a.InitParams(7);
+  b.InitParams(7);
+  EXPECT_EQ(testing::ToHost(be, a.params()), testing::ToHost(be, b.params()));
+  for (const auto& p : a.named_params()) {
+    if (p.name != "fc1.weight") continue;
+    const auto v = testing::ToHost(be, p.tensor);
+    const float bound = 1.f / std::sqrt(3136.f);
+    float mx = 0;
+    for (float f : v) mx = std::max(mx, std::abs(f));
+    EXPECT_LE(mx, bound);
+    EXPECT_GT(mx, 0.9f * bound);
+  }
+}
+
+}  // namespace
+}  // namespace dptrain
