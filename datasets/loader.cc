@@ -1,0 +1,259 @@
+// SPDX-License-Identifier: Apache-2.0
+// Loader threads with a bounded reorder queue, the per-sample transforms and the eval reader.
+#include "datasets/loader.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "runtime/error.h"
+
+namespace dptrain {
+namespace {
+
+constexpr int kPad = 4;  // crop-flip: zero pixels added on each side before the random crop
+constexpr uint64_t kAugmentSalt = 0x6a09e667f3bcc909ULL;
+
+// Per-sample random bits for augmentation: a counter-based hash of (seed, epoch, global index)
+// only, so every rank, world size and thread count draws the same crop and flip for a sample.
+uint64_t AugmentHash(uint64_t seed, int64_t epoch, int64_t index) {
+  return Mix64(Mix64(Mix64(seed ^ kAugmentSalt) ^ static_cast<uint64_t>(epoch)) ^
+               static_cast<uint64_t>(index));
+}
+
+}  // namespace
+
+void ValidateLoaderOptions(const LoaderOptions& opts, const Shape& sample_shape) {
+  DPT_CHECK_AS(ConfigError, opts.workers >= 0)
+      << "data.workers = " << opts.workers << " must be >= 0";
+  DPT_CHECK_AS(ConfigError, opts.prefetch >= 1)
+      << "loader prefetch = " << opts.prefetch << " must be >= 1";
+  DPT_CHECK_AS(ConfigError, sample_shape.rank() >= 1) << "sample shape is empty";
+  const int64_t c = sample_shape[0];
+  for (const auto* v : {&opts.mean, &opts.std}) {
+    const char* name = v == &opts.mean ? "data.mean" : "data.std";
+    if (!v->empty() && v->size() != 1 && static_cast<int64_t>(v->size()) != c) {
+      DPT_THROW(ConfigError) << name << " has " << v->size()
+                             << " values; give 1 or one per channel (" << c << ")";
+    }
+    for (size_t i = 0; i < v->size(); ++i) {
+      const float x = (*v)[i];
+      if (!std::isfinite(x) || (v == &opts.std && x <= 0)) {
+        DPT_THROW(ConfigError) << name << "[" << i << "] = " << x
+                               << (v == &opts.std ? " must be finite and > 0" : " must be finite");
+      }
+    }
+  }
+  if (opts.augment != "none" && opts.augment != "crop-flip") {
+    DPT_THROW(ConfigError) << "data.augment = \"" << opts.augment
+                           << "\" is not one of \"none\", \"crop-flip\"";
+  }
+  if (opts.augment == "crop-flip") {
+    DPT_CHECK_AS(ConfigError, sample_shape.rank() == 3)
+        << "data.augment = \"crop-flip\" needs (C, H, W) images, the samples have shape "
+        << sample_shape.ToString();
+  }
+}
+
+void ApplyTransforms(const LoaderOptions& opts, const Shape& sample_shape, int64_t epoch,
+                     const int64_t* indices, int64_t n, float* images) {
+  const int64_t numel = sample_shape.numel();
+  const int64_t c = sample_shape[0];
+  const int64_t plane = numel / c;
+  if (!opts.mean.empty() || !opts.std.empty()) {
+    for (int64_t i = 0; i < n; ++i) {
+      float* s = images + i * numel;
+      for (int64_t ch = 0; ch < c; ++ch) {
+        const auto k = static_cast<size_t>(ch);
+        const float m = opts.mean.empty() ? 0.0f : opts.mean[opts.mean.size() == 1 ? 0 : k];
+        const float sd = opts.std.empty() ? 1.0f : opts.std[opts.std.size() == 1 ? 0 : k];
+        const float inv = 1.0f / sd;
+        float* p = s + ch * plane;
+        for (int64_t j = 0; j < plane; ++j) p[j] = (p[j] - m) * inv;
+      }
+    }
+  }
+  if (opts.augment != "crop-flip") return;
+  const int64_t h = sample_shape[1], w = sample_shape[2];
+  std::vector<float> src(static_cast<size_t>(numel));
+  for (int64_t i = 0; i < n; ++i) {
+    float* s = images + i * numel;
+    const uint64_t r = AugmentHash(opts.seed, epoch, indices[i]);
+    // Crop origin in the padded (H + 8) x (W + 8) image, in [0, 2 * kPad].
+    const int64_t oy = static_cast<int64_t>(r % (2 * kPad + 1));
+    const int64_t ox = static_cast<int64_t>((r >> 8) % (2 * kPad + 1));
+    const bool flip = ((r >> 16) & 1) != 0;
+    std::copy_n(s, numel, src.data());
+    for (int64_t ch = 0; ch < c; ++ch) {
+      const float* in = src.data() + ch * plane;
+      float* out = s + ch * plane;
+      for (int64_t y = 0; y < h; ++y) {
+        const int64_t sy = y + oy - kPad;
+        for (int64_t x = 0; x < w; ++x) {
+          // Crop, then flip the crop: out(y, x) = crop(y, W-1-x).
+          const int64_t sx = (flip ? w - 1 - x : x) + ox - kPad;
+          out[y * w + x] =
+              (sy >= 0 && sy < h && sx >= 0 && sx < w) ? in[sy * w + sx] : 0.0f;  // zero pad
+        }
+      }
+    }
+  }
+}
+
+TrainLoader::TrainLoader(Dataset& ds, const Sampler& sampler, LoaderOptions opts)
+    : ds_(ds), sampler_(sampler), opts_(std::move(opts)), steps_(sampler.steps_per_epoch()) {
+  ValidateLoaderOptions(opts_, ds_.info().sample_shape);
+  DPT_CHECK_AS(DataError, sampler_.dataset_size() <= ds_.info().size)
+      << ds_.info().path << ": the sampler covers " << sampler_.dataset_size()
+      << " samples but the dataset has " << ds_.info().size;
+}
+
+TrainLoader::~TrainLoader() { Stop(); }
+
+void TrainLoader::Stop() noexcept {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  for (std::thread& t : threads_) {
+    if (t.joinable()) t.join();
+  }
+  threads_.clear();
+  std::lock_guard<std::mutex> lock(mu_);
+  ready_.clear();
+  started_ = false;
+}
+
+void TrainLoader::Start(int64_t epoch, int64_t first_step) {
+  Stop();
+  DPT_CHECK(epoch >= 0 && first_step >= 0 && first_step <= steps_)
+      << "loader start at epoch " << epoch << " step " << first_step << " (steps per epoch "
+      << steps_ << ")";
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = false;
+    started_ = true;
+    epoch_ = epoch;
+    first_step_ = first_step;
+    next_step_ = first_step;
+    failed_ = nullptr;
+  }
+  const int n = static_cast<int>(std::min<int64_t>(opts_.workers, steps_ - first_step));
+  try {
+    for (int w = 0; w < n; ++w) threads_.emplace_back(&TrainLoader::WorkerLoop, this, w);
+  } catch (...) {
+    Stop();
+    throw;
+  }
+}
+
+HostBatch TrainLoader::Produce(int64_t step) const {
+  HostBatch b;
+  b.epoch = epoch_;
+  b.step = step;
+  b.indices = sampler_.RankIndices(epoch_, step);
+  b.n = static_cast<int64_t>(b.indices.size());
+  const Shape& shape = ds_.info().sample_shape;
+  b.images.resize(static_cast<size_t>(b.n * shape.numel()));
+  b.labels.resize(static_cast<size_t>(b.n));
+  ds_.Read(b.indices.data(), b.n, b.images.data(), b.labels.data());
+  ApplyTransforms(opts_, shape, epoch_, b.indices.data(), b.n, b.images.data());
+  return b;
+}
+
+void TrainLoader::WorkerLoop(int worker) {
+  // epoch_, first_step_ and steps_ were written before this thread started and stay fixed
+  // until it is joined.
+  for (int64_t step = first_step_ + worker; step < steps_; step += opts_.workers) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || step < next_step_ + opts_.prefetch; });
+      if (stop_) return;
+    }
+    Slot slot;
+    try {
+      slot.batch = Produce(step);
+    } catch (...) {
+      slot.error = std::current_exception();
+    }
+    const bool failed = slot.error != nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stop_) return;
+      ready_.emplace(step, std::move(slot));
+    }
+    cv_.notify_all();
+    if (failed) return;  // Next() rethrows when it reaches this step
+  }
+}
+
+HostBatch TrainLoader::Next() {
+  if (failed_) std::rethrow_exception(failed_);
+  DPT_CHECK(HasNext()) << "TrainLoader::Next() with no batch left (started=" << started_
+                       << ", next step " << next_step_ << " of " << steps_ << ")";
+  if (opts_.workers == 0) {
+    try {
+      HostBatch b = Produce(next_step_);
+      ++next_step_;
+      return b;
+    } catch (...) {
+      failed_ = std::current_exception();
+      throw;
+    }
+  }
+  Slot slot;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return ready_.count(next_step_) != 0; });
+    auto it = ready_.find(next_step_);
+    slot = std::move(it->second);
+    ready_.erase(it);
+    ++next_step_;
+  }
+  cv_.notify_all();  // a worker may be waiting for the window to move
+  if (slot.error) {
+    failed_ = slot.error;
+    std::rethrow_exception(slot.error);
+  }
+  return std::move(slot.batch);
+}
+
+HostBatch ReadRange(Dataset& ds, int64_t begin, int64_t count, const LoaderOptions& opts) {
+  const DatasetInfo& info = ds.info();
+  DPT_CHECK(begin >= 0 && count >= 0 && begin + count <= info.size)
+      << info.path << ": range [" << begin << ", " << begin + count << ") outside [0, " << info.size
+      << ")";
+  LoaderOptions o = opts;
+  o.augment = "none";
+  ValidateLoaderOptions(o, info.sample_shape);
+  HostBatch b;
+  b.n = count;
+  b.indices.resize(static_cast<size_t>(count));
+  std::iota(b.indices.begin(), b.indices.end(), begin);
+  b.images.resize(static_cast<size_t>(count * info.sample_shape.numel()));
+  b.labels.resize(static_cast<size_t>(count));
+  if (count > 0) ds.Read(b.indices.data(), count, b.images.data(), b.labels.data());
+  ApplyTransforms(o, info.sample_shape, 0, b.indices.data(), count, b.images.data());
+  return b;
+}
+
+EvalLoader::EvalLoader(Dataset& ds, int64_t begin, int64_t end, int64_t batch, LoaderOptions opts)
+    : ds_(ds), begin_(begin), end_(end), batch_(batch), pos_(begin), opts_(std::move(opts)) {
+  DPT_CHECK(begin >= 0 && begin <= end && end <= ds.info().size)
+      << "eval range [" << begin << ", " << end << ") of " << ds.info().size;
+  DPT_CHECK_AS(ConfigError, batch > 0) << "eval batch " << batch << " must be positive";
+  opts_.augment = "none";
+  ValidateLoaderOptions(opts_, ds.info().sample_shape);
+}
+
+bool EvalLoader::Next(HostBatch* out) {
+  if (pos_ >= end_) return false;
+  const int64_t count = std::min(batch_, end_ - pos_);
+  *out = ReadRange(ds_, pos_, count, opts_);
+  out->step = (pos_ - begin_) / batch_;
+  pos_ += count;
+  return true;
+}
+
+}  // namespace dptrain

@@ -1,0 +1,121 @@
+// SPDX-License-Identifier: Apache-2.0
+// Loader threads: read this rank's slice of each global batch (Sampler), normalise and augment it
+// into host batches, in step order, a bounded number ahead of the trainer. Also the evaluation
+// reader over a contiguous range (EvalShard) without augmentation.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "datasets/dataset.h"
+#include "datasets/sampler.h"
+
+namespace dptrain {
+
+struct LoaderOptions {
+  int workers = 2;   // producer threads; 0 = read synchronously inside Next()
+  int prefetch = 4;  // batches produced ahead of the consumer (>= 1)
+  // Per-channel normalisation x' = (x - mean[c]) / std[c] after Dataset::Read (which gives
+  // uint8 pixels as x / 255). Empty = mean 0 / std 1; a single value applies to every channel.
+  std::vector<float> mean, std;
+  // "none" or "crop-flip": pad 4 zero pixels on each side (after normalisation), take a random
+  // H x W crop of the padded image and flip it horizontally with p = 0.5. The random choice
+  // depends only on (seed, epoch, global sample index): the same on any world size, rank or
+  // thread.
+  std::string augment = "none";
+  uint64_t seed = 0;
+};
+
+struct HostBatch {
+  int64_t epoch = 0, step = 0, n = 0;
+  std::vector<float> images;     // (n, C, H, W), normalised (and augmented)
+  std::vector<int32_t> labels;   // (n)
+  std::vector<int64_t> indices;  // (n) global sample indices, for checks and debugging
+};
+
+// Checks LoaderOptions against a sample shape (C, H, W): ConfigError for workers < 0,
+// prefetch < 1, mean/std sizes other than 0, 1 or C, std <= 0, unknown augment.
+void ValidateLoaderOptions(const LoaderOptions& opts, const Shape& sample_shape);
+
+// Normalises and augments `n` samples in place: images (n, C, H, W); indices are their global
+// indices (for the augmentation hash). What the train loader applies to each batch.
+void ApplyTransforms(const LoaderOptions& opts, const Shape& sample_shape, int64_t epoch,
+                     const int64_t* indices, int64_t n, float* images);
+
+// Produces batches first_step .. steps_per_epoch-1 of one epoch for this rank. Batch k (counted
+// from first_step) is produced by worker k % workers; at most `prefetch` batches are ahead of
+// the consumer. Next() returns them in step order. The Dataset and Sampler must outlive the
+// loader. One consumer thread calls Start/Next/Stop.
+class TrainLoader {
+ public:
+  // Throws ConfigError for invalid options (ValidateLoaderOptions).
+  TrainLoader(Dataset& ds, const Sampler& sampler, LoaderOptions opts);
+  ~TrainLoader();  // Stop()
+  TrainLoader(const TrainLoader&) = delete;
+  TrainLoader& operator=(const TrainLoader&) = delete;
+
+  // Stops any current epoch, then begins producing batches first_step.. of `epoch`
+  // (first_step in [0, steps_per_epoch()]; equal means nothing left: resume at an epoch end).
+  void Start(int64_t epoch, int64_t first_step);
+  // True while the current epoch has batches not yet returned by Next().
+  bool HasNext() const { return started_ && next_step_ < steps_; }
+  // Blocks until the next batch in step order is ready and returns it. Rethrows an exception
+  // raised while producing that batch (read error, bad data) in this thread; the loader then
+  // stays failed until the next Start(). InternalError when called without a batch left.
+  HostBatch Next();
+  // Stops and joins the workers; batches not yet returned are dropped. Never throws; returns
+  // within the time a worker needs to finish the batch it is reading.
+  void Stop() noexcept;
+
+ private:
+  HostBatch Produce(int64_t step) const;
+  void WorkerLoop(int worker);
+
+  Dataset& ds_;
+  const Sampler& sampler_;
+  LoaderOptions opts_;
+  int64_t steps_ = 0;
+
+  // State of the current epoch, guarded by mu_.
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool started_ = false;
+  bool stop_ = false;
+  int64_t epoch_ = 0;
+  int64_t first_step_ = 0;
+  int64_t next_step_ = 0;  // the next step Next() returns
+  struct Slot {
+    HostBatch batch;
+    std::exception_ptr error;
+  };
+  std::map<int64_t, Slot> ready_;  // step -> produced batch (the reorder queue)
+  std::exception_ptr failed_;      // sticky after Next() rethrew
+  std::vector<std::thread> threads_;
+};
+
+// Reads samples [begin, begin + count) with normalisation and no augmentation (evaluation).
+HostBatch ReadRange(Dataset& ds, int64_t begin, int64_t count, const LoaderOptions& opts);
+
+// Iterates [begin, end) (e.g. EvalShard) in batches of at most `batch` samples, the last one
+// smaller, synchronously. Every sample is returned exactly once.
+class EvalLoader {
+ public:
+  EvalLoader(Dataset& ds, int64_t begin, int64_t end, int64_t batch, LoaderOptions opts);
+  // Fills *out with the next batch (step = batch number) and returns true, or returns false at
+  // the end of the range.
+  bool Next(HostBatch* out);
+  int64_t num_batches() const { return (end_ - begin_ + batch_ - 1) / batch_; }
+
+ private:
+  Dataset& ds_;
+  int64_t begin_, end_, batch_, pos_;
+  LoaderOptions opts_;
+};
+
+}  // namespace dptrain
