@@ -19,7 +19,7 @@ deps:
 
 $(BUILD)/build.ninja: | deps
 	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DDPTRAIN_WERROR=ON \
-	  "-DMPIEXEC_PREFLAGS=--oversubscribe;--bind-to;none;$(ROOT_FLAG)" $(CMAKE_FLAGS)
+	  "-DMPIEXEC_PREFLAGS=--oversubscribe --bind-to none $(ROOT_FLAG)" $(CMAKE_FLAGS)
 
 configure: $(BUILD)/build.ninja
 

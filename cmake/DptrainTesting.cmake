@@ -18,12 +18,16 @@ endfunction()
 function(dptrain_add_mpi_test)
   cmake_parse_arguments(A "" "NAME;NP" "SOURCES" ${ARGN})
   set(exe mpi_${A_NAME})
-  add_executable(${exe} ${A_SOURCES} ${PROJECT_SOURCE_DIR}/tests/testing/mpi_main.cc)
-  target_link_libraries(${exe} PRIVATE dptrain_testing GTest::gtest dptrain::warnings dptrain::mpi)
-  separate_arguments(_pre UNIX_COMMAND "${MPIEXEC_PREFLAGS}")
+  if(NOT TARGET ${exe})  # the same test may be registered for several rank counts
+    add_executable(${exe} ${A_SOURCES} ${PROJECT_SOURCE_DIR}/tests/testing/mpi_main.cc)
+    target_link_libraries(${exe} PRIVATE dptrain_testing GTest::gtest dptrain::warnings
+                                         dptrain::mpi)
+  endif()
+  string(REPLACE ";" " " _flags "${MPIEXEC_PREFLAGS}")
+  separate_arguments(_pre UNIX_COMMAND "${_flags}")
   add_test(NAME mpi.${A_NAME}.np${A_NP}
     COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${A_NP} ${_pre} $<TARGET_FILE:${exe}>
             ${MPIEXEC_POSTFLAGS})
   set_tests_properties(mpi.${A_NAME}.np${A_NP} PROPERTIES PROCESSORS ${A_NP} TIMEOUT 120
-    LABELS mpi ENVIRONMENT "OMPI_MCA_mpi_yield_when_idle=1;OMPI_MCA_rmaps_base_oversubscribe=1")
+    LABELS mpi ENVIRONMENT "OMPI_MCA_mpi_yield_when_idle=1;OMPI_MCA_rmaps_base_oversubscribe=1;OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_hwloc_base_binding_policy=none;OMPI_MCA_btl_vader_single_copy_mechanism=none;OMP_NUM_THREADS=1;DPTRAIN_DATA=${PROJECT_SOURCE_DIR}/data")
 endfunction()

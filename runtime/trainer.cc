@@ -136,7 +136,7 @@ class Trainer {
   void LogStep(int64_t epoch, bool force);
   void WriteMetrics(const nlohmann::json& j);
   void UploadBatch(const HostBatch& b, int64_t begin, int64_t n);
-  bool is_root() const { return comm_.rank() == 0; }
+  bool is_root() const { return comm_.rank() == 0 && !env_.quiet; }
 
   const TrainConfig& cfg_;
   const TrainEnv& env_;
@@ -206,17 +206,14 @@ void Trainer::SetupData() {
   world_ = comm_.size();
   accumulate_ = cfg_.train.accumulate;
   const int64_t g = cfg_.train.global_batch;
-  DPT_CHECK_AS(ConfigError, g % world_ == 0)
-      << "train.global_batch = " << g << " is not divisible by the " << world_
-      << " ranks; use a multiple of " << world_ << " (e.g. " << (g / world_) * world_ << " or "
-      << (g / world_ + 1) * world_ << ")";
-  local_batch_ = g / world_;
+  // The sampler checks that the global batch divides over the ranks and fits the dataset.
+  sampler_ = std::make_unique<Sampler>(train_->info().size, g, static_cast<int>(world_),
+                                       comm_.rank(), seed, d.shuffle);
+  local_batch_ = sampler_->local_batch();
   DPT_CHECK_AS(ConfigError, local_batch_ % accumulate_ == 0)
       << "train.accumulate = " << accumulate_ << " does not divide the per-rank batch "
       << local_batch_ << " (train.global_batch " << g << " / " << world_ << " ranks)";
   micro_ = local_batch_ / accumulate_;
-  sampler_ = std::make_unique<Sampler>(train_->info().size, g, static_cast<int>(world_),
-                                       comm_.rank(), seed, d.shuffle);
   steps_per_epoch_ = sampler_->steps_per_epoch();
   const int64_t by_epochs = cfg_.train.epochs * steps_per_epoch_;
   total_steps_ = cfg_.train.max_steps > 0
@@ -532,6 +529,13 @@ TrainResult Trainer::Run() {
   }
   const double total = Since(run_start_);
   result_.steps = step_;
+  if (env_.keep_final_params) {
+    for (const auto& p : model_->named_params()) {
+      std::vector<float> v(static_cast<size_t>(p.tensor.numel()));
+      be_.CopyToHost(p.tensor, v.data());
+      result_.final_params.emplace_back(p.name, std::move(v));
+    }
+  }
   result_.samples_per_s =
       static_cast<double>(step_ * cfg_.train.global_batch) / std::max(total, 1e-9);
   // Final evaluation if the last epoch's did not run.

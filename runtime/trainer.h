@@ -6,6 +6,8 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "launcher/config.h"
 #include "runtime/backend.h"
@@ -22,8 +24,10 @@ struct TrainEnv {
   int local_size = 1;
   int threads = 1;  // compute threads of this rank
   std::string host;
-  std::string resolved_toml;  // the resolved config, written to run_dir/config.toml
-  bool interactive = false;   // rank 0's stdout is a terminal: live progress line
+  std::string resolved_toml;       // the resolved config, written to run_dir/config.toml
+  bool interactive = false;        // rank 0's stdout is a terminal: live progress line
+  bool keep_final_params = false;  // tests: return the final parameters in TrainResult
+  bool quiet = false;              // no output and no run_dir files (tests)
 };
 
 struct TrainResult {
@@ -33,6 +37,8 @@ struct TrainResult {
   double test_loss = -1;  // last evaluation; -1 when none ran
   double test_accuracy = -1;
   double samples_per_s = 0;  // global, over the whole run
+  // With TrainEnv::keep_final_params: (name, values) of every parameter after the last step.
+  std::vector<std::pair<std::string, std::vector<float>>> final_params;
 };
 
 // Trains per `cfg`. Every rank calls it; rank 0 prints and writes run_dir outputs. Throws typed

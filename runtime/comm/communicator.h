@@ -47,6 +47,10 @@ class Communicator {
   // Every rank's string, indexed by rank.
   virtual std::vector<std::string> AllGatherStrings(const std::string& mine) = 0;
 
+  // A communicator over the ranks that pass the same `color` (ordered by rank); nullptr for
+  // ranks that pass a negative color. Collective over this communicator.
+  virtual std::unique_ptr<Communicator> Split(int color) = 0;
+
   // Convenience: true on every rank iff `ok` on every rank.
   bool AllTrue(bool ok);
 };

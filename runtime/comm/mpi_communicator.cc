@@ -96,8 +96,9 @@ class MpiHandle final : public CommHandle {
 
 class MpiCommunicator final : public Communicator {
  public:
-  MpiCommunicator() {
-    DPT_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &comm_));
+  // Takes ownership of `comm` (freed on destruction).
+  explicit MpiCommunicator(MPI_Comm comm) : comm_(comm) {
+    DPT_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
     DPT_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
     DPT_MPI_CHECK(MPI_Comm_size(comm_, &size_));
   }
@@ -142,6 +143,13 @@ class MpiCommunicator final : public Communicator {
   }
 
   void Barrier() override { DPT_MPI_CHECK(MPI_Barrier(comm_)); }
+
+  std::unique_ptr<Communicator> Split(int color) override {
+    MPI_Comm sub = MPI_COMM_NULL;
+    DPT_MPI_CHECK(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, rank_, &sub));
+    if (sub == MPI_COMM_NULL) return nullptr;
+    return std::make_unique<MpiCommunicator>(sub);
+  }
 
   void AllReduceHost(double* values, int count, ReduceOp op) override {
     DPT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, values, count, MPI_DOUBLE, MpiOp(op), comm_));
@@ -203,7 +211,11 @@ MpiSession::~MpiSession() {
   if (!finalized) MPI_Finalize();
 }
 
-std::unique_ptr<Communicator> MpiSession::World() { return std::make_unique<MpiCommunicator>(); }
+std::unique_ptr<Communicator> MpiSession::World() {
+  MPI_Comm comm = MPI_COMM_NULL;
+  DPT_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &comm));
+  return std::make_unique<MpiCommunicator>(comm);
+}
 
 void MpiSession::LocalRankAndSize(int* local_rank, int* local_size) const {
   MPI_Comm local;
