@@ -55,37 +55,78 @@ void CheckSame(const Tensor& a, const Tensor& b, const char* what) {
       << what << ": " << a.shape().ToString() << " vs " << b.shape().ToString();
 }
 
-dnnl::primitive_attr MakeAttr(Precision p) {
+dnnl::primitive_attr MakeAttr() {
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-  // bf16/f16: let oneDNN down-convert f32 inputs and compute in the lower precision (AVX-512
-  // bf16 / AMX where present); weights and activations stay f32 in memory (master weights).
-  if (p == Precision::kBF16) attr.set_fpmath_mode(dnnl::fpmath_mode::bf16);
-  if (p == Precision::kF16) attr.set_fpmath_mode(dnnl::fpmath_mode::f16);
   return attr;
 }
 
+// A tensor in the caller's layout (f32, NCHW / OIHW / NC) seen by a primitive that wants its own
+// layout (blocked formats such as nChw16c, and bf16 for bf16 precision): the primitive's memory
+// is either the caller's tensor itself (same descriptor) or a staging buffer filled / drained by
+// a reorder. Staging buffers belong to the plan; plans run one call at a time.
+struct Staged {
+  memory::desc user, inner;
+  bool same = true;
+  Tensor buf;
+  dnnl::reorder to_inner, to_user;
+
+  void Init(CpuBackend& be, const dnnl::engine& eng, const memory::desc& user_md,
+            const memory::desc& inner_md, const std::string& label) {
+    user = user_md;
+    inner = inner_md;
+    same = user_md == inner_md;
+    if (same) return;
+    buf = be.Empty(Shape{static_cast<int64_t>(inner_md.get_size())}, DType::kU8, label);
+    to_inner = dnnl::reorder(memory(user_md, eng, nullptr), memory(inner_md, eng, nullptr));
+    to_user = dnnl::reorder(memory(inner_md, eng, nullptr), memory(user_md, eng, nullptr));
+  }
+  // The primitive's input memory holding t's values.
+  memory In(const dnnl::engine& eng, dnnl::stream& st, const Tensor& t) const {
+    if (same) return memory(user, eng, t.raw());
+    memory src(user, eng, t.raw());
+    memory in(inner, eng, buf.raw());
+    to_inner.execute(st, src, in);
+    return in;
+  }
+  // The primitive's output memory for t; call Out() after the primitive ran.
+  memory OutMem(const dnnl::engine& eng, const Tensor& t) const {
+    return same ? memory(user, eng, t.raw()) : memory(inner, eng, buf.raw());
+  }
+  void Out(const dnnl::engine& eng, dnnl::stream& st, const Tensor& t) const {
+    if (same) return;
+    memory src(inner, eng, buf.raw());
+    memory dst(user, eng, t.raw());
+    to_user.execute(st, src, dst);
+  }
+};
+
+Dt ComputeType(Precision p) { return p == Precision::kBF16 ? Dt::bf16 : Dt::f32; }
+
 struct ConvPlan final : OpPlan {
   Conv2dDesc d;
-  memory::desc x_md, w_md, b_md, y_md;
+  memory::desc b_md;
   dnnl::convolution_forward::primitive_desc fwd_pd;
   dnnl::convolution_backward_data::primitive_desc bwd_data_pd;
   dnnl::convolution_backward_weights::primitive_desc bwd_w_pd;
   dnnl::convolution_forward fwd;
   dnnl::convolution_backward_data bwd_data;
   dnnl::convolution_backward_weights bwd_w;
+  // forward: x, w in; y out. backward data: dy, w in; dx out. backward weights: x, dy in; dw out.
+  Staged f_x, f_w, f_y, d_dy, d_w, d_dx, w_x, w_dy, w_dw;
   Tensor acc_w, acc_b;  // accumulate = true computes here first, then adds
 };
 
 struct LinearPlan final : OpPlan {
   LinearDesc d;
-  memory::desc x_md, w_md, b_md, y_md;
+  memory::desc b_md;
   dnnl::inner_product_forward::primitive_desc fwd_pd;
   dnnl::inner_product_backward_data::primitive_desc bwd_data_pd;
   dnnl::inner_product_backward_weights::primitive_desc bwd_w_pd;
   dnnl::inner_product_forward fwd;
   dnnl::inner_product_backward_data bwd_data;
   dnnl::inner_product_backward_weights bwd_w;
+  Staged f_x, f_w, f_y, d_dy, d_w, d_dx, w_x, w_dy, w_dw;
   Tensor acc_w, acc_b;
 };
 
@@ -193,27 +234,43 @@ std::shared_ptr<OpPlan> CpuBackend::PrepareConv2d(const Conv2dDesc& d) {
   if (slot) return slot;
   auto p = std::make_shared<ConvPlan>();
   p->d = d;
+  const auto& eng = impl_->engine;
   const memory::dims strides{d.stride, d.stride}, pad{d.pad, d.pad};
-  p->x_md = memory::desc({d.n, d.c, d.h, d.w}, Dt::f32, Tag::nchw);
-  p->w_md = memory::desc({d.k, d.c, d.r, d.s}, Dt::f32, Tag::oihw);
+  const memory::dims xs{d.n, d.c, d.h, d.w}, ws{d.k, d.c, d.r, d.s},
+      ys{d.n, d.k, d.out_h(), d.out_w()};
+  const memory::desc x_user(xs, Dt::f32, Tag::nchw), w_user(ws, Dt::f32, Tag::oihw),
+      y_user(ys, Dt::f32, Tag::nchw);
+  // Let oneDNN pick its fastest (blocked) layouts; we reorder at the edges. bf16 runs the
+  // convolution on bf16 data with f32 accumulation and f32 weight gradients.
+  const Dt ct = ComputeType(d.precision);
+  const memory::desc x_any(xs, ct, Tag::any), w_any(ws, ct, Tag::any), y_any(ys, ct, Tag::any),
+      dw_any(ws, Dt::f32, Tag::any);
   p->b_md = d.bias ? memory::desc({d.k}, Dt::f32, Tag::x) : memory::desc();
-  p->y_md = memory::desc({d.n, d.k, d.out_h(), d.out_w()}, Dt::f32, Tag::nchw);
-  const auto attr = MakeAttr(d.precision);
+  const auto attr = MakeAttr();
   const auto alg = dnnl::algorithm::convolution_direct;
   p->fwd_pd = DPT_DNNL(dnnl::convolution_forward::primitive_desc(
-      dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, alg, p->x_md, p->w_md,
-                                      p->b_md, p->y_md, strides, pad, pad),
-      attr, impl_->engine));
+      dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, alg, x_any, w_any, p->b_md,
+                                      y_any, strides, pad, pad),
+      attr, eng));
   p->bwd_data_pd = DPT_DNNL(dnnl::convolution_backward_data::primitive_desc(
-      dnnl::convolution_backward_data::desc(alg, p->x_md, p->w_md, p->y_md, strides, pad, pad),
-      attr, impl_->engine, p->fwd_pd));
+      dnnl::convolution_backward_data::desc(alg, x_any, w_any, y_any, strides, pad, pad), attr, eng,
+      p->fwd_pd));
   p->bwd_w_pd = DPT_DNNL(dnnl::convolution_backward_weights::primitive_desc(
-      dnnl::convolution_backward_weights::desc(alg, p->x_md, p->w_md, p->b_md, p->y_md, strides,
-                                               pad, pad),
-      attr, impl_->engine, p->fwd_pd));
+      dnnl::convolution_backward_weights::desc(alg, x_any, dw_any, p->b_md, y_any, strides, pad,
+                                               pad),
+      attr, eng, p->fwd_pd));
   p->fwd = dnnl::convolution_forward(p->fwd_pd);
   p->bwd_data = dnnl::convolution_backward_data(p->bwd_data_pd);
   p->bwd_w = dnnl::convolution_backward_weights(p->bwd_w_pd);
+  p->f_x.Init(*this, eng, x_user, p->fwd_pd.src_desc(), "conv2d staged input");
+  p->f_w.Init(*this, eng, w_user, p->fwd_pd.weights_desc(), "conv2d staged weight");
+  p->f_y.Init(*this, eng, y_user, p->fwd_pd.dst_desc(), "conv2d staged output");
+  p->d_dy.Init(*this, eng, y_user, p->bwd_data_pd.diff_dst_desc(), "conv2d staged dy");
+  p->d_w.Init(*this, eng, w_user, p->bwd_data_pd.weights_desc(), "conv2d staged weight");
+  p->d_dx.Init(*this, eng, x_user, p->bwd_data_pd.diff_src_desc(), "conv2d staged dx");
+  p->w_x.Init(*this, eng, x_user, p->bwd_w_pd.src_desc(), "conv2d staged input");
+  p->w_dy.Init(*this, eng, y_user, p->bwd_w_pd.diff_dst_desc(), "conv2d staged dy");
+  p->w_dw.Init(*this, eng, w_user, p->bwd_w_pd.diff_weights_desc(), "conv2d staged dw");
   impl_->Reserve(*this, p->fwd_pd.scratchpad_desc());
   impl_->Reserve(*this, p->bwd_data_pd.scratchpad_desc());
   impl_->Reserve(*this, p->bwd_w_pd.scratchpad_desc());
@@ -229,36 +286,46 @@ void CpuBackend::Conv2dForward(const OpPlan& plan, const Tensor& x, const Tensor
   CheckF32(x, "conv2d x");
   DPT_CHECK(x.numel() == p.d.n * p.d.c * p.d.h * p.d.w)
       << x.shape().ToString() << " for " << p.d.ToString();
+  DPT_CHECK(!p.d.bias || b != nullptr) << "conv2d with bias needs a bias tensor";
+  auto& eng = impl_->engine;
+  auto& st = impl_->stream;
   std::unordered_map<int, memory> args{
-      {DNNL_ARG_SRC, impl_->Mem(p.x_md, x)},
-      {DNNL_ARG_WEIGHTS, impl_->Mem(p.w_md, w)},
-      {DNNL_ARG_DST, impl_->Mem(p.y_md, *y)},
+      {DNNL_ARG_SRC, p.f_x.In(eng, st, x)},
+      {DNNL_ARG_WEIGHTS, p.f_w.In(eng, st, w)},
+      {DNNL_ARG_DST, p.f_y.OutMem(eng, *y)},
       {DNNL_ARG_SCRATCHPAD, impl_->Scratch(p.fwd_pd.scratchpad_desc())}};
   if (p.d.bias) args.emplace(DNNL_ARG_BIAS, impl_->Mem(p.b_md, *b));
-  DPT_DNNL(p.fwd.execute(impl_->stream, args));
+  DPT_DNNL(p.fwd.execute(st, args));
+  p.f_y.Out(eng, st, *y);
 }
 
 void CpuBackend::Conv2dBackwardData(const OpPlan& plan, const Tensor& dy, const Tensor& w,
                                     Tensor* dx) {
   const auto& p = static_cast<const ConvPlan&>(plan);
+  auto& eng = impl_->engine;
+  auto& st = impl_->stream;
   DPT_DNNL(p.bwd_data.execute(
-      impl_->stream, {{DNNL_ARG_DIFF_DST, impl_->Mem(p.y_md, dy)},
-                      {DNNL_ARG_WEIGHTS, impl_->Mem(p.w_md, w)},
-                      {DNNL_ARG_DIFF_SRC, impl_->Mem(p.x_md, *dx)},
-                      {DNNL_ARG_SCRATCHPAD, impl_->Scratch(p.bwd_data_pd.scratchpad_desc())}}));
+      st, {{DNNL_ARG_DIFF_DST, p.d_dy.In(eng, st, dy)},
+           {DNNL_ARG_WEIGHTS, p.d_w.In(eng, st, w)},
+           {DNNL_ARG_DIFF_SRC, p.d_dx.OutMem(eng, *dx)},
+           {DNNL_ARG_SCRATCHPAD, impl_->Scratch(p.bwd_data_pd.scratchpad_desc())}}));
+  p.d_dx.Out(eng, st, *dx);
 }
 
 void CpuBackend::Conv2dBackwardWeights(const OpPlan& plan, const Tensor& x, const Tensor& dy,
                                        Tensor* dw, Tensor* db, bool accumulate) {
   const auto& p = static_cast<const ConvPlan&>(plan);
-  const Tensor& w_out = accumulate ? p.acc_w : *dw;
+  auto& eng = impl_->engine;
+  auto& st = impl_->stream;
+  Tensor w_out = accumulate ? p.acc_w : *dw;
   std::unordered_map<int, memory> args{
-      {DNNL_ARG_SRC, impl_->Mem(p.x_md, x)},
-      {DNNL_ARG_DIFF_DST, impl_->Mem(p.y_md, dy)},
-      {DNNL_ARG_DIFF_WEIGHTS, impl_->Mem(p.w_md, w_out)},
+      {DNNL_ARG_SRC, p.w_x.In(eng, st, x)},
+      {DNNL_ARG_DIFF_DST, p.w_dy.In(eng, st, dy)},
+      {DNNL_ARG_DIFF_WEIGHTS, p.w_dw.OutMem(eng, w_out)},
       {DNNL_ARG_SCRATCHPAD, impl_->Scratch(p.bwd_w_pd.scratchpad_desc())}};
   if (p.d.bias) args.emplace(DNNL_ARG_DIFF_BIAS, impl_->Mem(p.b_md, accumulate ? p.acc_b : *db));
-  DPT_DNNL(p.bwd_w.execute(impl_->stream, args));
+  DPT_DNNL(p.bwd_w.execute(st, args));
+  p.w_dw.Out(eng, st, w_out);
   if (accumulate) {
     AddInto(p.acc_w.data<float>(), dw->data<float>(), dw->numel());
     if (p.d.bias) AddInto(p.acc_b.data<float>(), db->data<float>(), db->numel());
@@ -274,24 +341,39 @@ std::shared_ptr<OpPlan> CpuBackend::PrepareLinear(const LinearDesc& d) {
   if (slot) return slot;
   auto p = std::make_shared<LinearPlan>();
   p->d = d;
-  p->x_md = memory::desc({d.n, d.in}, Dt::f32, Tag::nc);
-  p->w_md = memory::desc({d.out, d.in}, Dt::f32, Tag::oi);
+  const auto& eng = impl_->engine;
+  const memory::desc x_user({d.n, d.in}, Dt::f32, Tag::nc), w_user({d.out, d.in}, Dt::f32, Tag::oi),
+      y_user({d.n, d.out}, Dt::f32, Tag::nc);
+  // f32 runs on the caller's layouts (a GEMM; nothing to gain from reorders); bf16 stages the
+  // operands as bf16 and keeps f32 outputs and weight gradients.
+  const bool bf16 = d.precision == Precision::kBF16;
+  const memory::desc x_md = bf16 ? memory::desc({d.n, d.in}, Dt::bf16, Tag::any) : x_user;
+  const memory::desc w_md = bf16 ? memory::desc({d.out, d.in}, Dt::bf16, Tag::any) : w_user;
+  const memory::desc y_md = bf16 ? memory::desc({d.n, d.out}, Dt::bf16, Tag::any) : y_user;
+  const memory::desc dw_md = bf16 ? memory::desc({d.out, d.in}, Dt::f32, Tag::any) : w_user;
   p->b_md = d.bias ? memory::desc({d.out}, Dt::f32, Tag::x) : memory::desc();
-  p->y_md = memory::desc({d.n, d.out}, Dt::f32, Tag::nc);
-  const auto attr = MakeAttr(d.precision);
+  const auto attr = MakeAttr();
   p->fwd_pd = DPT_DNNL(dnnl::inner_product_forward::primitive_desc(
-      dnnl::inner_product_forward::desc(dnnl::prop_kind::forward_training, p->x_md, p->w_md,
-                                        p->b_md, p->y_md),
-      attr, impl_->engine));
+      dnnl::inner_product_forward::desc(dnnl::prop_kind::forward_training, x_md, w_md, p->b_md,
+                                        y_md),
+      attr, eng));
   p->bwd_data_pd = DPT_DNNL(dnnl::inner_product_backward_data::primitive_desc(
-      dnnl::inner_product_backward_data::desc(p->x_md, p->w_md, p->y_md), attr, impl_->engine,
-      p->fwd_pd));
+      dnnl::inner_product_backward_data::desc(x_md, w_md, y_md), attr, eng, p->fwd_pd));
   p->bwd_w_pd = DPT_DNNL(dnnl::inner_product_backward_weights::primitive_desc(
-      dnnl::inner_product_backward_weights::desc(p->x_md, p->w_md, p->b_md, p->y_md), attr,
-      impl_->engine, p->fwd_pd));
+      dnnl::inner_product_backward_weights::desc(x_md, dw_md, p->b_md, y_md), attr, eng,
+      p->fwd_pd));
   p->fwd = dnnl::inner_product_forward(p->fwd_pd);
   p->bwd_data = dnnl::inner_product_backward_data(p->bwd_data_pd);
   p->bwd_w = dnnl::inner_product_backward_weights(p->bwd_w_pd);
+  p->f_x.Init(*this, eng, x_user, p->fwd_pd.src_desc(), "linear staged input");
+  p->f_w.Init(*this, eng, w_user, p->fwd_pd.weights_desc(), "linear staged weight");
+  p->f_y.Init(*this, eng, y_user, p->fwd_pd.dst_desc(), "linear staged output");
+  p->d_dy.Init(*this, eng, y_user, p->bwd_data_pd.diff_dst_desc(), "linear staged dy");
+  p->d_w.Init(*this, eng, w_user, p->bwd_data_pd.weights_desc(), "linear staged weight");
+  p->d_dx.Init(*this, eng, x_user, p->bwd_data_pd.diff_src_desc(), "linear staged dx");
+  p->w_x.Init(*this, eng, x_user, p->bwd_w_pd.src_desc(), "linear staged input");
+  p->w_dy.Init(*this, eng, y_user, p->bwd_w_pd.diff_dst_desc(), "linear staged dy");
+  p->w_dw.Init(*this, eng, w_user, p->bwd_w_pd.diff_weights_desc(), "linear staged dw");
   impl_->Reserve(*this, p->fwd_pd.scratchpad_desc());
   impl_->Reserve(*this, p->bwd_data_pd.scratchpad_desc());
   impl_->Reserve(*this, p->bwd_w_pd.scratchpad_desc());
@@ -306,36 +388,46 @@ void CpuBackend::LinearForward(const OpPlan& plan, const Tensor& x, const Tensor
   const auto& p = static_cast<const LinearPlan&>(plan);
   CheckF32(x, "linear x");
   DPT_CHECK(x.numel() == p.d.n * p.d.in) << x.shape().ToString() << " for " << p.d.ToString();
+  DPT_CHECK(!p.d.bias || b != nullptr) << "linear with bias needs a bias tensor";
+  auto& eng = impl_->engine;
+  auto& st = impl_->stream;
   std::unordered_map<int, memory> args{
-      {DNNL_ARG_SRC, impl_->Mem(p.x_md, x)},
-      {DNNL_ARG_WEIGHTS, impl_->Mem(p.w_md, w)},
-      {DNNL_ARG_DST, impl_->Mem(p.y_md, *y)},
+      {DNNL_ARG_SRC, p.f_x.In(eng, st, x)},
+      {DNNL_ARG_WEIGHTS, p.f_w.In(eng, st, w)},
+      {DNNL_ARG_DST, p.f_y.OutMem(eng, *y)},
       {DNNL_ARG_SCRATCHPAD, impl_->Scratch(p.fwd_pd.scratchpad_desc())}};
   if (p.d.bias) args.emplace(DNNL_ARG_BIAS, impl_->Mem(p.b_md, *b));
-  DPT_DNNL(p.fwd.execute(impl_->stream, args));
+  DPT_DNNL(p.fwd.execute(st, args));
+  p.f_y.Out(eng, st, *y);
 }
 
 void CpuBackend::LinearBackwardData(const OpPlan& plan, const Tensor& dy, const Tensor& w,
                                     Tensor* dx) {
   const auto& p = static_cast<const LinearPlan&>(plan);
+  auto& eng = impl_->engine;
+  auto& st = impl_->stream;
   DPT_DNNL(p.bwd_data.execute(
-      impl_->stream, {{DNNL_ARG_DIFF_DST, impl_->Mem(p.y_md, dy)},
-                      {DNNL_ARG_WEIGHTS, impl_->Mem(p.w_md, w)},
-                      {DNNL_ARG_DIFF_SRC, impl_->Mem(p.x_md, *dx)},
-                      {DNNL_ARG_SCRATCHPAD, impl_->Scratch(p.bwd_data_pd.scratchpad_desc())}}));
+      st, {{DNNL_ARG_DIFF_DST, p.d_dy.In(eng, st, dy)},
+           {DNNL_ARG_WEIGHTS, p.d_w.In(eng, st, w)},
+           {DNNL_ARG_DIFF_SRC, p.d_dx.OutMem(eng, *dx)},
+           {DNNL_ARG_SCRATCHPAD, impl_->Scratch(p.bwd_data_pd.scratchpad_desc())}}));
+  p.d_dx.Out(eng, st, *dx);
 }
 
 void CpuBackend::LinearBackwardWeights(const OpPlan& plan, const Tensor& x, const Tensor& dy,
                                        Tensor* dw, Tensor* db, bool accumulate) {
   const auto& p = static_cast<const LinearPlan&>(plan);
-  const Tensor& w_out = accumulate ? p.acc_w : *dw;
+  auto& eng = impl_->engine;
+  auto& st = impl_->stream;
+  Tensor w_out = accumulate ? p.acc_w : *dw;
   std::unordered_map<int, memory> args{
-      {DNNL_ARG_SRC, impl_->Mem(p.x_md, x)},
-      {DNNL_ARG_DIFF_DST, impl_->Mem(p.y_md, dy)},
-      {DNNL_ARG_DIFF_WEIGHTS, impl_->Mem(p.w_md, w_out)},
+      {DNNL_ARG_SRC, p.w_x.In(eng, st, x)},
+      {DNNL_ARG_DIFF_DST, p.w_dy.In(eng, st, dy)},
+      {DNNL_ARG_DIFF_WEIGHTS, p.w_dw.OutMem(eng, w_out)},
       {DNNL_ARG_SCRATCHPAD, impl_->Scratch(p.bwd_w_pd.scratchpad_desc())}};
   if (p.d.bias) args.emplace(DNNL_ARG_DIFF_BIAS, impl_->Mem(p.b_md, accumulate ? p.acc_b : *db));
-  DPT_DNNL(p.bwd_w.execute(impl_->stream, args));
+  DPT_DNNL(p.bwd_w.execute(st, args));
+  p.w_dw.Out(eng, st, w_out);
   if (accumulate) {
     AddInto(p.acc_w.data<float>(), dw->data<float>(), dw->numel());
     if (p.d.bias) AddInto(p.acc_b.data<float>(), db->data<float>(), db->numel());
@@ -357,7 +449,7 @@ std::shared_ptr<OpPlan> CpuBackend::PreparePool(const PoolDesc& d) {
   // PyTorch's AvgPool2d counts padded zeros (count_include_pad=True); MaxPool2d pads with -inf.
   const auto alg = d.kind == PoolKind::kMax ? dnnl::algorithm::pooling_max
                                             : dnnl::algorithm::pooling_avg_include_padding;
-  const auto attr = MakeAttr(Precision::kF32);
+  const auto attr = MakeAttr();
   p->train_pd = DPT_DNNL(dnnl::pooling_forward::primitive_desc(
       dnnl::pooling_forward::desc(dnnl::prop_kind::forward_training, alg, p->x_md, p->y_md, strides,
                                   kernel, pad, pad),
