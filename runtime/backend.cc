@@ -2,6 +2,8 @@
 // Backend helpers shared by every implementation and descriptor printing.
 #include "runtime/backend.h"
 
+#include <algorithm>
+#include <chrono>
 #include <sstream>
 
 namespace dptrain {
@@ -27,6 +29,35 @@ Tensor Backend::Zeros(const Shape& shape, DType dtype, std::string_view label) {
   Tensor t = Empty(shape, dtype, label);
   Zero(&t);
   return t;
+}
+
+namespace {
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
+Backend::OpScope::OpScope(Backend* be, const char* name) : be_(be), name_(name) {
+  if (be_->profiling_) start_ns_ = NowNs();
+}
+
+Backend::OpScope::~OpScope() {
+  if (!be_->profiling_) return;
+  be_->Synchronize();
+  OpStat& s = be_->stats_[name_];
+  s.name = name_;
+  ++s.calls;
+  s.seconds += static_cast<double>(NowNs() - start_ns_) * 1e-9;
+}
+
+std::vector<OpStat> Backend::Profile() const {
+  std::vector<OpStat> out;
+  for (const auto& [name, s] : stats_) out.push_back(s);
+  std::sort(out.begin(), out.end(),
+            [](const OpStat& a, const OpStat& b) { return a.seconds > b.seconds; });
+  return out;
 }
 
 std::string Conv2dDesc::ToString() const {

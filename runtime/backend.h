@@ -17,9 +17,11 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "runtime/elementwise.h"
 #include "runtime/memory/caching_allocator.h"
@@ -64,6 +66,13 @@ class OpPlan {
  public:
   virtual ~OpPlan() = default;
   size_t workspace_bytes = 0;
+};
+
+// Time spent in one kind of op (profiling, see Backend::EnableProfiling).
+struct OpStat {
+  std::string name;
+  int64_t calls = 0;
+  double seconds = 0;
 };
 
 struct BatchNormArgs {
@@ -162,6 +171,13 @@ class Backend {
   virtual void AdamWStep(const ew::AdamWHyper& h, Tensor* param, const Tensor& grad, Tensor* m,
                          Tensor* v) = 0;
 
+  // ---- profiling: wall time per op kind, measured around each call (on devices with streams
+  // the backend synchronises after each op while profiling is on). Off by default. ----
+  void EnableProfiling(bool on) { profiling_ = on; }
+  bool profiling() const { return profiling_; }
+  std::vector<OpStat> Profile() const;  // sorted by time, descending
+  void ResetProfile() { stats_.clear(); }
+
   // ---- checks (synchronise) ----
   virtual int64_t CountNonFinite(const Tensor& t) = 0;  // f32
   // Sum of squares in double (for checksums and gradient norms).
@@ -171,8 +187,24 @@ class Backend {
   explicit Backend(std::unique_ptr<CachingAllocator> allocator)
       : allocator_(std::move(allocator)) {}
 
+  // Put `OpScope scope(this, "conv2d_fwd");` first in every op implementation.
+  class OpScope {
+   public:
+    OpScope(Backend* be, const char* name);
+    ~OpScope();
+    OpScope(const OpScope&) = delete;
+    OpScope& operator=(const OpScope&) = delete;
+
+   private:
+    Backend* be_;
+    const char* name_;
+    int64_t start_ns_ = 0;
+  };
+
  private:
   std::unique_ptr<CachingAllocator> allocator_;
+  bool profiling_ = false;
+  std::map<std::string, OpStat> stats_;
 };
 
 }  // namespace dptrain

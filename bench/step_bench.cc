@@ -1,0 +1,274 @@
+// SPDX-License-Identifier: Apache-2.0
+// Google Benchmark of the reference CNN: the full training step (forward, loss, backward, SGD)
+// and each primitive alone at the same shapes, for batch 64/256, fp32/bf16, 1/2 threads.
+// bench/run.sh compares the step with the sum of its primitives (the framework's overhead).
+//
+//   step_bench --benchmark_filter='Step|Prim'   (names: Step/<batch>/<bf16?>/<threads>)
+#include <benchmark/benchmark.h>
+
+#include <chrono>
+#include <functional>
+#include <vector>
+
+#include "models/loss.h"
+#include "models/model.h"
+#include "models/zoo/zoo.h"
+#include "runtime/backend_registry.h"
+#include "runtime/optim/optimizer.h"
+
+namespace dptrain {
+namespace {
+
+Precision Prec(int64_t bf16) { return bf16 != 0 ? Precision::kBF16 : Precision::kF32; }
+
+Tensor Random(Backend& be, const Shape& s, float scale = 1.f) {
+  Tensor t = be.Empty(s, DType::kF32, "bench");
+  float* p = t.data<float>();
+  uint32_t x = 12345;
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    x = x * 1664525u + 1013904223u;
+    p[i] = scale * (static_cast<float>(x >> 8) / 16777216.f - 0.5f);
+  }
+  return t;
+}
+
+void Step(benchmark::State& state) {
+  const int64_t batch = state.range(0);
+  Backend& be = GetBackend("cpu");
+  be.SetThreads(static_cast<int>(state.range(2)));
+  Model m(be, BuildZooModel(be, "ref_cnn", 10), Shape{1, 28, 28});
+  m.Setup(batch, Prec(state.range(1)));
+  m.InitParams(1);
+  Loss loss(be, LossKind::kCrossEntropy, m.output_shape());
+  OptimizerConfig oc;
+  oc.weight_decay = 5e-4;
+  Optimizer opt(be, oc, m.params());
+  Tensor x = Random(be, Shape{batch, 1, 28, 28});
+  Tensor y = be.Empty(Shape{batch}, DType::kI32, "labels");
+  for (int64_t i = 0; i < batch; ++i) y.data<int32_t>()[i] = static_cast<int32_t>(i % 10);
+  ForwardContext ctx;
+  ctx.training = true;
+  auto one_step = [&] {
+    const Tensor& out = m.Forward(x, ctx);
+    loss.Forward(out, y);
+    const Tensor& dout = loss.Backward(out, y, batch);
+    m.Backward(dout, false);
+    opt.Step(&m.params(), m.grads(), 0.01f, 1.f);
+    be.Synchronize();
+  };
+  for (auto _ : state) one_step();
+  state.counters["samples_per_s"] =
+      benchmark::Counter(static_cast<double>(batch), benchmark::Counter::kIsIterationInvariantRate);
+  // The same step again with per-op timing: the time spent inside backend ops, in place (with
+  // the cache state of a real step). step - ops = what the framework itself costs.
+  be.ResetProfile();
+  be.EnableProfiling(true);
+  constexpr int kProfiled = 20;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < kProfiled; ++i) one_step();
+  const double step_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / kProfiled;
+  be.EnableProfiling(false);
+  double ops_s = 0;
+  for (const auto& op : be.Profile()) ops_s += op.seconds / kProfiled;
+  state.counters["ops_ms"] = 1e3 * ops_s;
+  state.counters["overhead_pct"] = 100.0 * (step_s - ops_s) / step_s;
+}
+
+// Every primitive of one ref_cnn step, one benchmark each (same shapes as the step).
+enum Prim : int64_t {
+  kConv1Fwd,
+  kConv1BwdW,
+  kRelu1Fwd,
+  kRelu1Bwd,
+  kPool1Fwd,
+  kPool1Bwd,
+  kConv2Fwd,
+  kConv2BwdD,
+  kConv2BwdW,
+  kRelu2Fwd,
+  kRelu2Bwd,
+  kPool2Fwd,
+  kPool2Bwd,
+  kFc1Fwd,
+  kFc1BwdD,
+  kFc1BwdW,
+  kRelu3Fwd,
+  kRelu3Bwd,
+  kFc2Fwd,
+  kFc2BwdD,
+  kFc2BwdW,
+  kLossFwd,
+  kLossBwd,
+  kSgd,
+  kNumPrims
+};
+const char* kPrimNames[] = {"conv1_fwd", "conv1_bwd_w", "relu1_fwd",   "relu1_bwd",   "pool1_fwd",
+                            "pool1_bwd", "conv2_fwd",   "conv2_bwd_d", "conv2_bwd_w", "relu2_fwd",
+                            "relu2_bwd", "pool2_fwd",   "pool2_bwd",   "fc1_fwd",     "fc1_bwd_d",
+                            "fc1_bwd_w", "relu3_fwd",   "relu3_bwd",   "fc2_fwd",     "fc2_bwd_d",
+                            "fc2_bwd_w", "loss_fwd",    "loss_bwd",    "sgd"};
+
+void Primitive(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  const Precision pr = Prec(state.range(1));
+  Backend& be = GetBackend("cpu");
+  be.SetThreads(static_cast<int>(state.range(2)));
+  const auto prim = static_cast<Prim>(state.range(3));
+  state.SetLabel(kPrimNames[prim]);
+  const Conv2dDesc c1{n, 1, 28, 28, 32, 3, 3, 1, 1, true, pr};
+  const Conv2dDesc c2{n, 32, 14, 14, 64, 3, 3, 1, 1, true, pr};
+  const PoolDesc p1{PoolKind::kMax, n, 32, 28, 28, 2, 2, 0};
+  const PoolDesc p2{PoolKind::kMax, n, 64, 14, 14, 2, 2, 0};
+  const LinearDesc f1{n, 3136, 128, true, pr};
+  const LinearDesc f2{n, 128, 10, true, pr};
+  std::function<void()> run;
+  // Tensors live as long as `run`.
+  std::vector<Tensor> keep;
+  auto T = [&](const Shape& s) {
+    keep.push_back(Random(be, s));
+    return keep.back();
+  };
+  switch (prim) {
+    case kConv1Fwd:
+    case kConv1BwdW:
+    case kConv2Fwd:
+    case kConv2BwdD:
+    case kConv2BwdW: {
+      const bool first = prim == kConv1Fwd || prim == kConv1BwdW;
+      const Conv2dDesc& d = first ? c1 : c2;
+      auto plan = be.PrepareConv2d(d);
+      Tensor x = T(Shape{n, d.c, d.h, d.w}), w = T(Shape{d.k, d.c, 3, 3}), b = T(Shape{d.k});
+      Tensor y = T(Shape{n, d.k, d.out_h(), d.out_w()});
+      Tensor dw = T(w.shape()), db = T(b.shape()), dx = T(x.shape());
+      if (prim == kConv1Fwd || prim == kConv2Fwd) {
+        run = [&be, plan, x, w, b, y]() mutable { be.Conv2dForward(*plan, x, w, &b, &y); };
+      } else if (prim == kConv2BwdD) {
+        run = [&be, plan, y, w, dx]() mutable { be.Conv2dBackwardData(*plan, y, w, &dx); };
+      } else {
+        run = [&be, plan, x, y, dw, db]() mutable {
+          be.Conv2dBackwardWeights(*plan, x, y, &dw, &db, false);
+        };
+      }
+      break;
+    }
+    case kRelu1Fwd:
+    case kRelu1Bwd:
+    case kRelu2Fwd:
+    case kRelu2Bwd:
+    case kRelu3Fwd:
+    case kRelu3Bwd: {
+      const Shape s = prim <= kRelu1Bwd   ? Shape{n, 32, 28, 28}
+                      : prim <= kRelu2Bwd ? Shape{n, 64, 14, 14}
+                                          : Shape{n, 128};
+      Tensor x = T(s), y = T(s), dx = T(s);
+      const bool fwd = prim == kRelu1Fwd || prim == kRelu2Fwd || prim == kRelu3Fwd;
+      if (fwd) {
+        run = [&be, x, y]() mutable { be.ReluForward(x, &y); };
+      } else {
+        run = [&be, x, y, dx]() mutable { be.ReluBackward(x, y, &dx); };
+      }
+      break;
+    }
+    case kPool1Fwd:
+    case kPool1Bwd:
+    case kPool2Fwd:
+    case kPool2Bwd: {
+      const PoolDesc& d = prim <= kPool1Bwd ? p1 : p2;
+      auto plan = be.PreparePool(d);
+      Tensor x = T(Shape{n, d.c, d.h, d.w}), y = T(Shape{n, d.c, d.out_h(), d.out_w()});
+      Tensor ws = be.Empty(Shape{static_cast<int64_t>(plan->workspace_bytes)}, DType::kU8, "ws");
+      keep.push_back(ws);
+      be.PoolForward(*plan, x, &y, &ws);
+      if (prim == kPool1Fwd || prim == kPool2Fwd) {
+        run = [&be, plan, x, y, ws]() mutable { be.PoolForward(*plan, x, &y, &ws); };
+      } else {
+        run = [&be, plan, x, y, ws]() mutable { be.PoolBackward(*plan, y, &ws, &x); };
+      }
+      break;
+    }
+    case kFc1Fwd:
+    case kFc1BwdD:
+    case kFc1BwdW:
+    case kFc2Fwd:
+    case kFc2BwdD:
+    case kFc2BwdW: {
+      const LinearDesc& d = prim <= kFc1BwdW ? f1 : f2;
+      auto plan = be.PrepareLinear(d);
+      Tensor x = T(Shape{n, d.in}), w = T(Shape{d.out, d.in}), b = T(Shape{d.out});
+      Tensor y = T(Shape{n, d.out}), dw = T(w.shape()), db = T(b.shape()), dx = T(x.shape());
+      if (prim == kFc1Fwd || prim == kFc2Fwd) {
+        run = [&be, plan, x, w, b, y]() mutable { be.LinearForward(*plan, x, w, &b, &y); };
+      } else if (prim == kFc1BwdD || prim == kFc2BwdD) {
+        run = [&be, plan, y, w, dx]() mutable { be.LinearBackwardData(*plan, y, w, &dx); };
+      } else {
+        run = [&be, plan, x, y, dw, db]() mutable {
+          be.LinearBackwardWeights(*plan, x, y, &dw, &db, false);
+        };
+      }
+      break;
+    }
+    case kLossFwd:
+    case kLossBwd: {
+      Tensor logits = T(Shape{n, 10}), probs = T(Shape{n, 10}), l = T(Shape{1}), c = T(Shape{1});
+      Tensor labels = be.Zeros(Shape{n}, DType::kI32, "labels");
+      keep.push_back(labels);
+      if (prim == kLossFwd) {
+        run = [&be, logits, labels, probs, l, c]() mutable {
+          be.SoftmaxCrossEntropy(logits, labels, &probs, &l, &c);
+        };
+      } else {
+        run = [&be, probs, labels, logits]() mutable {
+          be.SoftmaxCrossEntropyBackward(probs, labels, 0.01f, &logits);
+        };
+      }
+      break;
+    }
+    case kSgd: {
+      // The flat buffer of ref_cnn (421,642 parameters, padded).
+      Tensor p = T(Shape{421888}), g = T(Shape{421888}), m = T(Shape{421888});
+      run = [&be, p, g, m]() mutable {
+        be.SgdStep(ew::SgdHyper{0.01f, 0.9f, 5e-4f, 1.f, false}, &p, g, &m);
+      };
+      break;
+    }
+    case kNumPrims:
+      break;
+  }
+  for (auto _ : state) {
+    run();
+    be.Synchronize();
+  }
+}
+
+void StepArgs(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"batch", "bf16", "threads"});
+  for (int64_t batch : {64, 256}) {
+    for (int64_t bf16 : {0, 1}) {
+      for (int64_t threads : {1, 2}) b->Args({batch, bf16, threads});
+    }
+  }
+  b->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
+}
+
+void PrimArgs(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"batch", "bf16", "threads", "prim"});
+  for (int64_t batch : {64, 256}) {
+    for (int64_t bf16 : {0, 1}) {
+      for (int64_t threads : {1, 2}) {
+        for (int64_t p = 0; p < kNumPrims; ++p) {
+          b->Args({batch, bf16, threads, p});
+        }
+      }
+    }
+  }
+  b->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.1);
+}
+
+BENCHMARK(Step)->Apply(StepArgs);
+BENCHMARK(Primitive)->Apply(PrimArgs);
+
+}  // namespace
+}  // namespace dptrain
+
+BENCHMARK_MAIN();
