@@ -73,6 +73,10 @@ class Layer {
   // Bytes of activations this layer holds per sample (outputs, saved inputs, workspaces), for
   // `dptrain plan`.
   virtual int64_t ActivationBytesPerSample() const { return 0; }
+  // Bytes of per-layer workspaces that do not scale as activations do (0 for most layers).
+  virtual int64_t WorkspaceBytes() const { return 0; }
+  // The backend plans this layer runs (a plan may be shared with other layers of equal shape).
+  virtual void ListPlans(std::vector<const OpPlan*>* /*out*/) const {}
 
  protected:
   Backend& backend_;

@@ -66,6 +66,9 @@ class OpPlan {
  public:
   virtual ~OpPlan() = default;
   size_t workspace_bytes = 0;
+  // Device memory the plan itself holds (staging buffers for layout/precision conversion,
+  // gradient accumulators), shared by every layer that uses this plan. For memory planning.
+  size_t held_bytes = 0;
 };
 
 // Time spent in one kind of op (profiling, see Backend::EnableProfiling).
@@ -89,6 +92,8 @@ class Backend {
   virtual void SetThreads(int /*threads*/) {}
 
   CachingAllocator& allocator() { return *allocator_; }
+  // Bytes of workspace the backend shares between all ops (oneDNN scratchpad, cuDNN workspace).
+  virtual size_t SharedWorkspaceBytes() const { return 0; }
   // An uninitialised tensor from the caching allocator; `label` names it in OOM reports.
   Tensor Empty(const Shape& shape, DType dtype, std::string_view label);
   Tensor Zeros(const Shape& shape, DType dtype, std::string_view label);

@@ -17,6 +17,7 @@ class Pool2d final : public Layer {
   const Tensor& Forward(const Tensor& x, const ForwardContext& ctx) override;
   const Tensor& Backward(const Tensor& dy, bool accumulate) override;
   int64_t ActivationBytesPerSample() const override;
+  void ListPlans(std::vector<const OpPlan*>* out) const override { out->push_back(plan_.get()); }
 
  private:
   PoolKind kind_;

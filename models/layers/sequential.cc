@@ -60,6 +60,15 @@ int64_t Sequential::ActivationBytesPerSample() const {
   return total;
 }
 
+void Sequential::ListPlans(std::vector<const OpPlan*>* out) const {
+  for (const auto& c : children_) c->ListPlans(out);
+}
+
+void Residual::ListPlans(std::vector<const OpPlan*>* out) const {
+  main_->ListPlans(out);
+  shortcut_->ListPlans(out);
+}
+
 Residual::Residual(Backend& be, std::string name, std::unique_ptr<Sequential> main,
                    std::unique_ptr<Sequential> shortcut)
     : Layer(be, std::move(name)), main_(std::move(main)), shortcut_(std::move(shortcut)) {}

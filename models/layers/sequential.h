@@ -25,6 +25,7 @@ class Sequential final : public Layer {
   const Tensor& Forward(const Tensor& x, const ForwardContext& ctx) override;
   const Tensor& Backward(const Tensor& dy, bool accumulate) override;
   int64_t ActivationBytesPerSample() const override;
+  void ListPlans(std::vector<const OpPlan*>* out) const override;
 
   // Backward that reports after each child: `after(i)` is called once child i's parameter
   // gradients are final (children run last to first). Used by the Model for gradient buckets.
@@ -54,6 +55,7 @@ class Residual final : public Layer {
   const Tensor& Forward(const Tensor& x, const ForwardContext& ctx) override;
   const Tensor& Backward(const Tensor& dy, bool accumulate) override;
   int64_t ActivationBytesPerSample() const override;
+  void ListPlans(std::vector<const OpPlan*>* out) const override;
 
  private:
   std::unique_ptr<Sequential> main_, shortcut_;

@@ -101,6 +101,14 @@ struct Staged {
   }
 };
 
+size_t HeldBytes(std::initializer_list<const Staged*> staged,
+                 std::initializer_list<const Tensor*> tensors) {
+  size_t n = 0;
+  for (const Staged* st : staged) n += st->buf.defined() ? st->buf.bytes() : 0;
+  for (const Tensor* t : tensors) n += t->defined() ? t->bytes() : 0;
+  return n;
+}
+
 Dt ComputeType(Precision p) { return p == Precision::kBF16 ? Dt::bf16 : Dt::f32; }
 
 struct ConvPlan final : OpPlan {
@@ -186,6 +194,10 @@ CpuBackend::CpuBackend()
       impl_(std::make_unique<Impl>()) {}
 
 CpuBackend::~CpuBackend() = default;
+
+size_t CpuBackend::SharedWorkspaceBytes() const {
+  return impl_->scratchpad.defined() ? impl_->scratchpad.bytes() : 0;
+}
 
 void CpuBackend::SetThreads(int threads) {
   if (threads > 0) omp_set_num_threads(threads);
@@ -279,6 +291,9 @@ std::shared_ptr<OpPlan> CpuBackend::PrepareConv2d(const Conv2dDesc& d) {
   impl_->Reserve(*this, p->bwd_w_pd.scratchpad_desc());
   p->acc_w = Empty(Shape{d.k, d.c, d.r, d.s}, DType::kF32, "conv2d weight-grad accumulator");
   if (d.bias) p->acc_b = Empty(Shape{d.k}, DType::kF32, "conv2d bias-grad accumulator");
+  p->held_bytes = HeldBytes(
+      {&p->f_x, &p->f_w, &p->f_y, &p->d_dy, &p->d_w, &p->d_dx, &p->w_x, &p->w_dy, &p->w_dw},
+      {&p->acc_w, &p->acc_b});
   slot = p;
   return p;
 }
@@ -385,6 +400,9 @@ std::shared_ptr<OpPlan> CpuBackend::PrepareLinear(const LinearDesc& d) {
   impl_->Reserve(*this, p->bwd_w_pd.scratchpad_desc());
   p->acc_w = Empty(Shape{d.out, d.in}, DType::kF32, "linear weight-grad accumulator");
   if (d.bias) p->acc_b = Empty(Shape{d.out}, DType::kF32, "linear bias-grad accumulator");
+  p->held_bytes = HeldBytes(
+      {&p->f_x, &p->f_w, &p->f_y, &p->d_dy, &p->d_w, &p->d_dx, &p->w_x, &p->w_dy, &p->w_dw},
+      {&p->acc_w, &p->acc_b});
   slot = p;
   return p;
 }

@@ -21,6 +21,7 @@ class CpuBackend final : public Backend {
   Device device() const override { return Device::kCpu; }
   std::string name() const override { return "cpu"; }
   void SetThreads(int threads) override;
+  size_t SharedWorkspaceBytes() const override;
 
   void CopyFromHost(const void* src, Tensor* dst) override;
   void CopyToHost(const Tensor& src, void* dst) override;

@@ -26,10 +26,13 @@ CachingAllocator::~CachingAllocator() {
 
 size_t CachingAllocator::RoundSize(size_t bytes) {
   if (bytes == 0) bytes = 1;
+  // Small blocks in 512-byte steps, large ones in 128 KiB steps: coarse enough to reuse blocks
+  // across slightly different shapes, fine enough that rounding wastes < 2% of an activation
+  // (2 MiB steps wasted ~20% of a ref_cnn step's memory and broke `dptrain plan`'s estimate).
   constexpr size_t kSmall = 512;
-  constexpr size_t kLarge = 2u << 20;
-  if (bytes < kLarge) return (bytes + kSmall - 1) / kSmall * kSmall;
-  return (bytes + kLarge - 1) / kLarge * kLarge;
+  constexpr size_t kLargeStep = 128u << 10;
+  if (bytes < (1u << 20)) return (bytes + kSmall - 1) / kSmall * kSmall;
+  return (bytes + kLargeStep - 1) / kLargeStep * kLargeStep;
 }
 
 std::shared_ptr<Buffer> CachingAllocator::Allocate(size_t bytes, std::string_view label) {

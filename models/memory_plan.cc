@@ -1,0 +1,111 @@
+// SPDX-License-Identifier: Apache-2.0
+// Memory planning from a set-up model: parameters from the named tensors, activations and
+// workspaces from the layers, plan-held buffers counted once per distinct plan.
+#include "models/memory_plan.h"
+
+#include <fmt/format.h>
+
+#include <set>
+
+#include "runtime/memory/caching_allocator.h"
+
+namespace dptrain {
+
+MemoryPlan PlanMemory(Model& m, int optimizer_slots, LossKind loss, int64_t budget) {
+  MemoryPlan plan;
+  plan.micro_batch = m.max_batch();
+  const int64_t b = plan.micro_batch;
+  std::set<const OpPlan*> seen;
+  int64_t fixed = 0, per_sample = 0;
+  const auto& children = m.net().children();
+  for (size_t i = 0; i < children.size(); ++i) {
+    Layer& l = *children[i];
+    LayerMemory lm;
+    lm.type = l.type();
+    lm.name = l.name().empty() ? fmt::format("{} #{}", lm.type, i) : l.name();
+    std::vector<ParamRef> refs;
+    l.ListParams(&refs);
+    for (const auto& r : refs) {
+      // Aligned like the flat buffer (16 floats).
+      const int64_t bytes = (r.shape.numel() + 15) / 16 * 16 * 4;
+      lm.params += bytes;
+      lm.grads += bytes;
+      lm.optimizer += optimizer_slots * bytes;
+    }
+    std::vector<ParamRef> bufs;
+    l.ListBuffers(&bufs);
+    for (const auto& r : bufs) lm.params += (r.shape.numel() + 15) / 16 * 16 * 4;
+    lm.activations = l.ActivationBytesPerSample() * b;
+    lm.workspace = l.WorkspaceBytes();
+    std::vector<const OpPlan*> plans;
+    l.ListPlans(&plans);
+    for (const OpPlan* p : plans) {
+      if (p != nullptr && seen.insert(p).second)
+        lm.workspace += static_cast<int64_t>(p->held_bytes);
+    }
+    fixed += lm.params + lm.grads + lm.optimizer;
+    // Plan staging buffers are activation-sized: they grow with the batch.
+    per_sample += (lm.activations + lm.workspace) / std::max<int64_t>(b, 1);
+    plan.layers.push_back(lm);
+  }
+  const int64_t outputs = m.output_shape().numel() / std::max<int64_t>(b, 1);
+  const int64_t input = m.input_shape().numel();
+  // Input batch (+ labels or targets), loss probabilities and output gradient.
+  const int64_t other_per_sample = 4 * (input + 1) +
+                                   4 * outputs * (loss == LossKind::kCrossEntropy ? 2 : 1) +
+                                   (loss == LossKind::kMse ? 4 * outputs : 0);
+  const int64_t shared = static_cast<int64_t>(m.backend().SharedWorkspaceBytes());
+  plan.other = other_per_sample * b + shared;
+  plan.fixed = fixed + shared;
+  plan.per_sample = per_sample + other_per_sample;
+  plan.total = plan.fixed + plan.per_sample * b;
+  plan.budget = budget;
+  if (budget > 0 && plan.per_sample > 0) {
+    // Blocks are rounded up by the caching allocator; keep 5% headroom for that.
+    const double usable = static_cast<double>(budget) * 0.95 - static_cast<double>(plan.fixed);
+    plan.max_micro_batch =
+        usable > 0 ? static_cast<int64_t>(usable / static_cast<double>(plan.per_sample)) : 0;
+  }
+  return plan;
+}
+
+std::string MemoryPlan::ToTable() const {
+  auto mb = [](int64_t v) { return fmt::format("{:.2f}", static_cast<double>(v) / (1 << 20)); };
+  std::string s =
+      fmt::format("memory per rank at micro-batch {} ({}), MiB:\n", micro_batch, precision);
+  s += fmt::format("{:<22} {:<11} {:>9} {:>9} {:>9} {:>11} {:>10} {:>9}\n", "layer", "type",
+                   "params", "grads", "optim", "activations", "workspace", "total");
+  for (const auto& l : layers) {
+    s += fmt::format("{:<22} {:<11} {:>9} {:>9} {:>9} {:>11} {:>10} {:>9}\n", l.name, l.type,
+                     mb(l.params), mb(l.grads), mb(l.optimizer), mb(l.activations), mb(l.workspace),
+                     mb(l.total()));
+  }
+  s += fmt::format("{:<22} {:<11} {:>61}\n", "other", "inputs/loss", mb(other));
+  s += fmt::format("{:<22} {:<11} {:>61}\n", "total", "", mb(total));
+  s += fmt::format("fixed {} MiB + {:.1f} KiB per sample\n", mb(fixed),
+                   static_cast<double>(per_sample) / 1024);
+  if (budget > 0) {
+    s += fmt::format("budget {}: the largest micro-batch that fits is {}\n",
+                     FormatBytes(static_cast<size_t>(budget)), max_micro_batch);
+  }
+  return s;
+}
+
+std::string MemoryPlan::ToJson() const {
+  std::string s = fmt::format(
+      "{{\"micro_batch\": {}, \"precision\": \"{}\", \"total_bytes\": {}, \"fixed_bytes\": {}, "
+      "\"per_sample_bytes\": {}, \"other_bytes\": {}, \"budget_bytes\": {}, "
+      "\"max_micro_batch\": {}, \"layers\": [",
+      micro_batch, precision, total, fixed, per_sample, other, budget, max_micro_batch);
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const auto& l = layers[i];
+    s += fmt::format(
+        "{}{{\"name\": \"{}\", \"type\": \"{}\", \"params\": {}, \"grads\": {}, "
+        "\"optimizer\": {}, \"activations\": {}, \"workspace\": {}, \"total\": {}}}",
+        i ? ", " : "", l.name, l.type, l.params, l.grads, l.optimizer, l.activations, l.workspace,
+        l.total());
+  }
+  return s + "]}";
+}
+
+}  // namespace dptrain

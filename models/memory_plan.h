@@ -1,0 +1,43 @@
+// SPDX-License-Identifier: Apache-2.0
+// `dptrain plan`: the device memory one rank needs, per layer (parameters, gradients, optimizer
+// state, activations, workspaces) and in total, at a micro-batch and precision, and the largest
+// micro-batch that fits a budget. Computed from a model set up at that micro-batch, so it counts
+// what the layers and the backend's plans really allocate.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "models/loss.h"
+#include "models/model.h"
+
+namespace dptrain {
+
+struct LayerMemory {
+  std::string name;  // top-level layer name ("conv1") or "<type> #<index>" when unnamed
+  std::string type;
+  int64_t params = 0, grads = 0, optimizer = 0, activations = 0, workspace = 0;  // bytes
+  int64_t total() const { return params + grads + optimizer + activations + workspace; }
+};
+
+struct MemoryPlan {
+  int64_t micro_batch = 0;
+  std::string precision;
+  std::vector<LayerMemory> layers;
+  int64_t other = 0;            // input batch, loss buffers, shared backend workspace
+  int64_t total = 0;            // everything, per rank
+  int64_t fixed = 0;            // the part that does not grow with the micro-batch
+  int64_t per_sample = 0;       // the part that does, per sample
+  int64_t budget = 0;           // memory.limit or the device's capacity; 0 = unknown
+  int64_t max_micro_batch = 0;  // largest micro-batch whose total fits the budget; 0 = unknown
+
+  std::string ToTable() const;
+  std::string ToJson() const;
+};
+
+// `m` must be Setup() at the micro-batch to plan for (it is not modified). optimizer_slots: state
+// tensors per parameter (sgd with momentum 1, adamw 2, plain sgd 0).
+MemoryPlan PlanMemory(Model& m, int optimizer_slots, LossKind loss, int64_t budget);
+
+}  // namespace dptrain

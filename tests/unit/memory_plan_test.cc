@@ -1,0 +1,91 @@
+// SPDX-License-Identifier: Apache-2.0
+// `dptrain plan`'s estimate against the caching allocator's measured peak of real training steps
+// (within 15%), and the largest micro-batch that fits a budget really fits.
+#include "models/memory_plan.h"
+
+#include <gtest/gtest.h>
+
+#include "models/zoo/zoo.h"
+#include "runtime/backend_registry.h"
+#include "runtime/optim/optimizer.h"
+#include "tests/testing/backends.h"
+
+namespace dptrain {
+namespace {
+
+// Peak bytes in use while setting up and running `steps` training steps of `zoo` at batch b.
+int64_t MeasuredPeak(const std::string& zoo, const Shape& in, int64_t b, Precision pr,
+                     MemoryPlan* plan, int64_t budget = 0) {
+  Backend& be = GetBackend("cpu");
+  be.allocator().EmptyCache();
+  const size_t before = be.allocator().stats().in_use;
+  be.allocator().ResetPeak();
+  int64_t peak = 0;
+  {
+    Model m(be, BuildZooModel(be, zoo, 10), in);
+    m.Setup(b, pr);
+    m.InitParams(1);
+    Loss loss(be, LossKind::kCrossEntropy, m.output_shape());
+    OptimizerConfig oc;
+    Optimizer opt(be, oc, m.params());
+    std::vector<int64_t> dims{b};
+    for (int64_t d : in.dims()) dims.push_back(d);
+    Tensor x = testing::ToDevice(
+        be, testing::RandomUniform(static_cast<size_t>(Shape(dims).numel()), 1), Shape(dims));
+    Tensor y = be.Zeros(Shape{b}, DType::kI32, "labels");
+    ForwardContext ctx;
+    ctx.training = true;
+    for (int s = 0; s < 2; ++s) {
+      const Tensor& out = m.Forward(x, ctx);
+      loss.Forward(out, y);
+      m.Backward(loss.Backward(out, y, b), false);
+      opt.Step(&m.params(), m.grads(), 0.01f, 1.f);
+    }
+    *plan = PlanMemory(m, 1, LossKind::kCrossEntropy, budget);
+    peak = static_cast<int64_t>(be.allocator().stats().peak_in_use - before);
+  }
+  return peak;
+}
+
+TEST(MemoryPlanTest, RefCnnEstimateWithin15PercentOfMeasuredPeak) {
+  for (int64_t b : {8, 64, 256}) {
+    MemoryPlan plan;
+    const int64_t peak = MeasuredPeak("ref_cnn", Shape{1, 28, 28}, b, Precision::kF32, &plan);
+    const double err = std::abs(static_cast<double>(plan.total - peak)) / static_cast<double>(peak);
+    EXPECT_LE(err, 0.15) << "batch " << b << ": estimate " << plan.total << " measured " << peak
+                         << "\n"
+                         << plan.ToTable();
+  }
+}
+
+TEST(MemoryPlanTest, ResNet8AndBf16EstimatesWithin15Percent) {
+  MemoryPlan plan;
+  int64_t peak = MeasuredPeak("resnet8", Shape{3, 32, 32}, 32, Precision::kF32, &plan);
+  EXPECT_LE(std::abs(static_cast<double>(plan.total - peak)) / static_cast<double>(peak), 0.15)
+      << "estimate " << plan.total << " measured " << peak << "\n"
+      << plan.ToTable();
+  peak = MeasuredPeak("ref_cnn", Shape{1, 28, 28}, 64, Precision::kBF16, &plan);
+  EXPECT_LE(std::abs(static_cast<double>(plan.total - peak)) / static_cast<double>(peak), 0.15)
+      << "estimate " << plan.total << " measured " << peak << "\n"
+      << plan.ToTable();
+}
+
+TEST(MemoryPlanTest, PerLayerTableNamesLayersAndLargestBatchFits) {
+  MemoryPlan plan;
+  MeasuredPeak("ref_cnn", Shape{1, 28, 28}, 64, Precision::kF32, &plan, int64_t{64} << 20);
+  ASSERT_EQ(plan.layers.size(), 10u);
+  EXPECT_EQ(plan.layers[0].name, "conv1");
+  EXPECT_EQ(plan.layers[7].name, "fc1");
+  EXPECT_EQ(plan.layers[7].params, (3136 * 128 + 128) * 4);
+  EXPECT_GT(plan.max_micro_batch, 0);
+  EXPECT_NE(plan.ToTable().find("largest micro-batch"), std::string::npos);
+  EXPECT_NE(plan.ToJson().find("\"max_micro_batch\""), std::string::npos);
+  // The suggested micro-batch really fits under the budget.
+  MemoryPlan at_max;
+  const int64_t peak =
+      MeasuredPeak("ref_cnn", Shape{1, 28, 28}, plan.max_micro_batch, Precision::kF32, &at_max);
+  EXPECT_LE(peak, int64_t{64} << 20) << "micro-batch " << plan.max_micro_batch;
+}
+
+}  // namespace
+}  // namespace dptrain
