@@ -9,6 +9,7 @@
 #include <cstring>
 #include <vector>
 
+#include "runtime/comm/watchdog.h"
 #include "runtime/error.h"
 
 #define DPT_MPI_CHECK(expr)                                                               \
@@ -76,6 +77,7 @@ class MpiHandle final : public CommHandle {
   }
   void Wait() override {
     if (req_ == MPI_REQUEST_NULL) return;
+    Watchdog::Scope scope("allreduce (gradient bucket)");
     DPT_MPI_CHECK(MPI_Wait(&req_, MPI_STATUS_IGNORE));
     ScaleForAvg(&t_, op_, size_);
   }
@@ -114,6 +116,7 @@ class MpiCommunicator final : public Communicator {
   void AllReduce(Tensor* t, ReduceOp op) override {
     CheckHost(*t);
     if (t->numel() == 0) return;
+    Watchdog::Scope scope("allreduce");
     DPT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, t->raw(), static_cast<int>(t->numel()),
                                 MpiType(t->dtype()), MpiOp(op), comm_));
     ScaleForAvg(t, op, size_);
@@ -135,6 +138,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   void AllGather(const Tensor& in, Tensor* out) override {
+    Watchdog::Scope scope("allgather");
     CheckHost(in);
     CheckHost(*out);
     DPT_CHECK(out->bytes() == in.bytes() * static_cast<size_t>(size_));
@@ -142,7 +146,10 @@ class MpiCommunicator final : public Communicator {
                                 static_cast<int>(in.bytes()), MPI_BYTE, comm_));
   }
 
-  void Barrier() override { DPT_MPI_CHECK(MPI_Barrier(comm_)); }
+  void Barrier() override {
+    Watchdog::Scope scope("barrier");
+    DPT_MPI_CHECK(MPI_Barrier(comm_));
+  }
 
   std::unique_ptr<Communicator> Split(int color) override {
     MPI_Comm sub = MPI_COMM_NULL;
@@ -152,16 +159,19 @@ class MpiCommunicator final : public Communicator {
   }
 
   void AllReduceHost(double* values, int count, ReduceOp op) override {
+    Watchdog::Scope scope("allreduce (metrics)");
     DPT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, values, count, MPI_DOUBLE, MpiOp(op), comm_));
     if (op == ReduceOp::kAvg) {
       for (int i = 0; i < count; ++i) values[i] /= size_;
     }
   }
   void AllReduceHost(int64_t* values, int count, ReduceOp op) override {
+    Watchdog::Scope scope("allreduce (agreement)");
     DPT_CHECK(op != ReduceOp::kAvg) << "average of integers";
     DPT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, values, count, MPI_INT64_T, MpiOp(op), comm_));
   }
   void BroadcastHost(void* data, size_t bytes, int root) override {
+    Watchdog::Scope scope("broadcast");
     // MPI counts are int: send large buffers in pieces.
     constexpr size_t kPiece = size_t{1} << 30;
     for (size_t off = 0; off < bytes; off += kPiece) {
@@ -170,6 +180,7 @@ class MpiCommunicator final : public Communicator {
     }
   }
   std::vector<std::string> AllGatherStrings(const std::string& mine) override {
+    Watchdog::Scope scope("allgather (strings)");
     int len = static_cast<int>(mine.size());
     std::vector<int> lens(static_cast<size_t>(size_));
     DPT_MPI_CHECK(MPI_Allgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, comm_));
@@ -199,13 +210,17 @@ class MpiCommunicator final : public Communicator {
 
 MpiSession::MpiSession(int* argc, char*** argv) {
   int provided = 0;
-  DPT_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided));
+  // MULTIPLE: the collective watchdog's monitor thread receives arrival reports while the main
+  // thread is inside a collective. FUNNELED would do for everything else.
+  DPT_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided));
+  thread_multiple_ = provided >= MPI_THREAD_MULTIPLE;
   // Errors come back as return codes so they become typed exceptions (and then MPI_Abort in
   // main) instead of an abort deep inside the library.
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
 }
 
 MpiSession::~MpiSession() {
+  Watchdog::Stop();
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized) MPI_Finalize();

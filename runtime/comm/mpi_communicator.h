@@ -10,8 +10,9 @@
 
 namespace dptrain {
 
-// Initialises MPI (thread level FUNNELED: only the main thread calls MPI) and finalises it on
-// destruction. A process run without mpirun becomes a world of one (MPI singleton).
+// Initialises MPI (thread level MULTIPLE when available: the collective watchdog's thread talks
+// to rank 0) and finalises it on destruction (stopping the watchdog first). A process run
+// without mpirun becomes a world of one (MPI singleton).
 class MpiSession {
  public:
   MpiSession(int* argc, char*** argv);
@@ -26,6 +27,10 @@ class MpiSession {
   // MPI_Abort(MPI_COMM_WORLD, code) when MPI is up; never returns.
   [[noreturn]] static void Abort(int code);
   static std::string LibraryVersion();
+  bool thread_multiple() const { return thread_multiple_; }
+
+ private:
+  bool thread_multiple_ = false;
 };
 
 }  // namespace dptrain

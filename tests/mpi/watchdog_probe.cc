@@ -1,0 +1,29 @@
+// SPDX-License-Identifier: Apache-2.0
+// A job that hangs on purpose: rank `argv[1]` sleeps through a barrier that every other rank
+// enters. Run by watchdog_test.sh, which expects the watchdog to fire within its timeout, name
+// the missing rank, and end the whole job with exit code 5.
+#include <unistd.h>
+
+#include <cstdlib>
+
+#include "runtime/comm/mpi_communicator.h"
+#include "runtime/comm/watchdog.h"
+#include "runtime/error.h"
+
+int main(int argc, char** argv) {
+  using namespace dptrain;
+  MpiSession mpi(&argc, &argv);
+  auto world = mpi.World();
+  SetProcessContext({world->rank(), world->size(), "probe"});
+  const int hang_rank = argc > 1 ? std::atoi(argv[1]) : 1;
+  const double timeout = argc > 2 ? std::atof(argv[2]) : 2.0;
+  Watchdog::Start(timeout, mpi.thread_multiple());
+  for (int step = 0; step < 3; ++step) {
+    Watchdog::SetStep(step);
+    world->Barrier();
+  }
+  Watchdog::SetStep(3);
+  if (world->rank() == hang_rank) sleep(60);  // a stuck rank (as if SIGSTOPped)
+  world->Barrier();
+  return 0;
+}
