@@ -501,6 +501,8 @@ void ConfigParser::ApplySet(const std::string& item) {
     }
     (*ref)(cfg_) = s;
     origin_[key] = where;
+    // Choosing a zoo model on the command line replaces a layer list from the file.
+    if (key == "model.name" && !s.empty()) cfg_.model.layers.clear();
     return;
   }
 

@@ -53,6 +53,8 @@ class Layer {
   Layer& operator=(const Layer&) = delete;
 
   const std::string& name() const { return name_; }
+  // For messages and memory reports: the name, or the type for unnamed layers ("relu").
+  std::string label() const { return name_.empty() ? type() : name_; }
   virtual std::string type() const = 0;
 
   // Prepares for inputs of shape `in` (dimension 0 = the largest batch); returns the output

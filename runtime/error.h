@@ -110,14 +110,18 @@ struct Raise {
   ::dptrain::detail::Raise() & ::dptrain::detail::ErrorStream<Type>(__FILE__, __LINE__, "")
 
 // Throws `Type` unless cond holds: DPT_CHECK_AS(DataError, n > 0) << "empty dataset " << path;
+// For errors users meet: the message is what they read, so the expression is not printed.
 #define DPT_CHECK_AS(Type, cond) \
   if (cond) {                    \
   } else                         \
-    ::dptrain::detail::Raise() & \
-        ::dptrain::detail::ErrorStream<Type>(__FILE__, __LINE__, "check failed: " #cond)
+    ::dptrain::detail::Raise() & ::dptrain::detail::ErrorStream<Type>(__FILE__, __LINE__, "")
 
-// Internal invariant: a failure is a bug (exit 70).
-#define DPT_CHECK(cond) DPT_CHECK_AS(::dptrain::InternalError, cond)
+// Internal invariant: a failure is a bug (exit 70); the failing expression is printed.
+#define DPT_CHECK(cond)                                                                    \
+  if (cond) {                                                                              \
+  } else                                                                                   \
+    ::dptrain::detail::Raise() & ::dptrain::detail::ErrorStream<::dptrain::InternalError>( \
+                                     __FILE__, __LINE__, "check failed: " #cond)
 
 #ifdef NDEBUG
 #define DPT_DCHECK(cond) \

@@ -10,8 +10,8 @@ namespace dptrain {
 
 Shape Relu::Setup(const Shape& in, const SetupOptions& opts) {
   per_sample_ = in.numel() / in[0];
-  out_ = backend_.Empty(in, DType::kF32, name_ + " output");
-  if (opts.need_dx) dx_buf_ = backend_.Empty(in, DType::kF32, name_ + " input gradient");
+  out_ = backend_.Empty(in, DType::kF32, label() + " output");
+  if (opts.need_dx) dx_buf_ = backend_.Empty(in, DType::kF32, label() + " input gradient");
   return in;
 }
 
@@ -50,8 +50,8 @@ Shape Dropout::Setup(const Shape& in, const SetupOptions& opts) {
       << "dropout '" << name_ << "': p = " << p_ << " must be in [0, 1)";
   per_sample_ = in.numel() / in[0];
   salt_ = std::hash<std::string>{}(name_);
-  out_ = backend_.Empty(in, DType::kF32, name_ + " output");
-  if (opts.need_dx) dx_buf_ = backend_.Empty(in, DType::kF32, name_ + " input gradient");
+  out_ = backend_.Empty(in, DType::kF32, label() + " output");
+  if (opts.need_dx) dx_buf_ = backend_.Empty(in, DType::kF32, label() + " input gradient");
   return in;
 }
 

@@ -12,10 +12,10 @@ Shape BatchNorm::Setup(const Shape& in, const SetupOptions& opts) {
   channels_ = in[1];
   per_sample_ = in.numel() / in[0];
   need_dx_ = opts.need_dx;
-  save_mean_ = backend_.Empty(Shape{channels_}, DType::kF32, name_ + " saved mean");
-  save_invstd_ = backend_.Empty(Shape{channels_}, DType::kF32, name_ + " saved invstd");
-  out_ = backend_.Empty(in, DType::kF32, name_ + " output");
-  if (need_dx_) dx_buf_ = backend_.Empty(in, DType::kF32, name_ + " input gradient");
+  save_mean_ = backend_.Empty(Shape{channels_}, DType::kF32, label() + " saved mean");
+  save_invstd_ = backend_.Empty(Shape{channels_}, DType::kF32, label() + " saved invstd");
+  out_ = backend_.Empty(in, DType::kF32, label() + " output");
+  if (need_dx_) dx_buf_ = backend_.Empty(in, DType::kF32, label() + " input gradient");
   return in;
 }
 

@@ -20,17 +20,20 @@ Shape Conv2d::Setup(const Shape& in, const SetupOptions& opts) {
       << "conv2d '" << name_ << "' needs (N, C, H, W) input, got " << in.ToString();
   desc_ = Conv2dDesc{in[0],   in[1],   in[2], in[3], out_channels_, kernel_,
                      kernel_, stride_, pad_,  bias_, opts.precision};
-  DPT_CHECK_AS(ConfigError, desc_.out_h() > 0 && desc_.out_w() > 0)
+  DPT_CHECK_AS(ConfigError, kernel_ <= in[2] + 2 * pad_ && kernel_ <= in[3] + 2 * pad_ &&
+                                desc_.out_h() > 0 && desc_.out_w() > 0)
       << "conv2d '" << name_ << "': kernel " << kernel_ << " with pad " << pad_
       << " does not fit input " << in.ToString();
   if (!backend_.Supports(desc_)) {
-    DPT_THROW(UnsupportedError) << backend_.name() << ": " << desc_.ToString();
+    DPT_THROW(UnsupportedError) << "the " << backend_.name() << " backend does not support "
+                                << desc_.ToString() << " (layer '" << label()
+                                << "'); hint: on CPU use train.precision = \"fp32\" or \"bf16\"";
   }
   need_dx_ = opts.need_dx;
   plan_ = backend_.PrepareConv2d(desc_);
   const Shape out{in[0], out_channels_, desc_.out_h(), desc_.out_w()};
-  out_ = backend_.Empty(out, DType::kF32, name_ + " output");
-  if (need_dx_) dx_buf_ = backend_.Empty(in, DType::kF32, name_ + " input gradient");
+  out_ = backend_.Empty(out, DType::kF32, label() + " output");
+  if (need_dx_) dx_buf_ = backend_.Empty(in, DType::kF32, label() + " input gradient");
   return out;
 }
 

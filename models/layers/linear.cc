@@ -15,13 +15,15 @@ Shape Linear::Setup(const Shape& in, const SetupOptions& opts) {
       << "; hint: put a flatten layer before it";
   desc_ = LinearDesc{in[0], in[1], out_features_, bias_, opts.precision};
   if (!backend_.Supports(desc_)) {
-    DPT_THROW(UnsupportedError) << backend_.name() << ": " << desc_.ToString();
+    DPT_THROW(UnsupportedError) << "the " << backend_.name() << " backend does not support "
+                                << desc_.ToString() << " (layer '" << label()
+                                << "'); hint: on CPU use train.precision = \"fp32\" or \"bf16\"";
   }
   need_dx_ = opts.need_dx;
   plan_ = backend_.PrepareLinear(desc_);
   const Shape out{in[0], out_features_};
-  out_ = backend_.Empty(out, DType::kF32, name_ + " output");
-  if (need_dx_) dx_buf_ = backend_.Empty(in, DType::kF32, name_ + " input gradient");
+  out_ = backend_.Empty(out, DType::kF32, label() + " output");
+  if (need_dx_) dx_buf_ = backend_.Empty(in, DType::kF32, label() + " input gradient");
   return out;
 }
 

@@ -22,19 +22,22 @@ Shape Pool2d::Setup(const Shape& in, const SetupOptions& opts) {
     stride = in[2];
   }
   desc_ = PoolDesc{kind_, in[0], in[1], in[2], in[3], kernel, stride == 0 ? kernel : stride, pad_};
-  DPT_CHECK_AS(ConfigError, desc_.out_h() > 0 && desc_.out_w() > 0 && pad_ * 2 <= kernel)
+  DPT_CHECK_AS(ConfigError, kernel <= in[2] + 2 * pad_ && kernel <= in[3] + 2 * pad_ &&
+                                desc_.out_h() > 0 && desc_.out_w() > 0 && pad_ * 2 <= kernel)
       << type() << " '" << name_ << "': kernel " << kernel << " pad " << pad_
       << " does not fit input " << in.ToString();
   if (!backend_.Supports(desc_))
-    DPT_THROW(UnsupportedError) << backend_.name() << ": " << desc_.ToString();
+    DPT_THROW(UnsupportedError) << "the " << backend_.name() << " backend does not support "
+                                << desc_.ToString() << " (layer '" << label()
+                                << "'); hint: on CPU use train.precision = \"fp32\" or \"bf16\"";
   need_dx_ = opts.need_dx;
   plan_ = backend_.PreparePool(desc_);
   const Shape out{in[0], in[1], desc_.out_h(), desc_.out_w()};
-  out_ = backend_.Empty(out, DType::kF32, name_ + " output");
-  if (need_dx_) dx_buf_ = backend_.Empty(in, DType::kF32, name_ + " input gradient");
+  out_ = backend_.Empty(out, DType::kF32, label() + " output");
+  if (need_dx_) dx_buf_ = backend_.Empty(in, DType::kF32, label() + " input gradient");
   if (plan_->workspace_bytes > 0) {
     ws_ = backend_.Empty(Shape{static_cast<int64_t>(plan_->workspace_bytes)}, DType::kU8,
-                         name_ + " workspace");
+                         label() + " workspace");
   }
   return out;
 }

@@ -82,8 +82,8 @@ Shape Residual::Setup(const Shape& in, const SetupOptions& opts) {
                                     << a.ToString() << " but shortcut gives " << b.ToString();
   need_dx_ = opts.need_dx;
   per_sample_ = a.numel() / a[0];
-  out_ = backend_.Empty(a, DType::kF32, name_ + " output");
-  if (need_dx_) dx_buf_ = backend_.Empty(in, DType::kF32, name_ + " input gradient");
+  out_ = backend_.Empty(a, DType::kF32, label() + " output");
+  if (need_dx_) dx_buf_ = backend_.Empty(in, DType::kF32, label() + " input gradient");
   return a;
 }
 

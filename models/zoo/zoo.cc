@@ -128,8 +128,9 @@ std::unique_ptr<Sequential> BuildFromLayers(Backend& be, const std::vector<Layer
     } else if (l.type == "relu") {
       Push<Relu>(*s, be, name);
     } else if (l.type == "maxpool" || l.type == "avgpool") {
+      // The config gives pools stride = kernel unless written; 0 here means "as the kernel".
       const int64_t k = l.kernel == 0 ? 2 : l.kernel;
-      const int64_t stride = l.stride <= 1 && l.kernel != 0 ? k : l.stride;
+      const int64_t stride = l.stride > 0 ? l.stride : k;
       Push<Pool2d>(*s, be, name, l.type == "maxpool" ? PoolKind::kMax : PoolKind::kAvg, k, stride,
                    l.pad);
     } else if (l.type == "batchnorm") {

@@ -58,6 +58,8 @@ class CachingAllocator {
   void set_budget(size_t bytes);
   size_t budget() const { return budget_; }
   Device device() const { return raw_->device(); }
+  // The device's physical capacity in bytes (0 = unknown, e.g. host memory).
+  size_t Capacity() const { return raw_->Capacity(); }
   // Multi-line description of the state: stats, budget, the largest live buffers.
   std::string Report(size_t top = 5) const;
 
