@@ -313,12 +313,20 @@ Hdf5Dataset::Block Hdf5Dataset::GetBlock(int64_t b) {
       return it->second.first;
     }
   }
-  // Miss: read outside our lock (HDF5 serialises internally); two threads missing the same
-  // block both read it, and the second insert is dropped.
+  // Miss: read outside our lock (a thread-safe HDF5 serialises internally); two threads missing
+  // the same block both read it, and the second insert is dropped. An HDF5 built without
+  // thread safety gets one process-wide lock around the read instead.
   const int64_t first = b * block_rows_;
   const int64_t rows = std::min(block_rows_, info_.size - first);
   auto data = std::make_shared<std::vector<uint8_t>>(static_cast<size_t>(rows) * sample_bytes_);
   {
+    static std::mutex unsafe_library_mu;
+    static const bool threadsafe = [] {
+      hbool_t ts = 0;
+      return H5is_library_threadsafe(&ts) >= 0 && ts > 0;
+    }();
+    std::unique_lock<std::mutex> serial(unsafe_library_mu, std::defer_lock);
+    if (!threadsafe) serial.lock();
     h5::ScopedSilence silence;
     ReadRows(first, rows, data->data());
   }
