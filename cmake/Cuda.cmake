@@ -36,7 +36,9 @@ if(NOT DPTRAIN_WITH_CUDA STREQUAL "OFF")
     set(DPTRAIN_CUDA_SUMMARY "off (not found: ${_missing})")
   else()
     enable_language(CUDA)
-    set(CMAKE_CUDA_STANDARD 20)
+    # CMake 3.25 knows nvcc's dialects only up to C++17 (CUDA20 fails at generate time); the .cu
+    # files are C++17 and include only C++17-clean headers (runtime/elementwise.h, error.h).
+    set(CMAKE_CUDA_STANDARD 17)
     set(CMAKE_CUDA_STANDARD_REQUIRED ON)
     set(DPTRAIN_HAS_CUDA 1)
     set(DPTRAIN_CUDA_SUMMARY "on: CUDA ${CUDAToolkit_VERSION}, cuDNN ${CUDNN_VERSION}, NCCL ${NCCL_VERSION}, archs ${CMAKE_CUDA_ARCHITECTURES}")

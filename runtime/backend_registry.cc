@@ -8,10 +8,16 @@
 #include "runtime/cpu/cpu_backend.h"
 #include "runtime/error.h"
 #if DPTRAIN_HAS_CUDA
+#include "runtime/comm/nccl_communicator.h"
 #include "runtime/cuda/cuda_backend.h"
 #endif
 
 namespace dptrain {
+namespace {
+#if DPTRAIN_HAS_CUDA
+int g_cuda_ordinal = 0;  // set by SelectDevice before the CUDA backend exists
+#endif
+}  // namespace
 
 std::vector<std::string> BuiltBackends() {
 #if DPTRAIN_HAS_CUDA
@@ -41,10 +47,60 @@ Backend& GetBackend(const std::string& name) {
   std::string why;
   if (!BackendAvailable(name, &why)) DPT_THROW(UnsupportedError) << why;
 #if DPTRAIN_HAS_CUDA
-  static auto* cuda_backend = cuda::CreateCudaBackend().release();
+  static auto* cuda_backend = cuda::CreateCudaBackend(g_cuda_ordinal).release();
   return *cuda_backend;
 #else
   DPT_THROW(UnsupportedError) << "backend '" << name << "' is not built into this binary";
+#endif
+}
+
+void SelectDevice(const std::string& name, int ordinal) {
+#if DPTRAIN_HAS_CUDA
+  if (name == "cuda") g_cuda_ordinal = ordinal;
+#else
+  (void)name;
+  (void)ordinal;
+#endif
+}
+
+std::optional<DeviceInfo> BackendDevice(const Backend& backend) {
+#if DPTRAIN_HAS_CUDA
+  if (backend.device() == Device::kCuda) {
+    const cuda::DeviceIdentity id = cuda::IdentityOf(backend);
+    return DeviceInfo{id.ordinal, id.name, id.uuid, id.pci_bus_id, id.memory_total};
+  }
+#else
+  (void)backend;
+#endif
+  return std::nullopt;
+}
+
+std::vector<std::pair<std::string, std::string>> BackendLibraryVersions() {
+  std::vector<std::pair<std::string, std::string>> out{{"oneDNN", cpu::OneDnnVersion()}};
+#if DPTRAIN_HAS_CUDA
+  for (auto& v : cuda::LibraryVersions()) out.push_back(std::move(v));
+#endif
+  return out;
+}
+
+std::unique_ptr<Communicator> CreateDeviceCommunicator(Backend& backend, Communicator& control,
+                                                       double timeout_s) {
+#if DPTRAIN_HAS_CUDA
+  if (backend.device() == Device::kCuda) {
+    return CreateNcclCommunicator(backend, control, timeout_s);
+  }
+#else
+  (void)control;
+  (void)timeout_s;
+#endif
+  DPT_CHECK(backend.device() == Device::kCpu)
+      << "no device communicator for backend '" << backend.name() << "'";
+  return nullptr;
+}
+
+void AbortDeviceCommunicators() noexcept {
+#if DPTRAIN_HAS_CUDA
+  AbortNcclCommunicators();
 #endif
 }
 

@@ -3,10 +3,15 @@
 // tests/testing/backends.cc) that knows whether CUDA was compiled in.
 #pragma once
 
+#include <cstddef>
+#include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "runtime/backend.h"
+#include "runtime/comm/communicator.h"
 
 namespace dptrain {
 
@@ -17,5 +22,36 @@ bool BackendAvailable(const std::string& name, std::string* why);
 // The process-wide backend (created on first use, lives until exit). Throws UnsupportedError
 // naming the reason when it is not available.
 Backend& GetBackend(const std::string& name);
+
+// Which device of its kind GetBackend(name) will use when it first creates the backend: the CUDA
+// device ordinal chosen by the launcher's binding (0 under remap). Call before GetBackend(name);
+// ignored for "cpu" and for backends that are not built.
+void SelectDevice(const std::string& name, int ordinal);
+
+// The physical device a backend runs on, for the binding table and the uniqueness check.
+struct DeviceInfo {
+  int ordinal = 0;
+  std::string name;        // "NVIDIA H100 80GB HBM3"
+  std::string uuid;        // "GPU-8f6c1a2e-..."
+  std::string pci_bus_id;  // "0000:1B:00.0"
+  size_t memory_total = 0;
+};
+// nullopt for the CPU backend.
+std::optional<DeviceInfo> BackendDevice(const Backend& backend);
+
+// (library, version) of every library the built backends use: oneDNN; with CUDA also the CUDA
+// runtime and driver, cuDNN, cuBLAS and NCCL. Needs no GPU and creates no CUDA context.
+std::vector<std::pair<std::string, std::string>> BackendLibraryVersions();
+
+// A communicator for `backend`'s device memory over the ranks of `control`: NCCL for "cuda"
+// (runtime/comm/nccl_communicator.h), collectives bounded by `timeout_s`. nullptr for "cpu":
+// there `control` (MPI on host memory) is the device communicator. Collective over `control`,
+// which must outlive the result.
+std::unique_ptr<Communicator> CreateDeviceCommunicator(Backend& backend, Communicator& control,
+                                                       double timeout_s);
+
+// Aborts every device communicator of this process (main's error path, before MPI_Abort, so
+// peers are not left spinning in NCCL kernels). Never throws.
+void AbortDeviceCommunicators() noexcept;
 
 }  // namespace dptrain

@@ -852,4 +852,9 @@ double CpuBackend::SumSquares(const Tensor& t) {
   return sum;
 }
 
+std::string OneDnnVersion() {
+  const dnnl_version_t* v = dnnl_version();
+  return std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch);
+}
+
 }  // namespace dptrain::cpu

@@ -90,4 +90,7 @@ class CpuBackend final : public Backend {
   std::unique_ptr<Impl> impl_;
 };
 
+// The oneDNN library this binary runs with, "2.6.3" (for `dptrain info`).
+std::string OneDnnVersion();
+
 }  // namespace dptrain::cpu

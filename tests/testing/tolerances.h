@@ -29,6 +29,10 @@ inline constexpr Tolerance kF16Tol{5e-3, 5e-3};
 inline constexpr Tolerance kDoubleAccumTol{1e-9, 1e-9};
 // Equality up to at most a couple of f32 ulps (copies, identity dropout, exact scalings).
 inline constexpr Tolerance kExactTol{0.0, 2.5e-7};
+// A whole model's forward and backward (or a few training steps) on two fp32 backends, or on one
+// GPU vs several: every layer sums in its own order (cuDNN algorithms, GEMM blockings, allreduce
+// order) and the differences compound through the layers.
+inline constexpr Tolerance kCrossBackendTol{1e-4, 1e-3};
 
 // Base tolerance of one output element computed in `p`.
 inline Tolerance ForPrecision(Precision p) {

@@ -1,0 +1,601 @@
+// SPDX-License-Identifier: Apache-2.0
+// Device binding: NVML inventory through dlopen, the pure choice of a device per local rank, the
+// environment changes that apply it, and the after-binding uniqueness check.
+#include "launcher/device_binding.h"
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <sstream>
+
+#include "launcher/config.h"
+#include "runtime/backend_registry.h"
+#include "runtime/error.h"
+#include "runtime/memory/caching_allocator.h"
+
+namespace dptrain {
+namespace {
+
+// ---- NVML ABI (nvml.h is not installed here; these are the documented C declarations) ----------
+using NvmlReturn = int;  // nvmlReturn_t; NVML_SUCCESS = 0
+using NvmlDevice = struct NvmlDeviceSt*;
+constexpr NvmlReturn kNvmlSuccess = 0;
+constexpr unsigned kNvmlNameBuffer = 96;  // NVML_DEVICE_NAME_V2_BUFFER_SIZE
+constexpr unsigned kNvmlUuidBuffer = 96;  // >= NVML_DEVICE_UUID_V2_BUFFER_SIZE (96)
+constexpr unsigned kNvmlDriverBuffer = 80;
+struct NvmlPciInfoV3 {  // nvmlPciInfo_t as filled by nvmlDeviceGetPciInfo_v3
+  char bus_id_legacy[16];
+  unsigned domain, bus, device, pci_device_id, pci_subsystem_id;
+  char bus_id[32];
+};
+struct NvmlMemory {  // nvmlMemory_t (v1)
+  unsigned long long total, free, used;
+};
+
+std::string Trim(std::string_view s) {
+  size_t b = 0, e = s.size();
+  while (b < e && std::isspace(static_cast<unsigned char>(s[b]))) ++b;
+  while (e > b && std::isspace(static_cast<unsigned char>(s[e - 1]))) --e;
+  return std::string(s.substr(b, e - b));
+}
+
+std::string Join(const std::vector<std::string>& v) {
+  std::string out;
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? "," : "") + v[i];
+  return out;
+}
+
+enum class EntryKind { kIndex, kUuid, kMig, kHide, kBad };
+
+bool IsDigits(std::string_view s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) {
+    return std::isdigit(static_cast<unsigned char>(c));
+  });
+}
+
+EntryKind Classify(std::string_view e) {
+  if (IsDigits(e)) return e.size() <= 6 ? EntryKind::kIndex : EntryKind::kBad;
+  if (e.size() > 1 && e[0] == '-' && IsDigits(e.substr(1))) return EntryKind::kHide;
+  auto tail_ok = [](std::string_view t, bool slashes) {
+    return !t.empty() && std::all_of(t.begin(), t.end(), [&](char c) {
+      return std::isxdigit(static_cast<unsigned char>(c)) || c == '-' ||
+             (slashes && (std::isalnum(static_cast<unsigned char>(c)) || c == '/'));
+    });
+  };
+  if (e.substr(0, 4) == "GPU-" && tail_ok(e.substr(4), false)) return EntryKind::kUuid;
+  // MIG-<uuid> (CUDA 11.4+) or the older MIG-GPU-<uuid>/<gi>/<ci>.
+  if (e.substr(0, 4) == "MIG-" && tail_ok(e.substr(4), true)) return EntryKind::kMig;
+  return EntryKind::kBad;
+}
+
+// Splits and validates a device list. `what` names it in messages ("CUDA_VISIBLE_DEVICES='0,1'").
+std::vector<std::string> ParseList(const std::string& text, const std::string& what,
+                                   bool allow_hide) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (true) {
+    const size_t comma = text.find(',', start);
+    const std::string e = Trim(std::string_view(text).substr(
+        start, comma == std::string::npos ? std::string::npos : comma - start));
+    if (e.empty()) {
+      DPT_THROW(ConfigError) << what << ": empty entry (expected a comma-separated list such as "
+                             << "0,1 or GPU-<uuid>,GPU-<uuid>)";
+    }
+    switch (Classify(e)) {
+      case EntryKind::kBad:
+        DPT_THROW(ConfigError) << what << ": entry '" << e
+                               << "' is neither a GPU index (0, 1, ...), a GPU UUID (GPU-...) "
+                               << "nor a MIG id (MIG-...); nvidia-smi -L lists them";
+      case EntryKind::kHide:
+        if (!allow_hide || !out.empty()) {
+          DPT_THROW(ConfigError) << what << ": entry '" << e << "' is not a device"
+                                 << (allow_hide ? " (CUDA ignores every entry after it)" : "");
+        }
+        break;
+      default:
+        break;
+    }
+    if (std::find(out.begin(), out.end(), e) != out.end()) {
+      DPT_THROW(ConfigError) << what << ": '" << e << "' is listed twice";
+    }
+    out.push_back(e);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+void CheckIndexExists(const std::string& e, const BindingRequest& r, const std::string& what) {
+  if (Classify(e) != EntryKind::kIndex || !r.device_count) return;
+  const int idx = std::atoi(e.c_str());
+  if (idx >= *r.device_count) {
+    DPT_THROW(ConfigError) << what << ": GPU " << idx << " does not exist: this host has "
+                           << *r.device_count << " GPU" << (*r.device_count == 1 ? "" : "s")
+                           << (*r.device_count > 0
+                                   ? " (0-" + std::to_string(*r.device_count - 1) + ")"
+                                   : std::string())
+                           << "; nvidia-smi -L lists them";
+  }
+}
+
+bool Truthy(const char* v) {
+  if (v == nullptr) return false;
+  std::string s = Trim(v);
+  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s == "1" || s == "true" || s == "yes" || s == "on";
+}
+
+}  // namespace
+
+// ---- NVML inventory ---------------------------------------------------------------------------
+
+GpuInventory ProbeGpus() {
+  GpuInventory inv;
+  void* lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (lib == nullptr) {
+    const char* err = dlerror();
+    inv.why =
+        std::string("no NVIDIA driver (") + (err != nullptr ? err : "libnvidia-ml.so.1") + ")";
+    return inv;
+  }
+  auto sym = [&](const char* name) { return dlsym(lib, name); };
+  using InitFn = NvmlReturn (*)();
+  using ErrFn = const char* (*)(NvmlReturn);
+  using CountFn = NvmlReturn (*)(unsigned*);
+  using HandleFn = NvmlReturn (*)(unsigned, NvmlDevice*);
+  using StrFn = NvmlReturn (*)(NvmlDevice, char*, unsigned);
+  using PciFn = NvmlReturn (*)(NvmlDevice, NvmlPciInfoV3*);
+  using MemFn = NvmlReturn (*)(NvmlDevice, NvmlMemory*);
+  using DrvFn = NvmlReturn (*)(char*, unsigned);
+  using CudaDrvFn = NvmlReturn (*)(int*);
+  auto init = reinterpret_cast<InitFn>(sym("nvmlInit_v2"));
+  auto shutdown = reinterpret_cast<InitFn>(sym("nvmlShutdown"));
+  auto error_string = reinterpret_cast<ErrFn>(sym("nvmlErrorString"));
+  auto count_fn = reinterpret_cast<CountFn>(sym("nvmlDeviceGetCount_v2"));
+  auto handle_fn = reinterpret_cast<HandleFn>(sym("nvmlDeviceGetHandleByIndex_v2"));
+  auto name_fn = reinterpret_cast<StrFn>(sym("nvmlDeviceGetName"));
+  auto uuid_fn = reinterpret_cast<StrFn>(sym("nvmlDeviceGetUUID"));
+  auto pci_fn = reinterpret_cast<PciFn>(sym("nvmlDeviceGetPciInfo_v3"));
+  auto mem_fn = reinterpret_cast<MemFn>(sym("nvmlDeviceGetMemoryInfo"));
+  auto drv_fn = reinterpret_cast<DrvFn>(sym("nvmlSystemGetDriverVersion"));
+  auto cuda_drv_fn = reinterpret_cast<CudaDrvFn>(sym("nvmlSystemGetCudaDriverVersion_v2"));
+  if (cuda_drv_fn == nullptr) {
+    cuda_drv_fn = reinterpret_cast<CudaDrvFn>(sym("nvmlSystemGetCudaDriverVersion"));
+  }
+  auto describe = [&](NvmlReturn rc) {
+    return error_string != nullptr ? std::string(error_string(rc))
+                                   : "NVML error " + std::to_string(rc);
+  };
+  if (init == nullptr || shutdown == nullptr || count_fn == nullptr || handle_fn == nullptr) {
+    inv.why = "libnvidia-ml.so.1 lacks the NVML functions dptrain needs (driver too old?)";
+    dlclose(lib);
+    return inv;
+  }
+  if (const NvmlReturn rc = init(); rc != kNvmlSuccess) {
+    inv.why = "NVML cannot start: " + describe(rc);
+    dlclose(lib);
+    return inv;
+  }
+  unsigned count = 0;
+  if (const NvmlReturn rc = count_fn(&count); rc != kNvmlSuccess) {
+    inv.why = "NVML cannot count the GPUs: " + describe(rc);
+  } else {
+    inv.available = true;
+    char buf[kNvmlDriverBuffer] = {0};
+    if (drv_fn != nullptr && drv_fn(buf, sizeof buf) == kNvmlSuccess) inv.driver_version = buf;
+    int v = 0;
+    if (cuda_drv_fn != nullptr && cuda_drv_fn(&v) == kNvmlSuccess) inv.cuda_driver_version = v;
+    for (unsigned i = 0; i < count; ++i) {
+      GpuInfo g;
+      g.index = static_cast<int>(i);
+      NvmlDevice dev = nullptr;
+      if (handle_fn(i, &dev) != kNvmlSuccess) {
+        g.name = "(not accessible)";
+        inv.gpus.push_back(g);
+        continue;
+      }
+      char name[kNvmlNameBuffer] = {0};
+      if (name_fn != nullptr && name_fn(dev, name, sizeof name) == kNvmlSuccess) g.name = name;
+      char uuid[kNvmlUuidBuffer] = {0};
+      if (uuid_fn != nullptr && uuid_fn(dev, uuid, sizeof uuid) == kNvmlSuccess) g.uuid = uuid;
+      NvmlPciInfoV3 pci{};
+      if (pci_fn != nullptr && pci_fn(dev, &pci) == kNvmlSuccess) {
+        pci.bus_id[sizeof pci.bus_id - 1] = '\0';
+        g.pci_bus_id = pci.bus_id;
+      }
+      NvmlMemory mem{};
+      if (mem_fn != nullptr && mem_fn(dev, &mem) == kNvmlSuccess) {
+        g.memory_total = mem.total;
+        g.memory_used = mem.used;
+      }
+      inv.gpus.push_back(g);
+    }
+  }
+  shutdown();
+  dlclose(lib);
+  return inv;
+}
+
+// ---- the pure decision ------------------------------------------------------------------------
+
+BindingPolicy ParseBindingPolicy(std::string_view text) {
+  if (text == "remap") return BindingPolicy::kRemap;
+  if (text == "set-device") return BindingPolicy::kSetDevice;
+  DPT_THROW(ConfigError) << "dist.device_binding must be one of \"remap\", \"set-device\", got \""
+                         << text << "\"";
+}
+
+bool VisibleDevicesHideAll(const std::optional<std::string>& v) {
+  if (!v) return false;
+  const std::string t = Trim(*v);
+  if (t.empty()) return true;
+  const std::string first = Trim(std::string_view(t).substr(0, t.find(',')));
+  return Classify(first) == EntryKind::kHide;
+}
+
+std::string DeviceBinding::Describe() const {
+  std::ostringstream os;
+  os << entry << " (candidate " << slot << " of " << source << (shared ? ", shared" : "") << ")";
+  if (set_visible) {
+    os << ", CUDA_VISIBLE_DEVICES=" << *set_visible;
+  } else {
+    os << ", cudaSetDevice(" << cuda_ordinal << ")";
+  }
+  return os.str();
+}
+
+DeviceBinding ChooseDevice(const BindingRequest& r) {
+  DPT_CHECK(r.local_rank >= 0 && r.local_size >= 0 &&
+            (r.local_size == 0 || r.local_rank < r.local_size))
+      << "local rank " << r.local_rank << " of " << r.local_size;
+  DeviceBinding b;
+  // `visible`: the process's CUDA device list as entries (CUDA ordinal = position), when set.
+  std::vector<std::string> visible;
+  const bool visible_set = r.cuda_visible_devices.has_value();
+  const std::string visible_what =
+      visible_set ? "CUDA_VISIBLE_DEVICES='" + *r.cuda_visible_devices + "'" : std::string();
+  if (visible_set) {
+    if (VisibleDevicesHideAll(r.cuda_visible_devices)) {
+      DPT_THROW(ConfigError)
+          << visible_what << " hides every GPU from this process, so it cannot use one; unset "
+          << "it, ask the scheduler for GPUs (e.g. srun --gpus-per-task=1), or train on the CPU "
+          << "with dist.device=cpu";
+    }
+    visible = ParseList(*r.cuda_visible_devices, visible_what, /*allow_hide=*/true);
+    for (const auto& e : visible) CheckIndexExists(e, r, visible_what);
+  }
+
+  std::vector<int> ordinals;  // CUDA ordinal of each candidate in this process (-1: unknown)
+  if (!r.gpus.empty()) {
+    const std::string what = "dist.gpus='" + r.gpus + "'";
+    const std::vector<std::string> wanted = ParseList(r.gpus, what, /*allow_hide=*/false);
+    for (const auto& g : wanted) {
+      if (visible_set) {
+        if (Classify(g) == EntryKind::kIndex) {
+          const size_t pos = static_cast<size_t>(std::atoi(g.c_str()));
+          if (pos >= visible.size()) {
+            DPT_THROW(ConfigError)
+                << what << ": index " << g << " is out of range: " << visible_what << " makes "
+                << visible.size() << " GPU" << (visible.size() == 1 ? "" : "s")
+                << " visible, numbered 0-" << visible.size() - 1
+                << " (with CUDA_VISIBLE_DEVICES set, dist.gpus indices are positions in it)";
+          }
+          b.candidates.push_back(visible[pos]);
+          ordinals.push_back(static_cast<int>(pos));
+        } else {
+          const auto it = std::find(visible.begin(), visible.end(), g);
+          if (it == visible.end()) {
+            DPT_THROW(ConfigError) << what << ": " << g << " is not one of " << visible_what
+                                   << "; with CUDA_VISIBLE_DEVICES set, give dist.gpus as "
+                                   << "indices into it or as entries it contains";
+          }
+          b.candidates.push_back(g);
+          ordinals.push_back(static_cast<int>(it - visible.begin()));
+        }
+      } else {
+        CheckIndexExists(g, r, what);
+        b.candidates.push_back(g);
+        int ord = -1;
+        if (Classify(g) == EntryKind::kIndex) {
+          ord = std::atoi(g.c_str());
+        } else {
+          const auto it = std::find(r.device_uuids.begin(), r.device_uuids.end(), g);
+          if (it != r.device_uuids.end()) ord = static_cast<int>(it - r.device_uuids.begin());
+        }
+        ordinals.push_back(ord);
+      }
+    }
+    b.source = visible_set ? what + " within " + visible_what : what;
+  } else if (visible_set) {
+    b.candidates = visible;
+    for (size_t i = 0; i < visible.size(); ++i) ordinals.push_back(static_cast<int>(i));
+    b.source = visible_what;
+  } else {
+    if (!r.device_count) {
+      DPT_THROW(ConfigError) << "cannot count this host's GPUs ("
+                             << (r.device_count_why.empty() ? "NVML unavailable"
+                                                            : r.device_count_why)
+                             << "); set CUDA_VISIBLE_DEVICES or dist.gpus to name them, or train "
+                             << "on the CPU with dist.device=cpu";
+    }
+    if (*r.device_count == 0) {
+      DPT_THROW(ConfigError) << "no GPU found on this host (NVML counts 0); train on the CPU "
+                             << "with dist.device=cpu";
+    }
+    for (int i = 0; i < *r.device_count; ++i) {
+      b.candidates.push_back(std::to_string(i));
+      ordinals.push_back(i);
+    }
+    b.source = "all " + std::to_string(*r.device_count) + " GPU" +
+               (*r.device_count == 1 ? "" : "s") + " of this host";
+  }
+
+  const int n = static_cast<int>(b.candidates.size());
+  const int ranks = r.local_size > 0 ? r.local_size : r.local_rank + 1;
+  if (n == 1) {
+    b.slot = 0;  // one visible device: every rank uses it (the uniqueness check catches sharing)
+  } else if (ranks > n) {
+    if (!r.allow_sharing) {
+      DPT_THROW(ConfigError)
+          << (r.local_size > 0 ? "this host runs " + std::to_string(r.local_size) + " ranks"
+                               : "local rank " + std::to_string(r.local_rank) + " needs a GPU")
+          << " but only " << n << " GPUs are available (" << b.source << " = " << Join(b.candidates)
+          << "); start at most " << n << " ranks per host (mpirun --npernode " << n
+          << ", srun --ntasks-per-node=" << n << "), or set DPTRAIN_ALLOW_GPU_SHARING=1 to share "
+          << "GPUs (and memory.limit to split their memory)";
+    }
+    b.slot = r.local_rank % n;
+    b.shared = true;
+  } else {
+    b.slot = r.local_rank;
+  }
+  b.entry = b.candidates[static_cast<size_t>(b.slot)];
+
+  if (r.policy == BindingPolicy::kRemap) {
+    b.set_visible = b.entry;
+    b.cuda_ordinal = 0;
+  } else {
+    b.cuda_ordinal = ordinals[static_cast<size_t>(b.slot)];
+    if (b.cuda_ordinal < 0) {
+      DPT_THROW(ConfigError) << "dist.device_binding=set-device cannot find the CUDA ordinal of "
+                             << b.entry << " (" << b.source
+                             << "): give dist.gpus as indices, or use dist.device_binding=remap";
+    }
+  }
+  return b;
+}
+
+// ---- uniqueness after binding -----------------------------------------------------------------
+
+std::string FindSharedGpu(const std::vector<BoundDevice>& rows) {
+  std::map<std::string, size_t> seen;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const BoundDevice& d = rows[i];
+    const std::string key = !d.uuid.empty() ? "uuid " + d.uuid : d.host + " bus " + d.pci_bus_id;
+    if (d.uuid.empty() && d.pci_bus_id.empty()) continue;  // nothing to compare
+    auto [it, fresh] = seen.emplace(key, i);
+    if (fresh) continue;
+    const BoundDevice& a = rows[it->second];
+    std::ostringstream os;
+    os << "ranks " << a.rank << " and " << d.rank << " are on the same GPU "
+       << (d.uuid.empty() ? d.pci_bus_id : d.uuid) << " (" << d.name << ", host " << d.host
+       << ", local ranks " << a.local_rank << " and " << d.local_rank << ", devices '" << a.entry
+       << "' and '" << d.entry << "'); every rank needs its own GPU. Check CUDA_VISIBLE_DEVICES "
+       << "and dist.gpus (dptrain info shows the binding each local rank gets), start fewer "
+       << "ranks per host, or set DPTRAIN_ALLOW_GPU_SHARING=1 to share on purpose";
+    return os.str();
+  }
+  return "";
+}
+
+std::string FormatBindingTable(const std::vector<BoundDevice>& rows) {
+  std::ostringstream os;
+  os << "rank  host                 local  device      gpu                       uuid"
+        "                                      bus id\n";
+  for (const auto& d : rows) {
+    char line[512];
+    std::snprintf(line, sizeof line, "%-5d %-20s %-6d %-11s %-25s %-41s %s\n", d.rank,
+                  d.host.c_str(), d.local_rank, d.entry.c_str(), d.name.c_str(), d.uuid.c_str(),
+                  d.pci_bus_id.c_str());
+    os << line;
+  }
+  return os.str();
+}
+
+std::string ExchangeBindings(Communicator& comm, const BoundDevice& mine, bool allow_sharing) {
+  auto clean = [](std::string s) {
+    std::replace(s.begin(), s.end(), '\t', ' ');
+    return s;
+  };
+  std::ostringstream row;
+  row << mine.rank << '\t' << clean(mine.host) << '\t' << mine.local_rank << '\t'
+      << clean(mine.entry) << '\t' << clean(mine.name) << '\t' << clean(mine.uuid) << '\t'
+      << clean(mine.pci_bus_id);
+  std::vector<BoundDevice> rows;
+  for (const auto& r : comm.AllGatherStrings(row.str())) {
+    std::istringstream is(r);
+    BoundDevice d;
+    std::string rank, local;
+    std::getline(is, rank, '\t');
+    std::getline(is, d.host, '\t');
+    std::getline(is, local, '\t');
+    std::getline(is, d.entry, '\t');
+    std::getline(is, d.name, '\t');
+    std::getline(is, d.uuid, '\t');
+    std::getline(is, d.pci_bus_id, '\t');
+    d.rank = std::atoi(rank.c_str());
+    d.local_rank = std::atoi(local.c_str());
+    rows.push_back(d);
+  }
+  // Every rank holds the same rows, so every rank reaches the same verdict.
+  if (!allow_sharing) {
+    const std::string shared = FindSharedGpu(rows);
+    if (!shared.empty()) DPT_THROW(ConfigError) << shared;
+  }
+  return comm.rank() == 0 ? FormatBindingTable(rows) : "";
+}
+
+// ---- the launcher's binding step --------------------------------------------------------------
+
+bool AllowGpuSharing(const GetEnvFn& getenv) { return Truthy(getenv("DPTRAIN_ALLOW_GPU_SHARING")); }
+
+BindingRequest MakeBindingRequest(const DistConfig& dist, int local_rank, int local_size,
+                                  const GpuInventory& inventory, const GetEnvFn& getenv) {
+  BindingRequest r;
+  r.local_rank = local_rank;
+  r.local_size = local_size;
+  if (const char* v = getenv("CUDA_VISIBLE_DEVICES")) r.cuda_visible_devices = v;
+  r.gpus = Trim(dist.gpus);
+  r.policy = ParseBindingPolicy(dist.device_binding);
+  r.allow_sharing = AllowGpuSharing(getenv);
+  if (inventory.available) {
+    r.device_count = static_cast<int>(inventory.gpus.size());
+    for (const auto& g : inventory.gpus) r.device_uuids.push_back(g.uuid);
+  } else {
+    r.device_count_why = inventory.why;
+  }
+  return r;
+}
+
+std::string ResolveDeviceKind(const std::string& configured, bool cuda_built,
+                              const GpuInventory& inventory,
+                              const std::optional<std::string>& cuda_visible_devices) {
+  if (configured != "auto") return configured;
+  const bool gpus = cuda_built && inventory.available && !inventory.gpus.empty() &&
+                    !VisibleDevicesHideAll(cuda_visible_devices);
+  return gpus ? "cuda" : "cpu";
+}
+
+void ApplyBinding(const DeviceBinding& b) {
+  // CUDA numbers devices fastest-first unless told otherwise; nvidia-smi, NVML and Slurm number
+  // them by PCI bus. Make CUDA agree, so "GPU 2" means the same thing everywhere.
+  if (std::getenv("CUDA_DEVICE_ORDER") == nullptr) setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID", 1);
+  if (b.set_visible) setenv("CUDA_VISIBLE_DEVICES", b.set_visible->c_str(), 1);
+}
+
+// ---- GpuBinder ----------------------------------------------------------------------------------
+
+GpuBinder::GpuBinder(const DistConfig& dist, GetEnvFn getenv)
+    : dist_(dist), getenv_(std::move(getenv)) {
+  if (const char* v = getenv_("CUDA_VISIBLE_DEVICES")) visible_ = v;
+}
+
+const GpuInventory& GpuBinder::inventory() {
+  if (!inventory_) inventory_ = ProbeGpus();
+  return *inventory_;
+}
+
+std::string GpuBinder::Resolve() {
+  if (dist_.device == "cpu") return "cpu";
+  const auto built = BuiltBackends();
+  const bool cuda_built = std::find(built.begin(), built.end(), "cuda") != built.end();
+  return ResolveDeviceKind(dist_.device, cuda_built, inventory(), visible_);
+}
+
+BindingRequest GpuBinder::Request(int local_rank, int local_size) {
+  BindingRequest r = MakeBindingRequest(dist_, local_rank, local_size, inventory(), getenv_);
+  r.cuda_visible_devices = visible_;  // not what an earlier ApplyBinding set
+  return r;
+}
+
+void GpuBinder::BindEarly(int local_rank, int local_size) noexcept {
+  try {
+    if (Resolve() != "cuda") return;
+    const auto built = BuiltBackends();
+    if (std::find(built.begin(), built.end(), "cuda") == built.end()) return;
+    DeviceBinding b = ChooseDevice(Request(local_rank, local_size));
+    ApplyBinding(b);
+    early_ = std::move(b);
+  } catch (const std::exception&) {
+    // Bind() decides again once MPI can tell every rank about it.
+  }
+}
+
+std::string GpuBinder::Bind(int local_rank, int local_size) {
+  std::string kind = Resolve();
+  if (kind != "cuda") return kind;
+  // Not built: GetBackend("cuda") explains that.
+  const auto built = BuiltBackends();
+  if (std::find(built.begin(), built.end(), "cuda") == built.end()) return kind;
+  DeviceBinding b = ChooseDevice(Request(local_rank, local_size));
+  if (early_ && early_->entry != b.entry) {
+    DPT_THROW(ConfigError) << "device binding: the launcher's environment gave local rank "
+                           << local_rank << " GPU " << early_->entry << " before MPI started, "
+                           << "but MPI's local rank and size give GPU " << b.entry
+                           << "; launch with one tool (mpirun or srun), not both";
+  }
+  if (!early_) ApplyBinding(b);
+  binding_ = std::move(b);
+  return kind;
+}
+
+// ---- dptrain info -------------------------------------------------------------------------------
+
+std::string DescribeGpus(const GpuInventory& inv) {
+  std::ostringstream os;
+  if (!inv.available) {
+    os << "GPUs: none visible to NVML: " << inv.why << "\n";
+    return os.str();
+  }
+  os << "GPUs (NVML";
+  if (!inv.driver_version.empty()) os << ", driver " << inv.driver_version;
+  if (inv.cuda_driver_version > 0) {
+    os << ", CUDA " << inv.cuda_driver_version / 1000 << "." << inv.cuda_driver_version % 1000 / 10;
+  }
+  os << "): " << inv.gpus.size() << "\n";
+  if (inv.gpus.empty()) return os.str();
+  char line[512];
+  std::snprintf(line, sizeof line, "  %-4s %-28s %-41s %-17s %s\n", "idx", "name", "uuid", "bus id",
+                "memory used / total");
+  os << line;
+  for (const auto& g : inv.gpus) {
+    const std::string mem = FormatBytes(g.memory_used) + " / " + FormatBytes(g.memory_total);
+    std::snprintf(line, sizeof line, "  %-4d %-28s %-41s %-17s %s\n", g.index, g.name.c_str(),
+                  g.uuid.c_str(), g.pci_bus_id.c_str(), mem.c_str());
+    os << line;
+  }
+  return os.str();
+}
+
+// An error's message without the "[rank 0/1] file.cc:12: " prefix (info prints for one process).
+std::string Bare(const Error& e) {
+  std::string s = e.what();
+  if (s.empty() || s[0] != '[') return s;
+  const size_t tag = s.find("] ");
+  const size_t where = tag == std::string::npos ? tag : s.find(": ", tag + 2);
+  return where == std::string::npos ? s : s.substr(where + 2);
+}
+
+std::string DescribeBindings(const DistConfig& dist, const GpuInventory& inventory,
+                             const GetEnvFn& getenv, int local_size) {
+  std::ostringstream os;
+  const char* visible = getenv("CUDA_VISIBLE_DEVICES");
+  const char* order = getenv("CUDA_DEVICE_ORDER");
+  os << "binding (dist.device_binding=" << dist.device_binding << ", dist.gpus='" << dist.gpus
+     << "', CUDA_VISIBLE_DEVICES=" << (visible ? "'" + std::string(visible) + "'" : "<unset>")
+     << ", CUDA_DEVICE_ORDER=" << (order ? order : "<unset: PCI_BUS_ID will be set>")
+     << (AllowGpuSharing(getenv) ? ", sharing allowed" : "") << "):\n";
+  try {
+    int n = local_size;
+    if (n <= 0)
+      n = static_cast<int>(
+          ChooseDevice(MakeBindingRequest(dist, 0, 0, inventory, getenv)).candidates.size());
+    for (int r = 0; r < n; ++r) {
+      os << "  local rank " << r << " of " << n << ": ";
+      try {
+        os << ChooseDevice(MakeBindingRequest(dist, r, n, inventory, getenv)).Describe() << "\n";
+      } catch (const Error& e) {
+        os << "error: " << Bare(e) << "\n";
+      }
+    }
+  } catch (const Error& e) {
+    os << "  no GPU binding possible: " << Bare(e) << "\n";
+  }
+  return os.str();
+}
+
+}  // namespace dptrain

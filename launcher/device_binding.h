@@ -1,0 +1,194 @@
+// SPDX-License-Identifier: Apache-2.0
+// Which GPU each rank uses (DESIGN.md section 4, "Device binding"). A pure function decides from
+// the launcher's local rank and size, CUDA_VISIBLE_DEVICES (unset is not the same as empty),
+// dist.gpus, dist.device_binding and the GPU count that NVML reports; the launcher applies the
+// decision to the environment before any CUDA call, and after the backend exists the ranks
+// exchange (host, GPU UUID, PCI bus id) and refuse to run two ranks on one GPU.
+//
+// The rules, in order:
+//  1. Candidates. CUDA_VISIBLE_DEVICES set: its entries (indices, GPU-<uuid>, MIG-<uuid>; spaces
+//     around entries are ignored). Set but empty, or "-1": no GPU may be used (an error for
+//     dist.device = "cuda"; "auto" falls back to the CPU). Unset: every GPU NVML counts, as
+//     indices 0..n-1 in nvidia-smi order (the launcher sets CUDA_DEVICE_ORDER=PCI_BUS_ID when it
+//     is unset, so CUDA numbers the GPUs the same way).
+//     dist.gpus narrows the candidates like PyTorch's device_ids=[2,3]: with CUDA_VISIBLE_DEVICES
+//     set, an index is a position in that list and a UUID / MIG id must be one of its entries;
+//     unset, the entries are taken as they are. Empty, duplicate or malformed entries and indices
+//     beyond the GPU count are errors that quote the offending value.
+//  2. Choice. Exactly one candidate: every local rank uses it. This is Slurm's one-GPU-per-task
+//     case (--gpus-per-task=1: each task sees its own single GPU as "0"); if the ranks really do
+//     land on one GPU, the uniqueness check after binding stops them. Otherwise local rank r takes
+//     candidate r, and more local ranks than candidates is an error unless sharing is allowed
+//     (then rank r takes candidate r mod n).
+//  3. Policy. "remap": CUDA_VISIBLE_DEVICES becomes the chosen entry, so the process sees exactly
+//     one GPU as device 0 and never creates a context on another. "set-device": the environment
+//     stays as it is and the process calls cudaSetDevice on the chosen entry's CUDA ordinal (for
+//     sites where NCCL's intra-node peer-to-peer needs every GPU visible).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "runtime/comm/communicator.h"
+
+namespace dptrain {
+
+struct DistConfig;
+
+// ---- GPUs as NVML sees them (no CUDA context is created) --------------------------------------
+
+struct GpuInfo {
+  int index = -1;                              // NVML index = nvidia-smi index (PCI bus order)
+  std::string name;                            // "NVIDIA H100 80GB HBM3"
+  std::string uuid;                            // "GPU-8f6c1a2e-..."
+  std::string pci_bus_id;                      // "00000000:1B:00.0"
+  uint64_t memory_total = 0, memory_used = 0;  // bytes
+};
+
+struct GpuInventory {
+  bool available = false;       // NVML answered
+  std::string why;              // when not: "no NVIDIA driver (libnvidia-ml.so.1: ...)"
+  std::string driver_version;   // "570.86.15"; empty when unknown
+  int cuda_driver_version = 0;  // 12080 = 12.8; 0 when unknown
+  std::vector<GpuInfo> gpus;
+};
+
+// Loads libnvidia-ml.so.1 with dlopen (no link-time dependency: the binary runs on machines
+// without a driver) and lists the GPUs. Never throws; failures land in `why`.
+GpuInventory ProbeGpus();
+
+// ---- the binding decision (pure) --------------------------------------------------------------
+
+enum class BindingPolicy : uint8_t { kRemap, kSetDevice };
+// "remap" | "set-device"; anything else is a ConfigError.
+BindingPolicy ParseBindingPolicy(std::string_view text);
+
+struct BindingRequest {
+  int local_rank = 0;
+  int local_size = 0;  // ranks on this host; 0 = not known yet (the count check is skipped)
+  std::optional<std::string> cuda_visible_devices;  // nullopt = unset; "" = set but empty
+  std::string gpus;                                 // dist.gpus / --gpus; empty = not given
+  BindingPolicy policy = BindingPolicy::kRemap;
+  bool allow_sharing = false;             // more local ranks than GPUs: share instead of failing
+  std::optional<int> device_count;        // GPUs NVML counts; nullopt = unknown (no NVML)
+  std::string device_count_why;           // why the count is unknown, for messages
+  std::vector<std::string> device_uuids;  // by NVML index, when known (UUIDs under set-device)
+};
+
+struct DeviceBinding {
+  std::string entry;  // the chosen device as CUDA names it: "3", "GPU-…", "MIG-…"
+  std::vector<std::string> candidates;  // the list it was chosen from
+  std::string source;                   // where the candidates came from, for messages
+  int slot = 0;                         // entry == candidates[slot]
+  bool shared = false;                  // more local ranks than candidates, sharing allowed
+  // remap: the value CUDA_VISIBLE_DEVICES must get; nullopt: leave the environment alone.
+  std::optional<std::string> set_visible;
+  int cuda_ordinal = 0;  // what the process passes to cudaSetDevice (0 under remap)
+
+  // "GPU-1b2c… (candidate 1 of CUDA_VISIBLE_DEVICES=0,1,2,3), CUDA_VISIBLE_DEVICES=1"
+  std::string Describe() const;
+};
+
+// True when the environment hides every GPU from CUDA: CUDA_VISIBLE_DEVICES set to "" (or only
+// spaces) or with "-1" as its first entry.
+bool VisibleDevicesHideAll(const std::optional<std::string>& cuda_visible_devices);
+
+// The device for `r.local_rank`, by the rules at the top of this file. Throws ConfigError with
+// a message that names the variable or key at fault and what to change.
+DeviceBinding ChooseDevice(const BindingRequest& r);
+
+// ---- after the backend exists: every rank on its own GPU --------------------------------------
+
+struct BoundDevice {
+  int rank = 0;
+  std::string host;
+  int local_rank = 0;
+  std::string entry;  // DeviceBinding::entry
+  std::string name, uuid, pci_bus_id;
+};
+
+// The message naming two ranks on one GPU (by UUID, or by host and PCI bus id when a UUID is
+// missing), or "" when every rank has its own. Pure.
+std::string FindSharedGpu(const std::vector<BoundDevice>& rows);
+// The table rank 0 prints: rank, host, local rank, entry, name, UUID, bus id. Pure.
+std::string FormatBindingTable(const std::vector<BoundDevice>& rows);
+
+// Collective: gathers every rank's BoundDevice over `comm`; every rank throws the same
+// ConfigError when two ranks share a GPU (unless `allow_sharing`). Returns the table on rank 0
+// and "" elsewhere.
+std::string ExchangeBindings(Communicator& comm, const BoundDevice& mine, bool allow_sharing);
+
+// ---- the launcher's binding step --------------------------------------------------------------
+
+// Environment access, injectable for tests.
+using GetEnvFn = std::function<const char*(const char*)>;
+
+// DPTRAIN_ALLOW_GPU_SHARING=1|true|yes: more local ranks than GPUs shares GPUs instead of failing.
+bool AllowGpuSharing(const GetEnvFn& getenv);
+
+// The request for this process from the config, the environment and the inventory.
+BindingRequest MakeBindingRequest(const DistConfig& dist, int local_rank, int local_size,
+                                  const GpuInventory& inventory, const GetEnvFn& getenv);
+
+// What `dist.device` resolves to before any CUDA call: "cpu" stays "cpu"; "cuda" stays "cuda";
+// "auto" is "cuda" when the CUDA backend is built, NVML lists at least one GPU and
+// CUDA_VISIBLE_DEVICES does not hide them all, else "cpu". Pure.
+std::string ResolveDeviceKind(const std::string& configured, bool cuda_built,
+                              const GpuInventory& inventory,
+                              const std::optional<std::string>& cuda_visible_devices);
+
+// Applies a binding to this process's environment (setenv): CUDA_VISIBLE_DEVICES under remap,
+// and CUDA_DEVICE_ORDER=PCI_BUS_ID when unset. Must run before the first CUDA call.
+void ApplyBinding(const DeviceBinding& b);
+
+// The launcher's binding step (CmdTrain). Typical use:
+//   GpuBinder binder(cfg.dist, getenv);                      // before MPI_Init
+//   if (vars.local_rank) binder.BindEarly(*vars.local_rank, vars.local_size.value_or(0));
+//   MpiSession mpi(...);                                     // may initialise CUDA (CUDA-aware
+//   MPI) RunAgreed(comm, [&] { kind = binder.Bind(local_rank, local_size); ... GetBackend(kind);
+//   });
+// BindEarly applies the binding from the launcher's local rank before MPI_Init (a CUDA-aware MPI
+// may initialise CUDA inside MPI_Init, after which CUDA_VISIBLE_DEVICES no longer matters); Bind
+// decides again with MPI's local rank and size, applies the binding if BindEarly could not, and
+// throws ConfigError when the two disagree or the binding is impossible.
+class GpuBinder {
+ public:
+  GpuBinder(const DistConfig& dist, GetEnvFn getenv);
+
+  // Never throws: a failure here is reported by Bind().
+  void BindEarly(int local_rank, int local_size) noexcept;
+  // "cpu" or "cuda" (dist.device resolved; see ResolveDeviceKind). For "cuda" the binding is
+  // applied and binding() holds it.
+  std::string Bind(int local_rank, int local_size);
+
+  const std::optional<DeviceBinding>& binding() const { return binding_; }
+  bool allow_sharing() const { return AllowGpuSharing(getenv_); }
+  const GpuInventory& inventory();  // probed once, on first use
+
+ private:
+  std::string Resolve();
+  BindingRequest Request(int local_rank, int local_size);
+
+  const DistConfig& dist_;
+  GetEnvFn getenv_;
+  std::optional<std::string> visible_;  // CUDA_VISIBLE_DEVICES as the process started with it
+  std::optional<GpuInventory> inventory_;
+  std::optional<DeviceBinding> early_, binding_;
+};
+
+// ---- `dptrain info` -----------------------------------------------------------------------------
+
+// The GPU table, like nvidia-smi: index, name, UUID, bus id, memory used / total; or why there
+// is none ("no NVIDIA driver (...)").
+std::string DescribeGpus(const GpuInventory& inventory);
+// The device each local rank 0..local_size-1 would get under the current environment and `dist`
+// (or the error it would get). local_size 0: the launcher's OMPI_COMM_WORLD_LOCAL_SIZE etc. is
+// not known, so one rank per candidate device is assumed.
+std::string DescribeBindings(const DistConfig& dist, const GpuInventory& inventory,
+                             const GetEnvFn& getenv, int local_size);
+
+}  // namespace dptrain

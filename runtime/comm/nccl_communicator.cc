@@ -1,0 +1,485 @@
+// SPDX-License-Identifier: Apache-2.0
+// NCCL communicator on the CUDA backend's device buffers. The communicator is created
+// non-blocking (ncclConfig_t::blocking = 0): every NCCL call returns at once, possibly with
+// ncclInProgress, and we poll ncclCommGetAsyncError until it settles, so initialisation, peer
+// connection and every collective are bounded by dist.collective_timeout_s and end in
+// ncclCommAbort plus a typed error instead of a hang. Collectives run on their own
+// high-priority stream, ordered after the compute stream by an event, so gradient buckets are
+// reduced while backward continues on the compute stream.
+#include "runtime/comm/nccl_communicator.h"
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <cstdio>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "runtime/cuda/cuda_backend_impl.h"
+#include "runtime/cuda/cuda_check.h"
+#include "runtime/error.h"
+
+namespace dptrain {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point since) {
+  return std::chrono::duration<double>(Clock::now() - since).count();
+}
+
+ncclDataType_t NcclType(DType t) {
+  switch (t) {
+    case DType::kF32:
+      return ncclFloat32;
+    case DType::kF16:
+      return ncclFloat16;
+    case DType::kBF16:
+      return ncclBfloat16;
+    case DType::kI32:
+      return ncclInt32;
+    case DType::kU8:
+      return ncclUint8;
+  }
+  DPT_THROW(UnsupportedError) << "nccl: no reduction for dtype " << DTypeName(t);
+}
+
+ncclRedOp_t NcclOp(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return ncclSum;
+    case ReduceOp::kAvg:
+      return ncclAvg;
+    case ReduceOp::kMax:
+      return ncclMax;
+    case ReduceOp::kMin:
+      return ncclMin;
+  }
+  return ncclSum;
+}
+
+bool IsFloat(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
+
+void CheckDeviceTensor(const Tensor& t, const char* what) {
+  DPT_CHECK(t.defined() && t.device() == Device::kCuda)
+      << "nccl " << what << ": needs a CUDA tensor (host data goes over the MPI communicator)";
+}
+
+class NcclCommunicator;
+
+// Live communicators, for AbortNcclCommunicators() on main's error path.
+std::mutex g_live_mu;
+std::set<NcclCommunicator*>& Live() {
+  static std::set<NcclCommunicator*> live;
+  return live;
+}
+
+// Tensors a collective may still write after its handle gave up waiting (the communicator was
+// aborted): kept alive until exit rather than returned to the allocator.
+std::mutex g_orphans_mu;
+std::vector<Tensor>& Orphans() {
+  static std::vector<Tensor> orphans;
+  return orphans;
+}
+
+class NcclCommunicator final : public Communicator {
+ public:
+  // Collective over `control`. `owned` (may be null) is the control communicator when this
+  // communicator owns it (Split).
+  NcclCommunicator(cuda::CudaBackend& be, Communicator& control,
+                   std::unique_ptr<Communicator> owned, double timeout_s);
+  ~NcclCommunicator() override;
+  NcclCommunicator(const NcclCommunicator&) = delete;
+  NcclCommunicator& operator=(const NcclCommunicator&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string name() const override { return "nccl"; }
+
+  void AllReduce(Tensor* t, ReduceOp op) override { AllReduceAsync(t, op)->Wait(); }
+  std::unique_ptr<CommHandle> AllReduceAsync(Tensor* t, ReduceOp op) override;
+  void Broadcast(Tensor* t, int root) override;
+  void AllGather(const Tensor& in, Tensor* out) override;
+  void Barrier() override { control_.Barrier(); }
+
+  void AllReduceHost(double* values, int count, ReduceOp op) override {
+    control_.AllReduceHost(values, count, op);
+  }
+  void AllReduceHost(int64_t* values, int count, ReduceOp op) override {
+    control_.AllReduceHost(values, count, op);
+  }
+  void BroadcastHost(void* data, size_t bytes, int root) override {
+    control_.BroadcastHost(data, bytes, root);
+  }
+  std::vector<std::string> AllGatherStrings(const std::string& mine) override {
+    return control_.AllGatherStrings(mine);
+  }
+  std::unique_ptr<Communicator> Split(int color) override;
+
+  // ---- for handles ----
+  // The compute stream waits for `done`; the host blocks until it completed (bounded).
+  void WaitDone(cudaEvent_t done, const std::string& what);
+  // Whether `done` completed; throws on an asynchronous NCCL error.
+  bool Query(cudaEvent_t done, const std::string& what);
+  // Waits for `done` without throwing; on error or timeout aborts the communicator and returns
+  // false.
+  bool DrainNoThrow(cudaEvent_t done) noexcept;
+  void Abort() noexcept;
+
+ private:
+  // A call's result: ncclInProgress is polled until settled; errors abort and throw.
+  void Check(ncclResult_t r, const char* what);
+  void WaitIdle(const char* what);
+  [[noreturn]] void Fail(ncclResult_t r, const std::string& what);
+  [[noreturn]] void TimedOut(const std::string& what, double waited);
+  void CheckUsable() const;
+  // The communication stream waits for the work queued so far on the compute stream.
+  void AfterCompute();
+  // A new event recorded on the communication stream after the collective just queued.
+  cudaEvent_t RecordDone();
+
+  cuda::CudaBackend& be_;
+  Communicator& control_;
+  std::unique_ptr<Communicator> owned_;
+  double timeout_s_;
+  int rank_ = 0, size_ = 1;
+  ncclComm_t comm_ = nullptr;
+  bool aborted_ = false;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t ready_ = nullptr;
+};
+
+class NcclHandle final : public CommHandle {
+ public:
+  NcclHandle(NcclCommunicator* comm, cudaEvent_t done, Tensor keep, std::string what)
+      : comm_(comm), done_(done), keep_(std::move(keep)), what_(std::move(what)) {}
+  ~NcclHandle() override {
+    if (done_ == nullptr) return;
+    if (!waited_ && !comm_->DrainNoThrow(done_)) {
+      // NCCL may still write the buffer: never hand it back to the allocator.
+      std::lock_guard<std::mutex> lock(g_orphans_mu);
+      Orphans().push_back(std::move(keep_));
+      return;  // the event is leaked with it
+    }
+    DPT_CUDA_WARN(cudaEventDestroy(done_));
+  }
+  NcclHandle(const NcclHandle&) = delete;
+  NcclHandle& operator=(const NcclHandle&) = delete;
+
+  void Wait() override {
+    if (done_ == nullptr || waited_) return;
+    comm_->WaitDone(done_, what_);
+    waited_ = true;
+    keep_ = Tensor();
+  }
+  bool Test() override {
+    if (done_ == nullptr || waited_) return true;
+    return comm_->Query(done_, what_);
+  }
+
+ private:
+  NcclCommunicator* comm_;
+  cudaEvent_t done_;  // null: nothing to wait for (empty tensor)
+  Tensor keep_;       // keeps the buffer alive while NCCL uses it
+  std::string what_;
+  bool waited_ = false;
+};
+
+NcclCommunicator::NcclCommunicator(cuda::CudaBackend& be, Communicator& control,
+                                   std::unique_ptr<Communicator> owned, double timeout_s)
+    : be_(be),
+      control_(control),
+      owned_(std::move(owned)),
+      timeout_s_(timeout_s > 0 ? timeout_s : 300.0),
+      rank_(control.rank()),
+      size_(control.size()) {
+  // 1. Every rank must have its device before anyone enters NCCL: one that does not would leave
+  //    the others waiting in ncclCommInitRank. Gather the reasons so every rank reports them all.
+  std::string problem;
+  int count = 0;
+  cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    problem = "no CUDA device (" + cuda::detail::CudaErrorText(e) + ")";
+  } else if (be_.ordinal() >= count) {
+    problem = "CUDA device " + std::to_string(be_.ordinal()) + " does not exist (" +
+              std::to_string(count) + " visible)";
+  } else if ((e = cudaSetDevice(be_.ordinal())) != cudaSuccess) {
+    (void)cudaGetLastError();
+    problem =
+        "cudaSetDevice(" + std::to_string(be_.ordinal()) + "): " + cuda::detail::CudaErrorText(e);
+  }
+  const std::vector<std::string> all = control_.AllGatherStrings(problem);
+  std::string missing;
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (!all[r].empty()) missing += "\n  rank " + std::to_string(r) + ": " + all[r];
+  }
+  if (!missing.empty()) {
+    DPT_THROW(NcclError) << "cannot start NCCL: not every rank has its CUDA device:" << missing;
+  }
+
+  // 2. Rank 0's unique id, with its status, to everyone (a failure on rank 0 must not leave the
+  //    others waiting for an id that never comes).
+  struct Bootstrap {
+    int32_t ok = 0;
+    char error[512] = {0};
+    ncclUniqueId id;
+  } boot{};
+  if (rank_ == 0) {
+    const ncclResult_t r = ncclGetUniqueId(&boot.id);
+    boot.ok = r == ncclSuccess ? 1 : 0;
+    if (!boot.ok) {
+      std::snprintf(boot.error, sizeof boot.error, "%s",
+                    cuda::detail::NcclResultText(static_cast<int>(r)).c_str());
+    }
+  }
+  control_.BroadcastHost(&boot, sizeof boot, 0);
+  if (!boot.ok) DPT_THROW(NcclError) << "ncclGetUniqueId on rank 0 failed: " << boot.error;
+
+  // 3. Non-blocking initialisation, bounded by the timeout.
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  Check(ncclCommInitRankConfig(&comm_, size_, boot.id, rank_, &config), "ncclCommInitRankConfig");
+
+  try {
+    int least = 0, greatest = 0;
+    DPT_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    DPT_CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest));
+    DPT_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+  } catch (...) {
+    Abort();
+    throw;
+  }
+  std::lock_guard<std::mutex> lock(g_live_mu);
+  Live().insert(this);
+}
+
+NcclCommunicator::~NcclCommunicator() {
+  {
+    std::lock_guard<std::mutex> lock(g_live_mu);
+    Live().erase(this);
+  }
+  if (comm_ != nullptr && !aborted_) {
+    // Let queued collectives finish (bounded), then finalize (flushes, waits for peers; bounded)
+    // and destroy; anything that does not settle in time is aborted instead.
+    const auto start = Clock::now();
+    bool clean = true;
+    while (stream_ != nullptr) {
+      const cudaError_t q = cudaStreamQuery(stream_);
+      if (q == cudaSuccess) break;
+      if (q != cudaErrorNotReady || Seconds(start) > timeout_s_) {
+        (void)cudaGetLastError();
+        clean = false;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+    if (clean) {
+      ncclResult_t r = ncclCommFinalize(comm_);
+      while (r == ncclInProgress && Seconds(start) <= timeout_s_) {
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+        if (ncclCommGetAsyncError(comm_, &r) != ncclSuccess) r = ncclInternalError;
+      }
+      clean = r == ncclSuccess;
+    }
+    if (clean) {
+      ncclCommDestroy(comm_);
+    } else {
+      ncclCommAbort(comm_);
+    }
+    comm_ = nullptr;
+  }
+  if (ready_ != nullptr) DPT_CUDA_WARN(cudaEventDestroy(ready_));
+  if (stream_ != nullptr) DPT_CUDA_WARN(cudaStreamDestroy(stream_));
+}
+
+void NcclCommunicator::Abort() noexcept {
+  // ncclCommAbort frees the communicator: comm_ must never be used again.
+  if (comm_ != nullptr && !aborted_) {
+    ncclComm_t c = comm_;
+    comm_ = nullptr;
+    aborted_ = true;
+    ncclCommAbort(c);
+  }
+}
+
+void NcclCommunicator::CheckUsable() const {
+  DPT_CHECK_AS(CommError, comm_ != nullptr && !aborted_)
+      << "the NCCL communicator was aborted after an earlier error or timeout";
+}
+
+void NcclCommunicator::Fail(ncclResult_t r, const std::string& what) {
+  std::string text = cuda::detail::NcclResultText(static_cast<int>(r));
+  if (comm_ != nullptr) {
+    const char* last = ncclGetLastError(comm_);
+    if (last != nullptr && last[0] != '\0') text += std::string(" [") + last + "]";
+  }
+  Abort();
+  DPT_THROW(NcclError) << what << ": " << text << " (rank " << rank_ << " of " << size_
+                       << "; the NCCL communicator was aborted)";
+}
+
+void NcclCommunicator::TimedOut(const std::string& what, double waited) {
+  Abort();
+  DPT_THROW(CommError) << what << " did not complete within " << waited
+                       << " s (dist.collective_timeout_s = " << timeout_s_
+                       << "): a peer rank has probably died, hung or fallen behind; the NCCL "
+                       << "communicator was aborted. NCCL_DEBUG=INFO shows the connections "
+                       << "NCCL made; docs/gpu.md lists the usual causes";
+}
+
+void NcclCommunicator::WaitIdle(const char* what) {
+  const auto start = Clock::now();
+  while (true) {
+    ncclResult_t state = ncclSuccess;
+    const ncclResult_t r = ncclCommGetAsyncError(comm_, &state);
+    if (r != ncclSuccess) Fail(r, std::string("ncclCommGetAsyncError after ") + what);
+    if (state == ncclSuccess) return;
+    if (state != ncclInProgress) Fail(state, what);
+    if (Seconds(start) > timeout_s_) TimedOut(what, Seconds(start));
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+void NcclCommunicator::Check(ncclResult_t r, const char* what) {
+  if (r == ncclSuccess) return;
+  if (r == ncclInProgress) {
+    WaitIdle(what);
+    return;
+  }
+  Fail(r, what);
+}
+
+void NcclCommunicator::AfterCompute() {
+  DPT_CUDA_CHECK(cudaEventRecord(ready_, be_.stream()));
+  DPT_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
+}
+
+cudaEvent_t NcclCommunicator::RecordDone() {
+  cudaEvent_t done = nullptr;
+  DPT_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+  const cudaError_t e = cudaEventRecord(done, stream_);
+  if (e != cudaSuccess) {
+    cudaEventDestroy(done);
+    DPT_CUDA_CHECK(e);
+  }
+  return done;
+}
+
+bool NcclCommunicator::Query(cudaEvent_t done, const std::string& what) {
+  CheckUsable();
+  const cudaError_t q = cudaEventQuery(done);
+  if (q == cudaSuccess) return true;
+  if (q != cudaErrorNotReady) {
+    (void)cudaGetLastError();
+    Abort();
+    DPT_THROW(CudaError) << "waiting for " << what << ": " << cuda::detail::CudaErrorText(q);
+  }
+  ncclResult_t state = ncclSuccess;
+  const ncclResult_t r = ncclCommGetAsyncError(comm_, &state);
+  if (r != ncclSuccess) Fail(r, "ncclCommGetAsyncError during " + what);
+  if (state != ncclSuccess && state != ncclInProgress) Fail(state, what);
+  return false;
+}
+
+void NcclCommunicator::WaitDone(cudaEvent_t done, const std::string& what) {
+  CheckUsable();
+  // Later compute-stream work (the optimizer step reading the reduced gradients) waits on the
+  // GPU; the host also waits, so a hang becomes an error after the timeout.
+  DPT_CUDA_CHECK(cudaStreamWaitEvent(be_.stream(), done, 0));
+  const auto start = Clock::now();
+  for (int spins = 0; !Query(done, what); ++spins) {
+    const double waited = Seconds(start);
+    if (waited > timeout_s_) TimedOut(what, waited);
+    if (spins < 2000) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+}
+
+bool NcclCommunicator::DrainNoThrow(cudaEvent_t done) noexcept {
+  const auto start = Clock::now();
+  while (true) {
+    const cudaError_t q = cudaEventQuery(done);
+    if (q == cudaSuccess) return true;
+    if (q != cudaErrorNotReady || aborted_ || Seconds(start) > timeout_s_) {
+      (void)cudaGetLastError();
+      Abort();
+      return false;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+}
+
+std::unique_ptr<CommHandle> NcclCommunicator::AllReduceAsync(Tensor* t, ReduceOp op) {
+  CheckUsable();
+  CheckDeviceTensor(*t, "allreduce");
+  DPT_CHECK(op != ReduceOp::kAvg || IsFloat(t->dtype()))
+      << "nccl: average of a " << DTypeName(t->dtype()) << " tensor";
+  std::ostringstream what;
+  what << "NCCL allreduce of " << t->numel() << " " << DTypeName(t->dtype()) << " values";
+  if (t->numel() == 0) return std::make_unique<NcclHandle>(this, nullptr, Tensor(), what.str());
+  AfterCompute();
+  Check(ncclAllReduce(t->raw(), t->raw(), static_cast<size_t>(t->numel()), NcclType(t->dtype()),
+                      NcclOp(op), comm_, stream_),
+        "ncclAllReduce");
+  return std::make_unique<NcclHandle>(this, RecordDone(), *t, what.str());
+}
+
+void NcclCommunicator::Broadcast(Tensor* t, int root) {
+  CheckUsable();
+  CheckDeviceTensor(*t, "broadcast");
+  DPT_CHECK(root >= 0 && root < size_) << "broadcast root " << root << " of " << size_;
+  if (t->bytes() == 0) return;
+  AfterCompute();
+  Check(ncclBroadcast(t->raw(), t->raw(), t->bytes(), ncclUint8, root, comm_, stream_),
+        "ncclBroadcast");
+  NcclHandle h(this, RecordDone(), *t,
+               "NCCL broadcast of " + std::to_string(t->bytes()) + " bytes");
+  h.Wait();
+}
+
+void NcclCommunicator::AllGather(const Tensor& in, Tensor* out) {
+  CheckUsable();
+  CheckDeviceTensor(in, "allgather");
+  CheckDeviceTensor(*out, "allgather");
+  DPT_CHECK(out->bytes() == in.bytes() * static_cast<size_t>(size_))
+      << "allgather: " << out->bytes() << " bytes for " << size_ << " x " << in.bytes();
+  if (in.bytes() == 0) return;
+  AfterCompute();
+  Check(ncclAllGather(in.raw(), out->raw(), in.bytes(), ncclUint8, comm_, stream_),
+        "ncclAllGather");
+  NcclHandle h(this, RecordDone(), *out,
+               "NCCL allgather of " + std::to_string(in.bytes()) + " bytes per rank");
+  h.Wait();
+}
+
+std::unique_ptr<Communicator> NcclCommunicator::Split(int color) {
+  std::unique_ptr<Communicator> sub = control_.Split(color);
+  if (sub == nullptr) return nullptr;
+  Communicator& ref = *sub;
+  return std::make_unique<NcclCommunicator>(be_, ref, std::move(sub), timeout_s_);
+}
+
+}  // namespace
+
+std::unique_ptr<Communicator> CreateNcclCommunicator(Backend& backend, Communicator& control,
+                                                     double timeout_s) {
+  auto* cuda = dynamic_cast<cuda::CudaBackend*>(&backend);
+  DPT_CHECK(cuda != nullptr) << "the NCCL communicator needs the cuda backend, got '"
+                             << backend.name() << "'";
+  return std::make_unique<NcclCommunicator>(*cuda, control, nullptr, timeout_s);
+}
+
+void AbortNcclCommunicators() noexcept {
+  std::lock_guard<std::mutex> lock(g_live_mu);
+  for (NcclCommunicator* c : Live()) c->Abort();
+}
+
+}  // namespace dptrain

@@ -1,0 +1,162 @@
+// SPDX-License-Identifier: Apache-2.0
+// GPU-only (label cuda; skipped with the reason without a GPU): every zoo model's forward, loss
+// and backward on the CUDA backend against the CPU backend (the reference) from identical
+// parameters and inputs; bit-identical reruns (deterministic algorithms); bf16 close to fp32;
+// and the backend's edges: copies, out-of-memory as a typed error that leaves the device usable,
+// bad labels as DataError, device identity and library versions.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "models/loss.h"
+#include "models/model.h"
+#include "models/zoo/zoo.h"
+#include "runtime/backend_registry.h"
+#include "runtime/error.h"
+#include "tests/testing/backends.h"
+#include "tests/testing/tolerances.h"
+
+namespace dptrain::testing {
+namespace {
+
+constexpr int64_t kBatch = 8;
+constexpr int64_t kClasses = 10;
+
+struct ModelRun {
+  std::vector<float> out, grads, buffers;
+  double loss = 0;
+};
+
+// One training forward + loss + backward of zoo model `name` on `be` from seed-initialised
+// parameters and fixed inputs.
+ModelRun ForwardBackward(Backend& be, const std::string& name, Precision precision) {
+  const Shape in = DefaultInputShape(name);
+  Model m(be, BuildZooModel(be, name, kClasses), in);
+  m.Setup(kBatch, precision);
+  m.InitParams(7);
+  std::vector<int64_t> dims{kBatch};
+  for (int64_t d : in.dims()) dims.push_back(d);
+  const Shape xs(dims);
+  const Tensor x = ToDevice(be, RandomUniform(static_cast<size_t>(xs.numel()), 11), xs);
+  const Tensor y = ToDeviceI32(be, RandomLabels(kBatch, kClasses, 12), {kBatch});
+  ForwardContext ctx;
+  ctx.training = true;
+  ctx.seed = 3;
+  const Tensor& out = m.Forward(x, ctx);
+  Loss loss(be, LossKind::kCrossEntropy, m.output_shape());
+  loss.Forward(out, y);
+  const Tensor& dout = loss.Backward(out, y, kBatch);
+  m.Backward(dout, false);
+  ModelRun r;
+  r.out = ToHost(be, out);
+  r.loss = ScalarToHost(be, loss.loss_sum());
+  r.grads = ToHost(be, m.grads());
+  r.buffers = ToHost(be, m.buffers());
+  return r;
+}
+
+class CudaModelTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CudaModelTest, MatchesTheCpuBackend) {
+  DPT_BACKEND_OR_SKIP(cuda, "cuda");
+  const ModelRun ref = ForwardBackward(GetBackend("cpu"), GetParam(), Precision::kF32);
+  const ModelRun got = ForwardBackward(*cuda, GetParam(), Precision::kF32);
+  EXPECT_TRUE(AllClose(got.out, ToDouble(ref.out), kCrossBackendTol)) << "outputs";
+  EXPECT_TRUE(Close(got.loss, ref.loss, kCrossBackendTol)) << "loss";
+  EXPECT_TRUE(AllClose(got.grads, ToDouble(ref.grads), kCrossBackendTol)) << "gradients";
+  EXPECT_TRUE(AllClose(got.buffers, ToDouble(ref.buffers), kCrossBackendTol)) << "buffers";
+}
+
+TEST_P(CudaModelTest, RerunsAreBitIdentical) {
+  DPT_BACKEND_OR_SKIP(cuda, "cuda");
+  const ModelRun a = ForwardBackward(*cuda, GetParam(), Precision::kF32);
+  const ModelRun b = ForwardBackward(*cuda, GetParam(), Precision::kF32);
+  EXPECT_EQ(a.out, b.out);
+  EXPECT_EQ(a.grads, b.grads) << "backward must use deterministic algorithms";
+}
+
+TEST_P(CudaModelTest, Bf16LossIsCloseToFp32) {
+  DPT_BACKEND_OR_SKIP(cuda, "cuda");
+  Conv2dDesc probe;
+  probe.n = probe.c = probe.h = probe.w = probe.k = probe.r = probe.s = 1;
+  probe.precision = Precision::kBF16;
+  if (!cuda->Supports(probe)) GTEST_SKIP() << "cuda: bf16 needs compute capability 8.0";
+  const ModelRun f32 = ForwardBackward(*cuda, GetParam(), Precision::kF32);
+  const ModelRun bf16 = ForwardBackward(*cuda, GetParam(), Precision::kBF16);
+  EXPECT_TRUE(std::isfinite(bf16.loss));
+  EXPECT_TRUE(Close(bf16.loss, f32.loss, kBF16Tol));
+}
+
+INSTANTIATE_TEST_SUITE_P(Zoo, CudaModelTest, ::testing::ValuesIn(ZooNames()),
+                         [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
+
+TEST(CudaBackendTest, CopiesRoundTrip) {
+  DPT_BACKEND_OR_SKIP(cuda, "cuda");
+  for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{1009}, int64_t{(1 << 22) + 3}}) {
+    SCOPED_TRACE("n=" + std::to_string(n));
+    const std::vector<float> v = RandomUniform(static_cast<size_t>(n), 21);
+    Tensor a = ToDevice(*cuda, v, {n});
+    Tensor b = cuda->Empty({n}, DType::kF32, "b");
+    cuda->Copy(a, &b);
+    EXPECT_EQ(ToHost(*cuda, b), v);
+    cuda->Zero(&b);
+    EXPECT_EQ(ToHost(*cuda, b), std::vector<float>(static_cast<size_t>(n), 0.f));
+    cuda->Fill(&b, 2.5f);
+    EXPECT_EQ(ToHost(*cuda, b), std::vector<float>(static_cast<size_t>(n), 2.5f));
+  }
+}
+
+TEST(CudaBackendTest, OutOfMemoryIsTypedAndRecoverable) {
+  DPT_BACKEND_OR_SKIP(cuda, "cuda");
+  CachingAllocator& alloc = cuda->allocator();
+  // Beyond the device itself: cudaMalloc fails, the cache is emptied, OutOfMemory is thrown.
+  const auto dev = BackendDevice(*cuda);
+  ASSERT_TRUE(dev.has_value());
+  EXPECT_THROW(cuda->Empty({static_cast<int64_t>(dev->memory_total)}, DType::kF32, "too big"),
+               OutOfMemory);
+  // Beyond a budget.
+  const size_t old_budget = alloc.budget();
+  alloc.set_budget(alloc.stats().reserved + (size_t{1} << 20));
+  EXPECT_THROW(cuda->Empty({int64_t{1} << 20}, DType::kF32, "over budget"), OutOfMemory);
+  alloc.set_budget(old_budget);
+  // The failed cudaMalloc left no error behind: kernels and copies still work.
+  Tensor t = cuda->Empty({1000}, DType::kF32, "after oom");
+  cuda->Fill(&t, 1.f);
+  EXPECT_EQ(cuda->SumSquares(t), 1000.0);
+}
+
+TEST(CudaBackendTest, BadLabelIsDataError) {
+  DPT_BACKEND_OR_SKIP(cuda, "cuda");
+  const int64_t n = 4, k = 3;
+  Tensor logits = ToDevice(*cuda, RandomUniform(n * k, 31), {n, k});
+  Tensor probs = cuda->Empty({n, k}, DType::kF32, "probs");
+  Tensor loss = cuda->Empty({1}, DType::kF32, "loss");
+  EXPECT_THROW(cuda->SoftmaxCrossEntropy(logits, ToDeviceI32(*cuda, {0, 1, 3, 2}, {n}), &probs,
+                                         &loss, nullptr),
+               DataError);
+  cuda->SoftmaxCrossEntropy(logits, ToDeviceI32(*cuda, {0, 1, 2, 2}, {n}), &probs, &loss, nullptr);
+  EXPECT_TRUE(std::isfinite(ScalarToHost(*cuda, loss)));
+}
+
+TEST(CudaBackendTest, IdentityAndVersions) {
+  DPT_BACKEND_OR_SKIP(cuda, "cuda");
+  const auto dev = BackendDevice(*cuda);
+  ASSERT_TRUE(dev.has_value());
+  EXPECT_EQ(dev->uuid.rfind("GPU-", 0), 0u) << dev->uuid;
+  EXPECT_EQ(dev->uuid.size(), 40u) << dev->uuid;
+  EXPECT_FALSE(dev->pci_bus_id.empty());
+  EXPECT_GT(dev->memory_total, 0u);
+  bool cudnn = false;
+  for (const auto& [lib, version] : BackendLibraryVersions()) {
+    if (lib == "cuDNN") cudnn = version.rfind("9.", 0) == 0;
+    if (lib == "CUDA driver") {
+      EXPECT_NE(version, "none");
+    }
+  }
+  EXPECT_TRUE(cudnn);
+}
+
+}  // namespace
+}  // namespace dptrain::testing
