@@ -15,6 +15,16 @@
 namespace dptrain {
 namespace {
 
+// left + s + right built by appending: GCC 12 at -O3 reports a false -Wrestrict for
+// operator+(const char*, std::string&&) (GCC bug 105329), which -Werror turns into a failure.
+std::string Wrap(const char* left, const std::string& s, const char* right) {
+  std::string out(left);
+  out += s;
+  out += right;
+  return out;
+}
+std::string Quoted(const std::string& s) { return Wrap("\"", s, "\""); }
+
 constexpr size_t kMaxValues = 8;    // array attributes: first values, then "..."
 constexpr size_t kMaxString = 120;  // long strings (a config text) are shortened
 
@@ -22,7 +32,10 @@ std::string Shorten(std::string s) {
   for (char& c : s) {
     if (c == '\n' || c == '\r' || c == '\t') c = ' ';
   }
-  if (s.size() > kMaxString) s = s.substr(0, kMaxString) + "...";
+  if (s.size() > kMaxString) {
+    s.resize(kMaxString);
+    s += "...";
+  }
   return s;
 }
 
@@ -48,7 +61,7 @@ std::string AttrValue(hid_t attr) {
       if (H5Aread(attr, mem.get(), &s) < 0) return "?";
       std::string out = s != nullptr ? s : "";
       H5free_memory(s);
-      return "\"" + Shorten(out) + "\"";
+      return Quoted(Shorten(out));
     }
     const size_t size = H5Tget_size(type.get());
     std::string buf(size + 1, '\0');
@@ -56,9 +69,9 @@ std::string AttrValue(hid_t attr) {
     H5Tset_size(mem.get(), size + 1);
     if (H5Aread(attr, mem.get(), buf.data()) < 0) return "?";
     buf.resize(std::strlen(buf.c_str()));
-    return "\"" + Shorten(buf) + "\"";
+    return Quoted(Shorten(buf));
   }
-  if (cls != H5T_INTEGER && cls != H5T_FLOAT) return "<" + h5::TypeName(type.get()) + ">";
+  if (cls != H5T_INTEGER && cls != H5T_FLOAT) return Wrap("<", h5::TypeName(type.get()), ">");
   std::vector<double> v(static_cast<size_t>(n));
   if (n > 0 && H5Aread(attr, H5T_NATIVE_DOUBLE, v.data()) < 0) return "?";
   const bool array = H5Sget_simple_extent_ndims(space.get()) > 0;
@@ -178,6 +191,12 @@ std::string DescribeHdf5File(const std::string& path) {
                           H5Lexists(file.get(), "labels", H5P_DEFAULT) > 0;
   if (is_dataset) DescribeDataset(file.get(), path, os);
   return os.str();
+}
+
+std::string Hdf5LibraryVersion() {
+  unsigned major = 0, minor = 0, release = 0;
+  if (H5get_libversion(&major, &minor, &release) < 0) return "unknown";
+  return std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(release);
 }
 
 }  // namespace dptrain

@@ -15,4 +15,7 @@ namespace dptrain {
 // not). Throws IoError naming the file when it is missing or not HDF5.
 std::string DescribeHdf5File(const std::string& path);
 
+// The HDF5 library this binary runs with, "1.10.8" (for `dptrain info`).
+std::string Hdf5LibraryVersion();
+
 }  // namespace dptrain

@@ -1,11 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
-// dptrain entry point: subcommands train, convert, inspect, info. The only place that decides a
-// process's fate: errors are printed once and turned into the exit codes of DESIGN.md section 8
-// (MPI_Abort when only some ranks failed, so no peer is left blocked in a collective).
+// dptrain entry point: subcommands train, eval, convert, inspect, info. The only place that
+// decides a process's fate: errors are printed once and turned into the exit codes of DESIGN.md
+// section 8 (MPI_Abort when only some ranks failed, so no peer is left blocked in a collective);
+// a run stopped by a preemption signal exits 0 or the code of --requeue-exit-code.
 #include <fmt/format.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -14,9 +16,12 @@
 #include "datasets/convert/convert.h"
 #include "datasets/inspect.h"
 #include "launcher/config.h"
+#include "launcher/device_binding.h"
 #include "launcher/process_env.h"
 #include "runtime/backend_registry.h"
+#include "runtime/checkpoint/checkpoint.h"
 #include "runtime/comm/mpi_communicator.h"
+#include "runtime/comm/routing_communicator.h"
 #include "runtime/error.h"
 #include "runtime/trainer.h"
 
@@ -37,8 +42,19 @@ void PrintError(const std::string& what) {
   std::fflush(stderr);
 }
 
-int CmdTrain(const std::string& config_path, const std::vector<std::string>& sets, int* argc,
-             char*** argv) {
+// `train` and `eval`: both start MPI, bind the backend and run on every rank.
+struct RunArgs {
+  std::string config_path;
+  std::vector<std::string> sets;
+  bool eval = false;
+  std::string checkpoint;     // eval: the checkpoint to evaluate
+  int requeue_exit_code = 0;  // train: exit code after a preemption signal
+};
+
+int CmdRun(const RunArgs& args, int* argc, char*** argv) {
+  const std::string& config_path = args.config_path;
+  const std::vector<std::string>& sets = args.sets;
+  const bool eval = args.eval;
   // Launcher variables are read before MPI_Init (and before anything touches a GPU).
   const LauncherVars vars = ReadLauncherVars([](const char* n) { return std::getenv(n); });
   TrainConfig cfg;
@@ -49,6 +65,15 @@ int CmdTrain(const std::string& config_path, const std::vector<std::string>& set
     return e.exit_code();
   }
 
+  // Device binding before MPI_Init and before any CUDA call (DESIGN.md section 4): CUDA reads
+  // CUDA_VISIBLE_DEVICES once, and a CUDA-aware MPI may initialise CUDA inside MPI_Init.
+  const GetEnvFn getenv_fn = [](const char* n) { return std::getenv(n); };
+  GpuBinder binder(cfg.dist, getenv_fn);
+  if (vars.local_rank) binder.BindEarly(*vars.local_rank, vars.local_size.value_or(0));
+
+  // Preemption signals are taken over before MPI_Init starts threads that would inherit an
+  // unblocked signal mask (InstallStopSignalHandlers).
+  if (!eval) InstallStopSignalHandlers();
   MpiSession mpi(argc, argv);
   std::unique_ptr<Communicator> comm;
   try {
@@ -72,15 +97,18 @@ int CmdTrain(const std::string& config_path, const std::vector<std::string>& set
           << "on some ranks, or files that differ between hosts); every rank must run the same";
     });
 
-    const int threads = ChooseThreads(cfg.dist.threads, std::getenv("OMP_NUM_THREADS"),
-                                      AffinityCores(), env.local_size);
-    std::string device = cfg.dist.device;
+    // Deterministic mode: a thread count that depends on the config alone (not on the cores or
+    // OMP_NUM_THREADS of the machine), since the CPU kernels' reduction order depends on it.
+    const int threads = cfg.train.deterministic
+                            ? static_cast<int>(std::max<int64_t>(cfg.dist.threads, 1))
+                            : ChooseThreads(cfg.dist.threads, std::getenv("OMP_NUM_THREADS"),
+                                            AffinityCores(), OnlineCores(), env.local_size);
+    std::string device;
     Backend* backend = nullptr;
     RunAgreed(*comm, [&] {
-      if (device == "auto") {
-        std::string why;
-        device = BackendAvailable("cuda", &why) ? "cuda" : "cpu";
-      }
+      // "auto" resolves without touching CUDA (NVML); then the device is bound and selected.
+      device = binder.Bind(env.local_rank, env.local_size);
+      if (binder.binding()) SelectDevice(device, binder.binding()->cuda_ordinal);
       backend = &GetBackend(device);
       backend->SetThreads(threads);
       if (cfg.memory.limit_bytes > 0) backend->allocator().set_budget(cfg.memory.limit_bytes);
@@ -90,9 +118,41 @@ int CmdTrain(const std::string& config_path, const std::vector<std::string>& set
       std::fputs(table.c_str(), stdout);
       std::fflush(stdout);
     }
+    if (const auto gpu = BackendDevice(*backend)) {
+      // Every rank on its own GPU: all ranks hold the same rows and reach the same verdict.
+      BoundDevice mine{env.rank,  env.host,  env.local_rank, binder.binding()->entry,
+                       gpu->name, gpu->uuid, gpu->pci_bus_id};
+      std::string bindings;
+      try {
+        bindings = ExchangeBindings(*comm, mine, binder.allow_sharing());
+      } catch (const ConfigError& e) {
+        throw AgreedError(e.what(), e.exit_code());
+      }
+      if (env.rank == 0) {
+        std::fputs(bindings.c_str(), stdout);
+        std::fflush(stdout);
+      }
+    }
+
+    // Device tensors (gradient buckets, parameter broadcasts) go over NCCL, host values
+    // (agreements, metrics) over MPI; the trainer sees one communicator that routes by device.
+    const bool on_gpu = backend->device() != Device::kCpu;
+    RunAgreed(*comm, [&] {
+      DPT_CHECK_AS(ConfigError, !(on_gpu && cfg.dist.backend == "mpi"))
+          << "dist.backend = \"mpi\" cannot reduce GPU memory (the MPI communicator works on "
+          << "host buffers); use \"nccl\" or \"auto\" with dist.device = \"" << device << "\"";
+      DPT_CHECK_AS(ConfigError, on_gpu || cfg.dist.backend != "nccl")
+          << "dist.backend = \"nccl\" needs GPUs, but this run uses the CPU (dist.device = \""
+          << cfg.dist.device << "\" resolved to \"" << device << "\")";
+    });
+    std::unique_ptr<Communicator> device_comm, routed;
+    if (on_gpu) {
+      device_comm = CreateDeviceCommunicator(*backend, *comm, cfg.dist.collective_timeout_s);
+      routed = std::make_unique<RoutingCommunicator>(*comm, *device_comm);
+    }
 
     TrainEnv tenv;
-    tenv.comm = comm.get();
+    tenv.comm = routed != nullptr ? routed.get() : comm.get();
     tenv.backend = backend;
     tenv.local_rank = env.local_rank;
     tenv.local_size = env.local_size;
@@ -102,7 +162,22 @@ int CmdTrain(const std::string& config_path, const std::vector<std::string>& set
     // A live progress line only for a single process on a terminal: mpirun gives ranks a pty
     // even when its own output goes to a file or a pipe.
     tenv.interactive = env.world == 1 && !vars.local_rank && isatty(STDOUT_FILENO) != 0;
-    Train(cfg, tenv);
+    if (eval) {
+      EvaluateCheckpoint(cfg, tenv, args.checkpoint);
+    } else {
+      const TrainResult r = Train(cfg, tenv);
+      if (r.stop_signal != 0 && args.requeue_exit_code != 0) {
+        if (env.rank == 0) {
+          std::printf(
+              "dptrain: exiting with code %d (--requeue-exit-code) so that the job is "
+              "requeued\n",
+              args.requeue_exit_code);
+          std::fflush(stdout);
+        }
+        comm.reset();
+        return args.requeue_exit_code;
+      }
+    }
   } catch (const AgreedError& e) {
     // Every rank holds the same error: rank 0 prints it, all exit alike.
     if (comm == nullptr || comm->rank() == 0) PrintError(e.what());
@@ -110,17 +185,30 @@ int CmdTrain(const std::string& config_path, const std::vector<std::string>& set
     return e.exit_code();
   } catch (const Error& e) {
     PrintError(e.what());
+    AbortDeviceCommunicators();
     MpiSession::Abort(e.exit_code());
   } catch (const std::exception& e) {
     PrintError(RankTag() + "internal error: " + e.what());
+    AbortDeviceCommunicators();
     MpiSession::Abort(kExitInternal);
   }
   comm.reset();
   return kExitOk;
 }
 
-int CmdInfo() {
+int CmdInfo(const DistConfig& dist) {
   fmt::print("dptrain {}\n", DPTRAIN_VERSION);
+  const GetEnvFn getenv_fn = [](const char* n) { return std::getenv(n); };
+  const LauncherVars vars = ReadLauncherVars(getenv_fn);
+  fmt::print("host {}: {} cores in the affinity mask", HostName(), AffinityCores());
+  if (vars.local_rank) {
+    fmt::print(", local rank {} (from {})", *vars.local_rank, vars.local_rank_source);
+  }
+  fmt::print("\n");
+  // NVML first: it creates no CUDA context, and the binding lines below use its count.
+  const GpuInventory gpus = ProbeGpus();
+  fmt::print("{}", DescribeGpus(gpus));
+  fmt::print("{}", DescribeBindings(dist, gpus, getenv_fn, vars.local_size.value_or(0)));
   fmt::print("backends built: ");
   for (const auto& b : BuiltBackends()) fmt::print("{} ", b);
   fmt::print("\n");
@@ -129,13 +217,12 @@ int CmdInfo() {
     const bool ok = BackendAvailable(b, &why);
     fmt::print("  {}: {}\n", b, ok ? "available" : "not available: " + why);
   }
-  fmt::print("MPI: {}\n", MpiSession::LibraryVersion());
-  const LauncherVars vars = ReadLauncherVars([](const char* n) { return std::getenv(n); });
-  fmt::print("host {}: {} cores in the affinity mask", HostName(), AffinityCores());
-  if (vars.local_rank) {
-    fmt::print(", local rank {} (from {})", *vars.local_rank, vars.local_rank_source);
+  fmt::print("libraries:\n");
+  for (const auto& [lib, version] : BackendLibraryVersions()) {
+    fmt::print("  {:<13} {}\n", lib, version);
   }
-  fmt::print("\n");
+  fmt::print("  {:<13} {}\n", "MPI", MpiSession::LibraryVersion());
+  fmt::print("  {:<13} {}\n", "HDF5", Hdf5LibraryVersion());
   return 0;
 }
 
@@ -148,11 +235,20 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string(DPTRAIN_VERSION));
 
-  std::string config;
-  std::vector<std::string> sets;
+  RunArgs run;
   auto* train = app.add_subcommand("train", "train a model (under mpirun/srun, or alone = 1 rank)");
-  train->add_option("--config", config, "TOML run config")->required();
-  train->add_option("--set", sets, "override a config key: --set train.lr=0.1 (repeatable)");
+  train->add_option("--config", run.config_path, "TOML run config")->required();
+  train->add_option("--set", run.sets, "override a config key: --set train.lr=0.1 (repeatable)");
+  train
+      ->add_option("--requeue-exit-code", run.requeue_exit_code,
+                   "exit code after a preemption signal (SIGTERM, SIGUSR1) stopped training and "
+                   "the checkpoint was written (default 0)")
+      ->check(CLI::Range(0, 255));
+
+  auto* eval = app.add_subcommand("eval", "evaluate a checkpoint on data.test (every rank)");
+  eval->add_option("--config", run.config_path, "TOML run config (model, data.test)")->required();
+  eval->add_option("--checkpoint", run.checkpoint, "checkpoint file (.h5)")->required();
+  eval->add_option("--set", run.sets, "override a config key: --set data.test=x.h5 (repeatable)");
 
   std::string from, images, labels, input, out, split = "train";
   auto* convert = app.add_subcommand("convert", "convert a dataset to dptrain's HDF5 format");
@@ -168,6 +264,10 @@ int main(int argc, char** argv) {
   inspect->add_option("file", inspect_path, "HDF5 file")->required();
 
   auto* info = app.add_subcommand("info", "devices, bindings, library versions");
+  DistConfig info_dist;
+  info->add_option("--gpus", info_dist.gpus, "as dist.gpus: show the binding for this list");
+  info->add_option("--device-binding", info_dist.device_binding, "as dist.device_binding")
+      ->check(CLI::IsMember({"remap", "set-device"}));
 
   try {
     app.parse(argc, argv);
@@ -181,10 +281,17 @@ int main(int argc, char** argv) {
   }
 
   try {
-    if (*train) return CmdTrain(config, sets, &argc, &argv);
-    if (*info) return CmdInfo();
+    if (*train) return CmdRun(run, &argc, &argv);
+    if (*eval) {
+      run.eval = true;
+      return CmdRun(run, &argc, &argv);
+    }
+    if (*info) return CmdInfo(info_dist);
     if (*inspect) {
-      std::fputs(DescribeHdf5File(inspect_path).c_str(), stdout);
+      // Checkpoints get their own description (state, tensors with checksum verdicts, config).
+      std::fputs(IsCheckpointFile(inspect_path) ? DescribeCheckpoint(inspect_path).c_str()
+                                                : DescribeHdf5File(inspect_path).c_str(),
+                 stdout);
       return kExitOk;
     }
     if (*convert) {

@@ -55,13 +55,21 @@ LauncherVars ReadLauncherVars(const std::function<const char*(const char*)>& get
 }
 
 int ChooseThreads(int64_t configured, const char* omp_num_threads, int affinity_cores,
-                  int local_size) {
+                  int online_cores, int local_size) {
   if (configured > 0) return static_cast<int>(configured);
   if (omp_num_threads != nullptr && *omp_num_threads != '\0') {
     const int n = std::atoi(omp_num_threads);
     if (n > 0) return n;
   }
+  // A launcher that pins ranks (mpirun --bind-to socket, srun --cpu-bind) already gave this
+  // process only its share of the cores: use them all. Otherwise share the node's cores.
+  if (affinity_cores < online_cores) return std::max(1, affinity_cores);
   return std::max(1, affinity_cores / std::max(1, local_size));
+}
+
+int OnlineCores() {
+  const long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? static_cast<int>(n) : 1;
 }
 
 int AffinityCores() {

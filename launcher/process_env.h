@@ -25,11 +25,13 @@ struct LauncherVars {
 // (under mpirun inside an allocation it is 0 on every rank). Malformed values -> ConfigError.
 LauncherVars ReadLauncherVars(const std::function<const char*(const char*)>& getenv);
 
-// Compute threads for this rank: dist.threads when > 0; else OMP_NUM_THREADS when set; else the
-// cores in the affinity mask divided by the ranks on this node, at least 1.
+// Compute threads for this rank: dist.threads when > 0; else OMP_NUM_THREADS when set; else,
+// when the launcher pinned the process to a subset of the node (affinity < online cores), the
+// cores of its mask; else the node's cores divided by the ranks on this node; at least 1.
 int ChooseThreads(int64_t configured, const char* omp_num_threads, int affinity_cores,
-                  int local_size);
+                  int online_cores, int local_size);
 int AffinityCores();  // cores in this process's sched_getaffinity mask
+int OnlineCores();    // cores online on this node
 
 struct ProcessEnv {
   int rank = 0, world = 1;

@@ -1,20 +1,28 @@
 // SPDX-License-Identifier: Apache-2.0
 // The training loop. One optimizer step = `accumulate` micro-steps over slices of this rank's
 // share of the global batch; only the last micro-step's backward reduces gradients (bucketed,
-// overlapped). Metrics are summed over ranks before rank 0 reports them.
+// overlapped). Metrics are summed over ranks before rank 0 reports them. Checkpoints: rank 0
+// reads (resume/init) and broadcasts; rank 0 snapshots to host memory and a background thread
+// writes; a per-step allreduce of two flags agrees on preemption and on a failed write.
 #include "runtime/trainer.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
+#include <csignal>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <thread>
 
 #include "datasets/dataset.h"
 #include "datasets/loader.h"
@@ -22,6 +30,7 @@
 #include "models/loss.h"
 #include "models/model.h"
 #include "models/zoo/zoo.h"
+#include "runtime/checkpoint/checkpoint.h"
 #include "runtime/comm/reducer.h"
 #include "runtime/error.h"
 #include "runtime/optim/optimizer.h"
@@ -46,6 +55,23 @@ void AgreeOnFailure(Communicator& comm, const std::string& msg, int code, bool f
 }  // namespace detail
 
 namespace {
+
+// Set when a stop signal arrives (by the sigwait thread, or the fallback handler: lock-free
+// atomics are async-signal-safe); read at step boundaries.
+std::atomic<int> g_stop_signal{0};
+std::atomic<int> g_signal_count{0};
+static_assert(std::atomic<int>::is_always_lock_free);
+
+void OnStopSignal(int sig) {
+  g_stop_signal.store(sig);
+  g_signal_count.fetch_add(1);
+}
+
+std::string SignalName(int sig) {
+  if (sig == SIGTERM) return "SIGTERM";
+  if (sig == SIGUSR1) return "SIGUSR1";
+  return "signal " + std::to_string(sig);
+}
 
 using Clock = std::chrono::steady_clock;
 double Since(Clock::time_point t0) {
@@ -114,11 +140,20 @@ std::unique_ptr<Dataset> MakeSynthetic(const Shape& sample, int64_t n, int64_t c
 
 std::string FormatDuration(double s) {
   if (!std::isfinite(s) || s < 0) return "?";
-  const int64_t t = static_cast<int64_t>(s + 0.5);
+  const int64_t t = std::llround(s);
   if (t >= 3600) return fmt::format("{}h{:02d}m", t / 3600, (t % 3600) / 60);
   if (t >= 60) return fmt::format("{}m{:02d}s", t / 60, t % 60);
   return fmt::format("{}s", t);
 }
+
+// Where a run starts: fresh, from checkpoint.init (parameters only) or resumed. Rank 0 decides
+// and broadcasts it as raw bytes, so plain fields only.
+struct StartPoint {
+  int64_t kind = 0;  // kFresh, kInit, kResumed
+  int64_t step = 0, epoch = 0, in_epoch = 0, optimizer_steps = 0, last_eval_step = -1;
+  double elapsed_s = 0, lr = 0;
+};
+constexpr int64_t kFresh = 0, kInit = 1, kResumed = 2;
 
 class Trainer {
  public:
@@ -126,17 +161,42 @@ class Trainer {
       : cfg_(cfg), env_(env), comm_(*env.comm), be_(*env.backend) {}
 
   TrainResult Run();
+  EvalResult RunEval(const std::string& checkpoint);
 
  private:
+  struct EvalSums {
+    double loss = 0, correct = 0, samples = 0;
+  };
+
   void SetupData();
+  void SetupEvalData();
   void SetupModel();
+  void SetupRunDir();
   void SetupOutputs();
+  void SetupCheckpointDir();
   void TrainStep(const HostBatch& batch);
+  EvalSums RunTestSet();
   void Evaluate(int64_t epoch);
   void LogStep(int64_t epoch, bool force);
   void WriteMetrics(const nlohmann::json& j);
   void UploadBatch(const HostBatch& b, int64_t begin, int64_t n);
   bool is_root() const { return comm_.rank() == 0 && !env_.quiet; }
+  double RunTime() const { return elapsed_offset_ + Since(run_start_); }
+
+  // ---- checkpoints ----
+  std::vector<TensorSpec> ParamSpecs() const;
+  std::vector<TensorSpec> OptimizerSpecs() const;
+  void LoadStartState();  // rank 0: resume / init per cfg_.checkpoint
+  void Resume(const std::string& path, const Checkpoint& c);
+  void LoadFlat(const std::vector<NamedTensor>& named, Tensor* flat, const Checkpoint& c,
+                const std::string& suffix, bool optimizer_group);
+  void LoadTensors(const Checkpoint& c, bool with_optimizer);
+  Checkpoint Snapshot();
+  void SaveCheckpoint();
+  bool AgreeToStop();
+  void ReportWrites();
+  void Say(const std::string& line) const;   // rank 0 (not quiet): stdout
+  void Warn(const std::string& line) const;  // rank 0 (not quiet): stderr
 
   const TrainConfig& cfg_;
   const TrainEnv& env_;
@@ -144,8 +204,10 @@ class Trainer {
   Backend& be_;
 
   bool regression_ = false;
+  bool eval_only_ = false;
   std::vector<float> teacher_;
   std::unique_ptr<Dataset> train_, test_;
+  Shape sample_shape_;
   std::unique_ptr<Sampler> sampler_;
   std::unique_ptr<TrainLoader> loader_;
   LoaderOptions loader_opts_;
@@ -160,9 +222,13 @@ class Trainer {
   Tensor x_dev_, y_dev_;
   std::vector<float> targets_host_;
 
-  int64_t step_ = 0;  // optimizer steps done
+  int64_t step_ = 0;      // optimizer steps done
+  int64_t epoch_ = 0;     // 0-based epoch in progress (= completed epochs)
+  int64_t in_epoch_ = 0;  // steps done within epoch_
+  int64_t session_start_step_ = 0;
   int64_t last_eval_step_ = -1;
   double lr_ = 0;
+  double elapsed_offset_ = 0;  // training time of earlier sessions (from the checkpoint)
   // Logging window (local sums; reduced over ranks when logged).
   double win_loss_ = 0;
   int64_t win_samples_ = 0, win_steps_ = 0;
@@ -170,7 +236,30 @@ class Trainer {
   double data_wait_s_ = 0, fwd_s_ = 0, bwd_s_ = 0, comm_s_ = 0, opt_s_ = 0;
   TrainResult result_;
   std::ofstream metrics_;
+
+  // Checkpoints. ckpt_io_: this rank reads and writes checkpoint files (rank 0).
+  bool ckpt_io_ = false;
+  std::string ckpt_dir_;
+  StartPoint start_;
+  std::unique_ptr<CheckpointWriter> writer_;
+  int64_t last_ckpt_step_ = -1;
+  std::map<int64_t, double> copy_s_;  // step -> seconds of its host copy, until reported
+  int stop_signal_ = 0;
 };
+
+void Trainer::Say(const std::string& line) const {
+  if (!is_root()) return;
+  if (env_.interactive) fmt::print("\n");
+  fmt::print("{}\n", line);
+  std::fflush(stdout);
+}
+
+void Trainer::Warn(const std::string& line) const {
+  if (!is_root()) return;
+  std::fflush(stdout);
+  fmt::print(stderr, "dptrain: warning: {}\n", line);
+  std::fflush(stderr);
+}
 
 void Trainer::SetupData() {
   const auto& d = cfg_.data;
@@ -188,6 +277,7 @@ void Trainer::SetupData() {
     o.cache = d.cache;
     train_ = OpenHdf5Dataset(d.train, o);
   }
+  sample_shape_ = train_->info().sample_shape;
   if (d.test == "synthetic") {
     test_ = MakeSynthetic(synthetic_shape, std::max<int64_t>(d.synthetic_samples / 4, 1), m.classes,
                           regression_, seed + 1);
@@ -234,11 +324,46 @@ void Trainer::SetupData() {
   loader_ = std::make_unique<TrainLoader>(*train_, *sampler_, loader_opts_);
 }
 
+// `dptrain eval`: only the test set. The batch is this rank's share of train.global_batch.
+void Trainer::SetupEvalData() {
+  const auto& d = cfg_.data;
+  const auto& m = cfg_.model;
+  const bool zoo = !m.name.empty();
+  regression_ =
+      m.loss == "mse" || (m.loss == "auto" && zoo && DefaultLoss(m.name) == LossKind::kMse);
+  DPT_CHECK_AS(ConfigError, !d.test.empty())
+      << "dptrain eval needs a test set: data.test is empty in " << cfg_.source
+      << " (set it, e.g. --set data.test=data/fmnist/test.h5)";
+  const uint64_t seed = static_cast<uint64_t>(cfg_.seed);
+  if (d.test == "synthetic") {
+    const Shape shape = zoo ? DefaultInputShape(m.name) : Shape{1, 28, 28};
+    test_ = MakeSynthetic(shape, std::max<int64_t>(d.synthetic_samples / 4, 1), m.classes,
+                          regression_, seed + 1);
+  } else {
+    OpenOptions o;
+    o.classes = regression_ ? -1 : m.classes;
+    o.cache = d.cache;
+    test_ = OpenHdf5Dataset(d.test, o);
+  }
+  sample_shape_ = test_->info().sample_shape;
+  if (regression_) teacher_ = TeacherWeights(sample_shape_.numel(), seed);
+  world_ = comm_.size();
+  local_batch_ = std::max<int64_t>(1, cfg_.train.global_batch / world_);
+  micro_ = local_batch_;
+  for (double v : d.mean) loader_opts_.mean.push_back(static_cast<float>(v));
+  for (double v : d.std) loader_opts_.std.push_back(static_cast<float>(v));
+  if (loader_opts_.mean.empty() && !test_->info().mean.empty()) {
+    loader_opts_.mean = test_->info().mean;
+    loader_opts_.std = test_->info().std;
+  }
+  loader_opts_.seed = seed;
+}
+
 void Trainer::SetupModel() {
   const auto& m = cfg_.model;
   auto net =
       m.name.empty() ? BuildFromLayers(be_, m.layers) : BuildZooModel(be_, m.name, m.classes);
-  model_ = std::make_unique<Model>(be_, std::move(net), train_->info().sample_shape);
+  model_ = std::make_unique<Model>(be_, std::move(net), sample_shape_);
   model_->Setup(micro_, ParsePrecision(cfg_.train.precision));
   model_->InitParams(static_cast<uint64_t>(cfg_.seed));
   const LossKind kind = regression_ ? LossKind::kMse : LossKind::kCrossEntropy;
@@ -249,6 +374,17 @@ void Trainer::SetupModel() {
         << "model.classes = " << m.classes;
   }
   loss_ = std::make_unique<Loss>(be_, kind, model_->output_shape());
+  Shape xs = model_->input_shape();
+  std::vector<int64_t> dims{micro_};
+  for (int64_t v : xs.dims()) dims.push_back(v);
+  x_dev_ = be_.Empty(Shape(dims), DType::kF32, "input batch");
+  if (regression_) {
+    y_dev_ = be_.Empty(model_->output_shape().WithBatch(micro_), DType::kF32, "target batch");
+  } else {
+    y_dev_ = be_.Empty(Shape{micro_}, DType::kI32, "label batch");
+  }
+  if (eval_only_) return;
+
   OptimizerConfig oc;
   oc.kind = cfg_.train.optimizer;
   oc.momentum = cfg_.train.momentum;
@@ -265,35 +401,58 @@ void Trainer::SetupModel() {
   sched_.step_size =
       cfg_.train.step_size > 0 ? cfg_.train.step_size : std::max<int64_t>(steps_per_epoch_, 1);
   sched_.gamma = cfg_.train.gamma;
-
-  Shape xs = model_->input_shape();
-  std::vector<int64_t> dims{micro_};
-  for (int64_t v : xs.dims()) dims.push_back(v);
-  x_dev_ = be_.Empty(Shape(dims), DType::kF32, "input batch");
-  if (regression_) {
-    y_dev_ = be_.Empty(model_->output_shape().WithBatch(micro_), DType::kF32, "target batch");
-  } else {
-    y_dev_ = be_.Empty(Shape{micro_}, DType::kI32, "label batch");
-  }
   if (world_ > 1) {
     reducer_ = std::make_unique<Reducer>(comm_, model_->grads(),
                                          static_cast<size_t>(cfg_.dist.bucket_mb) << 20);
   }
 }
 
-void Trainer::SetupOutputs() {
+void Trainer::SetupRunDir() {
   if (!is_root()) return;
   std::error_code ec;
   std::filesystem::create_directories(cfg_.run_dir, ec);
   DPT_CHECK_AS(IoError, !ec) << "run_dir '" << cfg_.run_dir
                              << "' cannot be created: " << ec.message();
+}
+
+// After SetupRunDir and SetupCheckpointDir: a run that cannot checkpoint changes no file.
+void Trainer::SetupOutputs() {
+  if (!is_root()) return;
   {
     std::ofstream f(cfg_.run_dir + "/config.toml");
     f << env_.resolved_toml;
     DPT_CHECK_AS(IoError, f.good()) << "cannot write " << cfg_.run_dir << "/config.toml";
   }
-  metrics_.open(cfg_.run_dir + "/metrics.jsonl", std::ios::trunc);
+  // A resumed run continues its metrics; a fresh one starts them over.
+  metrics_.open(cfg_.run_dir + "/metrics.jsonl",
+                start_.kind == kResumed ? std::ios::app : std::ios::trunc);
   DPT_CHECK_AS(IoError, metrics_.good()) << "cannot write " << cfg_.run_dir << "/metrics.jsonl";
+}
+
+// Rank 0: the checkpoint directory must be writable before any training time is spent.
+void Trainer::SetupCheckpointDir() {
+  if (!ckpt_io_) return;
+  std::error_code ec;
+  std::filesystem::create_directories(ckpt_dir_, ec);
+  if (ec || !std::filesystem::is_directory(ckpt_dir_, ec)) {
+    DPT_THROW(CheckpointError) << "cannot create the checkpoint directory " << ckpt_dir_ << ": "
+                               << (ec ? ec.message() : "a file of that name exists")
+                               << "; hint: point run_dir at a writable directory";
+  }
+  const std::string probe = ckpt_dir_ + "/.write-test-" + std::to_string(getpid());
+  const int fd = ::open(probe.c_str(), O_CREAT | O_WRONLY | O_TRUNC, 0644);
+  if (fd < 0) {
+    const int err = errno;
+    DPT_THROW(CheckpointError) << "the checkpoint directory " << ckpt_dir_
+                               << " is not writable: " << std::strerror(err)
+                               << "; hint: point run_dir at a writable directory";
+  }
+  ::close(fd);
+  ::unlink(probe.c_str());
+  for (const std::string& p : RemoveStaleTemporaries(ckpt_dir_)) {
+    Say("dptrain: removed " + p + ", the partial file of a checkpoint write that was killed");
+  }
+  writer_ = std::make_unique<CheckpointWriter>(ckpt_dir_, cfg_.checkpoint.keep);
 }
 
 void Trainer::WriteMetrics(const nlohmann::json& j) {
@@ -339,7 +498,8 @@ void Trainer::TrainStep(const HostBatch& batch) {
     loss_->Forward(out, y);
     float loss_sum = 0;
     be_.CopyToHost(loss_->loss_sum(), &loss_sum);
-    win_loss_ += regression_ ? loss_sum / static_cast<double>(out.numel() / micro_) : loss_sum;
+    const int64_t outputs_per_sample = out.numel() / micro_;  // regression: mean over outputs
+    win_loss_ += regression_ ? loss_sum / static_cast<double>(outputs_per_sample) : loss_sum;
     const Tensor& dout = loss_->Backward(out, y, micro_);
     fwd_s_ += Since(t0);
     t0 = Clock::now();
@@ -382,10 +542,12 @@ void Trainer::LogStep(int64_t epoch, bool force) {
                          << "for NaN/Inf, or use a warm-up (train.warmup_steps)";
   }
   if (is_root()) {
-    const double elapsed = Since(run_start_);
+    // ETA from this session's pace (a resumed run starts its clock again).
+    const double session = Since(run_start_);
+    const int64_t done = step_ - session_start_step_;
     const double eta =
-        step_ > 0 ? elapsed / static_cast<double>(step_) * static_cast<double>(total_steps_ - step_)
-                  : 0;
+        done > 0 ? session / static_cast<double>(done) * static_cast<double>(total_steps_ - step_)
+                 : 0;
     const std::string line = fmt::format(
         "epoch {}/{} step {}/{} loss {:.4g} lr {:.4g} {:.0f} samples/s eta {}", epoch + 1,
         std::max<int64_t>(cfg_.train.epochs, (total_steps_ + steps_per_epoch_ - 1) /
@@ -401,7 +563,7 @@ void Trainer::LogStep(int64_t epoch, bool force) {
     WriteMetrics({{"kind", "step"},
                   {"step", step_},
                   {"epoch", epoch + 1},
-                  {"time_s", elapsed},
+                  {"time_s", RunTime()},
                   {"loss", loss},
                   {"lr", lr_},
                   {"samples_per_s", sps}});
@@ -412,10 +574,7 @@ void Trainer::LogStep(int64_t epoch, bool force) {
   win_start_ = Clock::now();
 }
 
-void Trainer::Evaluate(int64_t epoch) {
-  if (!test_) return;
-  last_eval_step_ = step_;
-  const auto t0 = Clock::now();
+Trainer::EvalSums Trainer::RunTestSet() {
   const auto [begin, end] = EvalShard(test_->info().size, static_cast<int>(world_), comm_.rank());
   LoaderOptions o = loader_opts_;
   o.augment = "none";
@@ -433,36 +592,322 @@ void Trainer::Evaluate(int64_t epoch) {
     float l = 0, c = 0;
     be_.CopyToHost(loss_->loss_sum(), &l);
     be_.CopyToHost(loss_->correct(), &c);
-    sums[0] += regression_ ? l / static_cast<double>(out.numel() / b.n) : l;
+    const int64_t outputs_per_sample = out.numel() / b.n;
+    sums[0] += regression_ ? l / static_cast<double>(outputs_per_sample) : l;
     sums[1] += c;
     sums[2] += static_cast<double>(b.n);
   }
   // Exact-once: every test sample is counted on exactly one rank.
   comm_.AllReduceHost(sums, 3, ReduceOp::kSum);
-  result_.test_loss = sums[0] / std::max(sums[2], 1.0);
-  result_.test_accuracy = regression_ ? -1 : sums[1] / std::max(sums[2], 1.0);
+  return {sums[0], sums[1], sums[2]};
+}
+
+void Trainer::Evaluate(int64_t epoch) {
+  if (!test_) return;
+  last_eval_step_ = step_;
+  const auto t0 = Clock::now();
+  const EvalSums sums = RunTestSet();
+  result_.test_loss = sums.loss / std::max(sums.samples, 1.0);
+  result_.test_accuracy = regression_ ? -1 : sums.correct / std::max(sums.samples, 1.0);
   if (is_root()) {
     if (env_.interactive) fmt::print("\n");
     if (regression_) {
       fmt::print("eval epoch {} step {}: test_loss {:.6f} over {} samples ({:.1f}s)\n", epoch + 1,
-                 step_, result_.test_loss, static_cast<int64_t>(sums[2]), Since(t0));
+                 step_, result_.test_loss, static_cast<int64_t>(sums.samples), Since(t0));
     } else {
       fmt::print(
           "eval epoch {} step {}: test_loss {:.4f} test_accuracy {:.4f} over {} samples "
           "({:.1f}s)\n",
-          epoch + 1, step_, result_.test_loss, result_.test_accuracy, static_cast<int64_t>(sums[2]),
-          Since(t0));
+          epoch + 1, step_, result_.test_loss, result_.test_accuracy,
+          static_cast<int64_t>(sums.samples), Since(t0));
     }
     std::fflush(stdout);
     nlohmann::json j{{"kind", "eval"},
                      {"step", step_},
                      {"epoch", epoch + 1},
-                     {"time_s", Since(run_start_)},
+                     {"time_s", RunTime()},
                      {"test_loss", result_.test_loss},
-                     {"test_samples", static_cast<int64_t>(sums[2])}};
+                     {"test_samples", static_cast<int64_t>(sums.samples)}};
     if (!regression_) j["test_accuracy"] = result_.test_accuracy;
     WriteMetrics(j);
   }
+}
+
+// ---- checkpoints ----------------------------------------------------------------------------
+
+// /params: the parameters, the buffers and, per batch-norm layer, the int64 num_batches_tracked
+// that torch's state_dict has (dptrain does not use it, so a file may lack it).
+std::vector<TensorSpec> Trainer::ParamSpecs() const {
+  std::vector<TensorSpec> specs;
+  for (const auto& p : model_->named_params()) specs.push_back({p.name, p.tensor.shape().dims()});
+  for (const auto& b : model_->named_buffers()) {
+    specs.push_back({b.name, b.tensor.shape().dims()});
+    const std::string suffix = ".running_mean";
+    if (b.name.size() > suffix.size() &&
+        b.name.compare(b.name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+      const std::string layer = b.name.substr(0, b.name.size() - suffix.size());
+      specs.push_back({layer + ".num_batches_tracked", {}, CkptDType::kI64, true});
+    }
+  }
+  return specs;
+}
+
+std::vector<TensorSpec> Trainer::OptimizerSpecs() const {
+  std::vector<TensorSpec> specs;
+  for (const auto& slot : opt_->slot_names()) {
+    for (const auto& p : model_->named_params()) {
+      specs.push_back({p.name + "/" + slot, p.tensor.shape().dims()});
+    }
+  }
+  return specs;
+}
+
+// Copies the checkpoint's tensors named `<name><suffix>` into the flat buffer `flat` (which
+// keeps its alignment padding), in one host round trip.
+void Trainer::LoadFlat(const std::vector<NamedTensor>& named, Tensor* flat, const Checkpoint& c,
+                       const std::string& suffix, bool optimizer_group) {
+  std::vector<float> host(static_cast<size_t>(flat->numel()));
+  be_.CopyToHost(*flat, host.data());
+  for (const auto& n : named) {
+    const std::string name = n.name + suffix;
+    const CkptTensor* t = optimizer_group ? c.FindOptimizer(name) : c.FindParam(name);
+    DPT_CHECK(t != nullptr && t->dtype == CkptDType::kF32 &&
+              static_cast<int64_t>(t->f32.size()) == n.tensor.numel())
+        << "checkpoint tensor " << name << " was matched but cannot be loaded";
+    std::copy(t->f32.begin(), t->f32.end(), host.begin() + n.offset);
+  }
+  be_.CopyFromHost(host.data(), flat);
+}
+
+void Trainer::LoadTensors(const Checkpoint& c, bool with_optimizer) {
+  LoadFlat(model_->named_params(), &model_->params(), c, "", false);
+  LoadFlat(model_->named_buffers(), &model_->buffers(), c, "", false);
+  if (!with_optimizer) return;
+  for (size_t k = 0; k < opt_->slot_names().size(); ++k) {
+    LoadFlat(model_->named_params(), &opt_->slots()[k], c, "/" + opt_->slot_names()[k], true);
+  }
+}
+
+void Trainer::LoadStartState() {
+  const CheckpointConfig& cc = cfg_.checkpoint;
+  std::optional<FoundCheckpoint> found;
+  if (cc.resume == "auto") {
+    std::vector<std::string> skipped;
+    found = FindLatestCheckpoint(ckpt_dir_, &skipped);
+    for (const std::string& why : skipped) Warn("skipping an invalid checkpoint: " + why);
+    if (!found && !skipped.empty()) {
+      // Starting over would let checkpoint.keep delete files someone may want to rescue.
+      DPT_THROW(CheckpointError) << ckpt_dir_ << " holds " << skipped.size()
+                                 << " checkpoint file(s) and none is valid (" << skipped.front()
+                                 << "); nothing was changed. To start from scratch anyway, set "
+                                 << "checkpoint.resume = \"never\" or use another run_dir";
+    }
+  } else if (cc.resume != "never") {
+    Checkpoint c = ReadCheckpoint(cc.resume);
+    if (!c.has_state) {
+      DPT_THROW(CheckpointError) << "checkpoint.resume = " << cc.resume
+                                 << ": a parameters-only file (no /state) cannot resume a run; "
+                                 << "use checkpoint.init to start from its parameters";
+    }
+    found = FoundCheckpoint{cc.resume, std::move(c)};
+  }
+  if (found) {
+    if (!cc.init.empty()) {
+      Say("dptrain: resuming, so checkpoint.init = " + cc.init + " is not used");
+    }
+    Resume(found->path, found->ckpt);
+    return;
+  }
+  if (cc.resume == "auto") {
+    Say("dptrain: no checkpoint in " + ckpt_dir_ + ": starting from scratch");
+  }
+  if (cc.init.empty()) return;
+  const Checkpoint c = ReadCheckpoint(cc.init);
+  for (const std::string& n : c.notices) Say("dptrain: notice: " + n);
+  MatchCheckpoint(cc.init, c, ParamSpecs(), nullptr);
+  LoadTensors(c, false);
+  start_.kind = kInit;
+  Say(fmt::format("dptrain: parameters initialised from {} (checkpoint.init{})", cc.init,
+                  c.has_state ? fmt::format(", saved at step {}", c.state.step) : ""));
+}
+
+void Trainer::Resume(const std::string& path, const Checkpoint& c) {
+  for (const std::string& n : c.notices) Say("dptrain: notice: " + n);
+  const CheckpointState& s = c.state;
+  // The sample order is a function of (seed, dataset size, global batch): all must match.
+  std::vector<std::string> differ;
+  if (s.global_batch != cfg_.train.global_batch) {
+    differ.push_back(fmt::format("train.global_batch is {} in the checkpoint, {} in this run",
+                                 s.global_batch, cfg_.train.global_batch));
+  }
+  if (s.seed != cfg_.seed) {
+    differ.push_back(
+        fmt::format("seed is {} in the checkpoint, {} in this run", s.seed, cfg_.seed));
+  }
+  if (s.dataset_size != train_->info().size) {
+    differ.push_back(fmt::format("the training set has {} samples in the checkpoint, {} now ({})",
+                                 s.dataset_size, train_->info().size, cfg_.data.train));
+  }
+  if (s.optimizer != cfg_.train.optimizer) {
+    differ.push_back(fmt::format("train.optimizer is {} in the checkpoint, {} in this run",
+                                 s.optimizer, cfg_.train.optimizer));
+  }
+  if (!differ.empty()) {
+    std::string what;
+    for (const auto& d : differ) what += (what.empty() ? "" : "; ") + d;
+    DPT_THROW(CheckpointError)
+        << "checkpoint " << path << " cannot resume this run: " << what
+        << ". Resuming continues the same sample order, on any number of ranks, only with the "
+        << "same seed, training set and global batch (and optimizer); hint: use another run_dir, "
+        << "or checkpoint.init = " << path << " to start a new run from its parameters";
+  }
+  const std::vector<TensorSpec> opt_specs = OptimizerSpecs();
+  MatchCheckpoint(path, c, ParamSpecs(), &opt_specs);
+  LoadTensors(c, true);
+  DPT_CHECK_AS(CheckpointError, s.samples_in_epoch >= 0 && s.epoch >= 0 && s.step >= 0 &&
+                                    s.samples_in_epoch % cfg_.train.global_batch == 0)
+      << "checkpoint " << path << ": inconsistent /state (step " << s.step << ", epoch " << s.epoch
+      << ", samples_in_epoch " << s.samples_in_epoch << ")";
+  start_.kind = kResumed;
+  start_.step = s.step;
+  start_.epoch = s.epoch;
+  start_.in_epoch = s.samples_in_epoch / cfg_.train.global_batch;
+  if (start_.in_epoch >= steps_per_epoch_) {  // saved at the very end of an epoch
+    ++start_.epoch;
+    start_.in_epoch = 0;
+  }
+  start_.optimizer_steps = s.optimizer_steps;
+  start_.last_eval_step = s.last_eval_step;
+  start_.elapsed_s = s.elapsed_s;
+  start_.lr = s.lr;
+  std::string line =
+      fmt::format("dptrain: resuming from {}: step {}, epoch {} + {}/{} steps, saved by {} rank{}",
+                  path, s.step, start_.epoch, start_.in_epoch, steps_per_epoch_,
+                  s.world_size_at_save, s.world_size_at_save == 1 ? "" : "s");
+  if (s.world_size_at_save != world_) {
+    line += fmt::format(" (now {}: same global batch {}, {} per rank)", world_,
+                        cfg_.train.global_batch, local_batch_);
+  }
+  if (s.step >= total_steps_) {
+    line +=
+        fmt::format("; it is at or past the last step ({}): nothing left to train", total_steps_);
+  }
+  Say(line);
+}
+
+Checkpoint Trainer::Snapshot() {
+  Checkpoint c;
+  CheckpointState& s = c.state;
+  s.step = step_;
+  s.epoch = epoch_;
+  s.samples_in_epoch = in_epoch_ * cfg_.train.global_batch;
+  s.seed = cfg_.seed;
+  s.world_size_at_save = world_;
+  s.global_batch = cfg_.train.global_batch;
+  s.accumulate = accumulate_;
+  s.dataset_size = train_->info().size;
+  s.steps_per_epoch = steps_per_epoch_;
+  s.optimizer_steps = opt_->steps();
+  s.optimizer = cfg_.train.optimizer;
+  s.schedule = cfg_.train.schedule;
+  s.lr = lr_;
+  s.last_eval_step = last_eval_step_;
+  s.elapsed_s = RunTime();
+  c.config_toml = env_.resolved_toml;
+  c.optimizer_kind = cfg_.train.optimizer;
+  // One device-to-host copy per flat buffer, then slices on the host.
+  auto host = [&](const Tensor& flat) {
+    std::vector<float> v(static_cast<size_t>(flat.numel()));
+    be_.CopyToHost(flat, v.data());
+    return v;
+  };
+  auto slice = [](const std::vector<float>& flat, const NamedTensor& n, std::string name) {
+    CkptTensor t;
+    t.name = std::move(name);
+    t.shape = n.tensor.shape().dims();
+    t.f32.assign(flat.begin() + n.offset, flat.begin() + n.offset + n.tensor.numel());
+    return t;
+  };
+  const std::vector<float> params = host(model_->params());
+  for (const auto& p : model_->named_params()) c.params.push_back(slice(params, p, p.name));
+  const std::vector<float> buffers = host(model_->buffers());
+  for (const auto& b : model_->named_buffers()) c.params.push_back(slice(buffers, b, b.name));
+  for (const TensorSpec& spec : ParamSpecs()) {
+    if (spec.dtype != CkptDType::kI64) continue;
+    // torch counts training-mode forward calls: one per micro-step.
+    CkptTensor t;
+    t.name = spec.name;
+    t.dtype = CkptDType::kI64;
+    t.i64 = {step_ * accumulate_};
+    c.params.push_back(std::move(t));
+  }
+  for (size_t k = 0; k < opt_->slot_names().size(); ++k) {
+    const std::vector<float> slot = host(opt_->slots()[k]);
+    for (const auto& p : model_->named_params()) {
+      c.optimizer.push_back(slice(slot, p, p.name + "/" + opt_->slot_names()[k]));
+    }
+  }
+  return c;
+}
+
+// Every rank calls it at the same step; only rank 0 copies the state (synchronously: the next
+// step changes it) and hands it to the background writer.
+void Trainer::SaveCheckpoint() {
+  if (step_ == last_ckpt_step_) return;
+  last_ckpt_step_ = step_;
+  if (!ckpt_io_ || writer_ == nullptr) return;
+  const auto t0 = Clock::now();
+  Checkpoint c = Snapshot();
+  copy_s_[step_] = Since(t0);
+  writer_->Submit(std::move(c));
+}
+
+void Trainer::ReportWrites() {
+  if (writer_ == nullptr) return;
+  for (const CheckpointWriteStats& w : writer_->TakeCompleted()) {
+    result_.last_checkpoint = w.path;
+    const double copy_s = copy_s_[w.step];
+    copy_s_.erase(w.step);
+    for (const std::string& n : w.notices) Warn(n);
+    Say(
+        fmt::format("checkpoint {} ({:.1f} MB; host copy {:.1f} ms, written in {:.2f} s in the "
+                    "background{})",
+                    w.path, static_cast<double>(w.bytes) / 1e6, 1e3 * copy_s, w.seconds,
+                    w.deleted.empty() ? "" : fmt::format("; {} older removed", w.deleted.size())));
+    if (is_root()) {
+      WriteMetrics({{"kind", "checkpoint"},
+                    {"step", w.step},
+                    {"time_s", RunTime()},
+                    {"path", w.path},
+                    {"bytes", w.bytes},
+                    {"copy_ms", 1e3 * copy_s},
+                    {"write_s", w.seconds}});
+    }
+  }
+}
+
+// At a step boundary, on every rank: did any rank get a stop signal, did rank 0's last write
+// fail? One allreduce of two integers, so every rank takes the same decision at the same step.
+bool Trainer::AgreeToStop() {
+  int64_t v[2] = {g_stop_signal.load(), writer_ != nullptr && writer_->failed() ? 1 : 0};
+  if (env_.stop_at_step >= 0 && step_ == env_.stop_at_step && comm_.rank() == comm_.size() - 1) {
+    v[0] = SIGUSR1;
+  }
+  comm_.AllReduceHost(v, 2, ReduceOp::kMax);
+  if (v[1] != 0) {
+    // Rank 0 rethrows the write error; every rank leaves with it (exit 6).
+    RunAgreed(comm_, [&] {
+      if (writer_ != nullptr) writer_->Wait();
+    });
+  }
+  ReportWrites();
+  if (v[0] == 0) return false;
+  stop_signal_ = static_cast<int>(v[0]);
+  Say(
+      fmt::format("dptrain: {} received: every rank stops after step {} (epoch {} + {}/{} steps); "
+                  "writing a checkpoint",
+                  SignalName(stop_signal_), step_, epoch_, in_epoch_, steps_per_epoch_));
+  return true;
 }
 
 TrainResult Trainer::Run() {
@@ -479,104 +924,267 @@ TrainResult Trainer::Run() {
         << "the ranks see datasets of different sizes (train " << -v[1] << ".." << v[0]
         << "); every rank must read the same files";
   }
-  RunAgreed(comm_, [&] { SetupOutputs(); });
-  // Rank 0's initial parameters everywhere (identical by seed already; this makes it a rule).
+  InstallStopSignalHandlers();
+  ckpt_dir_ = cfg_.run_dir + "/checkpoints";
+  ckpt_io_ = comm_.rank() == 0 && (!env_.quiet || env_.quiet_checkpoints);
+  // Rank 0 reads what to start from (a failure is agreed: exit 6 everywhere, nothing written).
+  RunAgreed(comm_, [&] {
+    if (ckpt_io_) LoadStartState();
+  });
+  comm_.BroadcastHost(&start_, sizeof start_, 0);
+  RunAgreed(comm_, [&] {
+    SetupRunDir();
+    SetupCheckpointDir();
+    SetupOutputs();
+  });
+  // Rank 0's parameters everywhere (identical by seed already; with a checkpoint, only rank 0
+  // has read it).
   comm_.Broadcast(&model_->params(), 0);
   comm_.Broadcast(&model_->buffers(), 0);
+  if (start_.kind == kResumed) {
+    for (Tensor& slot : opt_->slots()) comm_.Broadcast(&slot, 0);
+    step_ = start_.step;
+    epoch_ = start_.epoch;
+    in_epoch_ = start_.in_epoch;
+    opt_->set_steps(start_.optimizer_steps);
+    last_eval_step_ = start_.last_eval_step;
+    last_ckpt_step_ = step_;
+    lr_ = start_.lr;
+    elapsed_offset_ = start_.elapsed_s;
+    result_.resumed_from_step = step_;
+    result_.epochs = epoch_;
+  }
+  session_start_step_ = step_;
 
   if (is_root()) {
     fmt::print(
         "dptrain: {} ranks x {} threads, model {} ({} parameters), {} train samples, "
-        "global batch {} ({} per rank{}), {} steps/epoch, {} steps\n",
+        "global batch {} ({} per rank{}), {} steps/epoch, {} steps{}\n",
         world_, env_.threads,
         cfg_.model.name.empty() ? std::string("from layers") : cfg_.model.name,
         model_->num_params(), train_->info().size, cfg_.train.global_batch, local_batch_,
         accumulate_ > 1 ? fmt::format(" = {} x {} micro-steps", micro_, accumulate_) : "",
-        steps_per_epoch_, total_steps_);
+        steps_per_epoch_, total_steps_, cfg_.train.deterministic ? ", deterministic" : "");
     std::fflush(stdout);
   }
 
   run_start_ = Clock::now();
   win_start_ = run_start_;
-  int64_t epoch = 0;
-  while (step_ < total_steps_) {
-    const int64_t epoch_start = step_;
-    loader_->Start(epoch, 0);
+  const int64_t every_steps = cfg_.checkpoint.every_steps;
+  const int64_t every_epochs = cfg_.checkpoint.every_epochs;
+  bool stopped = false;
+  while (step_ < total_steps_ && !stopped) {
+    loader_->Start(epoch_, in_epoch_);
     while (loader_->HasNext() && step_ < total_steps_) {
+      if (AgreeToStop()) {
+        stopped = true;
+        break;
+      }
       auto t0 = Clock::now();
       HostBatch batch = loader_->Next();
       data_wait_s_ += Since(t0);
       TrainStep(batch);
-      LogStep(epoch, false);
+      ++in_epoch_;
+      LogStep(epoch_, false);
+      // A step checkpoint that falls on the epoch's last step waits for the epoch's end.
+      if (every_steps > 0 && step_ % every_steps == 0 && in_epoch_ < steps_per_epoch_) {
+        SaveCheckpoint();
+      }
     }
     loader_->Stop();
-    const bool epoch_done = step_ - epoch_start == steps_per_epoch_;
-    LogStep(epoch, true);
-    if (epoch_done) {
-      result_.epochs = epoch + 1;
-      if (is_root()) {
-        WriteMetrics({{"kind", "epoch"},
-                      {"step", step_},
-                      {"epoch", epoch + 1},
-                      {"time_s", Since(run_start_)},
-                      {"loss", result_.last_loss}});
-      }
-      if (cfg_.train.eval_every_epochs > 0 && (epoch + 1) % cfg_.train.eval_every_epochs == 0) {
-        Evaluate(epoch);
-      }
+    LogStep(epoch_, true);
+    if (stopped || in_epoch_ < steps_per_epoch_) continue;
+    // Epoch end: metrics, evaluation, then a checkpoint positioned at the next epoch's start.
+    result_.epochs = epoch_ + 1;
+    if (is_root()) {
+      WriteMetrics({{"kind", "epoch"},
+                    {"step", step_},
+                    {"epoch", epoch_ + 1},
+                    {"time_s", RunTime()},
+                    {"loss", result_.last_loss}});
     }
-    ++epoch;
+    if (cfg_.train.eval_every_epochs > 0 && (epoch_ + 1) % cfg_.train.eval_every_epochs == 0) {
+      Evaluate(epoch_);
+    }
+    ++epoch_;
+    in_epoch_ = 0;
+    if ((every_epochs > 0 && epoch_ % every_epochs == 0) ||
+        (every_steps > 0 && step_ % every_steps == 0)) {
+      SaveCheckpoint();
+    }
   }
   const double total = Since(run_start_);
   result_.steps = step_;
-  if (env_.keep_final_params) {
-    for (const auto& p : model_->named_params()) {
-      std::vector<float> v(static_cast<size_t>(p.tensor.numel()));
-      be_.CopyToHost(p.tensor, v.data());
-      result_.final_params.emplace_back(p.name, std::move(v));
-    }
-  }
+  result_.stop_signal = stop_signal_;
+  const int64_t session_steps = step_ - session_start_step_;
   result_.samples_per_s =
-      static_cast<double>(step_ * cfg_.train.global_batch) / std::max(total, 1e-9);
-  // Final evaluation if the last epoch's did not run.
-  if (test_ && step_ != last_eval_step_) Evaluate(epoch - 1);
+      static_cast<double>(session_steps * cfg_.train.global_batch) / std::max(total, 1e-9);
+  // Final evaluation if the last epoch's did not run (not when preempted: time is short).
+  if (!stopped && test_ && step_ != last_eval_step_) {
+    Evaluate(in_epoch_ == 0 && epoch_ > 0 ? epoch_ - 1 : epoch_);
+  }
+  // The end-of-training (or preemption) checkpoint; every rank waits until rank 0 has written
+  // it and agrees on whether that worked.
+  SaveCheckpoint();
+  RunAgreed(comm_, [&] {
+    if (writer_ != nullptr) writer_->Wait();
+  });
+  ReportWrites();
+  if (env_.keep_final_params) {
+    auto keep = [&](const std::vector<NamedTensor>& named, auto* out) {
+      for (const auto& p : named) {
+        std::vector<float> v(static_cast<size_t>(p.tensor.numel()));
+        be_.CopyToHost(p.tensor, v.data());
+        out->emplace_back(p.name, std::move(v));
+      }
+    };
+    keep(model_->named_params(), &result_.final_params);
+    keep(model_->named_buffers(), &result_.final_buffers);
+  }
   if (is_root()) {
     if (env_.interactive) fmt::print("\n");
-    const double n = static_cast<double>(std::max<int64_t>(step_, 1));
+    const double n = static_cast<double>(std::max<int64_t>(session_steps, 1));
     fmt::print(
         "done: {} steps in {:.1f}s, {:.0f} samples/s; per step: data wait {:.2f} ms, "
         "forward {:.2f} ms, backward {:.2f} ms, exposed communication {:.2f} ms, "
         "optimizer {:.2f} ms\n",
-        step_, total, result_.samples_per_s, 1e3 * data_wait_s_ / n, 1e3 * fwd_s_ / n,
+        session_steps, total, result_.samples_per_s, 1e3 * data_wait_s_ / n, 1e3 * fwd_s_ / n,
         1e3 * bwd_s_ / n, 1e3 * comm_s_ / n, 1e3 * opt_s_ / n);
-    if (result_.test_accuracy >= 0) {
+    if (stopped) {
+      fmt::print(
+          "preempted by {} at step {}: resume with the same command (checkpoint.resume "
+          "= \"auto\" continues from {})\n",
+          SignalName(stop_signal_), step_,
+          result_.last_checkpoint.empty() ? std::string("the last checkpoint")
+                                          : result_.last_checkpoint);
+    } else if (result_.test_accuracy >= 0) {
       fmt::print("final: test_accuracy {:.4f} test_loss {:.4f}\n", result_.test_accuracy,
                  result_.test_loss);
     } else if (result_.test_loss >= 0) {
       fmt::print("final: test_loss {:.6g}\n", result_.test_loss);
     }
-    fmt::print("outputs: {}/metrics.jsonl, {}/config.toml\n", cfg_.run_dir, cfg_.run_dir);
+    fmt::print("outputs: {}/metrics.jsonl, {}/config.toml, {}/\n", cfg_.run_dir, cfg_.run_dir,
+               ckpt_dir_);
     std::fflush(stdout);
     WriteMetrics({{"kind", "summary"},
                   {"step", step_},
                   {"epoch", result_.epochs},
-                  {"time_s", total},
+                  {"time_s", RunTime()},
                   {"samples_per_s", result_.samples_per_s},
+                  {"stop_signal", stop_signal_},
                   {"data_wait_ms", 1e3 * data_wait_s_ / n},
                   {"forward_ms", 1e3 * fwd_s_ / n},
                   {"backward_ms", 1e3 * bwd_s_ / n},
                   {"exposed_comm_ms", 1e3 * comm_s_ / n},
                   {"optimizer_ms", 1e3 * opt_s_ / n}});
   }
+  if (g_signal_count.load() > 1) {
+    Say(
+        fmt::format("dptrain: {} stop signals received on this rank; the first one counted, the "
+                    "others changed nothing",
+                    g_signal_count.load()));
+  }
+  // The signal is consumed; a later Train in this process starts clean.
+  g_stop_signal.store(0);
+  g_signal_count.store(0);
   return result_;
 }
 
+EvalResult Trainer::RunEval(const std::string& checkpoint) {
+  eval_only_ = true;
+  RunAgreed(comm_, [&] {
+    SetupEvalData();
+    SetupModel();
+  });
+  {
+    int64_t v[2] = {test_->info().size, -test_->info().size};
+    comm_.AllReduceHost(v, 2, ReduceOp::kMax);
+    DPT_CHECK_AS(DataError, v[0] == -v[1])
+        << "the ranks see test sets of different sizes; every rank must read the same files";
+  }
+  int64_t info[2] = {-1, 0};  // step, epoch of the checkpoint
+  RunAgreed(comm_, [&] {
+    if (comm_.rank() != 0) return;
+    const Checkpoint c = ReadCheckpoint(checkpoint);
+    for (const std::string& n : c.notices) {
+      fmt::print("dptrain: notice: {}\n", n);
+    }
+    MatchCheckpoint(checkpoint, c, ParamSpecs(), nullptr);
+    LoadTensors(c, false);
+    if (c.has_state) {
+      info[0] = c.state.step;
+      info[1] = c.state.epoch;
+    }
+  });
+  comm_.BroadcastHost(info, sizeof info, 0);
+  comm_.Broadcast(&model_->params(), 0);
+  comm_.Broadcast(&model_->buffers(), 0);
+  const auto t0 = Clock::now();
+  const EvalSums sums = RunTestSet();
+  EvalResult r;
+  r.samples = static_cast<int64_t>(sums.samples);
+  r.step = info[0];
+  r.test_loss = sums.loss / std::max(sums.samples, 1.0);
+  r.test_accuracy = regression_ ? -1 : sums.correct / std::max(sums.samples, 1.0);
+  if (comm_.rank() == 0 && !env_.quiet) {
+    const std::string where =
+        r.step >= 0 ? fmt::format(" (step {}, epoch {})", r.step, info[1]) : "";
+    if (regression_) {
+      fmt::print("eval {}{}: test_loss {:.6f} over {} samples on {} rank{} ({:.1f}s)\n", checkpoint,
+                 where, r.test_loss, r.samples, world_, world_ == 1 ? "" : "s", Since(t0));
+    } else {
+      fmt::print(
+          "eval {}{}: test_loss {:.6f} test_accuracy {:.4f} over {} samples on {} rank{} "
+          "({:.1f}s)\n",
+          checkpoint, where, r.test_loss, r.test_accuracy, r.samples, world_,
+          world_ == 1 ? "" : "s", Since(t0));
+    }
+    std::fflush(stdout);
+  }
+  return r;
+}
+
 }  // namespace
+
+void InstallStopSignalHandlers() {
+  static std::atomic<bool> installed{false};
+  if (installed.exchange(true)) return;
+  // Fallback: a thread created before this call (MPI's progress threads when it runs after
+  // MPI_Init) may still take a signal; the handler only sets the flag.
+  struct sigaction sa {};
+  sa.sa_handler = &OnStopSignal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;  // blocking calls (reads, MPI's polling) resume after the handler
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGUSR1, &sa, nullptr);
+  // The signals are blocked in this thread and so in every thread it creates from now on
+  // (OpenMP, oneDNN, loader, checkpoint writer) and taken synchronously by one thread that does
+  // nothing else: a signal never interrupts a compute kernel or a library call. (Delivered
+  // asynchronously under mpirun, a forwarded SIGUSR1 occasionally corrupted oneDNN's heap.)
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGUSR1);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  std::thread([set] {
+    for (;;) {
+      int sig = 0;
+      if (sigwait(&set, &sig) == 0) OnStopSignal(sig);
+    }
+  }).detach();
+}
 
 TrainResult Train(const TrainConfig& cfg, const TrainEnv& env) {
   DPT_CHECK(env.comm != nullptr && env.backend != nullptr);
   Trainer t(cfg, env);
   return t.Run();
+}
+
+EvalResult EvaluateCheckpoint(const TrainConfig& cfg, const TrainEnv& env,
+                              const std::string& checkpoint) {
+  DPT_CHECK(env.comm != nullptr && env.backend != nullptr);
+  Trainer t(cfg, env);
+  return t.RunEval(checkpoint);
 }
 
 }  // namespace dptrain

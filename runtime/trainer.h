@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // The training loop of DESIGN.md section 1 on every rank: data (sampler + loader threads),
 // forward, loss, backward with overlapped gradient reduction, optimizer step, distributed
-// evaluation, metrics. Sees only the Backend, Communicator and Dataset seams.
+// evaluation, metrics, checkpoints (resume, periodic saves, preemption signals). Sees only the
+// Backend, Communicator and Dataset seams.
 #pragma once
 
 #include <cstdint>
@@ -27,7 +28,14 @@ struct TrainEnv {
   std::string resolved_toml;       // the resolved config, written to run_dir/config.toml
   bool interactive = false;        // rank 0's stdout is a terminal: live progress line
   bool keep_final_params = false;  // tests: return the final parameters in TrainResult
-  bool quiet = false;              // no output and no run_dir files (tests)
+  bool quiet = false;  // no output, no run_dir files, no checkpoint reads or writes (tests)
+  // Tests: with `quiet`, rank 0 still resumes from (or initialises with) checkpoints and writes
+  // them to run_dir/checkpoints.
+  bool quiet_checkpoints = false;
+  // Tests: >= 0 makes the last rank act as if a preemption signal (SIGUSR1) arrived just before
+  // optimizer step `stop_at_step` (0-based count of steps done): training stops there exactly
+  // as on a real signal.
+  int64_t stop_at_step = -1;
 };
 
 struct TrainResult {
@@ -37,13 +45,52 @@ struct TrainResult {
   double test_loss = -1;  // last evaluation; -1 when none ran
   double test_accuracy = -1;
   double samples_per_s = 0;  // global, over the whole run
-  // With TrainEnv::keep_final_params: (name, values) of every parameter after the last step.
+  // With TrainEnv::keep_final_params: (name, values) of every parameter and of every buffer
+  // (batch-norm running statistics) after the last step.
   std::vector<std::pair<std::string, std::vector<float>>> final_params;
+  std::vector<std::pair<std::string, std::vector<float>>> final_buffers;
+  int64_t resumed_from_step = -1;  // the checkpoint's step when the run resumed, else -1
+  // The preemption signal (SIGTERM, SIGUSR1) that stopped training early, 0 when it ran to the
+  // end. Every rank stopped after the same step and rank 0 wrote a checkpoint there.
+  int stop_signal = 0;
+  std::string last_checkpoint;  // rank 0: the last checkpoint written by this run ("" if none)
 };
 
 // Trains per `cfg`. Every rank calls it; rank 0 prints and writes run_dir outputs. Throws typed
 // errors; errors every rank detects during setup are agreed on first (AgreedError).
+//
+// Checkpoints (docs/checkpoints.md): before training, rank 0 resumes from checkpoint.resume
+// ("auto": the newest valid run_dir/checkpoints/ckpt-*.h5; a path; "never") or initialises the
+// parameters from checkpoint.init, and broadcasts what it loaded; a bad file is a CheckpointError
+// (exit 6) on every rank. Rank 0 writes checkpoints every checkpoint.every_steps steps, every
+// checkpoint.every_epochs epochs, at the end and on preemption, from a host copy in a background
+// thread (the other ranks never wait for its disk; the end of Train does). Installs the stop
+// signal handlers (InstallStopSignalHandlers).
 TrainResult Train(const TrainConfig& cfg, const TrainEnv& env);
+
+// Takes over SIGTERM and SIGUSR1: they only set a flag. They are blocked in the calling thread
+// (and so in every thread it creates later) and received by a dedicated thread with sigwait; a
+// handler that only sets the flag catches them in threads created earlier. Call it first thing
+// in main, before MPI_Init and before any other thread exists. At each step boundary the ranks
+// agree (one small allreduce) on whether any rank saw a signal; if so, all stop after the same
+// step, rank 0 writes a checkpoint and Train returns with TrainResult::stop_signal set. Further
+// signals change nothing (a write in progress completes). Idempotent; Train calls it too; from
+// then on these signals never terminate the process.
+void InstallStopSignalHandlers();
+
+struct EvalResult {
+  double test_loss = -1;
+  double test_accuracy = -1;  // -1 for regression models
+  int64_t samples = 0;        // test samples, summed over ranks (each counted once)
+  int64_t step = -1;          // the checkpoint's step (-1 for a parameters-only file)
+};
+
+// `dptrain eval`: loads the parameters and buffers of `checkpoint` (rank 0 reads and checks it,
+// every rank receives it) and evaluates them on cfg.data.test, split exactly once over the
+// ranks; rank 0 prints the result. Throws ConfigError without data.test, CheckpointError for a
+// bad or mismatching checkpoint (agreed: every rank throws AgreedError with exit code 6).
+EvalResult EvaluateCheckpoint(const TrainConfig& cfg, const TrainEnv& env,
+                              const std::string& checkpoint);
 
 // An error that every rank has agreed on: all ranks throw it, only rank 0 should print it, and
 // the process can exit with its code without MPI_Abort.

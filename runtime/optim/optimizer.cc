@@ -51,8 +51,8 @@ double LearningRate(const ScheduleConfig& c, int64_t s) {
   const int64_t t = s - c.warmup_steps;
   if (c.kind == "constant") return c.base_lr;
   if (c.kind == "step") {
-    return c.base_lr *
-           std::pow(c.gamma, static_cast<double>(t / std::max<int64_t>(c.step_size, 1)));
+    const int64_t decays = t / std::max<int64_t>(c.step_size, 1);  // whole periods completed
+    return c.base_lr * std::pow(c.gamma, static_cast<double>(decays));
   }
   if (c.kind == "cosine") {
     const int64_t span = std::max<int64_t>(c.total_steps - c.warmup_steps, 1);

@@ -243,6 +243,20 @@ TEST(Hdf5DatasetTest, TruncatedFile) {
   ExpectOpenError(path, {path});
 }
 
+// Fuzzing regression: HDF5 reads never-written storage as fill values, so a 731-byte file can
+// declare /images of 2^40 samples (or samples of 2^40 bytes); validation used to allocate by the
+// declared shape. The files come from tests/fuzz/make_corpus.py.
+TEST(Hdf5DatasetTest, ShapeLargerThanTheFileIsDataError) {
+  for (const char* name : {"regress_sparse_huge.h5", "regress_sparse_huge_sample.h5"}) {
+    const std::string path =
+        std::string(DPTRAIN_SOURCE_DIR) + "/tests/fuzz/corpus/hdf5_dataset/" + name;
+    for (const char* cache : {"auto", "ram", "chunks"}) {
+      SCOPED_TRACE(std::string(name) + " cache=" + cache);
+      ExpectOpenError(path, {path, "/images has shape", "the data is missing"}, Mode(cache));
+    }
+  }
+}
+
 TEST(Hdf5DatasetTest, MissingImages) {
   TempDir dir;
   const std::string path = dir.File("noimages.h5");

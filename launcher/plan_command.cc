@@ -1,0 +1,91 @@
+// SPDX-License-Identifier: Apache-2.0
+// `dptrain plan`.
+#include "launcher/plan_command.h"
+
+#include <fmt/format.h>
+
+#include <cstdlib>
+
+#include "models/memory_plan.h"
+#include "models/zoo/zoo.h"
+#include "runtime/backend_registry.h"
+#include "runtime/error.h"
+
+namespace dptrain {
+namespace {
+
+int WorldFromEnv() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"}) {
+    if (const char* s = std::getenv(v)) {
+      const int n = std::atoi(s);
+      if (n > 0) return n;
+    }
+  }
+  return 1;
+}
+
+Precision ToPrecision(const std::string& p) {
+  if (p == "bf16") return Precision::kBF16;
+  if (p == "fp16") return Precision::kF16;
+  return Precision::kF32;
+}
+
+}  // namespace
+
+int RunPlanCommand(const TrainConfig& cfg, int ranks, bool json) {
+  const int world = ranks > 0 ? ranks : WorldFromEnv();
+  const int64_t g = cfg.train.global_batch;
+  DPT_CHECK_AS(ConfigError, g % world == 0)
+      << "train.global_batch = " << g << " is not divisible by the " << world << " ranks";
+  const int64_t local = g / world;
+  DPT_CHECK_AS(ConfigError, local % cfg.train.accumulate == 0)
+      << "train.accumulate = " << cfg.train.accumulate << " does not divide the per-rank batch "
+      << local;
+  const int64_t micro = local / cfg.train.accumulate;
+
+  std::string device = cfg.dist.device;
+  if (device == "auto") {
+    std::string why;
+    device = BackendAvailable("cuda", &why) ? "cuda" : "cpu";
+  }
+  Backend& be = GetBackend(device);
+  const bool zoo = !cfg.model.name.empty();
+  // The input shape comes from the dataset; without opening it, use the zoo model's input (the
+  // data's shape is checked at training time).
+  const Shape input = zoo ? DefaultInputShape(cfg.model.name) : Shape{1, 28, 28};
+  const LossKind loss = cfg.model.loss == "mse" || (cfg.model.loss == "auto" && zoo &&
+                                                     DefaultLoss(cfg.model.name) == LossKind::kMse)
+                            ? LossKind::kMse
+                            : LossKind::kCrossEntropy;
+  auto net = zoo ? BuildZooModel(be, cfg.model.name, cfg.model.classes)
+                 : BuildFromLayers(be, cfg.model.layers);
+  Model model(be, std::move(net), input);
+  model.Setup(micro, ToPrecision(cfg.train.precision));
+  int slots = 0;
+  if (cfg.train.optimizer == "adamw") slots = 2;
+  if (cfg.train.optimizer == "sgd" && cfg.train.momentum != 0) slots = 1;
+  int64_t budget = static_cast<int64_t>(cfg.memory.limit_bytes);
+  if (budget == 0) budget = static_cast<int64_t>(be.allocator().Capacity());
+  MemoryPlan plan = PlanMemory(model, slots, loss, budget);
+  plan.precision = cfg.train.precision;
+  if (json) {
+    fmt::print("{}\n", plan.ToJson());
+  } else {
+    fmt::print("{} ranks, global batch {} -> {} per rank{}, input {} ({})\n", world, g, local,
+               cfg.train.accumulate > 1
+                   ? fmt::format(" = {} x {} micro-steps", micro, cfg.train.accumulate)
+                   : "",
+               input.ToString(), device);
+    fmt::print("{}", plan.ToTable());
+    if (budget > 0 && plan.total > budget) {
+      fmt::print("does NOT fit: {} MiB needed, {} MiB available; use micro-batch <= {} "
+                 "(train.accumulate = {}), or train.precision = \"bf16\"\n",
+                 plan.total >> 20, budget >> 20, plan.max_micro_batch,
+                 plan.max_micro_batch > 0 ? (local + plan.max_micro_batch - 1) / plan.max_micro_batch
+                                          : 0);
+    }
+  }
+  return kExitOk;
+}
+
+}  // namespace dptrain

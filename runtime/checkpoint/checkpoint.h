@@ -1,0 +1,196 @@
+// SPDX-License-Identifier: Apache-2.0
+// Checkpoint files (DESIGN.md sections 4 and 5): the training state as host arrays, written by
+// rank 0 atomically (temporary name, fsync, rename, fsync of the directory) from a background
+// thread, read back with every tensor's checksum verified, and matched against a model so that
+// every missing, unexpected and mis-shaped tensor is reported in one message. No HDF5 types here.
+//
+// File layout (readable by h5py with no dptrain code; docs/checkpoints.md):
+//   /params/<name>              float32 parameters and batch-norm running_mean / running_var in
+//                               PyTorch layouts, plus int64 scalars <bn>.num_batches_tracked: the
+//                               group maps 1:1 onto the equivalent torch module's state_dict()
+//   /optimizer/<name>/<slot>    float32 optimizer state per parameter (momentum_buffer; exp_avg,
+//                               exp_avg_sq); attributes kind, steps
+//   /state                      group of attributes: the position and provenance (CheckpointState)
+//   /config                     the resolved TOML text of the run
+// Every tensor carries an attribute `crc32` (uint32, zlib's CRC-32 of its little-endian bytes).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <exception>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace dptrain {
+
+inline constexpr int64_t kCheckpointFormatVersion = 1;
+
+enum class CkptDType : uint8_t { kF32, kI64 };
+
+// One tensor of a checkpoint, on the host.
+struct CkptTensor {
+  // Below its group: "conv1.weight", "bn1.num_batches_tracked"; in /optimizer
+  // "<param name>/<slot>", e.g. "conv1.weight/momentum_buffer".
+  std::string name;
+  CkptDType dtype = CkptDType::kF32;
+  std::vector<int64_t> shape;  // empty = scalar
+  std::vector<float> f32;      // dtype kF32: numel() values in C order
+  std::vector<int64_t> i64;    // dtype kI64: numel() values
+  int64_t numel() const;
+};
+
+// Where training stands and how it was run; the /state attributes. Everything a resume needs
+// besides the tensors: all randomness in dptrain is counter-based on (seed, epoch, step, global
+// sample index), so the seed is the whole RNG state.
+struct CheckpointState {
+  int64_t step = 0;              // optimizer steps completed
+  int64_t epoch = 0;             // completed epochs = 0-based index of the epoch in progress
+  int64_t samples_in_epoch = 0;  // global samples of that epoch consumed (k * global_batch)
+  int64_t seed = 0;
+  int64_t world_size_at_save = 1;
+  int64_t global_batch = 0;
+  int64_t accumulate = 1;
+  int64_t dataset_size = 0;  // training samples: the epoch permutation depends on it
+  int64_t steps_per_epoch = 0;
+  int64_t optimizer_steps = 0;  // Optimizer::steps() (AdamW bias correction)
+  std::string optimizer;        // "sgd" | "adamw"
+  std::string schedule;         // train.schedule; its position is `step`
+  double lr = 0;                // learning rate of the last step taken
+  int64_t last_eval_step = -1;  // step of the last evaluation, -1 = none
+  double elapsed_s = 0;         // training time of all sessions up to this checkpoint
+  int64_t format_version = kCheckpointFormatVersion;
+  std::string dptrain_version;  // filled by the writer when empty
+  std::string created;          // UTC time of the save, ISO 8601; filled by the writer
+};
+
+struct Checkpoint {
+  CheckpointState state;
+  // False for a file without /state (e.g. exported from PyTorch with h5py): usable as
+  // checkpoint.init only.
+  bool has_state = true;
+  std::string config_toml;
+  std::string optimizer_kind;         // /optimizer attribute `kind`; empty when absent
+  std::vector<CkptTensor> params;     // /params, sorted by name after reading
+  std::vector<CkptTensor> optimizer;  // /optimizer, sorted by name after reading
+  // What reading noticed and fixed, for the caller to print ("... 'module.' prefix stripped").
+  std::vector<std::string> notices;
+
+  // nullptr when absent. The vectors must be sorted by name (as ReadCheckpoint leaves them).
+  const CkptTensor* FindParam(const std::string& name) const;
+  const CkptTensor* FindOptimizer(const std::string& name) const;
+};
+
+// "ckpt-00001200.h5" (8 digits, more when the step needs them).
+std::string CheckpointFileName(int64_t step);
+
+// CRC-32 (zlib polynomial) of `bytes` bytes, as Python's zlib.crc32.
+uint32_t Crc32(const void* data, size_t bytes);
+
+struct CheckpointWriteStats {
+  int64_t step = 0;                  // the checkpoint's step
+  std::string path;                  // the complete checkpoint
+  int64_t bytes = 0;                 // its size
+  double seconds = 0;                // writing, fsyncs and rename
+  std::vector<std::string> deleted;  // older checkpoints removed by `keep`
+  std::vector<std::string> notices;  // e.g. an old checkpoint that could not be deleted
+};
+
+// Writes `ckpt` to dir/ckpt-<state.step>.h5 atomically: the HDF5 file is built in memory, written
+// to dir/.ckpt-<step>.h5.tmp, fsynced and renamed, then dir is fsynced; a crash at any point leaves
+// either the previous files or the complete new one, never a torn file under the final name.
+// Creates `dir` when missing. Afterwards keeps the `keep` checkpoints with the highest steps (the
+// new one always stays), deleting the others. Blocking; safe to call from a background thread.
+// Throws CheckpointError (exit 6) naming the file and the cause (e.g. "No space left on device");
+// the temporary file is removed and existing checkpoints are untouched. Test hook:
+// DPTRAIN_TEST_CHECKPOINT_PAUSE_S=<seconds> sleeps once half of the temporary file is written and
+// synced (printing "test hook: pausing ... (pid N)" to stderr first); with
+// DPTRAIN_TEST_CHECKPOINT_PAUSE_STEP=<step> only in the write of that step.
+CheckpointWriteStats WriteCheckpoint(const std::string& dir, const Checkpoint& ckpt, int64_t keep);
+
+// Reads a whole checkpoint and verifies it: structure, dtypes (float32 / int64), every tensor's
+// crc32, /state attributes and format_version (files without /state are accepted, see
+// Checkpoint::has_state; their tensors may lack checksums). A uniform "module." prefix on every
+// name of a group (a DataParallel/DDP wrapper) is stripped with a notice. Throws CheckpointError
+// naming the file and every corrupt tensor in one message: missing / not HDF5 / truncated file,
+// checksum mismatch, unreadable tensor, unsupported dtype, newer format.
+Checkpoint ReadCheckpoint(const std::string& path);
+
+// The complete checkpoint files in `dir` (names matching ckpt-<digits>.h5; temporary files are
+// never listed), highest step first. Empty when `dir` does not exist.
+std::vector<std::string> ListCheckpoints(const std::string& dir);
+
+// resume = "auto": the newest checkpoint in `dir` that reads and verifies (ReadCheckpoint).
+// Files that fail are skipped, each reported in `skipped` as "PATH: why". nullopt when none.
+struct FoundCheckpoint {
+  std::string path;
+  Checkpoint ckpt;
+};
+std::optional<FoundCheckpoint> FindLatestCheckpoint(const std::string& dir,
+                                                    std::vector<std::string>* skipped);
+
+// Removes temporary files (.ckpt-*.h5.tmp) a killed writer left in `dir`; returns their paths.
+// Only the one process that writes to `dir` may call it (rank 0, before its first write).
+std::vector<std::string> RemoveStaleTemporaries(const std::string& dir);
+
+// A tensor a model expects.
+struct TensorSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+  CkptDType dtype = CkptDType::kF32;
+  bool optional = false;  // may be missing (num_batches_tracked: dptrain does not use it)
+};
+
+// Compares a checkpoint's tensors with what the model expects: /params with `params` and, when
+// `optimizer` is not null, /optimizer with it. Throws CheckpointError listing, in ONE message
+// naming `path`, every missing, unexpected, mis-shaped and wrongly typed tensor of both groups
+// by name, with the shape in the file and in the model.
+void MatchCheckpoint(const std::string& path, const Checkpoint& ckpt,
+                     const std::vector<TensorSpec>& params,
+                     const std::vector<TensorSpec>* optimizer);
+
+// True when `path` is an HDF5 file with a /params group (a checkpoint or a parameters file).
+bool IsCheckpointFile(const std::string& path);
+
+// `dptrain inspect` for checkpoints: file, format version, step, epoch and the rest of /state,
+// every tensor with shape, dtype and checksum verdict, optimizer slots, then the config text.
+// Throws CheckpointError when the file cannot be opened.
+std::string DescribeCheckpoint(const std::string& path);
+
+// Writes checkpoints from a background thread so that training (and the other ranks) never
+// waits for the disk: Submit() hands over a host snapshot and returns; a later Submit() or
+// Wait() blocks until the previous write is done. One owner thread calls the methods.
+class CheckpointWriter {
+ public:
+  CheckpointWriter(std::string dir, int64_t keep);
+  // Waits for a write in progress; its error, if any, is dropped (call Wait() to see it).
+  ~CheckpointWriter();
+  CheckpointWriter(const CheckpointWriter&) = delete;
+  CheckpointWriter& operator=(const CheckpointWriter&) = delete;
+
+  // Waits for the previous write, then starts writing `ckpt`. When the previous write failed,
+  // `ckpt` is dropped and the error stays pending (failed() is true, Wait() rethrows it): the
+  // caller reports it where every rank can agree on it, never from here.
+  void Submit(Checkpoint ckpt);
+  // Blocks until no write is in progress. Rethrows the CheckpointError of a failed write (once).
+  void Wait();
+  // Non-blocking: a write finished with an error that Wait() has not rethrown yet.
+  bool failed() const { return failed_.load(); }
+  // Non-blocking: statistics of writes completed since the last call (for reporting).
+  std::vector<CheckpointWriteStats> TakeCompleted();
+
+ private:
+  void Run(const Checkpoint& ckpt);
+
+  std::string dir_;
+  int64_t keep_;
+  std::thread thread_;
+  std::mutex mu_;
+  std::vector<CheckpointWriteStats> completed_;
+  std::exception_ptr error_;
+  std::atomic<bool> failed_{false};
+};
+
+}  // namespace dptrain

@@ -1,0 +1,276 @@
+// SPDX-License-Identifier: Apache-2.0
+// Checkpoint resume is exact (STYLE.md section 6): 2N steps straight give bitwise the same
+// parameters, batch-norm statistics as N steps, a stop (the preemption path, triggered on the
+// LAST rank so the ranks must agree), a resume and N more steps, with train.deterministic on the
+// CPU; also when the stop is mid-epoch or at an epoch's end, and for a model with batch norm,
+// dropout, AdamW and gradient accumulation. Resuming a 4-rank checkpoint on 2 and 1 ranks
+// matches to 1e-5. Plus checkpoint.init and the agreed errors of a checkpoint that cannot
+// resume the run. All runs happen inside one 4-rank job on split communicators.
+#include "runtime/checkpoint/checkpoint.h"
+
+#include <gtest/gtest.h>
+
+#include <csignal>
+#include <cstring>
+#include <filesystem>
+
+#include "launcher/config.h"
+#include "runtime/backend_registry.h"
+#include "runtime/trainer.h"
+#include "tests/testing/mpi_testing.h"
+#include "tests/testing/temp_dir.h"
+
+namespace dptrain {
+namespace {
+
+using testing::AllRanksOk;
+using testing::WorldComm;
+
+// ref_cnn on synthetic 1x28x28 data: 512 samples, global batch 32 = 16 steps per epoch.
+TrainConfig CnnConfig(const std::string& run_dir, int64_t steps) {
+  TrainConfig c;
+  c.run_dir = run_dir;
+  c.seed = 11;
+  c.model.name = "ref_cnn";
+  c.data.train = "synthetic";
+  c.data.synthetic_samples = 512;
+  c.data.workers = 2;
+  c.data.augment = "crop-flip";
+  c.train.epochs = 0;
+  c.train.max_steps = steps;
+  c.train.global_batch = 32;
+  c.train.lr = 0.05;
+  c.train.nesterov = true;
+  c.train.schedule = "cosine";
+  c.train.warmup_steps = 3;
+  c.train.log_every_steps = 1000;
+  c.train.eval_every_epochs = 0;
+  c.train.deterministic = true;
+  c.checkpoint.every_epochs = 1;
+  c.checkpoint.resume = "auto";
+  return c;
+}
+
+// Batch norm (running statistics in /params), dropout (counter-based RNG), AdamW (step count),
+// a step schedule and 2 micro-steps per step.
+TrainConfig BnConfig(const std::string& run_dir, int64_t steps) {
+  TrainConfig c = CnnConfig(run_dir, steps);
+  c.model.name.clear();
+  auto layer = [](const char* type, const char* name, int64_t out = 0, int64_t kernel = 0) {
+    LayerSpec l;
+    l.type = type;
+    l.name = name;
+    l.out = out;
+    l.kernel = kernel;
+    if (l.type == "conv2d") l.pad = 1;
+    if (l.type == "dropout") l.p = 0.25;
+    return l;
+  };
+  c.model.layers = {layer("conv2d", "conv", 8, 3), layer("batchnorm", "bn"),
+                    layer("relu", "act"),          layer("maxpool", "pool"),
+                    layer("flatten", "flat"),      layer("dropout", "drop"),
+                    layer("linear", "fc", 10)};
+  c.data.augment = "none";
+  c.train.optimizer = "adamw";
+  c.train.lr = 2e-3;
+  c.train.weight_decay = 0.01;
+  c.train.schedule = "step";
+  c.train.step_size = 5;
+  c.train.gamma = 0.5;
+  c.train.accumulate = 2;
+  return c;
+}
+
+struct RunOutcome {
+  TrainResult result;
+  int exit_code = 0;  // of an AgreedError, 0 when none
+  std::string error;
+};
+
+// Runs `cfg` on the first `world` ranks with checkpoints on (rank 0 writes in cfg.run_dir).
+RunOutcome RunOn(int world, const TrainConfig& cfg, int64_t stop_at_step = -1) {
+  Communicator& comm = WorldComm();
+  auto sub = comm.Split(comm.rank() < world ? 0 : -1);
+  RunOutcome out;
+  if (sub) {
+    TrainEnv env;
+    env.comm = sub.get();
+    env.backend = &GetBackend("cpu");
+    env.threads = 1;
+    env.keep_final_params = true;
+    env.quiet = true;
+    env.quiet_checkpoints = true;
+    env.stop_at_step = stop_at_step;
+    try {
+      out.result = Train(cfg, env);
+    } catch (const AgreedError& e) {
+      out.exit_code = e.exit_code();
+      out.error = e.what();
+    }
+  }
+  comm.Barrier();
+  return out;
+}
+
+using Tensors = std::vector<std::pair<std::string, std::vector<float>>>;
+
+bool Bitwise(const Tensors& a, const Tensors& b, std::string* where) {
+  if (a.size() != b.size() || a.empty()) {
+    *where = "tensor count " + std::to_string(a.size()) + " vs " + std::to_string(b.size());
+    return false;
+  }
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].first != b[i].first || a[i].second.size() != b[i].second.size() ||
+        std::memcmp(a[i].second.data(), b[i].second.data(), a[i].second.size() * 4) != 0) {
+      *where = a[i].first;
+      return false;
+    }
+  }
+  return true;
+}
+
+// Worst relative L2 difference over tensors.
+double WorstRelative(const Tensors& a, const Tensors& b, std::string* where) {
+  double worst = a.size() == b.size() ? 0 : 1;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    double diff = 0, norm = 0;
+    for (size_t j = 0; j < a[i].second.size(); ++j) {
+      const double d = a[i].second[j] - b[i].second[j];
+      diff += d * d;
+      norm += static_cast<double>(b[i].second[j]) * b[i].second[j];
+    }
+    const double rel = std::sqrt(diff / std::max(norm, 1e-30));
+    if (rel > worst) {
+      worst = rel;
+      *where = a[i].first;
+    }
+  }
+  return worst;
+}
+
+class CheckpointResumeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (WorldComm().size() != 4) GTEST_SKIP() << "needs exactly 4 ranks";
+  }
+  // Only rank 0 reads and writes checkpoints, so only rank 0's directory is used.
+  std::string Dir(const std::string& name) const { return dir_.File(name); }
+  testing::TempDir dir_;
+};
+
+// Straight 2N vs N + stop + resume + N on `world` ranks: bitwise identical.
+void ExpectExactResume(int world, TrainConfig (*make)(const std::string&, int64_t),
+                       const std::string& a, const std::string& b, int64_t n, int64_t total) {
+  const RunOutcome straight = RunOn(world, make(a, total));
+  const RunOutcome stopped = RunOn(world, make(b, total), n);
+  const RunOutcome resumed = RunOn(world, make(b, total));
+  bool ok = true;
+  std::string where = "-", buffers_where = "-";
+  if (WorldComm().rank() == 0) {
+    ok = straight.exit_code == 0 && stopped.exit_code == 0 && resumed.exit_code == 0;
+    ok = ok && straight.result.steps == total && stopped.result.stop_signal == SIGUSR1 &&
+         stopped.result.steps == n && resumed.result.resumed_from_step == n &&
+         resumed.result.steps == total;
+    ok = ok && stopped.result.last_checkpoint == b + "/checkpoints/" + CheckpointFileName(n);
+    ok = ok && Bitwise(resumed.result.final_params, straight.result.final_params, &where);
+    ok = ok &&
+         (straight.result.final_buffers.empty() ||
+          Bitwise(resumed.result.final_buffers, straight.result.final_buffers, &buffers_where));
+    std::printf("world %d, stop at %lld of %lld: %s\n", world, static_cast<long long>(n),
+                static_cast<long long>(total), ok ? "bitwise identical" : "DIFFERENT");
+  }
+  ASSERT_TRUE(AllRanksOk(WorldComm(), ok))
+      << "world " << world << " stop at " << n << ": errors '" << straight.error << "' '"
+      << stopped.error << "' '" << resumed.error << "'; stopped at " << stopped.result.steps
+      << " (signal " << stopped.result.stop_signal << ", checkpoint "
+      << stopped.result.last_checkpoint << "), resumed from " << resumed.result.resumed_from_step
+      << "; first difference in " << where << " / buffers " << buffers_where;
+}
+
+TEST_F(CheckpointResumeTest, MidEpochStopResumesBitwiseOnOneTwoAndFourRanks) {
+  // Epochs have 16 steps: the stop at 12 is mid-epoch and the resumed run crosses an epoch end.
+  for (int world : {1, 2, 4}) {
+    const std::string tag = std::to_string(world);
+    ExpectExactResume(world, CnnConfig, Dir("a" + tag), Dir("b" + tag), 12, 24);
+  }
+}
+
+TEST_F(CheckpointResumeTest, EpochEndStopResumesBitwise) {
+  ExpectExactResume(2, CnnConfig, Dir("a"), Dir("b"), 16, 24);
+}
+
+TEST_F(CheckpointResumeTest, BatchNormDropoutAdamWAccumulationResumeBitwise) {
+  ExpectExactResume(2, BnConfig, Dir("a"), Dir("b"), 7, 20);
+}
+
+TEST_F(CheckpointResumeTest, FourRankCheckpointResumesOnTwoAndOneRanks) {
+  const int64_t n = 10, total = 20;
+  const RunOutcome straight = RunOn(4, CnnConfig(Dir("a"), total));
+  const RunOutcome stopped = RunOn(4, CnnConfig(Dir("b"), total), n);
+  const std::string ckpt = Dir("b") + "/checkpoints/" + CheckpointFileName(n);
+  TrainConfig on2 = CnnConfig(Dir("c2"), total);
+  on2.checkpoint.resume = ckpt;
+  TrainConfig on1 = CnnConfig(Dir("c1"), total);
+  on1.checkpoint.resume = ckpt;
+  const RunOutcome r2 = RunOn(2, on2);
+  const RunOutcome r1 = RunOn(1, on1);
+  bool ok = true;
+  double d2 = 0, d1 = 0;
+  std::string w2 = "-", w1 = "-";
+  if (WorldComm().rank() == 0) {
+    ok = stopped.result.steps == n && r2.result.resumed_from_step == n &&
+         r1.result.resumed_from_step == n && r2.result.steps == total && r1.result.steps == total;
+    d2 = WorstRelative(r2.result.final_params, straight.result.final_params, &w2);
+    d1 = WorstRelative(r1.result.final_params, straight.result.final_params, &w1);
+    ok = ok && d2 <= 1e-5 && d1 <= 1e-5;
+    std::printf(
+        "4-rank checkpoint at step %lld resumed to %lld: 2 ranks %.3g (%s), 1 rank %.3g "
+        "(%s) relative to 4 ranks straight\n",
+        static_cast<long long>(n), static_cast<long long>(total), d2, w2.c_str(), d1, w1.c_str());
+  }
+  ASSERT_TRUE(AllRanksOk(WorldComm(), ok))
+      << "2 ranks: " << d2 << " at " << w2 << ", 1 rank: " << d1 << " at " << w1 << "; errors '"
+      << r2.error << "' '" << r1.error << "'";
+}
+
+TEST_F(CheckpointResumeTest, InitLoadsParametersOnly) {
+  const RunOutcome base = RunOn(2, CnnConfig(Dir("a"), 6));
+  TrainConfig cfg = CnnConfig(Dir("b"), 6);
+  cfg.checkpoint.init = Dir("a") + "/checkpoints/" + CheckpointFileName(6);
+  // Stopped before its first step: the parameters are the file's, the position is 0.
+  const RunOutcome init = RunOn(2, cfg, 0);
+  std::string where = "-";
+  bool ok = true;
+  if (WorldComm().rank() == 0) {
+    ok = init.exit_code == 0 && init.result.resumed_from_step == -1 && init.result.steps == 0 &&
+         Bitwise(init.result.final_params, base.result.final_params, &where);
+  }
+  ASSERT_TRUE(AllRanksOk(WorldComm(), ok)) << init.error << "; difference in " << where;
+}
+
+TEST_F(CheckpointResumeTest, CheckpointThatCannotResumeIsAnAgreedErrorWithCode6) {
+  const RunOutcome base = RunOn(2, CnnConfig(Dir("a"), 4));
+  const std::string ckpt = Dir("a") + "/checkpoints/" + CheckpointFileName(4);
+  TrainConfig batch = CnnConfig(Dir("b"), 8);
+  batch.checkpoint.resume = ckpt;
+  batch.train.global_batch = 64;
+  const RunOutcome r1 = RunOn(4, batch);
+  TrainConfig model = CnnConfig(Dir("c"), 8);
+  model.checkpoint.resume = ckpt;
+  model.model.name = "mlp";
+  const RunOutcome r2 = RunOn(4, model);
+  // Every rank holds the same error (AgreedError), code 6, naming the file and what differs.
+  bool ok = r1.exit_code == kExitCheckpoint && r2.exit_code == kExitCheckpoint &&
+            r1.error.find(CheckpointFileName(4)) != std::string::npos &&
+            r1.error.find("train.global_batch is 32 in the checkpoint, 64 in this run") !=
+                std::string::npos &&
+            r2.error.find("fc3.weight") != std::string::npos &&
+            r2.error.find("conv1.weight") != std::string::npos &&
+            r2.error.find("mis-shaped: fc1.weight") != std::string::npos;
+  ASSERT_TRUE(AllRanksOk(WorldComm(), ok))
+      << "rank " << WorldComm().rank() << ": code " << r1.exit_code << " '" << r1.error
+      << "'; code " << r2.exit_code << " '" << r2.error << "'";
+}
+
+}  // namespace
+}  // namespace dptrain
