@@ -3,6 +3,8 @@
 #   make demo   install what is missing, build, train the reference CNN on Fashion-MNIST, 2 ranks
 #   make test   install what is missing, build, run every test with ctest
 # Also: make build, make data, make quick (unit + conformance only), make bench, make clean.
+# Hardening (CI runs them after make test): make sanitize (ASan+UBSan and TSan test runs),
+# make lint (clang-tidy + cppcheck), make fuzz (libFuzzer targets, FUZZ_SECONDS each).
 BUILD ?= build
 JOBS ?= $(shell nproc)
 BUILD_TYPE ?= Release
@@ -10,8 +12,13 @@ CMAKE_FLAGS ?=
 DPTRAIN := $(BUILD)/launcher/dptrain
 FMNIST := /usr/share/datasets/fashion-mnist
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-run-as-root,)
+ASAN_BUILD ?= build-asan
+TSAN_BUILD ?= build-tsan
+LINT_BUILD ?= build-tidy
+FUZZ_BUILD ?= build-fuzz
+FUZZ_SECONDS ?= 30
 
-.PHONY: all deps configure build data demo test quick bench clean
+.PHONY: all deps configure build data demo test quick bench clean sanitize lint fuzz
 all: build
 
 deps:
@@ -42,6 +49,7 @@ demo: build data
 	. scripts/mpi-env.sh && mpirun -np 2 $(DPTRAIN) train --config configs/fmnist_cnn.toml
 
 test: build data
+	@bash scripts/install-deps.sh --cluster-tests
 	cd $(BUILD) && DPTRAIN_DATA=$(CURDIR)/data ctest --output-on-failure -j $(JOBS) --timeout 900
 
 quick: build
@@ -51,5 +59,15 @@ bench: build data
 	@bash scripts/install-deps.sh --bench
 	bash bench/run.sh $(BUILD)
 
+sanitize: deps
+	ASAN_BUILD=$(ASAN_BUILD) TSAN_BUILD=$(TSAN_BUILD) JOBS=$(JOBS) \
+	  MPIEXEC_PREFLAGS="--oversubscribe --bind-to none $(ROOT_FLAG)" bash scripts/sanitize.sh
+
+lint: deps
+	JOBS=$(JOBS) bash scripts/lint.sh $(LINT_BUILD)
+
+fuzz: deps
+	JOBS=$(JOBS) FUZZ_SECONDS=$(FUZZ_SECONDS) bash scripts/fuzz.sh $(FUZZ_BUILD)
+
 clean:
-	rm -rf $(BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(LINT_BUILD) $(FUZZ_BUILD)

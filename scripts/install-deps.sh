@@ -3,38 +3,90 @@
 # The one list of system packages dptrain needs (Debian 12 / Ubuntu 22.04+). Used by the Makefile,
 # .ci/run and the Dockerfile. Idempotent: installs only what is missing, silent when nothing is.
 #
-#   scripts/install-deps.sh            build + test dependencies
-#   scripts/install-deps.sh --runtime  only what the dptrain binary needs at run time
-#   scripts/install-deps.sh --bench    also the PyTorch baseline used by bench/
+#   scripts/install-deps.sh                  build + test dependencies (what `make test` compiles)
+#   scripts/install-deps.sh --build          only what compiling dptrain needs (tests and
+#                                            benchmarks off: the Dockerfile's build stage)
+#   scripts/install-deps.sh --runtime        only what the dptrain binary needs at run time
+#   scripts/install-deps.sh --bench          also the PyTorch baseline used by bench/
+#   scripts/install-deps.sh --cluster-tests  also what the cluster tests run: a real Slurm
+#                                            (slurmctld, slurmd, munge), a Docker engine,
+#                                            debootstrap for its base image, network namespaces
+# Several groups may be given at once (`--runtime --cluster-tests`).
+#
+# An entry "a|b" is the first of those names the package index knows: runtime libraries are
+# renamed between releases (Debian 12 libopenmpi3, Ubuntu 24.04 libopenmpi3t64).
 set -euo pipefail
 
-runtime=(openmpi-bin libopenmpi3 libhdf5-103-1 libdnnl2 libfmt9 zlib1g)
+# The shared libraries the dptrain binary links (`ldd`; the Dockerfile checks none is missing).
+runtime=(openmpi-bin "libopenmpi3t64|libopenmpi3" "libhdf5-103-1t64|libhdf5-103-1"
+  "libdnnl3|libdnnl2" "libfmt10|libfmt9" "libtomlplusplus3t64|libtomlplusplus3"
+  zlib1g libgomp1 libstdc++6 ca-certificates)
 build=(build-essential cmake ninja-build pkg-config git ca-certificates
   openmpi-bin libopenmpi-dev libhdf5-dev libdnnl-dev zlib1g-dev
-  libgtest-dev libgmock-dev libbenchmark-dev
-  libtomlplusplus-dev libcli11-dev nlohmann-json3-dev libfmt-dev
-  clang-format python3 python3-h5py python3-numpy dataset-fashion-mnist)
+  libtomlplusplus-dev libcli11-dev nlohmann-json3-dev libfmt-dev)
+tests=(libgtest-dev libgmock-dev libbenchmark-dev
+  clang-format python3 python3-h5py python3-numpy dataset-fashion-mnist
+  clang libclang-rt-dev libomp-dev clang-tidy cppcheck)
 bench=(python3-torch)
+# tests/integration/{slurm,two_hosts,docker}.sh (iproute2: ip netns; util-linux: unshare;
+# procps: ps/pgrep; zstd: the cached base image).
+cluster_tests=(slurmctld slurmd slurm-client munge docker.io debootstrap
+  iproute2 util-linux procps zstd)
 
 want=()
-case "${1:-}" in
-  --runtime) want=("${runtime[@]}") ;;
-  --bench) want=("${build[@]}" "${bench[@]}") ;;
-  "") want=("${build[@]}") ;;
-  *) echo "usage: $0 [--runtime|--bench]" >&2; exit 2 ;;
-esac
-
-missing=()
-for p in "${want[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+[ $# -eq 0 ] && set -- --default
+for arg in "$@"; do
+  case "$arg" in
+    --default) want+=("${build[@]}" "${tests[@]}") ;;
+    --build) want+=("${build[@]}") ;;
+    --runtime) want+=("${runtime[@]}") ;;
+    --bench) want+=("${build[@]}" "${tests[@]}" "${bench[@]}") ;;
+    --cluster-tests) want+=("${cluster_tests[@]}") ;;
+    *) echo "usage: $0 [--build|--runtime|--bench|--cluster-tests]..." >&2; exit 2 ;;
+  esac
 done
-[ ${#missing[@]} -eq 0 ] && exit 0
+
+installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'; }
+known() {
+  local c
+  c=$(apt-cache policy "$1" 2>/dev/null | sed -n 's/^ *Candidate: *//p')
+  [ -n "$c" ] && [ "$c" != "(none)" ]
+}
 
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"
 export DEBIAN_FRONTEND=noninteractive
 # Wait for another apt/dpkg (unattended-upgrades, a parallel job) instead of failing on its lock.
 apt_opts=(-o DPkg::Lock::Timeout=600 -o Acquire::Retries=3)
+updated=0
+update() {
+  [ $updated = 1 ] && return 0
+  $sudo apt-get "${apt_opts[@]}" update -qq
+  updated=1
+}
+
+missing=()
+for entry in "${want[@]}"; do
+  IFS='|' read -r -a alts <<<"$entry"
+  pick=""
+  for p in "${alts[@]}"; do
+    if installed "$p"; then pick=installed; break; fi
+  done
+  [ "$pick" = installed ] && continue
+  if [ ${#alts[@]} -gt 1 ]; then
+    # Alternatives: ask the package index (after one update) which name this release has.
+    update
+    for p in "${alts[@]}"; do
+      if known "$p"; then pick=$p; break; fi
+    done
+    [ -n "$pick" ] || { echo "install-deps: none of ${alts[*]} is in the package index" >&2; exit 1; }
+  else
+    pick=${alts[0]}
+  fi
+  case " ${missing[*]-} " in *" $pick "*) ;; *) missing+=("$pick") ;; esac
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
 echo "install-deps: installing ${missing[*]}"
-$sudo apt-get "${apt_opts[@]}" update -qq
+update
 $sudo apt-get "${apt_opts[@]}" install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
