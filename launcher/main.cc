@@ -17,11 +17,13 @@
 #include "datasets/inspect.h"
 #include "launcher/config.h"
 #include "launcher/device_binding.h"
+#include "launcher/plan_command.h"
 #include "launcher/process_env.h"
 #include "runtime/backend_registry.h"
 #include "runtime/checkpoint/checkpoint.h"
 #include "runtime/comm/mpi_communicator.h"
 #include "runtime/comm/routing_communicator.h"
+#include "runtime/comm/watchdog.h"
 #include "runtime/error.h"
 #include "runtime/trainer.h"
 
@@ -35,6 +37,26 @@ bool IsWorldRankZeroByEnv() {
     if (const char* s = std::getenv(v)) return std::atoi(s) == 0;
   }
   return true;
+}
+
+// Rank, world and host for error messages printed before MPI_Init (launcher variables; the
+// values MPI reports replace them as soon as it is up).
+void SetProcessContextFromEnv() {
+  ProcessContext ctx;
+  ctx.host = HostName();
+  for (const auto& [rank, size] :
+       {std::pair{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
+        std::pair{"PMI_RANK", "PMI_SIZE"}, std::pair{"PMIX_RANK", "PMIX_SIZE"},
+        std::pair{"SLURM_PROCID", "SLURM_NTASKS"}}) {
+    const char* r = std::getenv(rank);
+    const char* n = std::getenv(size);
+    if (r != nullptr && n != nullptr && std::atoi(n) > 0) {
+      ctx.rank = std::atoi(r);
+      ctx.world = std::atoi(n);
+      break;
+    }
+  }
+  SetProcessContext(ctx);
 }
 
 void PrintError(const std::string& what) {
@@ -85,6 +107,10 @@ int CmdRun(const RunArgs& args, int* argc, char*** argv) {
     env.vars = vars;
     mpi.LocalRankAndSize(&env.local_rank, &env.local_size);
     SetProcessContext({env.rank, env.world, env.host});
+    // No collective may block longer than dist.collective_timeout_s (exit 5 naming the ranks
+    // that did not arrive); NCCL communicators are aborted first.
+    Watchdog::Start(cfg.dist.collective_timeout_s, mpi.thread_multiple());
+    Watchdog::AddAbortHook([] { AbortDeviceCommunicators(); });
 
     RunAgreed(*comm, [&] { CheckLauncherAgrees(vars, env.local_rank, env.local_size); });
     // Every rank must run the same configuration.
@@ -231,6 +257,18 @@ int CmdInfo(const DistConfig& dist) {
 
 int main(int argc, char** argv) {
   using namespace dptrain;
+  SetProcessContextFromEnv();
+  // CLI11 reports "A subcommand is required" before looking at an unknown word: name it.
+  static const char* kCommands[] = {"train", "eval", "convert", "inspect", "info", "plan"};
+  if (argc > 1 && argv[1][0] != '-' &&
+      std::none_of(std::begin(kCommands), std::end(kCommands),
+                   [&](const char* c) { return std::strcmp(c, argv[1]) == 0; })) {
+    if (IsWorldRankZeroByEnv()) {
+      PrintError(std::string("unknown command '") + argv[1] +
+                 "' (commands: train, eval, convert, inspect, info, plan); run 'dptrain --help'");
+    }
+    return kExitUsage;
+  }
   CLI::App app{"dptrain: data-parallel training of convolutional and fully connected networks"};
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string(DPTRAIN_VERSION));
@@ -263,6 +301,19 @@ int main(int argc, char** argv) {
   auto* inspect = app.add_subcommand("inspect", "describe a dataset or checkpoint file");
   inspect->add_option("file", inspect_path, "HDF5 file")->required();
 
+  std::string plan_config;
+  std::vector<std::string> plan_sets;
+  int plan_ranks = 0;
+  bool plan_json = false;
+  auto* plan =
+      app.add_subcommand("plan", "per-layer memory estimate per rank, largest batch that fits");
+  plan->add_option("--config", plan_config, "TOML run config")->required();
+  plan->add_option("--set", plan_sets, "override a config key (repeatable)");
+  plan->add_option("--ranks", plan_ranks,
+                   "ranks the job will run with (default: from the "
+                   "launcher, else 1)");
+  plan->add_flag("--json", plan_json, "print JSON instead of a table");
+
   auto* info = app.add_subcommand("info", "devices, bindings, library versions");
   DistConfig info_dist;
   info->add_option("--gpus", info_dist.gpus, "as dist.gpus: show the binding for this list");
@@ -287,6 +338,7 @@ int main(int argc, char** argv) {
       return CmdRun(run, &argc, &argv);
     }
     if (*info) return CmdInfo(info_dist);
+    if (*plan) return RunPlanCommand(LoadConfig(plan_config, plan_sets), plan_ranks, plan_json);
     if (*inspect) {
       // Checkpoints get their own description (state, tensors with checksum verdicts, config).
       std::fputs(IsCheckpointFile(inspect_path) ? DescribeCheckpoint(inspect_path).c_str()

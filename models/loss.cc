@@ -30,16 +30,17 @@ void Loss::Forward(const Tensor& output, const Tensor& targets) {
   }
 }
 
-const Tensor& Loss::Backward(const Tensor& output, const Tensor& targets, int64_t mean_over) {
+const Tensor& Loss::Backward(const Tensor& output, const Tensor& targets, int64_t mean_over,
+                             float scale) {
   const int64_t n = output.shape()[0];
   dout_ = dout_buf_.Batch(n);
   if (kind_ == LossKind::kCrossEntropy) {
     backend_.SoftmaxCrossEntropyBackward(probs_.Batch(n), targets,
-                                         1.f / static_cast<float>(mean_over), &dout_);
+                                         scale / static_cast<float>(mean_over), &dout_);
   } else {
     // PyTorch's MSELoss averages over every element: mean_over samples x per-sample outputs.
     backend_.MseBackward(output, targets.View(output.shape()),
-                         1.f / static_cast<float>(mean_over * per_sample_), &dout_);
+                         scale / static_cast<float>(mean_over * per_sample_), &dout_);
   }
   return dout_;
 }

@@ -21,8 +21,10 @@ class Loss {
   // Sum of the per-sample losses of the batch into loss_sum() (and argmax hits into correct()
   // for cross-entropy). targets: i32 (n) labels, or f32 with the output's shape.
   void Forward(const Tensor& output, const Tensor& targets);
-  // Writes d(loss)/d(output) for the mean over `mean_over` samples (the micro-batch).
-  const Tensor& Backward(const Tensor& output, const Tensor& targets, int64_t mean_over);
+  // Writes d(loss)/d(output) for the mean over `mean_over` samples (the micro-batch), times
+  // `scale` (dynamic loss scaling; 1 otherwise).
+  const Tensor& Backward(const Tensor& output, const Tensor& targets, int64_t mean_over,
+                         float scale = 1.f);
 
   const Tensor& loss_sum() const { return loss_sum_; }  // (1) f32
   const Tensor& correct() const { return correct_; }    // (1) f32, cross-entropy only

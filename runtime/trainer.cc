@@ -18,6 +18,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -30,8 +31,11 @@
 #include "models/loss.h"
 #include "models/model.h"
 #include "models/zoo/zoo.h"
+#include "runtime/amp/loss_scaler.h"
 #include "runtime/checkpoint/checkpoint.h"
 #include "runtime/comm/reducer.h"
+#include "runtime/comm/replica_check.h"
+#include "runtime/comm/watchdog.h"
 #include "runtime/error.h"
 #include "runtime/optim/optimizer.h"
 
@@ -175,6 +179,10 @@ class Trainer {
   void SetupOutputs();
   void SetupCheckpointDir();
   void TrainStep(const HostBatch& batch);
+  // After the gradient allreduce: do the gradients hold a non-finite value on any rank (the
+  // ranks agree)? With loss scaling that skips the step and lowers the scale; without, it stops
+  // the run naming the first layer with a non-finite gradient. Returns true to apply the step.
+  bool CheckGradients();
   EvalSums RunTestSet();
   void Evaluate(int64_t epoch);
   void LogStep(int64_t epoch, bool force);
@@ -218,6 +226,13 @@ class Trainer {
   std::unique_ptr<Loss> loss_;
   std::unique_ptr<Optimizer> opt_;
   std::unique_ptr<Reducer> reducer_;
+  bool teacher_targets_ = false;
+  // fp16: dynamic loss scaling; DPTRAIN_TEST_LOSS_SCALING=1 enables it in fp32 for tests.
+  std::unique_ptr<LossScaler> scaler_;
+  int64_t skipped_steps_ = 0;
+  // Test-only fault hooks (environment, read once): "rank:step".
+  int fault_flip_rank_ = -1, fault_inf_rank_ = -1;
+  int64_t fault_flip_step_ = -1, fault_inf_step_ = -1;
   ScheduleConfig sched_;
   Tensor x_dev_, y_dev_;
   std::vector<float> targets_host_;
@@ -279,7 +294,8 @@ void Trainer::SetupData() {
   }
   sample_shape_ = train_->info().sample_shape;
   if (d.test == "synthetic") {
-    test_ = MakeSynthetic(synthetic_shape, std::max<int64_t>(d.synthetic_samples / 4, 1), m.classes,
+    // Generated test samples take the training samples' shape.
+    test_ = MakeSynthetic(sample_shape_, std::max<int64_t>(d.synthetic_samples / 4, 1), m.classes,
                           regression_, seed + 1);
   } else if (!d.test.empty()) {
     OpenOptions o;
@@ -291,6 +307,8 @@ void Trainer::SetupData() {
         << test_->info().sample_shape.ToString() << " but data.train " << d.train << " has "
         << train_->info().sample_shape.ToString();
   }
+  // Regression targets: the fixed teacher on generated data, the label's value on a file.
+  teacher_targets_ = d.train == "synthetic";
   if (regression_) teacher_ = TeacherWeights(train_->info().sample_shape.numel(), seed);
 
   world_ = comm_.size();
@@ -367,6 +385,11 @@ void Trainer::SetupModel() {
   model_->Setup(micro_, ParsePrecision(cfg_.train.precision));
   model_->InitParams(static_cast<uint64_t>(cfg_.seed));
   const LossKind kind = regression_ ? LossKind::kMse : LossKind::kCrossEntropy;
+  if (kind == LossKind::kMse) {
+    DPT_CHECK_AS(ConfigError, model_->output_shape().numel() == micro_)
+        << "model.loss = \"mse\" regresses one value per sample, but the model outputs "
+        << model_->output_shape().ToString() << "; end the model with a linear layer of out = 1";
+  }
   if (kind == LossKind::kCrossEntropy) {
     DPT_CHECK_AS(ConfigError,
                  model_->output_shape().rank() == 2 && model_->output_shape()[1] == m.classes)
@@ -405,6 +428,17 @@ void Trainer::SetupModel() {
     reducer_ = std::make_unique<Reducer>(comm_, model_->grads(),
                                          static_cast<size_t>(cfg_.dist.bucket_mb) << 20);
   }
+  const char* test_scaling = std::getenv("DPTRAIN_TEST_LOSS_SCALING");
+  scaler_ = std::make_unique<LossScaler>(cfg_.train.precision == "fp16" ||
+                                         (test_scaling != nullptr && test_scaling[0] == '1'));
+  auto hook = [](const char* name, int* rank, int64_t* step) {
+    if (const char* v = std::getenv(name)) {
+      long long st = -1;
+      if (std::sscanf(v, "%d:%lld", rank, &st) == 2) *step = st;
+    }
+  };
+  hook("DPTRAIN_TEST_FLIP_PARAM", &fault_flip_rank_, &fault_flip_step_);
+  hook("DPTRAIN_TEST_INF_GRAD", &fault_inf_rank_, &fault_inf_step_);
 }
 
 void Trainer::SetupRunDir() {
@@ -465,7 +499,16 @@ void Trainer::UploadBatch(const HostBatch& b, int64_t begin, int64_t n) {
   const int64_t per = model_->input_shape().numel();
   Tensor x = x_dev_.Batch(n);
   be_.CopyFromHost(b.images.data() + begin * per, &x);
-  if (regression_) {
+  if (regression_ && !teacher_targets_) {
+    // Regression on a dataset file: the integer label is the target value.
+    targets_host_.assign(static_cast<size_t>(n), 0.f);
+    for (int64_t i = 0; i < n; ++i) {
+      targets_host_[static_cast<size_t>(i)] =
+          static_cast<float>(b.labels[static_cast<size_t>(begin + i)]);
+    }
+    Tensor y = y_dev_.Batch(n);
+    be_.CopyFromHost(targets_host_.data(), &y);
+  } else if (regression_) {
     // Targets from the fixed teacher of the synthetic regression task.
     targets_host_.assign(static_cast<size_t>(n), 0.f);
     for (int64_t i = 0; i < n; ++i) {
@@ -484,6 +527,7 @@ void Trainer::UploadBatch(const HostBatch& b, int64_t begin, int64_t n) {
 }
 
 void Trainer::TrainStep(const HostBatch& batch) {
+  Watchdog::SetStep(step_);
   for (int64_t m = 0; m < accumulate_; ++m) {
     auto t0 = Clock::now();
     UploadBatch(batch, m * micro_, micro_);
@@ -500,7 +544,7 @@ void Trainer::TrainStep(const HostBatch& batch) {
     be_.CopyToHost(loss_->loss_sum(), &loss_sum);
     const int64_t outputs_per_sample = out.numel() / micro_;  // regression: mean over outputs
     win_loss_ += regression_ ? loss_sum / static_cast<double>(outputs_per_sample) : loss_sum;
-    const Tensor& dout = loss_->Backward(out, y, micro_);
+    const Tensor& dout = loss_->Backward(out, y, micro_, scaler_->scale());
     fwd_s_ += Since(t0);
     t0 = Clock::now();
     const bool last = m == accumulate_ - 1;
@@ -518,13 +562,80 @@ void Trainer::TrainStep(const HostBatch& batch) {
   }
   auto t0 = Clock::now();
   lr_ = LearningRate(sched_, step_);
-  opt_->Step(&model_->params(), model_->grads(), static_cast<float>(lr_),
-             1.f / static_cast<float>(world_ * accumulate_));
+  if (step_ == fault_inf_step_ && comm_.rank() == fault_inf_rank_) {
+    // Test hook: an overflow in one rank's gradients.
+    const float inf = std::numeric_limits<float>::infinity();
+    Tensor first = model_->grads().View(Shape{1});
+    be_.CopyFromHost(&inf, &first);
+  }
+  if (!CheckGradients()) {
+    ++skipped_steps_;  // every rank skips this step together (loss scaling)
+  } else {
+    opt_->Step(&model_->params(), model_->grads(), static_cast<float>(lr_),
+               1.f / (static_cast<float>(world_ * accumulate_) * scaler_->scale()));
+  }
   be_.Synchronize();
   opt_s_ += Since(t0);
   ++step_;
+  if (step_ == fault_flip_step_ && comm_.rank() == fault_flip_rank_) {
+    // Test hook: silent corruption of one parameter on one rank.
+    Tensor first = model_->params().View(Shape{1});
+    float v = 0;
+    be_.CopyToHost(first, &v);
+    v = std::nextafter(v, 1e30f);
+    be_.CopyFromHost(&v, &first);
+  }
+  const int64_t every = cfg_.dist.check_replicas_every;
+  if (every > 0 && world_ > 1 && step_ % every == 0) {
+    try {
+      CheckReplicasIdentical(comm_, be_, model_->params(), step_);
+    } catch (const InternalError& e) {
+      throw AgreedError(e.what(), kExitInternal);  // every rank saw the same checksums
+    }
+  }
   win_samples_ += local_batch_;
   ++win_steps_;
+}
+
+bool Trainer::CheckGradients() {
+  int64_t bad = be_.CountNonFinite(model_->grads()) > 0 ? 1 : 0;
+  comm_.AllReduceHost(&bad, 1, ReduceOp::kMax);
+  if (scaler_->enabled()) {
+    const double before = scaler_->scale();
+    const bool skip = scaler_->Update(bad != 0);
+    if (skip) {
+      Say(
+          fmt::format("loss scaling: non-finite gradients at step {}; step skipped on every rank, "
+                      "scale {} -> {}",
+                      step_, before, static_cast<double>(scaler_->scale())));
+    }
+    return !skip;
+  }
+  if (bad == 0) return true;
+  // fp32: the first layer (in forward order) whose gradient is not finite, on this rank.
+  std::string first;
+  for (const auto& g : model_->named_grads()) {
+    if (be_.CountNonFinite(g.tensor) > 0) {
+      first = g.name;
+      break;
+    }
+  }
+  const auto names = comm_.AllGatherStrings(first);
+  std::string where;
+  for (const auto& n : names) {
+    if (!n.empty()) {
+      where = n;
+      break;
+    }
+  }
+  throw AgreedError(
+      RankTag() + fmt::format("non-finite gradient at step {} (first in {}); the parameters were "
+                              "not updated. Last good checkpoint: {}. hint: lower train.lr, add "
+                              "train.warmup_steps, check the data for NaN/Inf",
+                              step_, where.empty() ? "an unknown layer" : where,
+                              result_.last_checkpoint.empty() ? std::string("none")
+                                                              : result_.last_checkpoint),
+      kExitData);
 }
 
 void Trainer::LogStep(int64_t epoch, bool force) {
@@ -536,10 +647,13 @@ void Trainer::LogStep(int64_t epoch, bool force) {
   const double dt = Since(win_start_);
   const double sps = sums[1] / std::max(dt, 1e-9);
   result_.last_loss = loss;
-  if (!std::isfinite(loss)) {
-    DPT_THROW(DataError) << "the training loss is " << loss << " at step " << step_ << " (epoch "
-                         << epoch + 1 << "); hint: lower train.lr, check the data "
-                         << "for NaN/Inf, or use a warm-up (train.warmup_steps)";
+  if (!std::isfinite(loss) && !scaler_->enabled()) {
+    // The loss was summed over ranks: every rank sees it and stops alike.
+    throw AgreedError(RankTag() + fmt::format("the training loss is {} at step {} (epoch {}); "
+                                              "hint: lower train.lr, check the data for NaN/Inf, "
+                                              "or use a warm-up (train.warmup_steps)",
+                                              loss, step_, epoch + 1),
+                      kExitData);
   }
   if (is_root()) {
     // ETA from this session's pace (a resumed run starts its clock again).
@@ -917,12 +1031,21 @@ TrainResult Trainer::Run() {
   });
   // All ranks agree on what they are about to run.
   {
-    int64_t v[4] = {train_->info().size, -train_->info().size, test_ ? test_->info().size : -1,
-                    test_ ? -test_->info().size : 1};
-    comm_.AllReduceHost(v, 4, ReduceOp::kMax);
-    DPT_CHECK_AS(DataError, v[0] == -v[1] && v[2] == -v[3])
-        << "the ranks see datasets of different sizes (train " << -v[1] << ".." << v[0]
-        << "); every rank must read the same files";
+    const int64_t shape = sample_shape_.numel();
+    int64_t v[6] = {train_->info().size,
+                    -train_->info().size,
+                    test_ ? test_->info().size : -1,
+                    test_ ? -test_->info().size : 1,
+                    shape,
+                    -shape};
+    comm_.AllReduceHost(v, 6, ReduceOp::kMax);
+    // Every rank holds the same reduced values, so every rank reaches the same verdict.
+    RunAgreed(comm_, [&] {
+      DPT_CHECK_AS(DataError, v[0] == -v[1] && v[2] == -v[3] && v[4] == -v[5])
+          << "the ranks see different datasets (train samples " << -v[1] << ".." << v[0]
+          << ", test samples " << -v[3] << ".." << v[2] << ", values per sample " << -v[5] << ".."
+          << v[4] << "); every rank must read the same files";
+    });
   }
   InstallStopSignalHandlers();
   ckpt_dir_ = cfg_.run_dir + "/checkpoints";
@@ -1020,7 +1143,7 @@ TrainResult Trainer::Run() {
   result_.samples_per_s =
       static_cast<double>(session_steps * cfg_.train.global_batch) / std::max(total, 1e-9);
   // Final evaluation if the last epoch's did not run (not when preempted: time is short).
-  if (!stopped && test_ && step_ != last_eval_step_) {
+  if (!stopped && test_ && cfg_.train.eval_every_epochs > 0 && step_ != last_eval_step_) {
     Evaluate(in_epoch_ == 0 && epoch_ > 0 ? epoch_ - 1 : epoch_);
   }
   // The end-of-training (or preemption) checkpoint; every rank waits until rank 0 has written

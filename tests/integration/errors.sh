@@ -116,8 +116,8 @@ both "unknown config key" 2 \
   "$TMP/unknown.toml:$UNKNOWN_LINE: unknown key 'train.learning_rate'" \
   train --config "$TMP/unknown.toml"
 # Pre-MPI errors (config, command line) are printed by world rank 0 before MPI_Init.
-# KNOWN BROKEN: their rank tag is "[rank 0/1]" (no host, world size 1) under mpirun -np 4.
-known_broken "a config error under 4 ranks is tagged [rank 0/4 <host>] (it says [rank 0/1])" \
+# Their rank tag comes from the launcher's variables: "[rank 0/4 <host>]" under mpirun -np 4.
+check "a config error under 4 ranks is tagged [rank 0/4 <host>]" \
   last_err_count "[rank 0/4 " 1
 both "wrong type in the config file" 2 \
   "$TMP/wrongtype.toml:$WRONGTYPE_LINE: train.lr: expected a number, got string \"fast\"" \
@@ -132,11 +132,8 @@ both "missing config file" 2 "$TMP/nope.toml: cannot read config file: No such f
   train --config "$TMP/nope.toml"
 both "--set without '='" 2 "--set train.lr: expected key=value" \
   train --config "$BASE" --set train.lr
-both "unknown subcommand" 2 "run 'dptrain --help' or 'dptrain <command> --help' for usage" \
+both "unknown subcommand" 2 "unknown command 'frobnicate' (commands: train, eval, convert" \
   frobnicate --config "$BASE"
-# KNOWN BROKEN: CLI11 reports "A subcommand is required" and never names the unknown word.
-known_broken "an unknown subcommand is named in the message ('frobnicate')" \
-  last_err_count "frobnicate" 1
 both "missing --config" 2 "--config is required" train
 both "unknown model name" 2 \
   "model.name: unknown model 'resnet9000' (known: linear, mlp, ref_cnn, cifar_net, resnet8" \
@@ -250,16 +247,14 @@ EOF
   CASE="rank 2 reads a dataset of another size [4 ranks]"
   run_limited "${MPI4[@]}" sh "$TMP/cwd-per-rank.sh" "$DPTRAIN" train --config "$BASE" \
     --set data.train=d.h5 --set data.test=
-  if [[ $LAST_RC == 3 && -z $LAST_LEFT ]] && grep -qF "the ranks see datasets of different sizes (train 128..256)" "$TMP/last.err"; then
+  if [[ $LAST_RC == 3 && -z $LAST_LEFT ]] && grep -qF "the ranks see different datasets (train samples 128..256" "$TMP/last.err"; then
     pass "$CASE (exit $LAST_RC, ${LAST_SECONDS}s)"
   else
     fail "$CASE: exit $LAST_RC (expected 3)${LAST_LEFT:+, left behind: $LAST_LEFT}"
     show_last "(see above)"
   fi
-  # KNOWN BROKEN: the check in Trainer::Run is not agreed (no RunAgreed): every rank prints it
-  # and calls MPI_Abort.
-  known_broken "  ... printed once (every rank prints it and calls MPI_Abort)" \
-    last_err_count "the ranks see datasets of different sizes" 1
+  # Every rank holds the reduced sizes and reaches the same verdict: rank 0 prints it once.
+  check "  ... printed once" last_err_count "the ranks see different datasets" 1
 fi
 
 finish

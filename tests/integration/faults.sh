@@ -156,9 +156,7 @@ if victim=$(for ((i = 0; i < 300; i++)); do rank_pid "$tag" 2 && break; sleep 0.
   out="$RUN.err"
   sed 's/^/  | /' "$out" | grep -v '^  | *$' | head -n 20
   bound=$((TIMEOUT_S + 15))
-  # KNOWN BROKEN until the collective watchdog (runtime/comm/watchdog.h) is started by
-  # `dptrain train` (Watchdog::Start in launcher/main.cc): then drop these markers (-> check).
-  sigstop_check=known_broken
+  sigstop_check=check
   $sigstop_check "SIGSTOP rank 2: the job ended within dist.collective_timeout_s=$TIMEOUT_S + 15 s (${GONE_S}s)" \
     awk -v s="$GONE_S" -v b=$bound 'BEGIN { exit !(s <= b) }'
   $sigstop_check "SIGSTOP rank 2: exit code 5 (communication failure), got $JOB_RC" test "$JOB_RC" = 5
@@ -167,7 +165,7 @@ if victim=$(for ((i = 0; i < 300; i++)); do rank_pid "$tag" 2 && break; sleep 0.
     grep -qE 'ranks that did not arrive: 2( |$|\()' "$out"
   # The step the others waited in (the trainer reports it with Watchdog::SetStep).
   $sigstop_check "SIGSTOP rank 2: the message names the step the job hung at (>= $stopped, not -1)" \
-    bash -c "s=\$(grep -oE 'collective timeout: .* at step -?[0-9]+' '$out' | grep -oE -- '-?[0-9]+\$' | head -n 1);
+    bash -c "s=\$(grep -oE 'collective timeout: [^;]* at step -?[0-9]+' '$out' | grep -oE -- '-?[0-9]+\$' | head -n 1);
              [[ -n \$s ]] && ((s >= $stopped))"
   $sigstop_check "SIGSTOP rank 2: no process left (the stopped rank included)${LEFT:+: $LEFT}" \
     test -z "$LEFT" -a "$LAUNCHER_LEFT" = 0
