@@ -46,7 +46,8 @@ data/fmnist/test.h5: | build
 data: build data/fmnist/train.h5 data/fmnist/test.h5
 
 demo: build data
-	. scripts/mpi-env.sh && mpirun -np 2 $(DPTRAIN) train --config configs/fmnist_cnn.toml
+	. scripts/mpi-env.sh && mpirun -np 2 $(DPTRAIN) train --config configs/fmnist_cnn.toml \
+	  --set checkpoint.resume=never
 
 test: build data
 	@bash scripts/install-deps.sh --cluster-tests
