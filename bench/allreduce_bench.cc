@@ -61,8 +61,8 @@ int main(int argc, char** argv) {
       const double tb = Median(bare), tr = Median(reducer);
       std::printf("%-10s %12.0f %14s %12.1f %12.2f %10s\n", "bare", bytes, "MPI_Allreduce",
                   tb * 1e6, factor * bytes / tb * 1e-9, "1.00");
-      std::printf("%-10s %12.0f %14s %12.1f %12.2f %10.2f\n", "reducer", bytes,
-                  "MPI_Iallreduce", tr * 1e6, factor * bytes / tr * 1e-9, tr / tb);
+      std::printf("%-10s %12.0f %14s %12.1f %12.2f %10.2f\n", "reducer", bytes, "MPI_Iallreduce",
+                  tr * 1e6, factor * bytes / tr * 1e-9, tr / tb);
     }
   }
   comm.reset();

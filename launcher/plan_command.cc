@@ -54,7 +54,7 @@ int RunPlanCommand(const TrainConfig& cfg, int ranks, bool json) {
   // data's shape is checked at training time).
   const Shape input = zoo ? DefaultInputShape(cfg.model.name) : Shape{1, 28, 28};
   const LossKind loss = cfg.model.loss == "mse" || (cfg.model.loss == "auto" && zoo &&
-                                                     DefaultLoss(cfg.model.name) == LossKind::kMse)
+                                                    DefaultLoss(cfg.model.name) == LossKind::kMse)
                             ? LossKind::kMse
                             : LossKind::kCrossEntropy;
   auto net = zoo ? BuildZooModel(be, cfg.model.name, cfg.model.classes)
@@ -78,11 +78,11 @@ int RunPlanCommand(const TrainConfig& cfg, int ranks, bool json) {
                input.ToString(), device);
     fmt::print("{}", plan.ToTable());
     if (budget > 0 && plan.total > budget) {
-      fmt::print("does NOT fit: {} MiB needed, {} MiB available; use micro-batch <= {} "
-                 "(train.accumulate = {}), or train.precision = \"bf16\"\n",
-                 plan.total >> 20, budget >> 20, plan.max_micro_batch,
-                 plan.max_micro_batch > 0 ? (local + plan.max_micro_batch - 1) / plan.max_micro_batch
-                                          : 0);
+      fmt::print(
+          "does NOT fit: {} MiB needed, {} MiB available; use micro-batch <= {} "
+          "(train.accumulate = {}), or train.precision = \"bf16\"\n",
+          plan.total >> 20, budget >> 20, plan.max_micro_batch,
+          plan.max_micro_batch > 0 ? (local + plan.max_micro_batch - 1) / plan.max_micro_batch : 0);
     }
   }
   return kExitOk;
