@@ -94,6 +94,9 @@ class Backend {
   CachingAllocator& allocator() { return *allocator_; }
   // Bytes of workspace the backend shares between all ops (oneDNN scratchpad, cuDNN workspace).
   virtual size_t SharedWorkspaceBytes() const { return 0; }
+  // Drops every cached plan (and the shared workspace) so their memory can be freed once the
+  // layers holding them are gone: used when a batch size that did not fit is abandoned.
+  virtual void ReleasePlans() {}
   // An uninitialised tensor from the caching allocator; `label` names it in OOM reports.
   Tensor Empty(const Shape& shape, DType dtype, std::string_view label);
   Tensor Zeros(const Shape& shape, DType dtype, std::string_view label);

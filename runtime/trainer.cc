@@ -179,6 +179,13 @@ class Trainer {
   void SetupOutputs();
   void SetupCheckpointDir();
   void TrainStep(const HostBatch& batch);
+  // SetupModel on every rank; when a rank runs out of memory, all ranks agree on it before any
+  // collective, and with memory.auto_microbatch halve the micro-batch (doubling accumulate, so
+  // the global batch and the maths stay the same) until it fits or is 1; otherwise the OOM
+  // report with advice, on every rank (exit 4).
+  void SetupModelThatFits();
+  void ReducePeakMemory();  // collective
+  void ReleaseModel();
   // After the gradient allreduce: do the gradients hold a non-finite value on any rank (the
   // ranks agree)? With loss scaling that skips the step and lowers the scale; without, it stops
   // the run naming the first layer with a non-finite gradient. Returns true to apply the step.
@@ -230,6 +237,7 @@ class Trainer {
   // fp16: dynamic loss scaling; DPTRAIN_TEST_LOSS_SCALING=1 enables it in fp32 for tests.
   std::unique_ptr<LossScaler> scaler_;
   int64_t skipped_steps_ = 0;
+  double peak_min_ = 0, peak_mean_ = 0, peak_max_ = 0;  // bytes, over ranks (at the last log)
   // Test-only fault hooks (environment, read once): "rank:step".
   int fault_flip_rank_ = -1, fault_inf_rank_ = -1;
   int64_t fault_flip_step_ = -1, fault_inf_step_ = -1;
@@ -375,6 +383,63 @@ void Trainer::SetupEvalData() {
     loader_opts_.std = test_->info().std;
   }
   loader_opts_.seed = seed;
+}
+
+void Trainer::ReleaseModel() {
+  reducer_.reset();
+  opt_.reset();
+  loss_.reset();
+  model_.reset();
+  x_dev_ = Tensor();
+  y_dev_ = Tensor();
+  be_.ReleasePlans();
+  be_.allocator().EmptyCache();
+}
+
+void Trainer::SetupModelThatFits() {
+  for (;;) {
+    std::string oom;
+    RunAgreed(comm_, [&] {
+      try {
+        SetupModel();
+      } catch (const OutOfMemory& e) {
+        oom = e.what();
+      }
+    });
+    int64_t failed_rank = oom.empty() ? comm_.size() : comm_.rank();
+    comm_.AllReduceHost(&failed_rank, 1, ReduceOp::kMin);
+    if (failed_rank == comm_.size()) break;
+    const int64_t tried = micro_;
+    // The next micro-batch: the largest divisor of the per-rank batch at most half this one.
+    int64_t next = 0;
+    for (int64_t d = tried / 2; d >= 1; --d) {
+      if (local_batch_ % d == 0) {
+        next = d;
+        break;
+      }
+    }
+    if (!cfg_.memory.auto_microbatch || next == 0) {
+      const std::string advice = fmt::format(
+          "\nhint: micro-batch {} per rank does not fit. Run `dptrain plan --config {} --ranks {}` "
+          "for the largest micro-batch that fits; then raise train.accumulate (the global batch "
+          "and the maths stay the same), set memory.auto_microbatch = true to let dptrain find "
+          "it, or use train.precision = \"bf16\"{}",
+          tried, cfg_.source.empty() ? std::string("FILE") : cfg_.source, world_,
+          cfg_.memory.limit_bytes > 0 ? ", or raise memory.limit" : "");
+      detail::AgreeOnFailure(comm_, oom + advice, kExitOom, !oom.empty());
+    }
+    ReleaseModel();
+    micro_ = next;
+    accumulate_ = local_batch_ / micro_;
+    Say(
+        fmt::format("memory.auto_microbatch: micro-batch {} ran out of memory on rank {}; trying "
+                    "{} x {} micro-steps per step (global batch {} unchanged)",
+                    tried, failed_rank, micro_, accumulate_, cfg_.train.global_batch));
+  }
+  if (accumulate_ != cfg_.train.accumulate) {
+    Say(fmt::format("memory.auto_microbatch: training with micro-batch {} x {} micro-steps", micro_,
+                    accumulate_));
+  }
 }
 
 void Trainer::SetupModel() {
@@ -638,11 +703,23 @@ bool Trainer::CheckGradients() {
       kExitData);
 }
 
+void Trainer::ReducePeakMemory() {
+  // Peak device memory of each rank since the start: min, mean and max over ranks.
+  const double peak = static_cast<double>(be_.allocator().stats().peak_in_use);
+  double v[3] = {peak, -peak, peak};
+  comm_.AllReduceHost(v, 2, ReduceOp::kMax);
+  comm_.AllReduceHost(v + 2, 1, ReduceOp::kSum);
+  peak_max_ = v[0];
+  peak_min_ = -v[1];
+  peak_mean_ = v[2] / static_cast<double>(world_);
+}
+
 void Trainer::LogStep(int64_t epoch, bool force) {
   if (win_steps_ == 0) return;
   if (!force && step_ % cfg_.train.log_every_steps != 0) return;
   double sums[2] = {win_loss_, static_cast<double>(win_samples_)};
   comm_.AllReduceHost(sums, 2, ReduceOp::kSum);
+  ReducePeakMemory();
   const double loss = sums[0] / std::max(sums[1], 1.0);
   const double dt = Since(win_start_);
   const double sps = sums[1] / std::max(dt, 1e-9);
@@ -674,13 +751,22 @@ void Trainer::LogStep(int64_t epoch, bool force) {
       fmt::print("{}\n", line);
       std::fflush(stdout);
     }
-    WriteMetrics({{"kind", "step"},
-                  {"step", step_},
-                  {"epoch", epoch + 1},
-                  {"time_s", RunTime()},
-                  {"loss", loss},
-                  {"lr", lr_},
-                  {"samples_per_s", sps}});
+    nlohmann::json j{
+        {"kind", "step"},
+        {"step", step_},
+        {"epoch", epoch + 1},
+        {"time_s", RunTime()},
+        {"loss", loss},
+        {"lr", lr_},
+        {"samples_per_s", sps},
+        {"micro_batch", micro_},
+        {"accumulate", accumulate_},
+        {"peak_mem_bytes", {{"min", peak_min_}, {"mean", peak_mean_}, {"max", peak_max_}}}};
+    if (scaler_->enabled()) {
+      j["loss_scale"] = static_cast<double>(scaler_->scale());
+      j["skipped_steps"] = skipped_steps_;
+    }
+    WriteMetrics(j);
   }
   win_loss_ = 0;
   win_samples_ = 0;
@@ -1025,10 +1111,8 @@ bool Trainer::AgreeToStop() {
 }
 
 TrainResult Trainer::Run() {
-  RunAgreed(comm_, [&] {
-    SetupData();
-    SetupModel();
-  });
+  RunAgreed(comm_, [&] { SetupData(); });
+  SetupModelThatFits();
   // All ranks agree on what they are about to run.
   {
     const int64_t shape = sample_shape_.numel();
@@ -1164,9 +1248,14 @@ TrainResult Trainer::Run() {
     keep(model_->named_params(), &result_.final_params);
     keep(model_->named_buffers(), &result_.final_buffers);
   }
+  ReducePeakMemory();
   if (is_root()) {
     if (env_.interactive) fmt::print("\n");
     const double n = static_cast<double>(std::max<int64_t>(session_steps, 1));
+    fmt::print("memory: peak per rank {} (min) / {} (mean) / {} (max); micro-batch {} x {}\n",
+               FormatBytes(static_cast<size_t>(peak_min_)),
+               FormatBytes(static_cast<size_t>(peak_mean_)),
+               FormatBytes(static_cast<size_t>(peak_max_)), micro_, accumulate_);
     fmt::print(
         "done: {} steps in {:.1f}s, {:.0f} samples/s; per step: data wait {:.2f} ms, "
         "forward {:.2f} ms, backward {:.2f} ms, exposed communication {:.2f} ms, "
@@ -1189,17 +1278,22 @@ TrainResult Trainer::Run() {
     fmt::print("outputs: {}/metrics.jsonl, {}/config.toml, {}/\n", cfg_.run_dir, cfg_.run_dir,
                ckpt_dir_);
     std::fflush(stdout);
-    WriteMetrics({{"kind", "summary"},
-                  {"step", step_},
-                  {"epoch", result_.epochs},
-                  {"time_s", RunTime()},
-                  {"samples_per_s", result_.samples_per_s},
-                  {"stop_signal", stop_signal_},
-                  {"data_wait_ms", 1e3 * data_wait_s_ / n},
-                  {"forward_ms", 1e3 * fwd_s_ / n},
-                  {"backward_ms", 1e3 * bwd_s_ / n},
-                  {"exposed_comm_ms", 1e3 * comm_s_ / n},
-                  {"optimizer_ms", 1e3 * opt_s_ / n}});
+    WriteMetrics(
+        {{"kind", "summary"},
+         {"step", step_},
+         {"epoch", result_.epochs},
+         {"time_s", RunTime()},
+         {"samples_per_s", result_.samples_per_s},
+         {"stop_signal", stop_signal_},
+         {"data_wait_ms", 1e3 * data_wait_s_ / n},
+         {"forward_ms", 1e3 * fwd_s_ / n},
+         {"backward_ms", 1e3 * bwd_s_ / n},
+         {"exposed_comm_ms", 1e3 * comm_s_ / n},
+         {"optimizer_ms", 1e3 * opt_s_ / n},
+         {"micro_batch", micro_},
+         {"accumulate", accumulate_},
+         {"skipped_steps", skipped_steps_},
+         {"peak_mem_bytes", {{"min", peak_min_}, {"mean", peak_mean_}, {"max", peak_max_}}}});
   }
   if (g_signal_count.load() > 1) {
     Say(

@@ -199,6 +199,14 @@ size_t CpuBackend::SharedWorkspaceBytes() const {
   return impl_->scratchpad.defined() ? impl_->scratchpad.bytes() : 0;
 }
 
+void CpuBackend::ReleasePlans() {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->conv.clear();
+  impl_->linear.clear();
+  impl_->pool.clear();
+  impl_->scratchpad = Tensor();
+}
+
 void CpuBackend::SetThreads(int threads) {
   if (threads > 0) omp_set_num_threads(threads);
 }

@@ -22,6 +22,7 @@ class CpuBackend final : public Backend {
   std::string name() const override { return "cpu"; }
   void SetThreads(int threads) override;
   size_t SharedWorkspaceBytes() const override;
+  void ReleasePlans() override;
 
   void CopyFromHost(const void* src, Tensor* dst) override;
   void CopyToHost(const Tensor& src, void* dst) override;

@@ -129,6 +129,13 @@ class CudaBackend final : public Backend {
   Tensor partials_;   // reduction partials (kernels::ReductionPartials() doubles)
   Tensor scalars_;    // small device results copied to the host (counts, sums, flags)
 
+  void ReleasePlans() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    conv_plans_.clear();
+    linear_plans_.clear();
+    pool_plans_.clear();
+  }
+
   std::mutex mu_;  // guards the plan caches
   std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
                       int64_t, bool, int>,

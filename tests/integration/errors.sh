@@ -135,6 +135,8 @@ both "--set without '='" 2 "--set train.lr: expected key=value" \
 both "unknown subcommand" 2 "unknown command 'frobnicate' (commands: train, eval, convert" \
   frobnicate --config "$BASE"
 both "missing --config" 2 "--config is required" train
+both "out of memory under memory.limit (report + advice)" 4 \
+  "hint: micro-batch" train --config "$BASE" --set memory.limit=2MiB
 both "unknown model name" 2 \
   "model.name: unknown model 'resnet9000' (known: linear, mlp, ref_cnn, cifar_net, resnet8" \
   train --config "$BASE" --set model.name=resnet9000

@@ -11,6 +11,7 @@
 
 #include "launcher/config.h"
 #include "runtime/backend_registry.h"
+#include "runtime/error.h"
 #include "runtime/trainer.h"
 #include "tests/testing/mpi_testing.h"
 
@@ -126,6 +127,61 @@ TEST_F(EquivalenceTest, AccumulationMatchesTheFullBatch) {
     ok = pa.size() == p1.size() && r <= 1e-4;
   }
   ASSERT_TRUE(AllRanksOk(WorldComm(), ok)) << r << " at " << w;
+}
+
+TEST_F(EquivalenceTest, AutoMicrobatchUnderAMemoryLimitMatchesTheFullBatch) {
+  // 2 ranks x 128 does not fit in 60 MiB; auto_microbatch falls back to 32 x 4 micro-steps.
+  TrainConfig full = Config(8);
+  full.train.global_batch = 256;
+  const Params p_full = RunOn(2, full);
+  Backend& be = GetBackend("cpu");
+  TrainConfig limited = full;
+  limited.memory.limit = "60MiB";
+  limited.memory.limit_bytes = size_t{60} << 20;
+  limited.memory.auto_microbatch = true;
+  be.allocator().EmptyCache();
+  be.allocator().set_budget(limited.memory.limit_bytes);
+  Params p_auto;
+  std::string error;
+  try {
+    p_auto = RunOn(2, limited);
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  // Without auto_microbatch the same run stops with the OOM report (exit 4) on every rank.
+  limited.memory.auto_microbatch = false;
+  int code = 0;
+  std::string oom;
+  if (WorldComm().rank() < 2) {
+    auto sub = WorldComm().Split(0);
+    try {
+      TrainEnv env;
+      env.comm = sub.get();
+      env.backend = &be;
+      env.threads = 1;
+      env.quiet = true;
+      Train(limited, env);
+    } catch (const Error& e) {
+      code = e.exit_code();
+      oom = e.what();
+    }
+  } else {
+    WorldComm().Split(-1);
+    code = 4;
+    oom = "out of memory";
+  }
+  WorldComm().Barrier();
+  be.allocator().set_budget(0);
+  std::string w;
+  double r = 0;
+  bool ok = error.empty() && code == 4 && oom.find("out of memory") != std::string::npos;
+  if (WorldComm().rank() == 0) {
+    r = WorstRelative(p_auto, p_full, &w);
+    ok = ok && p_auto.size() == p_full.size() && r <= 1e-5;
+    std::printf("auto micro-batch vs full batch: relative %.3g (%s)\n", r, w.c_str());
+  }
+  ASSERT_TRUE(AllRanksOk(WorldComm(), ok)) << "error '" << error << "', oom exit " << code << " '"
+                                           << oom << "', rel " << r << " at " << w;
 }
 
 }  // namespace
