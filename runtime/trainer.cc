@@ -156,6 +156,8 @@ struct StartPoint {
   int64_t kind = 0;  // kFresh, kInit, kResumed
   int64_t step = 0, epoch = 0, in_epoch = 0, optimizer_steps = 0, last_eval_step = -1;
   double elapsed_s = 0, lr = 0;
+  double loss_scale = 0;
+  int64_t loss_scale_good_steps = 0, skipped_steps = 0;
 };
 constexpr int64_t kFresh = 0, kInit = 1, kResumed = 2;
 
@@ -980,6 +982,9 @@ void Trainer::Resume(const std::string& path, const Checkpoint& c) {
   start_.last_eval_step = s.last_eval_step;
   start_.elapsed_s = s.elapsed_s;
   start_.lr = s.lr;
+  start_.loss_scale = s.loss_scale;
+  start_.loss_scale_good_steps = s.loss_scale_good_steps;
+  start_.skipped_steps = s.skipped_steps;
   std::string line =
       fmt::format("dptrain: resuming from {}: step {}, epoch {} + {}/{} steps, saved by {} rank{}",
                   path, s.step, start_.epoch, start_.in_epoch, steps_per_epoch_,
@@ -1013,6 +1018,12 @@ Checkpoint Trainer::Snapshot() {
   s.lr = lr_;
   s.last_eval_step = last_eval_step_;
   s.elapsed_s = RunTime();
+  if (scaler_->enabled()) {
+    s.loss_scale = scaler_->state().scale;
+    s.loss_scale_good_steps = scaler_->state().good_steps;
+  }
+  s.skipped_steps = skipped_steps_;
+  s.micro_batch = micro_;
   c.config_toml = env_.resolved_toml;
   c.optimizer_kind = cfg_.train.optimizer;
   // One device-to-host copy per flat buffer, then slices on the host.
@@ -1158,6 +1169,10 @@ TrainResult Trainer::Run() {
     last_ckpt_step_ = step_;
     lr_ = start_.lr;
     elapsed_offset_ = start_.elapsed_s;
+    skipped_steps_ = start_.skipped_steps;
+    if (scaler_->enabled() && start_.loss_scale > 0) {
+      scaler_->set_state({start_.loss_scale, start_.loss_scale_good_steps, start_.skipped_steps});
+    }
     result_.resumed_from_step = step_;
     result_.epochs = epoch_;
   }

@@ -286,6 +286,10 @@ std::vector<char> BuildImage(const std::string& tmp, const std::string& final_pa
   w.Double("/state", "lr", s.lr);
   w.Int("/state", "last_eval_step", s.last_eval_step);
   w.Double("/state", "elapsed_s", s.elapsed_s);
+  w.Double("/state", "loss_scale", s.loss_scale);
+  w.Int("/state", "loss_scale_good_steps", s.loss_scale_good_steps);
+  w.Int("/state", "skipped_steps", s.skipped_steps);
+  w.Int("/state", "micro_batch", s.micro_batch);
   w.StringDataset("/config", c.config_toml);
   return w.Finish();
 }
@@ -603,6 +607,10 @@ RawCheckpoint ReadRaw(const std::string& path) {
       s.lr = a.Double("lr", 0, false);
       s.last_eval_step = a.Int("last_eval_step", -1, false);
       s.elapsed_s = a.Double("elapsed_s", 0, false);
+      s.loss_scale = a.Double("loss_scale", 0, false);
+      s.loss_scale_good_steps = a.Int("loss_scale_good_steps", 0, false);
+      s.skipped_steps = a.Int("skipped_steps", 0, false);
+      s.micro_batch = a.Int("micro_batch", 0, false);
     }
     // A dptrain checkpoint has a checksum on every tensor; one without is damaged or forged.
     for (const auto* group : {&raw.params, &raw.optimizer}) {

@@ -61,6 +61,10 @@ struct CheckpointState {
   double lr = 0;                // learning rate of the last step taken
   int64_t last_eval_step = -1;  // step of the last evaluation, -1 = none
   double elapsed_s = 0;         // training time of all sessions up to this checkpoint
+  double loss_scale = 0;        // fp16 dynamic loss scale (0 = no loss scaling)
+  int64_t loss_scale_good_steps = 0;
+  int64_t skipped_steps = 0;  // steps skipped for non-finite gradients (loss scaling)
+  int64_t micro_batch = 0;    // the micro-batch trained with (memory.auto_microbatch)
   int64_t format_version = kCheckpointFormatVersion;
   std::string dptrain_version;  // filled by the writer when empty
   std::string created;          // UTC time of the save, ISO 8601; filled by the writer
