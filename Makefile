@@ -17,6 +17,7 @@ TSAN_BUILD ?= build-tsan
 LINT_BUILD ?= build-tidy
 FUZZ_BUILD ?= build-fuzz
 FUZZ_SECONDS ?= 30
+FUZZ_TARGETS ?= config hdf5_dataset convert_idx convert_cifar10 convert_npy checkpoint
 
 .PHONY: all deps configure build data demo test quick bench clean sanitize lint fuzz
 all: build
@@ -68,7 +69,8 @@ lint: deps
 	JOBS=$(JOBS) bash scripts/lint.sh $(LINT_BUILD)
 
 fuzz: deps
-	JOBS=$(JOBS) FUZZ_SECONDS=$(FUZZ_SECONDS) bash scripts/fuzz.sh $(FUZZ_BUILD)
+	JOBS=$(JOBS) FUZZ_SECONDS=$(FUZZ_SECONDS) FUZZ_TARGETS="$(FUZZ_TARGETS)" \
+	  bash scripts/fuzz.sh $(FUZZ_BUILD)
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(LINT_BUILD) $(FUZZ_BUILD)

@@ -1,7 +1,11 @@
 # Warnings and sanitizers live on INTERFACE targets linked by every dptrain target.
 add_library(dptrain_warnings INTERFACE)
 target_compile_options(dptrain_warnings INTERFACE
-  $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Wundef -Wshadow=local -Wnon-virtual-dtor>
+  $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Wundef>
+  # Shadowed locals: GCC spells it -Wshadow=local, clang (fuzz and lint builds) differently.
+  $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<CXX_COMPILER_ID:GNU>>:-Wshadow=local>
+  $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<CXX_COMPILER_ID:Clang>>:-Wshadow-uncaptured-local>
+  $<$<COMPILE_LANGUAGE:CXX>:-Wnon-virtual-dtor>
   $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra,-Wundef>)
 if(DPTRAIN_WERROR)
   target_compile_options(dptrain_warnings INTERFACE
@@ -13,5 +17,21 @@ if(DPTRAIN_SANITIZE)
   target_compile_options(dptrain_warnings INTERFACE
     $<$<COMPILE_LANGUAGE:CXX>:-fsanitize=${DPTRAIN_SANITIZE} -fno-omit-frame-pointer>)
   target_link_options(dptrain_warnings INTERFACE -fsanitize=${DPTRAIN_SANITIZE})
+  if(DPTRAIN_SANITIZE MATCHES "undefined")
+    # Undefined behaviour ends the process like an ASan report: a test cannot pass over it.
+    target_compile_options(dptrain_warnings INTERFACE
+      $<$<COMPILE_LANGUAGE:CXX>:-fno-sanitize-recover=undefined>)
+  endif()
+endif()
+
+# Fuzzing: coverage instrumentation for libFuzzer on every dptrain target; the fuzz executables
+# link libFuzzer itself (tests/fuzz). Clang only: GCC has no libFuzzer.
+if(DPTRAIN_BUILD_FUZZERS)
+  if(NOT CMAKE_CXX_COMPILER_ID MATCHES "Clang")
+    message(FATAL_ERROR "DPTRAIN_BUILD_FUZZERS=ON needs clang (CXX=clang++), not "
+                        "${CMAKE_CXX_COMPILER_ID}")
+  endif()
+  target_compile_options(dptrain_warnings INTERFACE
+    $<$<COMPILE_LANGUAGE:CXX>:-fsanitize=fuzzer-no-link>)
 endif()
 add_library(dptrain::warnings ALIAS dptrain_warnings)

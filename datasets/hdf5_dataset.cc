@@ -13,6 +13,8 @@
 #include <limits>
 #include <list>
 #include <mutex>
+#include <string>
+#include <system_error>
 #include <unordered_map>
 
 #include "datasets/dataset.h"
@@ -33,6 +35,35 @@ const std::array<float, 256>& U8ToFloat() {
     return t;
   }();
   return table;
+}
+
+// HDF5 reads storage that was never written as fill values, so a small (or truncated, or forged)
+// file can declare a dataset of terabytes, and validation would size its buffers by the declared
+// shape. The data of a dataset without filters cannot be larger than its file; with filters
+// (compression) allow 4096x, well above deflate's limit of about 1032:1. Also rejects shapes
+// whose byte count overflows.
+void CheckSizeAgainstFile(const std::string& path, hid_t dset, const char* name,
+                          const std::vector<int64_t>& dims, size_t elem_bytes) {
+  uint64_t bytes = elem_bytes;
+  bool overflow = false;
+  for (int64_t d : dims) {
+    overflow = overflow || d < 0 || __builtin_mul_overflow(bytes, static_cast<uint64_t>(d), &bytes);
+  }
+  std::error_code ec;
+  const uint64_t file_bytes = std::filesystem::file_size(path, ec);
+  if (ec) return;  // the file was just opened; HDF5 reports a vanished file on read
+  h5::Id dcpl = h5::Plist(H5Dget_create_plist(dset));
+  const bool filtered = dcpl.valid() && H5Pget_nfilters(dcpl.get()) > 0;
+  const uint64_t ratio = filtered ? 4096 : 1;
+  if (overflow || bytes / ratio > file_bytes) {
+    DPT_THROW(DataError) << path << ": " << name << " has shape " << Shape(dims).ToString()
+                         << (overflow ? ", too large to address"
+                                      : ", " + std::to_string(bytes) + " bytes")
+                         << ", but the file has " << file_bytes << " bytes"
+                         << (filtered ? " (compressed)" : "")
+                         << ": the data is missing (truncated, or never written) or the file is "
+                         << "corrupt";
+  }
 }
 
 class Hdf5Dataset final : public Dataset {
@@ -155,6 +186,9 @@ void Hdf5Dataset::OpenImages() {
   }
   h5::Id space = h5::Space(H5Dget_space(images_.get()));
   const std::vector<int64_t> dims = h5::Dims(space.get());
+  if (dims.size() == 3 || dims.size() == 4) {
+    CheckSizeAgainstFile(path, images_.get(), "/images", dims, elem_bytes_);
+  }
   if (dims.size() == 4) {
     info_.sample_shape = Shape({dims[1], dims[2], dims[3]});
   } else if (dims.size() == 3) {
@@ -197,6 +231,7 @@ void Hdf5Dataset::OpenLabels(const OpenOptions& opts) {
     DPT_THROW(DataError) << path << ": /images has " << info_.size << " samples but /labels has "
                          << dims[0];
   }
+  CheckSizeAgainstFile(path, labels.get(), "/labels", dims, H5Tget_size(type.get()));
 
   // classes: attribute on the root group (what WriteHdf5Dataset writes) or on /labels.
   for (hid_t obj : {file_.get(), labels.get()}) {

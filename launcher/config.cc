@@ -291,6 +291,44 @@ std::string Trim(std::string_view s) {
   return std::string(s.substr(first, last - first + 1));
 }
 
+// True when `s` is well-formed UTF-8 (no overlong forms, surrogates or code points past
+// U+10FFFF). TOML files are UTF-8 by definition (toml++ checks); --set strings are taken as
+// written, so they are checked here: a value ToToml cannot write back would make the saved
+// config.toml unreadable.
+bool IsValidUtf8(std::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    int extra = 0;
+    uint32_t cp = 0;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if ((c & 0xE0) == 0xC0) {
+      extra = 1;
+      cp = c & 0x1Fu;
+    } else if ((c & 0xF0) == 0xE0) {
+      extra = 2;
+      cp = c & 0x0Fu;
+    } else if ((c & 0xF8) == 0xF0) {
+      extra = 3;
+      cp = c & 0x07u;
+    } else {
+      return false;
+    }
+    if (i + static_cast<size_t>(extra) >= s.size()) return false;  // truncated sequence
+    for (int k = 1; k <= extra; ++k) {
+      const auto cc = static_cast<unsigned char>(s[i + static_cast<size_t>(k)]);
+      if ((cc & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (cc & 0x3Fu);
+    }
+    static constexpr uint32_t kMin[] = {0, 0x80, 0x800, 0x10000};
+    if (cp < kMin[extra] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+    i += static_cast<size_t>(extra) + 1;
+  }
+  return true;
+}
+
 // What a node holds, for "expected X, got Y": `string "fast"`, `float 1.5`, `a table`.
 std::string Describe(const toml::node& n) {
   switch (n.type()) {
@@ -499,6 +537,7 @@ void ConfigParser::ApplySet(const std::string& item) {
     if (s.size() >= 2 && (s.front() == '"' || s.front() == '\'') && s.back() == s.front()) {
       s = s.substr(1, s.size() - 2);
     }
+    if (!IsValidUtf8(s)) Fail(where, key + ": the value is not valid UTF-8 text");
     (*ref)(cfg_) = s;
     origin_[key] = where;
     // Choosing a zoo model on the command line replaces a layer list from the file.

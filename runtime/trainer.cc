@@ -431,6 +431,7 @@ void Trainer::SetupModelThatFits() {
       detail::AgreeOnFailure(comm_, oom + advice, kExitOom, !oom.empty());
     }
     ReleaseModel();
+    DPT_CHECK(next > 0);  // AgreeOnFailure above threw when no smaller micro-batch exists
     micro_ = next;
     accumulate_ = local_batch_ / micro_;
     Say(

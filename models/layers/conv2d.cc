@@ -31,7 +31,7 @@ Shape Conv2d::Setup(const Shape& in, const SetupOptions& opts) {
   }
   need_dx_ = opts.need_dx;
   plan_ = backend_.PrepareConv2d(desc_);
-  const Shape out{in[0], out_channels_, desc_.out_h(), desc_.out_w()};
+  Shape out{in[0], out_channels_, desc_.out_h(), desc_.out_w()};
   out_ = backend_.Empty(out, DType::kF32, label() + " output");
   if (need_dx_) dx_buf_ = backend_.Empty(in, DType::kF32, label() + " input gradient");
   return out;

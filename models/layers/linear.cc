@@ -21,7 +21,7 @@ Shape Linear::Setup(const Shape& in, const SetupOptions& opts) {
   }
   need_dx_ = opts.need_dx;
   plan_ = backend_.PrepareLinear(desc_);
-  const Shape out{in[0], out_features_};
+  Shape out{in[0], out_features_};
   out_ = backend_.Empty(out, DType::kF32, label() + " output");
   if (need_dx_) dx_buf_ = backend_.Empty(in, DType::kF32, label() + " input gradient");
   return out;

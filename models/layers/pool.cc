@@ -32,7 +32,7 @@ Shape Pool2d::Setup(const Shape& in, const SetupOptions& opts) {
                                 << "'); hint: on CPU use train.precision = \"fp32\" or \"bf16\"";
   need_dx_ = opts.need_dx;
   plan_ = backend_.PreparePool(desc_);
-  const Shape out{in[0], in[1], desc_.out_h(), desc_.out_w()};
+  Shape out{in[0], in[1], desc_.out_h(), desc_.out_w()};
   out_ = backend_.Empty(out, DType::kF32, label() + " output");
   if (need_dx_) dx_buf_ = backend_.Empty(in, DType::kF32, label() + " input gradient");
   if (plan_->workspace_bytes > 0) {

@@ -76,7 +76,7 @@ Residual::Residual(Backend& be, std::string name, std::unique_ptr<Sequential> ma
 Shape Residual::Setup(const Shape& in, const SetupOptions& opts) {
   SetupOptions o = opts;
   o.need_dx = true;  // both branches' input gradients are summed into dx
-  const Shape a = main_->Setup(in, o);
+  Shape a = main_->Setup(in, o);
   const Shape b = shortcut_->empty() ? in : shortcut_->Setup(in, o);
   DPT_CHECK_AS(ConfigError, a == b) << "residual '" << name_ << "': main branch gives "
                                     << a.ToString() << " but shortcut gives " << b.ToString();

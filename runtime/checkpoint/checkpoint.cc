@@ -314,6 +314,33 @@ bool Exists(hid_t loc, const std::string& name) {
   return H5Lexists(loc, name.c_str(), H5P_DEFAULT) > 0;
 }
 
+// Attributes and string datasets read into one value must hold exactly one element: H5Aread /
+// H5Dread would write every element into the single value (a fuzzed file's 3-element attribute
+// overflowed the stack).
+bool OneAttrElement(hid_t attr) {
+  h5::Id space = h5::Space(H5Aget_space(attr));
+  return space.valid() && H5Sget_simple_extent_npoints(space.get()) == 1;
+}
+bool OneDatasetElement(hid_t dset) {
+  h5::Id space = h5::Space(H5Dget_space(dset));
+  return space.valid() && H5Sget_simple_extent_npoints(space.get()) == 1;
+}
+
+// A declared tensor larger than its file cannot have been written (HDF5 would hand back fill
+// values for a sparse dataset): refuse before allocating (a 610-byte fuzzed file declared 4 TiB).
+bool FitsInFile(hid_t dset, const std::vector<int64_t>& dims, size_t elem_bytes) {
+  uint64_t bytes = elem_bytes;
+  for (int64_t d : dims) {
+    if (d < 0 || __builtin_mul_overflow(bytes, static_cast<uint64_t>(d), &bytes)) return false;
+  }
+  h5::Id file = h5::File(H5Iget_file_id(dset));
+  hsize_t file_bytes = 0;
+  if (!file.valid() || H5Fget_filesize(file.get(), &file_bytes) < 0) return true;
+  h5::Id dcpl = h5::Plist(H5Dget_create_plist(dset));
+  const uint64_t ratio = dcpl.valid() && H5Pget_nfilters(dcpl.get()) > 0 ? 4096 : 1;
+  return bytes / ratio <= file_bytes;
+}
+
 // A tensor as read, with its checksum verdict (for inspect).
 struct ReadTensor {
   CkptTensor t;
@@ -331,6 +358,9 @@ std::string ReadDataset(hid_t dset, const std::string& name, ReadTensor* out) {
   if (!type.valid() || !space.valid()) return name + ": unreadable: " + h5::ErrorStackString();
   out->t.shape = h5::Dims(space.get());
   const H5T_class_t cls = H5Tget_class(type.get());
+  if (!FitsInFile(dset, out->t.shape, cls == H5T_INTEGER ? 8 : 4)) {
+    return name + ": declares more data than the file holds (truncated or corrupt file)";
+  }
   const int64_t n = out->t.numel();
   if (cls == H5T_FLOAT && H5Tget_size(type.get()) == 4) {
     out->t.dtype = CkptDType::kF32;
@@ -354,7 +384,8 @@ std::string ReadDataset(hid_t dset, const std::string& name, ReadTensor* out) {
   if (H5Aexists(dset, "crc32") > 0) {
     out->has_crc = true;
     h5::Id a = h5::Attr(H5Aopen(dset, "crc32", H5P_DEFAULT));
-    if (!a.valid() || H5Aread(a.get(), H5T_NATIVE_UINT32, &out->stored) < 0) {
+    if (!a.valid() || !OneAttrElement(a.get()) ||
+        H5Aread(a.get(), H5T_NATIVE_UINT32, &out->stored) < 0) {
       return name + ": cannot read its crc32 attribute: " + h5::ErrorStackString();
     }
     out->crc_ok = out->stored == out->computed;
@@ -435,8 +466,9 @@ class AttrReader {
     if (!Present(attr, required)) return "";
     h5::Id a = h5::Attr(H5Aopen(obj_, attr, H5P_DEFAULT));
     h5::Id type = h5::Type(H5Aget_type(a.get()));
-    if (!a.valid() || !type.valid() || H5Tget_class(type.get()) != H5T_STRING) {
-      errors_->push_back(name_ + " @" + attr + ": not a string");
+    if (!a.valid() || !type.valid() || H5Tget_class(type.get()) != H5T_STRING ||
+        !OneAttrElement(a.get())) {
+      errors_->push_back(name_ + " @" + attr + ": not a single string");
       return "";
     }
     if (H5Tis_variable_str(type.get()) > 0) {
@@ -473,7 +505,11 @@ class AttrReader {
   void Read(const char* attr, hid_t mem, void* v, bool required) {
     if (!Present(attr, required)) return;
     h5::Id a = h5::Attr(H5Aopen(obj_, attr, H5P_DEFAULT));
-    if (!a.valid() || H5Aread(a.get(), mem, v) < 0) {
+    if (!a.valid() || !OneAttrElement(a.get())) {
+      errors_->push_back(name_ + " @" + attr + ": not a single value");
+      return;
+    }
+    if (H5Aread(a.get(), mem, v) < 0) {
       errors_->push_back(name_ + " @" + attr + ": unreadable: " + h5::ErrorStackString());
     }
   }
@@ -486,8 +522,9 @@ class AttrReader {
 std::string ReadStringDataset(hid_t file, const char* name, std::vector<std::string>* errors) {
   h5::Id d = h5::Dataset(H5Dopen2(file, name, H5P_DEFAULT));
   h5::Id type = h5::Type(d.valid() ? H5Dget_type(d.get()) : H5I_INVALID_HID);
-  if (!d.valid() || !type.valid() || H5Tget_class(type.get()) != H5T_STRING) {
-    errors->push_back(std::string("/") + name + ": not a string dataset");
+  if (!d.valid() || !type.valid() || H5Tget_class(type.get()) != H5T_STRING ||
+      !OneDatasetElement(d.get())) {
+    errors->push_back(std::string("/") + name + ": not a single string");
     return "";
   }
   if (H5Tis_variable_str(type.get()) > 0) {

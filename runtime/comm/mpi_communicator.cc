@@ -194,6 +194,7 @@ class MpiCommunicator final : public Communicator {
     DPT_MPI_CHECK(MPI_Allgatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(),
                                  MPI_CHAR, comm_));
     std::vector<std::string> out;
+    out.reserve(static_cast<size_t>(size_));
     for (int i = 0; i < size_; ++i) {
       out.emplace_back(all.data() + displs[static_cast<size_t>(i)],
                        static_cast<size_t>(lens[static_cast<size_t>(i)]));

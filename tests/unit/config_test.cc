@@ -522,6 +522,20 @@ TEST(ConfigTest, SetErrors) {
               HasSubstr("--set seed=99999999999999999999: seed: expected an integer"));
 }
 
+// Fuzzing regression (tests/fuzz/corpus/config/regress_set_invalid_utf8.toml): a --set string
+// is taken as written, and one that is not UTF-8 was accepted, so the saved config.toml (and
+// the config in checkpoints) could not be read back.
+TEST(ConfigTest, SetStringsMustBeUtf8) {
+  for (const std::string bad :
+       {"\xe3\xe3/x.h5", "\xc0\xaf", "\xed\xa0\x80", "\xf4\x90\x80\x80", "x\xe3\x81", "\xff"}) {
+    EXPECT_THAT(ErrorOf(kMinimal, {"data.train=" + bad}),
+                HasSubstr("data.train: the value is not valid UTF-8 text"));
+  }
+  const TrainConfig c = ParseConfig(kMinimal, "x.toml", {"data.train=/données/日本/\U0001F600.h5"});
+  EXPECT_EQ(c.data.train, "/données/日本/\U0001F600.h5");
+  EXPECT_EQ(ParseConfig(ToToml(c), c.source), c);
+}
+
 TEST(ConfigTest, SetLayersIsUnsupported) {
   EXPECT_THAT(ErrorOf(kMinimal, {"model.layers=[{type=\"relu\"}]"}),
               HasSubstr("model.layers cannot be set with --set"));

@@ -1,0 +1,26 @@
+// SPDX-License-Identifier: Apache-2.0
+// Fuzz target: ConvertNpy on an images .npy and a labels .npy (the input split by
+// fuzz::kSeparator). A dptrain::Error is the only acceptable failure.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "datasets/convert/convert.h"
+#include "runtime/error.h"
+#include "tests/fuzz/fuzz_util.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  namespace fz = dptrain::fuzz;
+  static const std::string images = fz::TempPath("images.npy");
+  static const std::string labels = fz::TempPath("labels.npy");
+  static const std::string out = fz::TempPath("out.h5");
+  const auto parts = fz::Split(std::string_view(reinterpret_cast<const char*>(data), size), 2);
+  fz::WriteFile(images, parts[0]);
+  fz::WriteFile(labels, parts.size() > 1 ? parts[1] : std::string_view());
+  try {
+    dptrain::ConvertNpy(images, labels, out);
+  } catch (const dptrain::Error&) {
+  }
+  return 0;
+}
