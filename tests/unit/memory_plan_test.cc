@@ -89,3 +89,38 @@ TEST(MemoryPlanTest, PerLayerTableNamesLayersAndLargestBatchFits) {
 
 }  // namespace
 }  // namespace dptrain
+
+namespace dptrain {
+namespace {
+
+// No leak across 1000 training steps: bytes in use return to the same value after every step.
+TEST(MemoryPlanTest, InUseIsTheSameAfterEveryStepFor1000Steps) {
+  Backend& be = GetBackend("cpu");
+  Model m(be, BuildZooModel(be, "mlp", 10), Shape{1, 8, 8});
+  m.Setup(16, Precision::kF32);
+  m.InitParams(1);
+  Loss loss(be, LossKind::kCrossEntropy, m.output_shape());
+  OptimizerConfig oc;
+  oc.kind = "adamw";
+  Optimizer opt(be, oc, m.params());
+  Tensor x = testing::ToDevice(be, testing::RandomUniform(16 * 64, 2), Shape{16, 1, 8, 8});
+  Tensor y = be.Zeros(Shape{16}, DType::kI32, "labels");
+  ForwardContext ctx;
+  ctx.training = true;
+  size_t first = 0;
+  int64_t changed = 0;
+  for (int s = 0; s < 1000; ++s) {
+    const Tensor& out = m.Forward(x, ctx);
+    loss.Forward(out, y);
+    m.Backward(loss.Backward(out, y, 16), false);
+    opt.Step(&m.params(), m.grads(), 1e-3f, 1.f);
+    const size_t now = be.allocator().stats().in_use;
+    if (s == 0) first = now;
+    changed += now != first ? 1 : 0;
+  }
+  EXPECT_EQ(changed, 0) << "in use after step 1: " << first << " bytes, then "
+                        << be.allocator().stats().in_use;
+}
+
+}  // namespace
+}  // namespace dptrain
