@@ -1199,6 +1199,7 @@ TrainResult Trainer::Run() {
   while (step_ < total_steps_ && !stopped) {
     loader_->Start(epoch_, in_epoch_);
     while (loader_->HasNext() && step_ < total_steps_) {
+      Watchdog::SetStep(step_);
       if (AgreeToStop()) {
         stopped = true;
         break;

@@ -51,6 +51,7 @@ struct State {
   struct Seen {
     int64_t seq = 0, step = -1, at_ms = 0;
     std::string what;
+    int64_t heard_ms = 0;  // last message of any kind (arrival report or heartbeat)
   };
   std::vector<Seen> seen;
 };
@@ -70,7 +71,16 @@ constexpr int kTag = 4242;
     const int64_t now = NowMs();
     for (int r = 1; r < g->world; ++r) {
       const auto& s = g->seen[static_cast<size_t>(r)];
-      if (s.seq >= mine) continue;
+      // A rank that reached the collective but whose monitor thread went silent (heartbeats
+      // every second) is stopped or dead inside it: it did not arrive at its end either.
+      const bool silent = s.heard_ms > 0 && now - s.heard_ms > 1500;
+      if (s.seq >= mine && !silent) continue;
+      if (s.seq >= mine) {
+        missing += (missing.empty() ? "" : ", ") + std::to_string(r) + " (in " + s.what +
+                   " at step " + std::to_string(s.step) + " but silent for " +
+                   std::to_string((now - s.heard_ms) / 1000) + " s: stopped or dead)";
+        continue;
+      }
       missing += (missing.empty() ? "" : ", ") + std::to_string(r) + " (last seen ";
       if (!s.what.empty()) {
         missing += "in " + s.what + " at step " + std::to_string(s.step) + ", " +
@@ -97,6 +107,7 @@ constexpr int kTag = 4242;
 }
 
 void MonitorLoop() {
+  int64_t last_beat = 0;
   while (!g->stop.load()) {
     if (g->use_mpi && g->rank == 0) {
       // Drain arrival reports.
@@ -107,11 +118,19 @@ void MonitorLoop() {
         Report rep;
         MPI_Recv(&rep, sizeof rep, MPI_BYTE, st.MPI_SOURCE, kTag, g->comm, MPI_STATUS_IGNORE);
         auto& s = g->seen[static_cast<size_t>(st.MPI_SOURCE)];
+        s.heard_ms = NowMs();
+        if (rep.seq < 0) continue;  // heartbeat
         s.seq = rep.seq;
         s.step = rep.step;
         s.what.assign(rep.what, strnlen(rep.what, sizeof rep.what));
         s.at_ms = NowMs();
       }
+    }
+    if (g->use_mpi && g->rank != 0 && NowMs() - last_beat >= 1000) {
+      // Heartbeat: lets rank 0 tell a rank stopped inside a collective from one still in it.
+      Report beat{-1, g->step.load(), {}};
+      MPI_Send(&beat, sizeof beat, MPI_BYTE, 0, kTag, g->comm);
+      last_beat = NowMs();
     }
     // Rank 0 fires first (it can name the missing ranks); the others give it a grace period
     // and fire themselves only if rank 0 is the one that is stuck.

@@ -4,7 +4,9 @@
 // the missing rank, and end the whole job with exit code 5.
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdlib>
+#include <string>
 
 #include "runtime/comm/mpi_communicator.h"
 #include "runtime/comm/watchdog.h"
@@ -23,7 +25,16 @@ int main(int argc, char** argv) {
     world->Barrier();
   }
   Watchdog::SetStep(3);
-  if (world->rank() == hang_rank) sleep(60);  // a stuck rank (as if SIGSTOPped)
+  const bool inside = argc > 3 && std::string(argv[3]) == "inside";
+  if (world->rank() == hang_rank) {
+    if (inside) {
+      // Stopped inside the collective: it reported arriving, then everything stops (its
+      // monitor thread's heartbeats too), as a SIGSTOP in the middle of an allreduce does.
+      Watchdog::Scope scope("barrier");
+      raise(SIGSTOP);
+    }
+    sleep(60);  // a stuck rank before the collective (as if SIGSTOPped)
+  }
   world->Barrier();
   return 0;
 }

@@ -26,6 +26,15 @@ for _ in 1 2 3 4 5; do
   sleep 1
 done
 [ "$left" = 0 ] || { echo "FAIL: $left processes left behind"; pkill -9 -x watchdog_probe; fail=1; }
+# Stopped INSIDE the collective (it reported arriving): rank 0 still names it, from the silence
+# of its heartbeats.
+timeout -k 5 30 "$mpiexec" -n 4 "$@" "$probe" 2 2 inside > "$out" 2>&1
+code2=$?
+cat "$out"
+[ "$code2" = 5 ] || { echo "FAIL: (inside) exit code $code2, expected 5"; fail=1; }
+grep -q 'ranks that did not arrive: 2 (in barrier at step 3 but silent for' "$out" ||
+  { echo "FAIL: (inside) rank 0 did not name the silent rank 2"; fail=1; }
+pkill -9 -x watchdog_probe 2>/dev/null
 echo "watchdog: exit $code after ${elapsed}s"
 [ $fail = 0 ] && echo "1 passed, 0 failed" || echo "0 passed, 1 failed"
 exit $fail
