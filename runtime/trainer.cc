@@ -431,8 +431,8 @@ void Trainer::SetupModelThatFits() {
       detail::AgreeOnFailure(comm_, oom + advice, kExitOom, !oom.empty());
     }
     ReleaseModel();
-    DPT_CHECK(next > 0);  // AgreeOnFailure above threw when no smaller micro-batch exists
-    micro_ = next;
+    // AgreeOnFailure above threw when no smaller micro-batch exists, so next >= 1 here.
+    micro_ = std::max<int64_t>(next, 1);
     accumulate_ = local_batch_ / micro_;
     Say(
         fmt::format("memory.auto_microbatch: micro-batch {} ran out of memory on rank {}; trying "
