@@ -8,9 +8,12 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "datasets/convert/convert.h"
@@ -37,6 +40,22 @@ bool IsWorldRankZeroByEnv() {
     if (const char* s = std::getenv(v)) return std::atoi(s) == 0;
   }
   return true;
+}
+
+// Started by mpirun, srun or another PMI launcher (as opposed to a plain single process).
+bool UnderLauncher() {
+  for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"}) {
+    if (std::getenv(v) != nullptr) return true;
+  }
+  return false;
+}
+
+// Exit code of a command-line error found before MPI_Init. The error is the same on every rank
+// (same argv) and world rank 0 prints it; the other ranks wait a moment before exiting, because
+// mpirun kills the whole job at the first non-zero exit, which could be before rank 0 printed.
+int UsageExit(int code) {
+  if (!IsWorldRankZeroByEnv()) std::this_thread::sleep_for(std::chrono::seconds(3));
+  return code;
 }
 
 // Rank, world and host for error messages printed before MPI_Init (launcher variables; the
@@ -80,26 +99,40 @@ int CmdRun(const RunArgs& args, int* argc, char*** argv) {
   // Launcher variables are read before MPI_Init (and before anything touches a GPU).
   const LauncherVars vars = ReadLauncherVars([](const char* n) { return std::getenv(n); });
   TrainConfig cfg;
+  // A bad config is held until MPI is up and then agreed on like any other error: rank 0 prints
+  // the message of the lowest failing rank and every rank exits with its code. Returning before
+  // MPI_Init instead races the launcher (mpirun kills rank 0 before it has printed when another
+  // rank exits first) and stays silent when only a non-zero rank cannot read the file.
+  std::optional<Error> config_error;
   try {
     cfg = LoadConfig(config_path, sets);
   } catch (const Error& e) {
-    if (IsWorldRankZeroByEnv()) PrintError(e.what());
-    return e.exit_code();
+    if (!UnderLauncher()) {  // a single process: nothing to agree with
+      PrintError(e.what());
+      return e.exit_code();
+    }
+    config_error = e;
+    cfg = TrainConfig{};
   }
 
   // Device binding before MPI_Init and before any CUDA call (DESIGN.md section 4): CUDA reads
   // CUDA_VISIBLE_DEVICES once, and a CUDA-aware MPI may initialise CUDA inside MPI_Init.
   const GetEnvFn getenv_fn = [](const char* n) { return std::getenv(n); };
   GpuBinder binder(cfg.dist, getenv_fn);
-  if (vars.local_rank) binder.BindEarly(*vars.local_rank, vars.local_size.value_or(0));
+  if (vars.local_rank && !config_error) {
+    binder.BindEarly(*vars.local_rank, vars.local_size.value_or(0));
+  }
 
   // Preemption signals are taken over before MPI_Init starts threads that would inherit an
   // unblocked signal mask (InstallStopSignalHandlers).
-  if (!eval) InstallStopSignalHandlers();
+  if (!eval && !config_error) InstallStopSignalHandlers();
   MpiSession mpi(argc, argv);
   std::unique_ptr<Communicator> comm;
   try {
     comm = mpi.World();
+    RunAgreed(*comm, [&] {
+      if (config_error) throw *config_error;
+    });
     ProcessEnv env;
     env.rank = comm->rank();
     env.world = comm->size();
@@ -267,7 +300,7 @@ int main(int argc, char** argv) {
       PrintError(std::string("unknown command '") + argv[1] +
                  "' (commands: train, eval, convert, inspect, info, plan); run 'dptrain --help'");
     }
-    return kExitUsage;
+    return UsageExit(kExitUsage);
   }
   CLI::App app{"dptrain: data-parallel training of convolutional and fully connected networks"};
   app.require_subcommand(1);
@@ -328,7 +361,7 @@ int main(int argc, char** argv) {
       app.exit(e);
       std::fprintf(stderr, "run 'dptrain --help' or 'dptrain <command> --help' for usage\n");
     }
-    return kExitUsage;
+    return UsageExit(kExitUsage);
   }
 
   try {

@@ -234,6 +234,13 @@ CASE="a different --set on rank 2 [4 ranks]"
 expect_fail 2 "the ranks resolved different configurations" \
   -- env EXTRA_ON_RANK2="--set train.lr=0.2" "${MPI4[@]}" sh "$TMP/rank2-extra.sh" \
   "$DPTRAIN" train --config "$BASE"
+# A config error on rank 2 only (a file missing on one host): rank 0 prints rank 2's message
+# (agreed over MPI) and every rank exits 2 instead of rank 2 dying silently.
+CASE="a bad --set on rank 2 only [4 ranks]"
+expect_fail 2 "[rank 2/4 $(hostname)] --set train.lr=-1: train.lr must be > 0, got -1" \
+  -- env EXTRA_ON_RANK2="--set train.lr=-1" "${MPI4[@]}" sh "$TMP/rank2-extra.sh" \
+  "$DPTRAIN" train --config "$BASE"
+check "  ... printed once, by rank 0" last_err_count "train.lr must be > 0" 1
 # The same relative data.train path names a file of another size on rank 2 (files that differ
 # between hosts): every rank detects it after an allreduce.
 if ((HAVE_H5)); then
