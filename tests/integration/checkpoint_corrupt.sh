@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# Bad checkpoints and bad places to write them, on 2 ranks: a truncated file, a flipped byte in
+# Bad checkpoints and bad places to write them, each as 1 process and as 4 ranks: a truncated file, a flipped byte in
 # a tensor, a missing tensor, a checkpoint of another model, every checkpoint invalid, a
 # checkpoint directory that cannot be created, a disk that fills up during a write. Each: exit 6
 # within 30 s, one message naming the file (and the tensor), nothing overwritten. A uniform
@@ -24,15 +24,26 @@ fresh() {
   echo "$TMP/$1"
 }
 
-# refuses CASE CODE PATTERN DIR args...: 2 ranks train in DIR with args; expects exit CODE with
-# PATTERN printed once, and every file of DIR unchanged.
+# both NAME CODE PATTERN -- dptrain-args...: `dptrain ARGS` as 1 process and as 4 ranks; each
+# exits CODE within 30 s with PATTERN printed once.
+both() {
+  local name=$1 code=$2 pattern=$3
+  shift 3
+  [[ ${1:-} == -- ]] && shift
+  CASE="$name [1 process]"
+  expect_fail "$code" "$pattern" -- "$DPTRAIN" "$@"
+  CASE="$name [4 ranks]"
+  expect_fail "$code" "$pattern" -- "${MPI4[@]}" "$DPTRAIN" "$@"
+}
+
+# refuses CASE CODE PATTERN DIR args...: 1 process, then 4 ranks, train in DIR with args; each
+# exits CODE with PATTERN printed once, and every file of DIR is unchanged.
 refuses() {
   local name=$1 code=$2 pattern=$3 dir=$4 before
   shift 4
   before=$(snapshot "$dir")
-  CASE=$name
-  expect_fail "$code" "$pattern" -- "${MPI2[@]}" "$DPTRAIN" train --config "$CONFIG" \
-    --set "run_dir=$dir" --set train.max_steps=12 "$@"
+  both "$name" "$code" "$pattern" -- train --config "$CONFIG" --set "run_dir=$dir" \
+    --set train.max_steps=12 "$@"
   check "$name: nothing in the run dir changed" test "$(snapshot "$dir")" = "$before"
 }
 
@@ -42,9 +53,8 @@ f=$(ckpt "$D" 8)
 head -c $(($(stat -c %s "$f") / 2)) "$f" >"$f.half" && mv "$f.half" "$f"
 refuses "resume = PATH, truncated" 6 "checkpoint $f: cannot open (truncated or corrupt file?)" \
   "$D" --set "checkpoint.resume=$f"
-CASE="eval of the truncated file"
-expect_fail 6 "checkpoint $f: cannot open (truncated or corrupt file?)" -- \
-  "${MPI2[@]}" "$DPTRAIN" eval --config "$CONFIG" --checkpoint "$f"
+both "eval of the truncated file" 6 "checkpoint $f: cannot open (truncated or corrupt file?)" \
+  -- eval --config "$CONFIG" --checkpoint "$f"
 CASE="resume = auto skips it and resumes from step 4"
 expect_ok -- "${MPI2[@]}" "$DPTRAIN" train --config "$CONFIG" --set "run_dir=$D" \
   --set train.max_steps=12
@@ -60,9 +70,8 @@ ckpt_py flip "$f" params/fc1.weight 123456
 refuses "resume = PATH, flipped byte" 6 \
   "checkpoint $f is corrupt (1 problem): /params/fc1.weight: checksum mismatch" \
   "$D" --set "checkpoint.resume=$f"
-CASE="eval of the flipped file"
-expect_fail 6 "/params/fc1.weight: checksum mismatch" -- \
-  "${MPI2[@]}" "$DPTRAIN" eval --config "$CONFIG" --checkpoint "$f"
+both "eval of the flipped file" 6 "/params/fc1.weight: checksum mismatch" \
+  -- eval --config "$CONFIG" --checkpoint "$f"
 CASE="inspect shows the bad tensor"
 expect_ok -- "$DPTRAIN" inspect "$f"
 check "inspect: fc1.weight CRC32 MISMATCH, verdict INVALID" \
@@ -82,14 +91,11 @@ f=$(ckpt "$TMP/mlp" 2)
 refuses "resume = PATH, an mlp checkpoint into ref_cnn" 6 \
   "checkpoint $f does not match the model: /params: 4 missing: conv1.weight [32, 1, 3, 3], conv1.bias [32], conv2.weight [64, 32, 3, 3], conv2.bias [64]; 2 unexpected: fc3.bias [10], fc3.weight [10, 128]; 4 mis-shaped: fc1.weight is float32 [256, 784] in the file, float32 [128, 3136] in the model" \
   "$D" --set "checkpoint.resume=$f"
-CASE="checkpoint.init from another model"
-expect_fail 6 "checkpoint $f does not match the model" -- \
-  "${MPI2[@]}" "$DPTRAIN" train --config "$CONFIG" --set "run_dir=$TMP/init-other" \
-  --set "checkpoint.init=$f"
+both "checkpoint.init from another model" 6 "checkpoint $f does not match the model" \
+  -- train --config "$CONFIG" --set "run_dir=$TMP/init-other" --set "checkpoint.init=$f"
 check "... and it wrote no checkpoint" test ! -e "$TMP/init-other/checkpoints/ckpt-00000000.h5"
-CASE="eval of another model's checkpoint"
-expect_fail 6 "does not match the model: /params: 4 missing: conv1.weight" -- \
-  "$DPTRAIN" eval --config "$CONFIG" --checkpoint "$f"
+both "eval of another model's checkpoint" 6 "does not match the model: /params: 4 missing: conv1.weight" \
+  -- eval --config "$CONFIG" --checkpoint "$f"
 
 echo "== every checkpoint invalid, resume = auto"
 D=$(fresh allbad)
@@ -122,13 +128,17 @@ mkdir -p "$FULL"
 if mount -t tmpfs -o size=5m dptrain-full "$FULL" 2>/dev/null; then
   trap 'umount "$FULL" 2>/dev/null; cleanup' EXIT
   # 5 MB: config, metrics and the step-2 checkpoint (3.4 MB) fit, the step-4 one does not.
-  CASE="2 ranks, checkpoint every 2 steps on a 5 MB file system"
-  expect_fail 6 "cannot write checkpoint $(ckpt "$FULL/run" 4): write to $FULL/run/checkpoints/.ckpt-00000004.h5.tmp: No space left on device (ENOSPC: the disk is full); the previous checkpoints are intact" -- \
-    "${MPI2[@]}" "$DPTRAIN" train --config "$CONFIG" --set "run_dir=$FULL/run" \
-    --set train.max_steps=12 --set checkpoint.every_steps=2
-  check "the step-2 checkpoint still verifies" ckpt_py valid "$(ckpt "$FULL/run" 2)"
-  check "no temporary file left" bash -c "! ls -A '$FULL/run/checkpoints' | grep -q tmp"
-  check "no step-4 checkpoint" test ! -e "$(ckpt "$FULL/run" 4)"
+  for ranks in 1 4; do
+    rm -rf "${FULL:?}/run"
+    if ((ranks == 1)); then launch=("$DPTRAIN"); else launch=("${MPI4[@]}" "$DPTRAIN"); fi
+    CASE="$ranks rank(s), checkpoint every 2 steps on a 5 MB file system"
+    expect_fail 6 "cannot write checkpoint $(ckpt "$FULL/run" 4): write to $FULL/run/checkpoints/.ckpt-00000004.h5.tmp: No space left on device (ENOSPC: the disk is full); the previous checkpoints are intact" -- \
+      "${launch[@]}" train --config "$CONFIG" --set "run_dir=$FULL/run" \
+      --set train.max_steps=12 --set checkpoint.every_steps=2
+    check "  ... the step-2 checkpoint still verifies" ckpt_py valid "$(ckpt "$FULL/run" 2)"
+    check "  ... no temporary file left" bash -c "! ls -A '$FULL/run/checkpoints' | grep -q tmp"
+    check "  ... no step-4 checkpoint" test ! -e "$(ckpt "$FULL/run" 4)"
+  done
   umount "$FULL"
 else
   skip "ENOSPC: cannot mount a small tmpfs here (needs CAP_SYS_ADMIN); the unit test CheckpointTest.FullDiskFailsCleanlyAndKeepsThePreviousCheckpoint covers it with /dev/full"
