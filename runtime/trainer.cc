@@ -152,14 +152,14 @@ std::string FormatDuration(double s) {
 
 // Where a run starts: fresh, from checkpoint.init (parameters only) or resumed. Rank 0 decides
 // and broadcasts it as raw bytes, so plain fields only.
+constexpr int64_t kFresh = 0, kInit = 1, kResumed = 2;
 struct StartPoint {
-  int64_t kind = 0;  // kFresh, kInit, kResumed
+  int64_t kind = kFresh;  // kFresh, kInit, kResumed
   int64_t step = 0, epoch = 0, in_epoch = 0, optimizer_steps = 0, last_eval_step = -1;
   double elapsed_s = 0, lr = 0;
   double loss_scale = 0;
   int64_t loss_scale_good_steps = 0, skipped_steps = 0;
 };
-constexpr int64_t kFresh = 0, kInit = 1, kResumed = 2;
 
 class Trainer {
  public:

@@ -19,7 +19,7 @@ shift || true
 jobs=${JOBS:-$(nproc)}
 seconds=${FUZZ_SECONDS:-30}
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || read -r -a targets <<<"${FUZZ_TARGETS:-config hdf5_dataset convert_idx convert_cifar10 convert_npy checkpoint}"
+[ ${#targets[@]} -gt 0 ] || read -r -a targets <<<"${FUZZ_TARGETS:-config hdf5_dataset hdf5_dataset_edits convert_idx convert_cifar10 convert_npy checkpoint checkpoint_edits}"
 
 command -v clang++ >/dev/null || { echo "fuzz: clang++ not found (scripts/install-deps.sh)" >&2; exit 2; }
 start=$(date +%s)
@@ -63,7 +63,9 @@ allow_timeouts=" ${FUZZ_ALLOW_TIMEOUTS-checkpoint} "
 # libhdf5 1.10.8 itself on corrupt files (global-heap hangs and over-reads for variable-length
 # strings, a SEGV in H5Lexists on a corrupt local heap; reproducers in tests/fuzz/open-findings/),
 # which a 30 s run finds at random, so CI would fail by chance. dptrain's own findings there are
-# fixed and replayed from the corpus. FUZZ_REPLAY_ONLY= fuzzes them too (as `make fuzz` does
+# fixed and replayed from the corpus. The same readers are fuzzed at random through
+# hdf5_dataset_edits and checkpoint_edits, which only produce valid HDF5 files (structured
+# edits of a valid file; tests/fuzz/hdf5_edits.h). FUZZ_REPLAY_ONLY= fuzzes them too (as `make fuzz` does
 # on a developer's machine with FUZZ_REPLAY_ONLY=).
 replay_only=" ${FUZZ_REPLAY_ONLY-checkpoint hdf5_dataset} "
 
