@@ -108,6 +108,55 @@ DPT_HD float Bf16ToFloat(uint16_t b) {
   memcpy(&f, &u, 4);
   return f;
 }
+// IEEE binary16, round to nearest even: |f| >= 65520 becomes infinity (the overflow that fp16
+// loss scaling detects), values below 2^-14 become subnormals, NaN stays a (quiet) NaN.
+DPT_HD uint16_t FloatToHalf(float f) {
+  uint32_t x;
+  memcpy(&x, &f, 4);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  x &= 0x7fffffffu;
+  if (x >= 0x7f800000u)
+    return static_cast<uint16_t>(sign | 0x7c00u | (x > 0x7f800000u ? 0x200u : 0u));
+  if (x >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds past 65504
+  if (x < 0x38800000u) {                                               // half subnormal or zero
+    const uint32_t e = x >> 23;
+    if (e < 102u) return static_cast<uint16_t>(sign);  // below 2^-25: rounds to zero
+    const uint32_t m = (x & 0x7fffffu) | 0x800000u;
+    const uint32_t shift = 126u - e;  // 14..24: units of 2^-24
+    uint32_t q = m >> shift;
+    const uint32_t rem = m & ((1u << shift) - 1u), halfway = 1u << (shift - 1u);
+    if (rem > halfway || (rem == halfway && (q & 1u) != 0u)) ++q;
+    return static_cast<uint16_t>(sign | q);
+  }
+  uint32_t h = (x >> 13) - (112u << 10);  // exponent rebiased 127 -> 15, 10 mantissa bits
+  const uint32_t rem = x & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u) != 0u)) ++h;  // a carry bumps the exponent
+  return static_cast<uint16_t>(sign | h);
+}
+DPT_HD float HalfToFloat(uint16_t h) {
+  const uint32_t sign = (static_cast<uint32_t>(h) & 0x8000u) << 16;
+  uint32_t e = (h >> 10) & 0x1fu, m = h & 0x3ffu, x;
+  if (e == 0x1fu) {
+    x = sign | 0x7f800000u | (m << 13);
+  } else if (e != 0u) {
+    x = sign | ((e + 112u) << 23) | (m << 13);
+  } else if (m == 0u) {
+    x = sign;
+  } else {  // subnormal: normalise
+    e = 113u;
+    while ((m & 0x400u) == 0u) {
+      m <<= 1;
+      --e;
+    }
+    x = sign | (e << 23) | ((m & 0x3ffu) << 13);
+  }
+  float f;
+  memcpy(&f, &x, 4);
+  return f;
+}
+// f rounded to the nearest fp16 value (as a float): what an fp16 tensor would hold.
+DPT_HD float RoundToHalf(float f) { return HalfToFloat(FloatToHalf(f)); }
+
 DPT_HD bool IsFinite(float f) {
   uint32_t u;
   memcpy(&u, &f, 4);

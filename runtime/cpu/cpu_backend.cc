@@ -15,6 +15,7 @@
 #include <map>
 #include <tuple>
 
+#include "runtime/elementwise.h"
 #include "runtime/error.h"
 
 namespace dptrain::cpu {
@@ -61,30 +62,53 @@ dnnl::primitive_attr MakeAttr() {
   return attr;
 }
 
+// Rounds n floats to the nearest fp16 values (ew::RoundToHalf), from x into y (may alias).
+void RoundToHalf(const float* x, float* y, int64_t n) {
+#pragma omp parallel for simd if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) y[i] = ew::RoundToHalf(x[i]);
+}
+
 // A tensor in the caller's layout (f32, NCHW / OIHW / NC) seen by a primitive that wants its own
 // layout (blocked formats such as nChw16c, and bf16 for bf16 precision): the primitive's memory
 // is either the caller's tensor itself (same descriptor) or a staging buffer filled / drained by
 // a reorder. Staging buffers belong to the plan; plans run one call at a time.
+//
+// fp16 precision (oneDNN has no fp16 kernels for this CPU) is computed as the CUDA backend's
+// fp16 mode computes it: operands rounded to fp16, products accumulated in f32, results rounded
+// to fp16 (a gradient beyond 65504 becomes infinity, which fp16 loss scaling detects). `half`
+// marks such a tensor: inputs are rounded into `rounded` first, outputs are rounded in place.
 struct Staged {
   memory::desc user, inner;
   bool same = true;
-  Tensor buf;
+  bool half = false;
+  Tensor buf, rounded;
   dnnl::reorder to_inner, to_user;
 
   void Init(CpuBackend& be, const dnnl::engine& eng, const memory::desc& user_md,
-            const memory::desc& inner_md, const std::string& label) {
+            const memory::desc& inner_md, const std::string& label, bool round_half = false,
+            bool is_input = false) {
     user = user_md;
     inner = inner_md;
     same = user_md == inner_md;
+    half = round_half;
+    if (half && is_input) {
+      rounded = be.Empty(Shape{static_cast<int64_t>(user_md.get_size() / sizeof(float))},
+                         DType::kF32, label + " (fp16 values)");
+    }
     if (same) return;
     buf = be.Empty(Shape{static_cast<int64_t>(inner_md.get_size())}, DType::kU8, label);
     to_inner = dnnl::reorder(memory(user_md, eng, nullptr), memory(inner_md, eng, nullptr));
     to_user = dnnl::reorder(memory(inner_md, eng, nullptr), memory(user_md, eng, nullptr));
   }
-  // The primitive's input memory holding t's values.
+  // The primitive's input memory holding t's values (rounded to fp16 when `half`).
   memory In(const dnnl::engine& eng, dnnl::stream& st, const Tensor& t) const {
-    if (same) return memory(user, eng, t.raw());
-    memory src(user, eng, t.raw());
+    void* src_ptr = t.raw();
+    if (half) {
+      RoundToHalf(t.data<float>(), rounded.data<float>(), rounded.numel());
+      src_ptr = rounded.raw();
+    }
+    if (same) return memory(user, eng, src_ptr);
+    memory src(user, eng, src_ptr);
     memory in(inner, eng, buf.raw());
     to_inner.execute(st, src, in);
     return in;
@@ -94,17 +118,22 @@ struct Staged {
     return same ? memory(user, eng, t.raw()) : memory(inner, eng, buf.raw());
   }
   void Out(const dnnl::engine& eng, dnnl::stream& st, const Tensor& t) const {
-    if (same) return;
-    memory src(inner, eng, buf.raw());
-    memory dst(user, eng, t.raw());
-    to_user.execute(st, src, dst);
+    if (!same) {
+      memory src(inner, eng, buf.raw());
+      memory dst(user, eng, t.raw());
+      to_user.execute(st, src, dst);
+    }
+    if (half) RoundToHalf(t.data<float>(), t.data<float>(), t.numel());
   }
 };
 
 size_t HeldBytes(std::initializer_list<const Staged*> staged,
                  std::initializer_list<const Tensor*> tensors) {
   size_t n = 0;
-  for (const Staged* st : staged) n += st->buf.defined() ? st->buf.bytes() : 0;
+  for (const Staged* st : staged) {
+    n += st->buf.defined() ? st->buf.bytes() : 0;
+    n += st->rounded.defined() ? st->rounded.bytes() : 0;
+  }
   for (const Tensor* t : tensors) n += t->defined() ? t->bytes() : 0;
   return n;
 }
@@ -238,11 +267,9 @@ void CpuBackend::Fill(Tensor* t, float value) {
 
 bool CpuBackend::Supports(const Conv2dDesc& d) const {
   return d.n > 0 && d.c > 0 && d.k > 0 && d.r > 0 && d.s > 0 && d.stride > 0 && d.pad >= 0 &&
-         d.out_h() > 0 && d.out_w() > 0 && d.precision != Precision::kF16;
+         d.out_h() > 0 && d.out_w() > 0;
 }
-bool CpuBackend::Supports(const LinearDesc& d) const {
-  return d.n > 0 && d.in > 0 && d.out > 0 && d.precision != Precision::kF16;
-}
+bool CpuBackend::Supports(const LinearDesc& d) const { return d.n > 0 && d.in > 0 && d.out > 0; }
 bool CpuBackend::Supports(const PoolDesc& d) const {
   return d.n > 0 && d.c > 0 && d.kernel > 0 && d.stride > 0 && d.pad >= 0 &&
          d.pad * 2 <= d.kernel && d.out_h() > 0 && d.out_w() > 0;
@@ -266,6 +293,7 @@ std::shared_ptr<OpPlan> CpuBackend::PrepareConv2d(const Conv2dDesc& d) {
   // Let oneDNN pick its fastest (blocked) layouts; we reorder at the edges. bf16 runs the
   // convolution on bf16 data with f32 accumulation and f32 weight gradients.
   const Dt ct = ComputeType(d.precision);
+  const bool half = d.precision == Precision::kF16;
   const memory::desc x_any(xs, ct, Tag::any), w_any(ws, ct, Tag::any), y_any(ys, ct, Tag::any),
       dw_any(ws, Dt::f32, Tag::any);
   p->b_md = d.bias ? memory::desc({d.k}, Dt::f32, Tag::x) : memory::desc();
@@ -285,15 +313,21 @@ std::shared_ptr<OpPlan> CpuBackend::PrepareConv2d(const Conv2dDesc& d) {
   p->fwd = dnnl::convolution_forward(p->fwd_pd);
   p->bwd_data = dnnl::convolution_backward_data(p->bwd_data_pd);
   p->bwd_w = dnnl::convolution_backward_weights(p->bwd_w_pd);
-  p->f_x.Init(*this, eng, x_user, p->fwd_pd.src_desc(), "conv2d staged input");
-  p->f_w.Init(*this, eng, w_user, p->fwd_pd.weights_desc(), "conv2d staged weight");
-  p->f_y.Init(*this, eng, y_user, p->fwd_pd.dst_desc(), "conv2d staged output");
-  p->d_dy.Init(*this, eng, y_user, p->bwd_data_pd.diff_dst_desc(), "conv2d staged dy");
-  p->d_w.Init(*this, eng, w_user, p->bwd_data_pd.weights_desc(), "conv2d staged weight");
-  p->d_dx.Init(*this, eng, x_user, p->bwd_data_pd.diff_src_desc(), "conv2d staged dx");
-  p->w_x.Init(*this, eng, x_user, p->bwd_w_pd.src_desc(), "conv2d staged input");
-  p->w_dy.Init(*this, eng, y_user, p->bwd_w_pd.diff_dst_desc(), "conv2d staged dy");
-  p->w_dw.Init(*this, eng, w_user, p->bwd_w_pd.diff_weights_desc(), "conv2d staged dw");
+  p->f_x.Init(*this, eng, x_user, p->fwd_pd.src_desc(), "conv2d staged input", half,
+              /*is_input=*/true);
+  p->f_w.Init(*this, eng, w_user, p->fwd_pd.weights_desc(), "conv2d staged weight", half,
+              /*is_input=*/true);
+  p->f_y.Init(*this, eng, y_user, p->fwd_pd.dst_desc(), "conv2d staged output", half);
+  p->d_dy.Init(*this, eng, y_user, p->bwd_data_pd.diff_dst_desc(), "conv2d staged dy", half,
+               /*is_input=*/true);
+  p->d_w.Init(*this, eng, w_user, p->bwd_data_pd.weights_desc(), "conv2d staged weight", half,
+              /*is_input=*/true);
+  p->d_dx.Init(*this, eng, x_user, p->bwd_data_pd.diff_src_desc(), "conv2d staged dx", half);
+  p->w_x.Init(*this, eng, x_user, p->bwd_w_pd.src_desc(), "conv2d staged input", half,
+              /*is_input=*/true);
+  p->w_dy.Init(*this, eng, y_user, p->bwd_w_pd.diff_dst_desc(), "conv2d staged dy", half,
+               /*is_input=*/true);
+  p->w_dw.Init(*this, eng, w_user, p->bwd_w_pd.diff_weights_desc(), "conv2d staged dw", half);
   impl_->Reserve(*this, p->fwd_pd.scratchpad_desc());
   impl_->Reserve(*this, p->bwd_data_pd.scratchpad_desc());
   impl_->Reserve(*this, p->bwd_w_pd.scratchpad_desc());
@@ -376,6 +410,7 @@ std::shared_ptr<OpPlan> CpuBackend::PrepareLinear(const LinearDesc& d) {
   // f32 runs on the caller's layouts (a GEMM; nothing to gain from reorders); bf16 stages the
   // operands as bf16 and keeps f32 outputs and weight gradients.
   const bool bf16 = d.precision == Precision::kBF16;
+  const bool half = d.precision == Precision::kF16;
   const memory::desc x_md = bf16 ? memory::desc({d.n, d.in}, Dt::bf16, Tag::any) : x_user;
   const memory::desc w_md = bf16 ? memory::desc({d.out, d.in}, Dt::bf16, Tag::any) : w_user;
   const memory::desc y_md = bf16 ? memory::desc({d.n, d.out}, Dt::bf16, Tag::any) : y_user;
@@ -394,15 +429,21 @@ std::shared_ptr<OpPlan> CpuBackend::PrepareLinear(const LinearDesc& d) {
   p->fwd = dnnl::inner_product_forward(p->fwd_pd);
   p->bwd_data = dnnl::inner_product_backward_data(p->bwd_data_pd);
   p->bwd_w = dnnl::inner_product_backward_weights(p->bwd_w_pd);
-  p->f_x.Init(*this, eng, x_user, p->fwd_pd.src_desc(), "linear staged input");
-  p->f_w.Init(*this, eng, w_user, p->fwd_pd.weights_desc(), "linear staged weight");
-  p->f_y.Init(*this, eng, y_user, p->fwd_pd.dst_desc(), "linear staged output");
-  p->d_dy.Init(*this, eng, y_user, p->bwd_data_pd.diff_dst_desc(), "linear staged dy");
-  p->d_w.Init(*this, eng, w_user, p->bwd_data_pd.weights_desc(), "linear staged weight");
-  p->d_dx.Init(*this, eng, x_user, p->bwd_data_pd.diff_src_desc(), "linear staged dx");
-  p->w_x.Init(*this, eng, x_user, p->bwd_w_pd.src_desc(), "linear staged input");
-  p->w_dy.Init(*this, eng, y_user, p->bwd_w_pd.diff_dst_desc(), "linear staged dy");
-  p->w_dw.Init(*this, eng, w_user, p->bwd_w_pd.diff_weights_desc(), "linear staged dw");
+  p->f_x.Init(*this, eng, x_user, p->fwd_pd.src_desc(), "linear staged input", half,
+              /*is_input=*/true);
+  p->f_w.Init(*this, eng, w_user, p->fwd_pd.weights_desc(), "linear staged weight", half,
+              /*is_input=*/true);
+  p->f_y.Init(*this, eng, y_user, p->fwd_pd.dst_desc(), "linear staged output", half);
+  p->d_dy.Init(*this, eng, y_user, p->bwd_data_pd.diff_dst_desc(), "linear staged dy", half,
+               /*is_input=*/true);
+  p->d_w.Init(*this, eng, w_user, p->bwd_data_pd.weights_desc(), "linear staged weight", half,
+              /*is_input=*/true);
+  p->d_dx.Init(*this, eng, x_user, p->bwd_data_pd.diff_src_desc(), "linear staged dx", half);
+  p->w_x.Init(*this, eng, x_user, p->bwd_w_pd.src_desc(), "linear staged input", half,
+              /*is_input=*/true);
+  p->w_dy.Init(*this, eng, y_user, p->bwd_w_pd.diff_dst_desc(), "linear staged dy", half,
+               /*is_input=*/true);
+  p->w_dw.Init(*this, eng, w_user, p->bwd_w_pd.diff_weights_desc(), "linear staged dw", half);
   impl_->Reserve(*this, p->fwd_pd.scratchpad_desc());
   impl_->Reserve(*this, p->bwd_data_pd.scratchpad_desc());
   impl_->Reserve(*this, p->bwd_w_pd.scratchpad_desc());

@@ -4,11 +4,13 @@
 // channel counts, padding 0/1/2, stride 1/2, kernels 1/3/5 and non-square) and in bf16/f16.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "runtime/backend.h"
+#include "runtime/elementwise.h"
 #include "tests/testing/backends.h"
 #include "tests/testing/reference_ops.h"
 #include "tests/testing/tolerances.h"
@@ -216,6 +218,37 @@ TEST_P(ConvTest, F16BackwardWeights) {
   ForEachCase(Precision::kF16, [&](const Conv2dDesc& d, uint32_t s) {
     CheckBackwardWeights(backend(), d, s, /*accumulate=*/true);
   });
+}
+
+// fp16 semantics every backend shares (cuDNN half on CUDA, rounded f32 on CPU): outputs hold
+// fp16 values only, and a gradient beyond the fp16 range (65504) becomes infinity, the overflow
+// (or NaN, where infinities of both signs meet) that dynamic loss scaling detects and skips.
+TEST_P(ConvTest, F16ResultsAreHalfValuesAndOverflowToInfinity) {
+  Backend& be = backend();
+  const Conv2dDesc d = MakeConv(2, 3, 6, 6, 4, 3, 3, 1, 1, false, Precision::kF16);
+  DPT_SKIP_UNLESS_SUPPORTED(be, d);
+  const ConvData data = MakeData(d, 31);
+  auto plan = be.PrepareConv2d(d);
+  Tensor x = ToDevice(be, data.x, XShape(d));
+  Tensor w = ToDevice(be, data.w, WShape(d));
+  Tensor y = be.Empty(YShape(d), DType::kF32, "y");
+  be.Conv2dForward(*plan, x, w, nullptr, &y);
+  for (float v : ToHost(be, y)) ASSERT_EQ(v, ew::RoundToHalf(v)) << "not an fp16 value";
+
+  for (float scale : {1.f, 1e5f}) {  // 1e5: every |dy| element beyond 65504 unless tiny
+    std::vector<float> dy = RandomUniform(static_cast<size_t>(YShape(d).numel()), 32);
+    for (float& v : dy) v = v * scale + (v >= 0 ? scale : -scale);  // |dy| >= scale
+    Tensor dy_t = ToDevice(be, dy, YShape(d));
+    Tensor dx = be.Empty(XShape(d), DType::kF32, "dx");
+    be.Conv2dBackwardData(*plan, dy_t, w, &dx);
+    int64_t bad = 0;  // infinite dy of both signs meet in sums: Inf or NaN
+    for (float v : ToHost(be, dx)) bad += std::isfinite(v) ? 0 : 1;
+    if (scale == 1.f) {
+      EXPECT_EQ(bad, 0) << "dx overflowed with |dy| ~ 1";
+    } else {
+      EXPECT_GT(bad, 0) << "dy of 1e5 is infinite in fp16, so dx cannot be finite";
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(All, ConvTest, ::testing::ValuesIn(TestBackends()), BackendParamName);

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # Dynamic loss scaling end to end on 2 ranks (enabled in fp32 by the test hook
-# DPTRAIN_TEST_LOSS_SCALING=1, since the CPU has no fp16 kernels): an overflow injected into
+# DPTRAIN_TEST_LOSS_SCALING=1, so that the step of the overflow is known; fp16.sh has real fp16
+# overflows): an overflow injected into
 # rank 1's gradients at step 5 (DPTRAIN_TEST_INF_GRAD=1:5) makes EVERY rank skip that step and
 # halve the scale; metrics.jsonl records the scale and the skipped steps; the scaler's state
 # survives a checkpoint resume. Also the fp32 path without scaling: the same fault stops the run
