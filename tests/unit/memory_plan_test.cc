@@ -58,7 +58,7 @@ TEST(MemoryPlanTest, RefCnnEstimateWithin15PercentOfMeasuredPeak) {
   }
 }
 
-TEST(MemoryPlanTest, ResNet8AndBf16EstimatesWithin15Percent) {
+TEST(MemoryPlanTest, ResNet8Bf16AndFp16EstimatesWithin15Percent) {
   MemoryPlan plan;
   int64_t peak = MeasuredPeak("resnet8", Shape{3, 32, 32}, 32, Precision::kF32, &plan);
   EXPECT_LE(std::abs(static_cast<double>(plan.total - peak)) / static_cast<double>(peak), 0.15)
@@ -67,6 +67,10 @@ TEST(MemoryPlanTest, ResNet8AndBf16EstimatesWithin15Percent) {
   peak = MeasuredPeak("ref_cnn", Shape{1, 28, 28}, 64, Precision::kBF16, &plan);
   EXPECT_LE(std::abs(static_cast<double>(plan.total - peak)) / static_cast<double>(peak), 0.15)
       << "estimate " << plan.total << " measured " << peak << "\n"
+      << plan.ToTable();
+  peak = MeasuredPeak("ref_cnn", Shape{1, 28, 28}, 64, Precision::kF16, &plan);
+  EXPECT_LE(std::abs(static_cast<double>(plan.total - peak)) / static_cast<double>(peak), 0.15)
+      << "fp16: estimate " << plan.total << " measured " << peak << "\n"
       << plan.ToTable();
 }
 
