@@ -61,9 +61,7 @@ int RunPlanCommand(const TrainConfig& cfg, int ranks, bool json) {
                  : BuildFromLayers(be, cfg.model.layers);
   Model model(be, std::move(net), input);
   model.Setup(micro, ToPrecision(cfg.train.precision));
-  int slots = 0;
-  if (cfg.train.optimizer == "adamw") slots = 2;
-  if (cfg.train.optimizer == "sgd" && cfg.train.momentum != 0) slots = 1;
+  const int slots = OptimizerStateSlots(cfg.train.optimizer, cfg.train.momentum);
   int64_t budget = static_cast<int64_t>(cfg.memory.limit_bytes);
   if (budget == 0) budget = static_cast<int64_t>(be.allocator().Capacity());
   MemoryPlan plan = PlanMemory(model, slots, loss, budget);

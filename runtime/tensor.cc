@@ -67,6 +67,10 @@ Buffer::~Buffer() {
   if (owner_ != nullptr) owner_->Release(ptr_, bytes_);
 }
 
+void Buffer::RecordStream(void* stream) const {
+  if (owner_ != nullptr) owner_->RecordStream(ptr_, stream);
+}
+
 Tensor::Tensor(std::shared_ptr<Buffer> buffer, Shape shape, DType dtype, size_t offset_bytes)
     : buffer_(std::move(buffer)), shape_(std::move(shape)), dtype_(dtype), offset_(offset_bytes) {
   DPT_CHECK(buffer_ != nullptr);

@@ -57,6 +57,9 @@ class Buffer {
   size_t bytes() const { return bytes_; }
   Device device() const { return device_; }
   const std::string& label() const { return label_; }
+  // This memory is also used by work queued on `stream` (a cudaStream_t other than the compute
+  // stream): its block is not reused before that work completes (CachingAllocator::RecordStream).
+  void RecordStream(void* stream) const;
 
  private:
   CachingAllocator* owner_;

@@ -29,6 +29,7 @@
 #include "datasets/loader.h"
 #include "datasets/sampler.h"
 #include "models/loss.h"
+#include "models/memory_plan.h"
 #include "models/model.h"
 #include "models/zoo/zoo.h"
 #include "runtime/amp/loss_scaler.h"
@@ -186,6 +187,7 @@ class Trainer {
   // the global batch and the maths stay the same) until it fits or is 1; otherwise the OOM
   // report with advice, on every rank (exit 4).
   void SetupModelThatFits();
+  int64_t LargestMicroBatchThatFits(int64_t tried);
   void ReducePeakMemory();  // collective
   void ReleaseModel();
   // After the gradient allreduce: do the gradients hold a non-finite value on any rank (the
@@ -398,6 +400,39 @@ void Trainer::ReleaseModel() {
   be_.allocator().EmptyCache();
 }
 
+int64_t Trainer::LargestMicroBatchThatFits(int64_t tried) {
+  const int64_t budget = cfg_.memory.limit_bytes > 0
+                             ? static_cast<int64_t>(cfg_.memory.limit_bytes)
+                             : static_cast<int64_t>(be_.allocator().Capacity());
+  if (budget <= 0) return 0;
+  // As `dptrain plan` does: set the model up at the micro-batch that failed, with memory.limit
+  // lifted (it is only a number), and extrapolate the fixed and per-sample bytes to the budget.
+  // Where the device itself is full, fall back to micro-batch 1 (a more conservative estimate).
+  const size_t limit = be_.allocator().budget();
+  be_.allocator().set_budget(0);
+  int64_t fits = 0;
+  for (const int64_t micro : {tried, int64_t{1}}) {
+    try {
+      const auto& m = cfg_.model;
+      Model model(
+          be_,
+          m.name.empty() ? BuildFromLayers(be_, m.layers) : BuildZooModel(be_, m.name, m.classes),
+          sample_shape_);
+      model.Setup(micro, ParsePrecision(cfg_.train.precision));
+      fits = PlanMemory(model, OptimizerStateSlots(cfg_.train.optimizer, cfg_.train.momentum),
+                        regression_ ? LossKind::kMse : LossKind::kCrossEntropy, budget)
+                 .max_micro_batch;
+    } catch (const OutOfMemory&) {
+      fits = 0;
+    }
+    be_.ReleasePlans();
+    be_.allocator().EmptyCache();
+    if (fits > 0) break;
+  }
+  be_.allocator().set_budget(limit);
+  return fits;
+}
+
 void Trainer::SetupModelThatFits() {
   for (;;) {
     std::string oom;
@@ -421,13 +456,28 @@ void Trainer::SetupModelThatFits() {
       }
     }
     if (!cfg_.memory.auto_microbatch || next == 0) {
+      ReleaseModel();
+      // Concrete advice: the micro-batch `dptrain plan` estimates to fit, as a divisor of the
+      // per-rank batch, and the train.accumulate that keeps the global batch.
+      const int64_t fits = LargestMicroBatchThatFits(tried);
+      int64_t micro = 0;
+      for (int64_t d = std::min(fits, tried - 1); d >= 1 && micro == 0; --d) {
+        if (local_batch_ % d == 0) micro = d;
+      }
+      const std::string plan_cmd =
+          fmt::format("dptrain plan --config {} --ranks {}",
+                      cfg_.source.empty() ? std::string("FILE") : cfg_.source, world_);
+      const std::string fix =
+          micro > 0 ? fmt::format(
+                          "micro-batch {} should fit (estimate of `{}`): set "
+                          "train.accumulate = {} (the global batch and the maths stay "
+                          "the same)",
+                          micro, plan_cmd, local_batch_ / micro)
+                    : fmt::format("not even micro-batch 1 fits by the estimate of `{}`", plan_cmd);
       const std::string advice = fmt::format(
-          "\nhint: micro-batch {} per rank does not fit. Run `dptrain plan --config {} --ranks {}` "
-          "for the largest micro-batch that fits; then raise train.accumulate (the global batch "
-          "and the maths stay the same), set memory.auto_microbatch = true to let dptrain find "
-          "it, or use train.precision = \"bf16\"{}",
-          tried, cfg_.source.empty() ? std::string("FILE") : cfg_.source, world_,
-          cfg_.memory.limit_bytes > 0 ? ", or raise memory.limit" : "");
+          "\nhint: micro-batch {} per rank does not fit; {}, or set memory.auto_microbatch = "
+          "true to let dptrain find it, or use train.precision = \"bf16\" or \"fp16\"{}",
+          tried, fix, cfg_.memory.limit_bytes > 0 ? ", or raise memory.limit" : "");
       detail::AgreeOnFailure(comm_, oom + advice, kExitOom, !oom.empty());
     }
     ReleaseModel();

@@ -3,6 +3,7 @@
 #include "models/layers/sequential.h"
 
 #include "runtime/error.h"
+#include "runtime/memory/caching_allocator.h"
 
 namespace dptrain {
 
@@ -23,6 +24,10 @@ Shape Sequential::Setup(const Shape& in, const SetupOptions& opts) {
     SetupOptions o = opts;
     o.need_dx = opts.need_dx || i > 0;
     shapes_.push_back(s);
+    // Out-of-memory reports name the layer whose buffers were being allocated.
+    const AllocationScope scope(children_[i]->name().empty()
+                                    ? children_[i]->type() + " #" + std::to_string(i)
+                                    : children_[i]->name());
     s = children_[i]->Setup(s, o);
   }
   return s;

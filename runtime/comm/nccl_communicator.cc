@@ -425,6 +425,7 @@ std::unique_ptr<CommHandle> NcclCommunicator::AllReduceAsync(Tensor* t, ReduceOp
   std::ostringstream what;
   what << "NCCL allreduce of " << t->numel() << " " << DTypeName(t->dtype()) << " values";
   if (t->numel() == 0) return std::make_unique<NcclHandle>(this, nullptr, Tensor(), what.str());
+  t->buffer()->RecordStream(stream_);  // its block waits for this stream before any reuse
   AfterCompute();
   Check(ncclAllReduce(t->raw(), t->raw(), static_cast<size_t>(t->numel()), NcclType(t->dtype()),
                       NcclOp(op), comm_, stream_),
@@ -437,6 +438,7 @@ void NcclCommunicator::Broadcast(Tensor* t, int root) {
   CheckDeviceTensor(*t, "broadcast");
   DPT_CHECK(root >= 0 && root < size_) << "broadcast root " << root << " of " << size_;
   if (t->bytes() == 0) return;
+  t->buffer()->RecordStream(stream_);
   AfterCompute();
   Check(ncclBroadcast(t->raw(), t->raw(), t->bytes(), ncclUint8, root, comm_, stream_),
         "ncclBroadcast");
@@ -452,6 +454,8 @@ void NcclCommunicator::AllGather(const Tensor& in, Tensor* out) {
   DPT_CHECK(out->bytes() == in.bytes() * static_cast<size_t>(size_))
       << "allgather: " << out->bytes() << " bytes for " << size_ << " x " << in.bytes();
   if (in.bytes() == 0) return;
+  in.buffer()->RecordStream(stream_);
+  out->buffer()->RecordStream(stream_);
   AfterCompute();
   Check(ncclAllGather(in.raw(), out->raw(), in.bytes(), ncclUint8, comm_, stream_),
         "ncclAllGather");

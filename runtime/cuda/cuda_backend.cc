@@ -57,6 +57,32 @@ class CudaRawAllocator final : public RawAllocator {
   Device device() const override { return Device::kCuda; }
   size_t Capacity() const override { return capacity_; }
 
+  // Fences are events recorded on the other stream. If one cannot be made, the device is
+  // synchronised instead, so that "no fence" is still a correct "done".
+  void* RecordFence(void* stream) noexcept override {
+    (void)cudaSetDevice(ordinal_);
+    cudaEvent_t e = nullptr;
+    if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) == cudaSuccess) {
+      if (cudaEventRecord(e, static_cast<cudaStream_t>(stream)) == cudaSuccess) return e;
+      (void)cudaEventDestroy(e);
+    }
+    (void)cudaGetLastError();
+    DPT_CUDA_WARN(cudaDeviceSynchronize());
+    return nullptr;
+  }
+  bool FenceDone(void* fence) noexcept override {
+    if (fence == nullptr) return true;
+    const cudaError_t q = cudaEventQuery(static_cast<cudaEvent_t>(fence));
+    if (q == cudaErrorNotReady) return false;
+    // Any other error is sticky or reported by the next checked call; the block is not reused
+    // by work that could still run on a broken context.
+    if (q != cudaSuccess) (void)cudaGetLastError();
+    return true;
+  }
+  void DestroyFence(void* fence) noexcept override {
+    if (fence != nullptr) DPT_CUDA_WARN(cudaEventDestroy(static_cast<cudaEvent_t>(fence)));
+  }
+
  private:
   int ordinal_;
   size_t capacity_ = 0;

@@ -21,7 +21,7 @@ CachingAllocator::~CachingAllocator() {
   std::lock_guard<std::mutex> lock(mu_);
   EmptyCacheLocked();
   // Live buffers at exit (static tensors in tests) are leaked on purpose rather than freed
-  // under their owners.
+  // under their owners, and so are blocks another stream may still use (pending_).
 }
 
 size_t CachingAllocator::RoundSize(size_t bytes) {
@@ -35,16 +35,34 @@ size_t CachingAllocator::RoundSize(size_t bytes) {
   return (bytes + kLargeStep - 1) / kLargeStep * kLargeStep;
 }
 
-std::shared_ptr<Buffer> CachingAllocator::Allocate(size_t bytes, std::string_view label) {
+namespace {
+thread_local std::vector<std::string> t_scopes;
+}  // namespace
+
+AllocationScope::AllocationScope(std::string what) { t_scopes.push_back(std::move(what)); }
+AllocationScope::~AllocationScope() { t_scopes.pop_back(); }
+const std::string& AllocationScope::Current() {
+  static const std::string kNone;
+  return t_scopes.empty() ? kNone : t_scopes.back();
+}
+
+std::shared_ptr<Buffer> CachingAllocator::Allocate(size_t bytes, std::string_view what) {
+  const std::string& scope = AllocationScope::Current();
+  // "conv1 output" names its layer already; "conv2d staged dy" gets " (layer conv2)".
+  const bool named = scope.empty() || (what.size() > scope.size() &&
+                                       what.substr(0, scope.size() + 1) == scope + " ");
+  const std::string label =
+      named ? std::string(what) : std::string(what) + " (layer " + scope + ")";
   const size_t block = RoundSize(bytes);
   std::unique_lock<std::mutex> lock(mu_);
+  ReclaimPendingLocked();
   void* ptr = nullptr;
   auto it = free_blocks_.lower_bound(block);
   if (it != free_blocks_.end() && it->first <= 2 * block) {
     ptr = it->second;
     const size_t got = it->first;
     free_blocks_.erase(it);
-    live_[ptr] = Live{got, std::string(label)};
+    live_[ptr] = Live{got, label, {}};
     stats_.in_use += got;
   } else {
     ptr = AllocLocked(block);
@@ -61,7 +79,7 @@ std::shared_ptr<Buffer> CachingAllocator::Allocate(size_t bytes, std::string_vie
       lock.unlock();
       DPT_THROW(OutOfMemory) << os.str();
     }
-    live_[ptr] = Live{block, std::string(label)};
+    live_[ptr] = Live{block, label, {}};
     stats_.in_use += block;
     stats_.reserved += block;
     ++stats_.num_device_allocs;
@@ -83,9 +101,39 @@ void CachingAllocator::Release(void* ptr, size_t bytes) noexcept {
   auto it = live_.find(ptr);
   if (it == live_.end()) return;
   stats_.in_use -= it->second.bytes;
-  free_blocks_.emplace(it->second.bytes, ptr);
+  if (it->second.streams.empty()) {
+    free_blocks_.emplace(it->second.bytes, ptr);
+  } else {
+    Pending p{it->second.bytes, ptr, {}};
+    for (void* s : it->second.streams) p.fences.push_back(raw_->RecordFence(s));
+    pending_.push_back(std::move(p));
+  }
   live_.erase(it);
   (void)bytes;
+}
+
+void CachingAllocator::RecordStream(void* ptr, void* stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = live_.find(ptr);
+  if (it == live_.end() || stream == nullptr) return;
+  auto& streams = it->second.streams;
+  if (std::find(streams.begin(), streams.end(), stream) == streams.end()) streams.push_back(stream);
+}
+
+void CachingAllocator::ReclaimPendingLocked() {
+  for (size_t i = 0; i < pending_.size();) {
+    Pending& p = pending_[i];
+    bool done = true;
+    for (void* f : p.fences) done = done && raw_->FenceDone(f);
+    if (!done) {
+      ++i;
+      continue;
+    }
+    for (void* f : p.fences) raw_->DestroyFence(f);
+    free_blocks_.emplace(p.bytes, p.ptr);
+    if (i + 1 != pending_.size()) pending_[i] = std::move(pending_.back());
+    pending_.pop_back();
+  }
 }
 
 void CachingAllocator::EmptyCache() {
@@ -94,6 +142,10 @@ void CachingAllocator::EmptyCache() {
 }
 
 void CachingAllocator::EmptyCacheLocked() {
+  // Blocks still fenced stay reserved: freeing them could hand the memory to the device's next
+  // allocation while another stream still uses it (and waiting could hang behind a stuck
+  // collective, which the watchdog handles).
+  ReclaimPendingLocked();
   for (auto& [size, ptr] : free_blocks_) {
     raw_->Free(ptr);
     stats_.reserved -= size;

@@ -28,6 +28,13 @@ class RawAllocator {
   virtual Device device() const = 0;
   // Physical capacity in bytes (0 = unknown).
   virtual size_t Capacity() const { return 0; }
+
+  // Streams (CUDA). RecordFence marks the end of the work queued on `stream` so far (an event)
+  // and returns it, nullptr when there is nothing to wait for; FenceDone polls it without
+  // blocking; DestroyFence frees it. Host memory has no streams: everything is done at once.
+  virtual void* RecordFence(void* /*stream*/) noexcept { return nullptr; }
+  virtual bool FenceDone(void* /*fence*/) noexcept { return true; }
+  virtual void DestroyFence(void* /*fence*/) noexcept {}
 };
 
 struct MemoryStats {
@@ -66,12 +73,21 @@ class CachingAllocator {
   // Called by ~Buffer.
   void Release(void* ptr, size_t bytes) noexcept;
 
+  // Stream-aware reuse (as PyTorch's recordStream): the live block at `ptr` is also used by
+  // work queued on `stream`, another stream than the one this allocator's blocks are handed out
+  // to (e.g. NCCL's communication stream). When the block is released, a fence is recorded on
+  // each such stream and the block is handed out again only once they have all passed, so no
+  // new tensor is written while a collective may still read the old one. Called by
+  // Buffer::RecordStream.
+  void RecordStream(void* ptr, void* stream);
+
   // Rounds a request to the block size actually reserved for it.
   static size_t RoundSize(size_t bytes);
 
  private:
   void* AllocLocked(size_t block);
   void EmptyCacheLocked();
+  void ReclaimPendingLocked();  // fenced blocks whose fences passed -> free_blocks_
   std::string ReportLockedUnsafe(size_t top) const;  // mu_ held
 
   std::unique_ptr<RawAllocator> raw_;
@@ -81,9 +97,29 @@ class CachingAllocator {
   struct Live {
     size_t bytes;
     std::string label;
+    std::vector<void*> streams;  // other streams that use the block (RecordStream)
   };
   std::unordered_map<void*, Live> live_;
+  struct Pending {  // released, but other streams may still use it
+    size_t bytes;
+    void* ptr;
+    std::vector<void*> fences;
+  };
+  std::vector<Pending> pending_;
   MemoryStats stats_;
+};
+
+// Names what this thread's allocations are for while it lives, e.g. the layer being set up, so
+// that buffer labels and out-of-memory reports read "conv2d staged dy (layer conv2)". Scopes
+// nest; the innermost one names the allocations.
+class AllocationScope {
+ public:
+  explicit AllocationScope(std::string what);
+  ~AllocationScope();
+  AllocationScope(const AllocationScope&) = delete;
+  AllocationScope& operator=(const AllocationScope&) = delete;
+  // The innermost scope's name on this thread; empty outside any scope.
+  static const std::string& Current();
 };
 
 // Parses "512MiB", "2GiB", "1.5GB", "1048576" into bytes; throws ConfigError naming `what`.

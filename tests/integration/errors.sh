@@ -137,6 +137,17 @@ both "unknown subcommand" 2 "unknown command 'frobnicate' (commands: train, eval
 both "missing --config" 2 "--config is required" train
 both "out of memory under memory.limit (report + advice)" 4 \
   "hint: micro-batch" train --config "$BASE" --set memory.limit=2MiB
+# The advice is concrete and right: it names the micro-batch that fits (the estimate of
+# `dptrain plan`) and the train.accumulate that keeps the global batch; following it trains.
+CASE="out of memory: the advice names a train.accumulate that fits [2 ranks]"
+expect_fail 4 "should fit (estimate of \`dptrain plan --config $BASE --ranks 2\`): set train.accumulate = " \
+  -- "${MPI2[@]}" "$DPTRAIN" train --config "$BASE" --set train.global_batch=64 \
+  --set memory.limit=40MiB
+check "  ... the report names the layer being set up" grep -qF "(layer " "$TMP/last.err"
+ACC=$(grep -o 'set train.accumulate = [0-9]*' "$TMP/last.err" | head -n 1 | grep -o '[0-9]*$')
+CASE="  ... and following it (train.accumulate = ${ACC:-?}) trains within the same limit [2 ranks]"
+expect_ok -- "${MPI2[@]}" "$DPTRAIN" train --config "$BASE" --set train.global_batch=64 \
+  --set memory.limit=40MiB --set "train.accumulate=${ACC:-0}" --set "run_dir=$TMP/run-advice"
 both "unknown model name" 2 \
   "model.name: unknown model 'resnet9000' (known: linear, mlp, ref_cnn, cifar_net, resnet8" \
   train --config "$BASE" --set model.name=resnet9000

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <vector>
 
 #include "runtime/error.h"
 #include "runtime/memory/caching_allocator.h"
@@ -81,6 +82,89 @@ TEST(AllocatorTest, BudgetBehavesLikeAFullDeviceAndReportsTheCulprit) {
     EXPECT_THAT(e.what(), HasSubstr("conv1 output"));
   }
   EXPECT_EQ(a.stats().num_ooms, 1);
+}
+
+TEST(AllocatorTest, AllocationScopeNamesTheLayerInLabelsAndReports) {
+  CachingAllocator a(std::make_unique<CountingRaw>(), 1 << 20);
+  EXPECT_EQ(AllocationScope::Current(), "");
+  std::shared_ptr<Buffer> keep;
+  {
+    const AllocationScope outer("block1");
+    {
+      const AllocationScope inner("conv2");
+      keep = a.Allocate(700 << 10, "conv2d staged dy");
+      EXPECT_EQ(keep->label(), "conv2d staged dy (layer conv2)");
+    }
+    EXPECT_EQ(AllocationScope::Current(), "block1");
+    try {
+      auto too_big = a.Allocate(512 << 10, "conv2d staged output");
+      FAIL() << "expected OutOfMemory";
+    } catch (const OutOfMemory& e) {
+      EXPECT_THAT(e.what(),
+                  HasSubstr("allocating 512.0 KiB for conv2d staged output (layer block1)"));
+      EXPECT_THAT(e.what(), HasSubstr("conv2d staged dy (layer conv2)"));  // largest live
+    }
+  }
+  EXPECT_EQ(AllocationScope::Current(), "");
+  EXPECT_EQ(a.Allocate(64, "plain")->label(), "plain");
+}
+
+// A device with streams: fences are numbered; the test decides when each has passed.
+class FencedRaw final : public RawAllocator {
+ public:
+  void* Alloc(size_t bytes) noexcept override { return std::aligned_alloc(64, bytes); }
+  void Free(void* p) noexcept override { std::free(p); }
+  Device device() const override { return Device::kCuda; }
+  void* RecordFence(void* stream) noexcept override {
+    fences.push_back({stream, false, false});
+    return reinterpret_cast<void*>(fences.size());  // 1-based id
+  }
+  bool FenceDone(void* f) noexcept override { return Fence(f).done; }
+  void DestroyFence(void* f) noexcept override { Fence(f).destroyed = true; }
+  struct F {
+    void* stream;
+    bool done, destroyed;
+  };
+  F& Fence(void* f) { return fences[reinterpret_cast<size_t>(f) - 1]; }
+  std::vector<F> fences;
+};
+
+TEST(AllocatorTest, BlocksUsedByAnotherStreamWaitForItsFence) {
+  auto raw = std::make_unique<FencedRaw>();
+  FencedRaw* r = raw.get();
+  CachingAllocator a(std::move(raw));
+  void* comm_stream = reinterpret_cast<void*>(0x5);
+  void* old = nullptr;
+  {
+    auto bucket = a.Allocate(1 << 20, "gradient bucket");
+    old = bucket->data();
+    bucket->RecordStream(comm_stream);
+    bucket->RecordStream(comm_stream);  // once per stream
+  }
+  ASSERT_EQ(r->fences.size(), 1u) << "one fence, on the stream that used the block";
+  EXPECT_EQ(r->fences[0].stream, comm_stream);
+  EXPECT_EQ(a.stats().in_use, 0u);
+  EXPECT_EQ(a.stats().reserved, size_t{1} << 20) << "still reserved while fenced";
+  {
+    auto next = a.Allocate(1 << 20, "activation");
+    EXPECT_NE(next->data(), old) << "reused while the other stream may still read it";
+  }
+  a.EmptyCache();  // frees "activation"'s block; the fenced one stays
+  EXPECT_EQ(a.stats().reserved, size_t{1} << 20);
+  r->fences[0].done = true;
+  auto again = a.Allocate(1 << 20, "activation");
+  EXPECT_EQ(again->data(), old) << "reused once the fence passed";
+  EXPECT_TRUE(r->fences[0].destroyed);
+}
+
+TEST(AllocatorTest, BlocksWithoutOtherStreamsNeedNoFence) {
+  auto raw = std::make_unique<FencedRaw>();
+  FencedRaw* r = raw.get();
+  CachingAllocator a(std::move(raw));
+  void* old = nullptr;
+  { old = a.Allocate(4096, "x")->data(); }
+  EXPECT_EQ(a.Allocate(4096, "y")->data(), old);
+  EXPECT_TRUE(r->fences.empty());
 }
 
 TEST(AllocatorTest, SteadyStateDoesNotGrow) {
