@@ -140,31 +140,23 @@ size_t HeldBytes(std::initializer_list<const Staged*> staged,
 
 Dt ComputeType(Precision p) { return p == Precision::kBF16 ? Dt::bf16 : Dt::f32; }
 
-struct ConvPlan final : OpPlan {
-  Conv2dDesc d;
-  memory::desc b_md;
-  dnnl::convolution_forward::primitive_desc fwd_pd;
-  dnnl::convolution_backward_data::primitive_desc bwd_data_pd;
-  dnnl::convolution_backward_weights::primitive_desc bwd_w_pd;
-  dnnl::convolution_forward fwd;
-  dnnl::convolution_backward_data bwd_data;
-  dnnl::convolution_backward_weights bwd_w;
+// Conv2d and linear run the same three primitives on the same staged operands: forward
+// (x, w -> y), backward data (dy, w -> dx) and backward weights (x, dy -> dw and db).
+struct WeightedPlan : OpPlan {
+  bool bias = false;
+  memory::desc b_md, fwd_scratch, data_scratch, weights_scratch;
+  dnnl::primitive fwd, bwd_data, bwd_w;
   // forward: x, w in; y out. backward data: dy, w in; dx out. backward weights: x, dy in; dw out.
   Staged f_x, f_w, f_y, d_dy, d_w, d_dx, w_x, w_dy, w_dw;
   Tensor acc_w, acc_b;  // accumulate = true computes here first, then adds
 };
 
-struct LinearPlan final : OpPlan {
+struct ConvPlan final : WeightedPlan {
+  Conv2dDesc d;
+};
+
+struct LinearPlan final : WeightedPlan {
   LinearDesc d;
-  memory::desc b_md;
-  dnnl::inner_product_forward::primitive_desc fwd_pd;
-  dnnl::inner_product_backward_data::primitive_desc bwd_data_pd;
-  dnnl::inner_product_backward_weights::primitive_desc bwd_w_pd;
-  dnnl::inner_product_forward fwd;
-  dnnl::inner_product_backward_data bwd_data;
-  dnnl::inner_product_backward_weights bwd_w;
-  Staged f_x, f_w, f_y, d_dy, d_w, d_dx, w_x, w_dy, w_dw;
-  Tensor acc_w, acc_b;
 };
 
 struct PoolPlan final : OpPlan {
@@ -215,6 +207,74 @@ struct CpuBackend::Impl {
   memory Mem(const memory::desc& md, const Tensor& t) const { return memory(md, engine, t.raw()); }
   memory Scratch(const memory::desc& md) const {
     return memory(md, engine, scratchpad.defined() ? scratchpad.raw() : nullptr);
+  }
+
+  // Completes a conv2d / linear plan from its three primitive descriptors: the primitives, the
+  // staging between the caller's f32 layouts (x_user, w_user, y_user) and the primitives' own,
+  // the scratchpad, the weight-gradient accumulators. `op` names the buffers ("conv2d").
+  template <class FwdPd, class DataPd, class WeightsPd>
+  void Finish(CpuBackend& be, WeightedPlan* p, const std::string& op, bool half, const FwdPd& fwd,
+              const DataPd& data, const WeightsPd& weights, const memory::desc& x_user,
+              const memory::desc& w_user, const memory::desc& y_user, const Shape& w_shape) {
+    p->fwd = dnnl::primitive(fwd);
+    p->bwd_data = dnnl::primitive(data);
+    p->bwd_w = dnnl::primitive(weights);
+    p->fwd_scratch = fwd.scratchpad_desc();
+    p->data_scratch = data.scratchpad_desc();
+    p->weights_scratch = weights.scratchpad_desc();
+    const bool in = true;
+    p->f_x.Init(be, engine, x_user, fwd.src_desc(), op + " staged input", half, in);
+    p->f_w.Init(be, engine, w_user, fwd.weights_desc(), op + " staged weight", half, in);
+    p->f_y.Init(be, engine, y_user, fwd.dst_desc(), op + " staged output", half);
+    p->d_dy.Init(be, engine, y_user, data.diff_dst_desc(), op + " staged dy", half, in);
+    p->d_w.Init(be, engine, w_user, data.weights_desc(), op + " staged weight", half, in);
+    p->d_dx.Init(be, engine, x_user, data.diff_src_desc(), op + " staged dx", half);
+    p->w_x.Init(be, engine, x_user, weights.src_desc(), op + " staged input", half, in);
+    p->w_dy.Init(be, engine, y_user, weights.diff_dst_desc(), op + " staged dy", half, in);
+    p->w_dw.Init(be, engine, w_user, weights.diff_weights_desc(), op + " staged dw", half);
+    Reserve(be, p->fwd_scratch);
+    Reserve(be, p->data_scratch);
+    Reserve(be, p->weights_scratch);
+    p->acc_w = be.Empty(w_shape, DType::kF32, op + " weight-grad accumulator");
+    if (p->bias) p->acc_b = be.Empty(Shape{w_shape[0]}, DType::kF32, op + " bias-grad accumulator");
+    p->held_bytes = HeldBytes(
+        {&p->f_x, &p->f_w, &p->f_y, &p->d_dy, &p->d_w, &p->d_dx, &p->w_x, &p->w_dy, &p->w_dw},
+        {&p->acc_w, &p->acc_b});
+  }
+
+  void Forward(const WeightedPlan& p, const Tensor& x, const Tensor& w, const Tensor* b,
+               Tensor* y) {
+    std::unordered_map<int, memory> args{{DNNL_ARG_SRC, p.f_x.In(engine, stream, x)},
+                                         {DNNL_ARG_WEIGHTS, p.f_w.In(engine, stream, w)},
+                                         {DNNL_ARG_DST, p.f_y.OutMem(engine, *y)},
+                                         {DNNL_ARG_SCRATCHPAD, Scratch(p.fwd_scratch)}};
+    if (p.bias) args.emplace(DNNL_ARG_BIAS, Mem(p.b_md, *b));
+    DPT_DNNL(p.fwd.execute(stream, args));
+    p.f_y.Out(engine, stream, *y);
+  }
+
+  void BackwardData(const WeightedPlan& p, const Tensor& dy, const Tensor& w, Tensor* dx) {
+    DPT_DNNL(p.bwd_data.execute(stream, {{DNNL_ARG_DIFF_DST, p.d_dy.In(engine, stream, dy)},
+                                         {DNNL_ARG_WEIGHTS, p.d_w.In(engine, stream, w)},
+                                         {DNNL_ARG_DIFF_SRC, p.d_dx.OutMem(engine, *dx)},
+                                         {DNNL_ARG_SCRATCHPAD, Scratch(p.data_scratch)}}));
+    p.d_dx.Out(engine, stream, *dx);
+  }
+
+  void BackwardWeights(const WeightedPlan& p, const Tensor& x, const Tensor& dy, Tensor* dw,
+                       Tensor* db, bool accumulate) {
+    Tensor w_out = accumulate ? p.acc_w : *dw;
+    std::unordered_map<int, memory> args{{DNNL_ARG_SRC, p.w_x.In(engine, stream, x)},
+                                         {DNNL_ARG_DIFF_DST, p.w_dy.In(engine, stream, dy)},
+                                         {DNNL_ARG_DIFF_WEIGHTS, p.w_dw.OutMem(engine, w_out)},
+                                         {DNNL_ARG_SCRATCHPAD, Scratch(p.weights_scratch)}};
+    if (p.bias) args.emplace(DNNL_ARG_DIFF_BIAS, Mem(p.b_md, accumulate ? p.acc_b : *db));
+    DPT_DNNL(p.bwd_w.execute(stream, args));
+    p.w_dw.Out(engine, stream, w_out);
+    if (accumulate) {
+      AddInto(p.acc_w.data<float>(), dw->data<float>(), dw->numel());
+      if (p.bias) AddInto(p.acc_b.data<float>(), db->data<float>(), db->numel());
+    }
   }
 };
 
@@ -284,6 +344,7 @@ std::shared_ptr<OpPlan> CpuBackend::PrepareConv2d(const Conv2dDesc& d) {
   if (slot) return slot;
   auto p = std::make_shared<ConvPlan>();
   p->d = d;
+  p->bias = d.bias;
   const auto& eng = impl_->engine;
   const memory::dims strides{d.stride, d.stride}, pad{d.pad, d.pad};
   const memory::dims xs{d.n, d.c, d.h, d.w}, ws{d.k, d.c, d.r, d.s},
@@ -293,49 +354,24 @@ std::shared_ptr<OpPlan> CpuBackend::PrepareConv2d(const Conv2dDesc& d) {
   // Let oneDNN pick its fastest (blocked) layouts; we reorder at the edges. bf16 runs the
   // convolution on bf16 data with f32 accumulation and f32 weight gradients.
   const Dt ct = ComputeType(d.precision);
-  const bool half = d.precision == Precision::kF16;
   const memory::desc x_any(xs, ct, Tag::any), w_any(ws, ct, Tag::any), y_any(ys, ct, Tag::any),
       dw_any(ws, Dt::f32, Tag::any);
   p->b_md = d.bias ? memory::desc({d.k}, Dt::f32, Tag::x) : memory::desc();
   const auto attr = MakeAttr();
   const auto alg = dnnl::algorithm::convolution_direct;
-  p->fwd_pd = DPT_DNNL(dnnl::convolution_forward::primitive_desc(
+  const auto fwd = DPT_DNNL(dnnl::convolution_forward::primitive_desc(
       dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, alg, x_any, w_any, p->b_md,
                                       y_any, strides, pad, pad),
       attr, eng));
-  p->bwd_data_pd = DPT_DNNL(dnnl::convolution_backward_data::primitive_desc(
+  const auto data = DPT_DNNL(dnnl::convolution_backward_data::primitive_desc(
       dnnl::convolution_backward_data::desc(alg, x_any, w_any, y_any, strides, pad, pad), attr, eng,
-      p->fwd_pd));
-  p->bwd_w_pd = DPT_DNNL(dnnl::convolution_backward_weights::primitive_desc(
+      fwd));
+  const auto weights = DPT_DNNL(dnnl::convolution_backward_weights::primitive_desc(
       dnnl::convolution_backward_weights::desc(alg, x_any, dw_any, p->b_md, y_any, strides, pad,
                                                pad),
-      attr, eng, p->fwd_pd));
-  p->fwd = dnnl::convolution_forward(p->fwd_pd);
-  p->bwd_data = dnnl::convolution_backward_data(p->bwd_data_pd);
-  p->bwd_w = dnnl::convolution_backward_weights(p->bwd_w_pd);
-  p->f_x.Init(*this, eng, x_user, p->fwd_pd.src_desc(), "conv2d staged input", half,
-              /*is_input=*/true);
-  p->f_w.Init(*this, eng, w_user, p->fwd_pd.weights_desc(), "conv2d staged weight", half,
-              /*is_input=*/true);
-  p->f_y.Init(*this, eng, y_user, p->fwd_pd.dst_desc(), "conv2d staged output", half);
-  p->d_dy.Init(*this, eng, y_user, p->bwd_data_pd.diff_dst_desc(), "conv2d staged dy", half,
-               /*is_input=*/true);
-  p->d_w.Init(*this, eng, w_user, p->bwd_data_pd.weights_desc(), "conv2d staged weight", half,
-              /*is_input=*/true);
-  p->d_dx.Init(*this, eng, x_user, p->bwd_data_pd.diff_src_desc(), "conv2d staged dx", half);
-  p->w_x.Init(*this, eng, x_user, p->bwd_w_pd.src_desc(), "conv2d staged input", half,
-              /*is_input=*/true);
-  p->w_dy.Init(*this, eng, y_user, p->bwd_w_pd.diff_dst_desc(), "conv2d staged dy", half,
-               /*is_input=*/true);
-  p->w_dw.Init(*this, eng, w_user, p->bwd_w_pd.diff_weights_desc(), "conv2d staged dw", half);
-  impl_->Reserve(*this, p->fwd_pd.scratchpad_desc());
-  impl_->Reserve(*this, p->bwd_data_pd.scratchpad_desc());
-  impl_->Reserve(*this, p->bwd_w_pd.scratchpad_desc());
-  p->acc_w = Empty(Shape{d.k, d.c, d.r, d.s}, DType::kF32, "conv2d weight-grad accumulator");
-  if (d.bias) p->acc_b = Empty(Shape{d.k}, DType::kF32, "conv2d bias-grad accumulator");
-  p->held_bytes = HeldBytes(
-      {&p->f_x, &p->f_w, &p->f_y, &p->d_dy, &p->d_w, &p->d_dx, &p->w_x, &p->w_dy, &p->w_dw},
-      {&p->acc_w, &p->acc_b});
+      attr, eng, fwd));
+  impl_->Finish(*this, p.get(), "conv2d", d.precision == Precision::kF16, fwd, data, weights,
+                x_user, w_user, y_user, Shape{d.k, d.c, d.r, d.s});
   slot = p;
   return p;
 }
@@ -348,51 +384,19 @@ void CpuBackend::Conv2dForward(const OpPlan& plan, const Tensor& x, const Tensor
   DPT_CHECK(x.numel() == p.d.n * p.d.c * p.d.h * p.d.w)
       << x.shape().ToString() << " for " << p.d.ToString();
   DPT_CHECK(!p.d.bias || b != nullptr) << "conv2d with bias needs a bias tensor";
-  auto& eng = impl_->engine;
-  auto& st = impl_->stream;
-  std::unordered_map<int, memory> args{
-      {DNNL_ARG_SRC, p.f_x.In(eng, st, x)},
-      {DNNL_ARG_WEIGHTS, p.f_w.In(eng, st, w)},
-      {DNNL_ARG_DST, p.f_y.OutMem(eng, *y)},
-      {DNNL_ARG_SCRATCHPAD, impl_->Scratch(p.fwd_pd.scratchpad_desc())}};
-  if (p.d.bias) args.emplace(DNNL_ARG_BIAS, impl_->Mem(p.b_md, *b));
-  DPT_DNNL(p.fwd.execute(st, args));
-  p.f_y.Out(eng, st, *y);
+  impl_->Forward(p, x, w, b, y);
 }
 
 void CpuBackend::Conv2dBackwardData(const OpPlan& plan, const Tensor& dy, const Tensor& w,
                                     Tensor* dx) {
   OpScope scope(this, "conv2d_bwd_data");
-  const auto& p = static_cast<const ConvPlan&>(plan);
-  auto& eng = impl_->engine;
-  auto& st = impl_->stream;
-  DPT_DNNL(p.bwd_data.execute(
-      st, {{DNNL_ARG_DIFF_DST, p.d_dy.In(eng, st, dy)},
-           {DNNL_ARG_WEIGHTS, p.d_w.In(eng, st, w)},
-           {DNNL_ARG_DIFF_SRC, p.d_dx.OutMem(eng, *dx)},
-           {DNNL_ARG_SCRATCHPAD, impl_->Scratch(p.bwd_data_pd.scratchpad_desc())}}));
-  p.d_dx.Out(eng, st, *dx);
+  impl_->BackwardData(static_cast<const ConvPlan&>(plan), dy, w, dx);
 }
 
 void CpuBackend::Conv2dBackwardWeights(const OpPlan& plan, const Tensor& x, const Tensor& dy,
                                        Tensor* dw, Tensor* db, bool accumulate) {
   OpScope scope(this, "conv2d_bwd_weights");
-  const auto& p = static_cast<const ConvPlan&>(plan);
-  auto& eng = impl_->engine;
-  auto& st = impl_->stream;
-  Tensor w_out = accumulate ? p.acc_w : *dw;
-  std::unordered_map<int, memory> args{
-      {DNNL_ARG_SRC, p.w_x.In(eng, st, x)},
-      {DNNL_ARG_DIFF_DST, p.w_dy.In(eng, st, dy)},
-      {DNNL_ARG_DIFF_WEIGHTS, p.w_dw.OutMem(eng, w_out)},
-      {DNNL_ARG_SCRATCHPAD, impl_->Scratch(p.bwd_w_pd.scratchpad_desc())}};
-  if (p.d.bias) args.emplace(DNNL_ARG_DIFF_BIAS, impl_->Mem(p.b_md, accumulate ? p.acc_b : *db));
-  DPT_DNNL(p.bwd_w.execute(st, args));
-  p.w_dw.Out(eng, st, w_out);
-  if (accumulate) {
-    AddInto(p.acc_w.data<float>(), dw->data<float>(), dw->numel());
-    if (p.d.bias) AddInto(p.acc_b.data<float>(), db->data<float>(), db->numel());
-  }
+  impl_->BackwardWeights(static_cast<const ConvPlan&>(plan), x, dy, dw, db, accumulate);
 }
 
 // ---- linear ------------------------------------------------------------------------------
@@ -404,54 +408,29 @@ std::shared_ptr<OpPlan> CpuBackend::PrepareLinear(const LinearDesc& d) {
   if (slot) return slot;
   auto p = std::make_shared<LinearPlan>();
   p->d = d;
+  p->bias = d.bias;
   const auto& eng = impl_->engine;
   const memory::desc x_user({d.n, d.in}, Dt::f32, Tag::nc), w_user({d.out, d.in}, Dt::f32, Tag::oi),
       y_user({d.n, d.out}, Dt::f32, Tag::nc);
   // f32 runs on the caller's layouts (a GEMM; nothing to gain from reorders); bf16 stages the
   // operands as bf16 and keeps f32 outputs and weight gradients.
   const bool bf16 = d.precision == Precision::kBF16;
-  const bool half = d.precision == Precision::kF16;
   const memory::desc x_md = bf16 ? memory::desc({d.n, d.in}, Dt::bf16, Tag::any) : x_user;
   const memory::desc w_md = bf16 ? memory::desc({d.out, d.in}, Dt::bf16, Tag::any) : w_user;
   const memory::desc y_md = bf16 ? memory::desc({d.n, d.out}, Dt::bf16, Tag::any) : y_user;
   const memory::desc dw_md = bf16 ? memory::desc({d.out, d.in}, Dt::f32, Tag::any) : w_user;
   p->b_md = d.bias ? memory::desc({d.out}, Dt::f32, Tag::x) : memory::desc();
   const auto attr = MakeAttr();
-  p->fwd_pd = DPT_DNNL(dnnl::inner_product_forward::primitive_desc(
+  const auto fwd = DPT_DNNL(dnnl::inner_product_forward::primitive_desc(
       dnnl::inner_product_forward::desc(dnnl::prop_kind::forward_training, x_md, w_md, p->b_md,
                                         y_md),
       attr, eng));
-  p->bwd_data_pd = DPT_DNNL(dnnl::inner_product_backward_data::primitive_desc(
-      dnnl::inner_product_backward_data::desc(x_md, w_md, y_md), attr, eng, p->fwd_pd));
-  p->bwd_w_pd = DPT_DNNL(dnnl::inner_product_backward_weights::primitive_desc(
-      dnnl::inner_product_backward_weights::desc(x_md, dw_md, p->b_md, y_md), attr, eng,
-      p->fwd_pd));
-  p->fwd = dnnl::inner_product_forward(p->fwd_pd);
-  p->bwd_data = dnnl::inner_product_backward_data(p->bwd_data_pd);
-  p->bwd_w = dnnl::inner_product_backward_weights(p->bwd_w_pd);
-  p->f_x.Init(*this, eng, x_user, p->fwd_pd.src_desc(), "linear staged input", half,
-              /*is_input=*/true);
-  p->f_w.Init(*this, eng, w_user, p->fwd_pd.weights_desc(), "linear staged weight", half,
-              /*is_input=*/true);
-  p->f_y.Init(*this, eng, y_user, p->fwd_pd.dst_desc(), "linear staged output", half);
-  p->d_dy.Init(*this, eng, y_user, p->bwd_data_pd.diff_dst_desc(), "linear staged dy", half,
-               /*is_input=*/true);
-  p->d_w.Init(*this, eng, w_user, p->bwd_data_pd.weights_desc(), "linear staged weight", half,
-              /*is_input=*/true);
-  p->d_dx.Init(*this, eng, x_user, p->bwd_data_pd.diff_src_desc(), "linear staged dx", half);
-  p->w_x.Init(*this, eng, x_user, p->bwd_w_pd.src_desc(), "linear staged input", half,
-              /*is_input=*/true);
-  p->w_dy.Init(*this, eng, y_user, p->bwd_w_pd.diff_dst_desc(), "linear staged dy", half,
-               /*is_input=*/true);
-  p->w_dw.Init(*this, eng, w_user, p->bwd_w_pd.diff_weights_desc(), "linear staged dw", half);
-  impl_->Reserve(*this, p->fwd_pd.scratchpad_desc());
-  impl_->Reserve(*this, p->bwd_data_pd.scratchpad_desc());
-  impl_->Reserve(*this, p->bwd_w_pd.scratchpad_desc());
-  p->acc_w = Empty(Shape{d.out, d.in}, DType::kF32, "linear weight-grad accumulator");
-  if (d.bias) p->acc_b = Empty(Shape{d.out}, DType::kF32, "linear bias-grad accumulator");
-  p->held_bytes = HeldBytes(
-      {&p->f_x, &p->f_w, &p->f_y, &p->d_dy, &p->d_w, &p->d_dx, &p->w_x, &p->w_dy, &p->w_dw},
-      {&p->acc_w, &p->acc_b});
+  const auto data = DPT_DNNL(dnnl::inner_product_backward_data::primitive_desc(
+      dnnl::inner_product_backward_data::desc(x_md, w_md, y_md), attr, eng, fwd));
+  const auto weights = DPT_DNNL(dnnl::inner_product_backward_weights::primitive_desc(
+      dnnl::inner_product_backward_weights::desc(x_md, dw_md, p->b_md, y_md), attr, eng, fwd));
+  impl_->Finish(*this, p.get(), "linear", d.precision == Precision::kF16, fwd, data, weights,
+                x_user, w_user, y_user, Shape{d.out, d.in});
   slot = p;
   return p;
 }
@@ -463,51 +442,19 @@ void CpuBackend::LinearForward(const OpPlan& plan, const Tensor& x, const Tensor
   CheckF32(x, "linear x");
   DPT_CHECK(x.numel() == p.d.n * p.d.in) << x.shape().ToString() << " for " << p.d.ToString();
   DPT_CHECK(!p.d.bias || b != nullptr) << "linear with bias needs a bias tensor";
-  auto& eng = impl_->engine;
-  auto& st = impl_->stream;
-  std::unordered_map<int, memory> args{
-      {DNNL_ARG_SRC, p.f_x.In(eng, st, x)},
-      {DNNL_ARG_WEIGHTS, p.f_w.In(eng, st, w)},
-      {DNNL_ARG_DST, p.f_y.OutMem(eng, *y)},
-      {DNNL_ARG_SCRATCHPAD, impl_->Scratch(p.fwd_pd.scratchpad_desc())}};
-  if (p.d.bias) args.emplace(DNNL_ARG_BIAS, impl_->Mem(p.b_md, *b));
-  DPT_DNNL(p.fwd.execute(st, args));
-  p.f_y.Out(eng, st, *y);
+  impl_->Forward(p, x, w, b, y);
 }
 
 void CpuBackend::LinearBackwardData(const OpPlan& plan, const Tensor& dy, const Tensor& w,
                                     Tensor* dx) {
   OpScope scope(this, "linear_bwd_data");
-  const auto& p = static_cast<const LinearPlan&>(plan);
-  auto& eng = impl_->engine;
-  auto& st = impl_->stream;
-  DPT_DNNL(p.bwd_data.execute(
-      st, {{DNNL_ARG_DIFF_DST, p.d_dy.In(eng, st, dy)},
-           {DNNL_ARG_WEIGHTS, p.d_w.In(eng, st, w)},
-           {DNNL_ARG_DIFF_SRC, p.d_dx.OutMem(eng, *dx)},
-           {DNNL_ARG_SCRATCHPAD, impl_->Scratch(p.bwd_data_pd.scratchpad_desc())}}));
-  p.d_dx.Out(eng, st, *dx);
+  impl_->BackwardData(static_cast<const LinearPlan&>(plan), dy, w, dx);
 }
 
 void CpuBackend::LinearBackwardWeights(const OpPlan& plan, const Tensor& x, const Tensor& dy,
                                        Tensor* dw, Tensor* db, bool accumulate) {
   OpScope scope(this, "linear_bwd_weights");
-  const auto& p = static_cast<const LinearPlan&>(plan);
-  auto& eng = impl_->engine;
-  auto& st = impl_->stream;
-  Tensor w_out = accumulate ? p.acc_w : *dw;
-  std::unordered_map<int, memory> args{
-      {DNNL_ARG_SRC, p.w_x.In(eng, st, x)},
-      {DNNL_ARG_DIFF_DST, p.w_dy.In(eng, st, dy)},
-      {DNNL_ARG_DIFF_WEIGHTS, p.w_dw.OutMem(eng, w_out)},
-      {DNNL_ARG_SCRATCHPAD, impl_->Scratch(p.bwd_w_pd.scratchpad_desc())}};
-  if (p.d.bias) args.emplace(DNNL_ARG_DIFF_BIAS, impl_->Mem(p.b_md, accumulate ? p.acc_b : *db));
-  DPT_DNNL(p.bwd_w.execute(st, args));
-  p.w_dw.Out(eng, st, w_out);
-  if (accumulate) {
-    AddInto(p.acc_w.data<float>(), dw->data<float>(), dw->numel());
-    if (p.d.bias) AddInto(p.acc_b.data<float>(), db->data<float>(), db->numel());
-  }
+  impl_->BackwardWeights(static_cast<const LinearPlan&>(plan), x, dy, dw, db, accumulate);
 }
 
 // ---- pooling -----------------------------------------------------------------------------
