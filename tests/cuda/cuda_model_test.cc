@@ -3,11 +3,16 @@
 // and backward on the CUDA backend against the CPU backend (the reference) from identical
 // parameters and inputs; bit-identical reruns (deterministic algorithms); bf16 close to fp32;
 // and the backend's edges: copies, out-of-memory as a typed error that leaves the device usable,
-// bad labels as DataError, device identity and library versions.
+// bad labels as DataError, device identity and library versions; the allocator's stream-aware
+// reuse on a real second stream.
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "models/loss.h"
@@ -125,6 +130,45 @@ TEST(CudaBackendTest, OutOfMemoryIsTypedAndRecoverable) {
   Tensor t = cuda->Empty({1000}, DType::kF32, "after oom");
   cuda->Fill(&t, 1.f);
   EXPECT_EQ(cuda->SumSquares(t), 1000.0);
+}
+
+// Holds the stream it is enqueued on until *flag becomes true (a host function: no CUDA calls).
+void HoldStream(void* flag) {
+  while (!static_cast<std::atomic<bool>*>(flag)->load()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+// A block that work on another stream still uses (as NCCL's stream uses gradient buckets) is
+// not handed out again until that stream has passed the point where the block was released.
+TEST(CudaBackendTest, BlocksUsedOnAnotherStreamWaitForThatStream) {
+  DPT_BACKEND_OR_SKIP(cuda, "cuda");
+  cudaStream_t other = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking), cudaSuccess);
+  std::atomic<bool> go{false};
+  ASSERT_EQ(cudaLaunchHostFunc(other, HoldStream, &go), cudaSuccess);
+  const int64_t n = int64_t{3} << 20;  // a size no earlier test left in the cache
+  void* old = nullptr;
+  {
+    Tensor t = cuda->Empty({n}, DType::kF32, "used on another stream");
+    old = t.raw();
+    t.buffer()->RecordStream(other);
+  }  // released while `other` is still held
+  {
+    Tensor u = cuda->Empty({n}, DType::kF32, "next");
+    EXPECT_NE(u.raw(), old) << "handed out while another stream may still use it";
+  }
+  go = true;
+  ASSERT_EQ(cudaStreamSynchronize(other), cudaSuccess);
+  std::vector<Tensor> held;
+  bool reused = false;
+  for (int i = 0; i < 4 && !reused; ++i) {
+    held.push_back(cuda->Empty({n}, DType::kF32, "after the fence"));
+    reused = held.back().raw() == old;
+  }
+  EXPECT_TRUE(reused) << "the block should be reused once the other stream passed its fence";
+  held.clear();
+  EXPECT_EQ(cudaStreamDestroy(other), cudaSuccess);
 }
 
 TEST(CudaBackendTest, BadLabelIsDataError) {
