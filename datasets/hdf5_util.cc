@@ -2,6 +2,11 @@
 // HDF5 helpers shared by the dataset reader, the writer and `dptrain inspect`.
 #include "datasets/hdf5_util.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <system_error>
 
@@ -68,6 +73,13 @@ std::vector<int64_t> Dims(hid_t space) {
   return std::vector<int64_t>(d.begin(), d.end());
 }
 
+std::string UnreadableReason(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return std::strerror(errno);
+  ::close(fd);
+  return "";
+}
+
 template <class E>
 Id OpenFileReadOnly(const std::string& path) {
   std::error_code ec;
@@ -76,6 +88,9 @@ Id OpenFileReadOnly(const std::string& path) {
   }
   if (std::filesystem::is_directory(path, ec)) {
     DPT_THROW(E) << path << ": is a directory, expected an HDF5 file";
+  }
+  if (const std::string why = UnreadableReason(path); !why.empty()) {
+    DPT_THROW(E) << path << ": cannot read the file: " << why;
   }
   const htri_t is_h5 = H5Fis_hdf5(path.c_str());
   if (is_h5 <= 0) {

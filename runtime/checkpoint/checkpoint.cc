@@ -560,6 +560,9 @@ h5::Id OpenCheckpointFile(const std::string& path) {
     DPT_THROW(CheckpointError) << "checkpoint " << path
                                << ": is a directory, expected an HDF5 file";
   }
+  if (const std::string why = h5::UnreadableReason(path); !why.empty()) {
+    DPT_THROW(CheckpointError) << "checkpoint " << path << ": cannot read the file: " << why;
+  }
   const htri_t is_h5 = H5Fis_hdf5(path.c_str());
   if (is_h5 <= 0) {
     DPT_THROW(CheckpointError) << "checkpoint " << path

@@ -196,6 +196,57 @@ if ((HAVE_H5)); then
     train --config "$BASE" --set "data.train=$TMP/good.h5" --set "data.test=$TMP/labelrange.h5"
 fi
 
+echo "== negative or zero sizes (exit 2)"
+for kv in train.global_batch=0 train.global_batch=-64 train.accumulate=0 data.workers=-1 \
+  memory.limit=0 checkpoint.keep=0; do
+  both "$kv" 2 "--set $kv: ${kv%%=*}" train --config "$BASE" --set "$kv"
+done
+# In the file, with its line: a linear layer of 0 outputs.
+{
+  sed '/^\[model\]/,/^$/d' "$BASE"
+  printf '\n[model]\nclasses = 10\nlayers = [\n  { type = "flatten" },\n'
+  printf '  { type = "linear", out = 0 },\n]\n'
+} >"$TMP/zero-layer.toml"
+both "a linear layer with out = 0 in the config file" 2 "$TMP/zero-layer.toml:" \
+  train --config "$TMP/zero-layer.toml"
+
+echo "== files the user cannot read (run as user nobody: root reads anything)"
+if setpriv --reuid=65534 --regid=65534 --clear-groups "$DPTRAIN" --version >/dev/null 2>&1; then
+  # $TMP is private to root; nobody gets a world-writable directory inside it.
+  chmod 711 "$TMP"
+  NB=$TMP/nobody
+  mkdir -p "$NB" && chmod 777 "$NB"
+  NOBODY=(setpriv --reuid=65534 --regid=65534 --clear-groups)
+  cp "$BASE" "$NB/locked.toml" && chmod 000 "$NB/locked.toml"
+  cp "$BASE" "$NB/base.toml" && chmod 644 "$NB/base.toml"
+  for ranks in 1 4; do
+    if ((ranks == 1)); then launch=("$DPTRAIN"); else launch=("${MPI4[@]}" "$DPTRAIN"); fi
+    CASE="unreadable config file [$ranks rank(s)]"
+    expect_fail 2 "$NB/locked.toml: cannot read config file: Permission denied" \
+      -- "${NOBODY[@]}" "${launch[@]}" train --config "$NB/locked.toml"
+  done
+  if ((HAVE_H5)); then
+    cp "$TMP/good.h5" "$NB/locked.h5" && chmod 000 "$NB/locked.h5"
+    CASE="setup: a checkpoint to lock"
+    expect_ok -- "$DPTRAIN" train --config "$BASE" --set "run_dir=$TMP/to-lock"
+    cp "$TMP/to-lock/checkpoints/ckpt-00000002.h5" "$NB/locked-ckpt.h5"
+    chmod 000 "$NB/locked-ckpt.h5"
+    for ranks in 1 4; do
+      if ((ranks == 1)); then launch=("$DPTRAIN"); else launch=("${MPI4[@]}" "$DPTRAIN"); fi
+      CASE="unreadable data.train [$ranks rank(s)]"
+      expect_fail 3 "$NB/locked.h5: cannot read the file: Permission denied" \
+        -- "${NOBODY[@]}" "${launch[@]}" train --config "$NB/base.toml" \
+        --set "data.train=$NB/locked.h5" --set data.test= --set "run_dir=$NB/run"
+      CASE="unreadable checkpoint.init [$ranks rank(s)]"
+      expect_fail 6 "checkpoint $NB/locked-ckpt.h5: cannot read the file: Permission denied" \
+        -- "${NOBODY[@]}" "${launch[@]}" train --config "$NB/base.toml" \
+        --set "checkpoint.init=$NB/locked-ckpt.h5" --set "run_dir=$NB/run-init"
+    done
+  fi
+else
+  skip "unreadable files: cannot run $DPTRAIN as user nobody (setpriv)"
+fi
+
 echo "== run_dir not writable (exit 3)"
 both "run_dir under a regular file" 3 \
   "run_dir '$TMP/a-file/run' cannot be created: Not a directory" \
