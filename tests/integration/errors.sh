@@ -73,6 +73,8 @@ f32 = img.astype(np.float32) / 255; f32[5, 0, 3, 4] = np.nan
 make("nan.h5", images=f32, labels=lab)                      # NaN pixel in sample 5
 make("small.h5", images=img[:3], labels=lab[:3])            # 3 samples
 make("half.h5", images=img[:128], labels=lab[:128])         # a valid file of another size
+make("rgb.h5", images=rng.integers(0, 256, (64, 3, 32, 32), dtype=np.uint8),
+     labels=lab[:64])                                       # samples of another shape
 EOF
   if "$DPTRAIN" convert --from npy --images "$TMP/images.npy" --labels "$TMP/labels.npy" \
     --out "$TMP/good.h5" >"$TMP/convert.log" 2>&1; then
@@ -194,6 +196,9 @@ data "data.train: NaN pixel, chunk cache, 1 loader thread" 3 \
 if ((HAVE_H5)); then
   both "data.test: label out of range" 3 "$TMP/labelrange.h5: /labels: label 12 at index 17" \
     train --config "$BASE" --set "data.train=$TMP/good.h5" --set "data.test=$TMP/labelrange.h5"
+  both "data.test: samples of another shape than data.train" 3 \
+    "data.test $TMP/rgb.h5 has samples of shape [3, 32, 32] but data.train $TMP/good.h5 has [1, 28, 28]" \
+    train --config "$BASE" --set "data.train=$TMP/good.h5" --set "data.test=$TMP/rgb.h5"
 fi
 
 echo "== negative or zero sizes (exit 2)"
