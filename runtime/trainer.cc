@@ -467,17 +467,21 @@ void Trainer::SetupModelThatFits() {
       const std::string plan_cmd =
           fmt::format("dptrain plan --config {} --ranks {}",
                       cfg_.source.empty() ? std::string("FILE") : cfg_.source, world_);
-      const std::string fix =
-          micro > 0 ? fmt::format(
-                          "micro-batch {} should fit (estimate of `{}`): set "
-                          "train.accumulate = {} (the global batch and the maths stay "
-                          "the same)",
-                          micro, plan_cmd, local_batch_ / micro)
-                    : fmt::format("not even micro-batch 1 fits by the estimate of `{}`", plan_cmd);
-      const std::string advice = fmt::format(
-          "\nhint: micro-batch {} per rank does not fit; {}, or set memory.auto_microbatch = "
-          "true to let dptrain find it, or use train.precision = \"bf16\" or \"fp16\"{}",
-          tried, fix, cfg_.memory.limit_bytes > 0 ? ", or raise memory.limit" : "");
+      const std::string other_ways =
+          fmt::format("use train.precision = \"bf16\" or \"fp16\"{}",
+                      cfg_.memory.limit_bytes > 0 ? ", or raise memory.limit" : "");
+      const std::string advice =
+          micro > 0
+              ? fmt::format(
+                    "\nhint: micro-batch {} per rank does not fit; micro-batch {} should fit "
+                    "(estimate of `{}`): set train.accumulate = {} (the global batch and the "
+                    "maths stay the same), or set memory.auto_microbatch = true to let dptrain "
+                    "find it, or {}",
+                    tried, micro, plan_cmd, local_batch_ / micro, other_ways)
+              : fmt::format(
+                    "\nhint: micro-batch {} per rank does not fit, and by the estimate of `{}` "
+                    "not even micro-batch 1 does: {}, or use a smaller model",
+                    tried, plan_cmd, other_ways);
       detail::AgreeOnFailure(comm_, oom + advice, kExitOom, !oom.empty());
     }
     ReleaseModel();
