@@ -19,12 +19,17 @@
 #include "runtime/trainer.h"
 #include "tests/testing/mpi_testing.h"
 #include "tests/testing/temp_dir.h"
+#include "tests/testing/train_runs.h"
 
 namespace dptrain {
 namespace {
 
 using testing::AllRanksOk;
+using testing::NamedTensors;
+using testing::RunOutcome;
+using testing::TrainOnFirstRanks;
 using testing::WorldComm;
+using testing::WorstRelative;
 
 // ref_cnn on synthetic 1x28x28 data: 512 samples, global batch 32 = 16 steps per epoch.
 TrainConfig CnnConfig(const std::string& run_dir, int64_t steps) {
@@ -81,38 +86,12 @@ TrainConfig BnConfig(const std::string& run_dir, int64_t steps) {
   return c;
 }
 
-struct RunOutcome {
-  TrainResult result;
-  int exit_code = 0;  // of an AgreedError, 0 when none
-  std::string error;
-};
-
 // Runs `cfg` on the first `world` ranks with checkpoints on (rank 0 writes in cfg.run_dir).
 RunOutcome RunOn(int world, const TrainConfig& cfg, int64_t stop_at_step = -1) {
-  Communicator& comm = WorldComm();
-  auto sub = comm.Split(comm.rank() < world ? 0 : -1);
-  RunOutcome out;
-  if (sub) {
-    TrainEnv env;
-    env.comm = sub.get();
-    env.backend = &GetBackend("cpu");
-    env.threads = 1;
-    env.keep_final_params = true;
-    env.quiet = true;
-    env.quiet_checkpoints = true;
-    env.stop_at_step = stop_at_step;
-    try {
-      out.result = Train(cfg, env);
-    } catch (const AgreedError& e) {
-      out.exit_code = e.exit_code();
-      out.error = e.what();
-    }
-  }
-  comm.Barrier();
-  return out;
+  return TrainOnFirstRanks(WorldComm(), world, cfg, {/*checkpoints=*/true, stop_at_step});
 }
 
-using Tensors = std::vector<std::pair<std::string, std::vector<float>>>;
+using Tensors = NamedTensors;
 
 bool Bitwise(const Tensors& a, const Tensors& b, std::string* where) {
   if (a.size() != b.size() || a.empty()) {
@@ -127,25 +106,6 @@ bool Bitwise(const Tensors& a, const Tensors& b, std::string* where) {
     }
   }
   return true;
-}
-
-// Worst relative L2 difference over tensors.
-double WorstRelative(const Tensors& a, const Tensors& b, std::string* where) {
-  double worst = a.size() == b.size() ? 0 : 1;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
-    double diff = 0, norm = 0;
-    for (size_t j = 0; j < a[i].second.size(); ++j) {
-      const double d = a[i].second[j] - b[i].second[j];
-      diff += d * d;
-      norm += static_cast<double>(b[i].second[j]) * b[i].second[j];
-    }
-    const double rel = std::sqrt(diff / std::max(norm, 1e-30));
-    if (rel > worst) {
-      worst = rel;
-      *where = a[i].first;
-    }
-  }
-  return worst;
 }
 
 class CheckpointResumeTest : public ::testing::Test {

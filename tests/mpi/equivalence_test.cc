@@ -14,12 +14,17 @@
 #include "runtime/error.h"
 #include "runtime/trainer.h"
 #include "tests/testing/mpi_testing.h"
+#include "tests/testing/train_runs.h"
 
 namespace dptrain {
 namespace {
 
 using testing::AllRanksOk;
+using testing::NamedTensors;
+using testing::RunOutcome;
+using testing::TrainOnFirstRanks;
 using testing::WorldComm;
+using testing::WorstRelative;
 
 std::string DataDir() {
   const char* d = std::getenv("DPTRAIN_DATA");
@@ -45,43 +50,14 @@ TrainConfig Config(int64_t steps, int64_t accumulate = 1) {
   return c;
 }
 
-using Params = std::vector<std::pair<std::string, std::vector<float>>>;
+using Params = NamedTensors;
 
-// Runs `cfg` on the first `world` ranks; returns the final parameters on those ranks.
+// Runs `cfg` on the first `world` ranks; the final parameters on those ranks. An error is
+// rethrown, so that the test reports it.
 Params RunOn(int world, const TrainConfig& cfg) {
-  Communicator& comm = WorldComm();
-  auto sub = comm.Split(comm.rank() < world ? 0 : -1);
-  Params out;
-  if (sub) {
-    TrainEnv env;
-    env.comm = sub.get();
-    env.backend = &GetBackend("cpu");
-    env.threads = 1;
-    env.keep_final_params = true;
-    env.quiet = true;
-    out = Train(cfg, env).final_params;
-  }
-  comm.Barrier();
-  return out;
-}
-
-// Worst relative L2 difference over parameter tensors.
-double WorstRelative(const Params& a, const Params& b, std::string* where) {
-  double worst = 0;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
-    double diff = 0, norm = 0;
-    for (size_t j = 0; j < a[i].second.size(); ++j) {
-      const double d = a[i].second[j] - b[i].second[j];
-      diff += d * d;
-      norm += static_cast<double>(b[i].second[j]) * b[i].second[j];
-    }
-    const double rel = std::sqrt(diff / std::max(norm, 1e-30));
-    if (rel > worst) {
-      worst = rel;
-      *where = a[i].first;
-    }
-  }
-  return worst;
+  RunOutcome r = TrainOnFirstRanks(WorldComm(), world, cfg);
+  if (!r.error.empty()) throw AgreedError(r.error, r.exit_code);
+  return std::move(r.result.final_params);
 }
 
 class EquivalenceTest : public ::testing::Test {
@@ -150,27 +126,9 @@ TEST_F(EquivalenceTest, AutoMicrobatchUnderAMemoryLimitMatchesTheFullBatch) {
   }
   // Without auto_microbatch the same run stops with the OOM report (exit 4) on every rank.
   limited.memory.auto_microbatch = false;
-  int code = 0;
-  std::string oom;
-  if (WorldComm().rank() < 2) {
-    auto sub = WorldComm().Split(0);
-    try {
-      TrainEnv env;
-      env.comm = sub.get();
-      env.backend = &be;
-      env.threads = 1;
-      env.quiet = true;
-      Train(limited, env);
-    } catch (const Error& e) {
-      code = e.exit_code();
-      oom = e.what();
-    }
-  } else {
-    WorldComm().Split(-1);
-    code = 4;
-    oom = "out of memory";
-  }
-  WorldComm().Barrier();
+  RunOutcome no_auto = TrainOnFirstRanks(WorldComm(), 2, limited);
+  const int code = WorldComm().rank() < 2 ? no_auto.exit_code : 4;
+  const std::string oom = WorldComm().rank() < 2 ? no_auto.error : "out of memory";
   be.allocator().set_budget(0);
   std::string w;
   double r = 0;

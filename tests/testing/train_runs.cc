@@ -1,0 +1,54 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "tests/testing/train_runs.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "runtime/backend_registry.h"
+
+namespace dptrain::testing {
+
+RunOutcome TrainOnFirstRanks(Communicator& comm, int world, const TrainConfig& cfg,
+                             const RunOptions& options) {
+  auto sub = comm.Split(comm.rank() < world ? 0 : -1);
+  RunOutcome out;
+  if (sub) {
+    TrainEnv env;
+    env.comm = sub.get();
+    env.backend = &GetBackend("cpu");
+    env.threads = 1;
+    env.keep_final_params = true;
+    env.quiet = true;
+    env.quiet_checkpoints = options.checkpoints;
+    env.stop_at_step = options.stop_at_step;
+    try {
+      out.result = Train(cfg, env);
+    } catch (const AgreedError& e) {
+      out.exit_code = e.exit_code();
+      out.error = e.what();
+    }
+  }
+  comm.Barrier();
+  return out;
+}
+
+double WorstRelative(const NamedTensors& a, const NamedTensors& b, std::string* where) {
+  // No tensors at all is a failure too (a run that did not train, or ran on other ranks).
+  double worst = a.size() == b.size() && !a.empty() ? 0 : 1;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    double diff = 0, norm = 0;
+    for (size_t j = 0; j < a[i].second.size(); ++j) {
+      const double d = a[i].second[j] - b[i].second[j];
+      diff += d * d;
+      norm += static_cast<double>(b[i].second[j]) * b[i].second[j];
+    }
+    const double rel = std::sqrt(diff / std::max(norm, 1e-30));
+    if (rel > worst) {
+      worst = rel;
+      *where = a[i].first;
+    }
+  }
+  return worst;
+}
+
+}  // namespace dptrain::testing
