@@ -177,6 +177,11 @@ class Trainer {
 
   void SetupData();
   void SetupEvalData();
+  bool IsRegression() const;  // model.loss resolves to "mse"
+  // data.train / data.test: generated ("synthetic") or an HDF5 file, checked against the model.
+  std::unique_ptr<Dataset> OpenData(const std::string& path, const Shape& synthetic_shape,
+                                    int64_t synthetic_samples, uint64_t seed) const;
+  std::unique_ptr<Sequential> BuildNet() const;  // model.name or model.layers
   void SetupModel();
   void SetupRunDir();
   void SetupOutputs();
@@ -288,32 +293,42 @@ void Trainer::Warn(const std::string& line) const {
   std::fflush(stderr);
 }
 
+bool Trainer::IsRegression() const {
+  const auto& m = cfg_.model;
+  return m.loss == "mse" ||
+         (m.loss == "auto" && !m.name.empty() && DefaultLoss(m.name) == LossKind::kMse);
+}
+
+std::unique_ptr<Dataset> Trainer::OpenData(const std::string& path, const Shape& synthetic_shape,
+                                           int64_t synthetic_samples, uint64_t seed) const {
+  const auto& m = cfg_.model;
+  if (path == "synthetic") {
+    return MakeSynthetic(synthetic_shape, synthetic_samples, m.classes, regression_, seed);
+  }
+  OpenOptions o;
+  o.classes = regression_ ? -1 : m.classes;
+  o.cache = cfg_.data.cache;
+  return OpenHdf5Dataset(path, o);
+}
+
+std::unique_ptr<Sequential> Trainer::BuildNet() const {
+  const auto& m = cfg_.model;
+  return m.name.empty() ? BuildFromLayers(be_, m.layers) : BuildZooModel(be_, m.name, m.classes);
+}
+
 void Trainer::SetupData() {
   const auto& d = cfg_.data;
   const auto& m = cfg_.model;
   const bool zoo = !m.name.empty();
-  regression_ =
-      m.loss == "mse" || (m.loss == "auto" && zoo && DefaultLoss(m.name) == LossKind::kMse);
+  regression_ = IsRegression();
   const Shape synthetic_shape = zoo ? DefaultInputShape(m.name) : Shape{1, 28, 28};
   const uint64_t seed = static_cast<uint64_t>(cfg_.seed);
-  if (d.train == "synthetic") {
-    train_ = MakeSynthetic(synthetic_shape, d.synthetic_samples, m.classes, regression_, seed);
-  } else {
-    OpenOptions o;
-    o.classes = regression_ ? -1 : m.classes;
-    o.cache = d.cache;
-    train_ = OpenHdf5Dataset(d.train, o);
-  }
+  train_ = OpenData(d.train, synthetic_shape, d.synthetic_samples, seed);
   sample_shape_ = train_->info().sample_shape;
-  if (d.test == "synthetic") {
-    // Generated test samples take the training samples' shape.
-    test_ = MakeSynthetic(sample_shape_, std::max<int64_t>(d.synthetic_samples / 4, 1), m.classes,
-                          regression_, seed + 1);
-  } else if (!d.test.empty()) {
-    OpenOptions o;
-    o.classes = regression_ ? -1 : m.classes;
-    o.cache = d.cache;
-    test_ = OpenHdf5Dataset(d.test, o);
+  // Generated test samples take the training samples' shape.
+  if (!d.test.empty()) {
+    test_ =
+        OpenData(d.test, sample_shape_, std::max<int64_t>(d.synthetic_samples / 4, 1), seed + 1);
     DPT_CHECK_AS(DataError, test_->info().sample_shape == train_->info().sample_shape)
         << "data.test " << d.test << " has samples of shape "
         << test_->info().sample_shape.ToString() << " but data.train " << d.train << " has "
@@ -359,22 +374,13 @@ void Trainer::SetupEvalData() {
   const auto& d = cfg_.data;
   const auto& m = cfg_.model;
   const bool zoo = !m.name.empty();
-  regression_ =
-      m.loss == "mse" || (m.loss == "auto" && zoo && DefaultLoss(m.name) == LossKind::kMse);
+  regression_ = IsRegression();
   DPT_CHECK_AS(ConfigError, !d.test.empty())
       << "dptrain eval needs a test set: data.test is empty in " << cfg_.source
       << " (set it, e.g. --set data.test=data/fmnist/test.h5)";
   const uint64_t seed = static_cast<uint64_t>(cfg_.seed);
-  if (d.test == "synthetic") {
-    const Shape shape = zoo ? DefaultInputShape(m.name) : Shape{1, 28, 28};
-    test_ = MakeSynthetic(shape, std::max<int64_t>(d.synthetic_samples / 4, 1), m.classes,
-                          regression_, seed + 1);
-  } else {
-    OpenOptions o;
-    o.classes = regression_ ? -1 : m.classes;
-    o.cache = d.cache;
-    test_ = OpenHdf5Dataset(d.test, o);
-  }
+  test_ = OpenData(d.test, zoo ? DefaultInputShape(m.name) : Shape{1, 28, 28},
+                   std::max<int64_t>(d.synthetic_samples / 4, 1), seed + 1);
   sample_shape_ = test_->info().sample_shape;
   if (regression_) teacher_ = TeacherWeights(sample_shape_.numel(), seed);
   world_ = comm_.size();
@@ -405,29 +411,32 @@ int64_t Trainer::LargestMicroBatchThatFits(int64_t tried) {
                              ? static_cast<int64_t>(cfg_.memory.limit_bytes)
                              : static_cast<int64_t>(be_.allocator().Capacity());
   if (budget <= 0) return 0;
-  // As `dptrain plan` does: set the model up at the micro-batch that failed, with memory.limit
-  // lifted (it is only a number), and extrapolate the fixed and per-sample bytes to the budget.
-  // Where the device itself is full, fall back to micro-batch 1 (a more conservative estimate).
+  // As `dptrain plan` does: set the model up with memory.limit lifted (it is only a number) and
+  // extrapolate its fixed and per-sample bytes to the budget. Micro-batch 1 first (small, and
+  // conservative: constant workspaces count as per-sample there); then, when that predicts at
+  // most 4x the budget for the micro-batch that failed, that micro-batch (`dptrain plan`'s
+  // number). A device that is really full keeps the first estimate.
   const size_t limit = be_.allocator().budget();
   be_.allocator().set_budget(0);
-  int64_t fits = 0;
-  for (const int64_t micro : {tried, int64_t{1}}) {
+  const auto plan_at = [&](int64_t micro) -> std::optional<MemoryPlan> {
+    std::optional<MemoryPlan> plan;
     try {
-      const auto& m = cfg_.model;
-      Model model(
-          be_,
-          m.name.empty() ? BuildFromLayers(be_, m.layers) : BuildZooModel(be_, m.name, m.classes),
-          sample_shape_);
+      Model model(be_, BuildNet(), sample_shape_);
       model.Setup(micro, ParsePrecision(cfg_.train.precision));
-      fits = PlanMemory(model, OptimizerStateSlots(cfg_.train.optimizer, cfg_.train.momentum),
-                        regression_ ? LossKind::kMse : LossKind::kCrossEntropy, budget)
-                 .max_micro_batch;
+      plan = PlanMemory(model, OptimizerStateSlots(cfg_.train.optimizer, cfg_.train.momentum),
+                        regression_ ? LossKind::kMse : LossKind::kCrossEntropy, budget);
     } catch (const OutOfMemory&) {
-      fits = 0;
     }
     be_.ReleasePlans();
     be_.allocator().EmptyCache();
-    if (fits > 0) break;
+    return plan;
+  };
+  int64_t fits = 0;
+  if (const auto one = plan_at(1)) {
+    fits = one->max_micro_batch;
+    if (one->fixed + one->per_sample * tried <= 4 * budget) {
+      if (const auto at_tried = plan_at(tried)) fits = at_tried->max_micro_batch;
+    }
   }
   be_.allocator().set_budget(limit);
   return fits;
@@ -501,9 +510,7 @@ void Trainer::SetupModelThatFits() {
 
 void Trainer::SetupModel() {
   const auto& m = cfg_.model;
-  auto net =
-      m.name.empty() ? BuildFromLayers(be_, m.layers) : BuildZooModel(be_, m.name, m.classes);
-  model_ = std::make_unique<Model>(be_, std::move(net), sample_shape_);
+  model_ = std::make_unique<Model>(be_, BuildNet(), sample_shape_);
   model_->Setup(micro_, ParsePrecision(cfg_.train.precision));
   model_->InitParams(static_cast<uint64_t>(cfg_.seed));
   const LossKind kind = regression_ ? LossKind::kMse : LossKind::kCrossEntropy;
