@@ -24,18 +24,6 @@ fresh() {
   echo "$TMP/$1"
 }
 
-# both NAME CODE PATTERN -- dptrain-args...: `dptrain ARGS` as 1 process and as 4 ranks; each
-# exits CODE within 30 s with PATTERN printed once.
-both() {
-  local name=$1 code=$2 pattern=$3
-  shift 3
-  [[ ${1:-} == -- ]] && shift
-  CASE="$name [1 process]"
-  expect_fail "$code" "$pattern" -- "$DPTRAIN" "$@"
-  CASE="$name [4 ranks]"
-  expect_fail "$code" "$pattern" -- "${MPI4[@]}" "$DPTRAIN" "$@"
-}
-
 # refuses CASE CODE PATTERN DIR args...: 1 process, then 4 ranks, train in DIR with args; each
 # exits CODE with PATTERN printed once, and every file of DIR is unchanged.
 refuses() {

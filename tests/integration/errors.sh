@@ -4,6 +4,7 @@
 # each must exit with its DESIGN.md section 8 code within 30 s (no hang, no rank left behind)
 # and print a message naming what is wrong exactly once (rank 0 speaks for errors all ranks see).
 # Bad HDF5 files are crafted with h5py; the runs are tiny (synthetic data, 2 steps, batch 32).
+# shellcheck disable=SC2034  # CASE and AS are read by lib.sh
 # shellcheck source=lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -11,30 +12,7 @@
 # Inputs.
 # A valid base config on synthetic data: the cases below change one thing each.
 BASE=$TMP/base.toml
-cat >"$BASE" <<EOF
-run_dir = "$TMP/run"
-seed = 1
-
-[model]
-name = "ref_cnn"
-classes = 10
-
-[data]
-train = "synthetic"
-test = "synthetic"
-synthetic_samples = 256
-workers = 0
-
-[train]
-epochs = 1
-max_steps = 2
-global_batch = 32
-lr = 0.01
-log_every_steps = 1
-
-[checkpoint]
-every_epochs = 0
-EOF
+write_base_config "$BASE"
 # Same config with one unknown key and with one value of the wrong type.
 sed 's/^lr = 0.01$/lr = 0.01\nlearning_rate = 0.1/' "$BASE" >"$TMP/unknown.toml"
 UNKNOWN_LINE=$(grep -n '^learning_rate' "$TMP/unknown.toml" | cut -d: -f1)
@@ -91,15 +69,6 @@ fi
 
 # ---------------------------------------------------------------------------------------------
 # Runners.
-# both NAME CODE PATTERN [train args...]: `dptrain ARGS` as one process and as 4 ranks.
-both() {
-  local name=$1 code=$2 pattern=$3
-  shift 3
-  CASE="$name [1 process]"
-  expect_fail "$code" "$pattern" -- "$DPTRAIN" "$@"
-  CASE="$name [4 ranks]"
-  expect_fail "$code" "$pattern" -- "${MPI4[@]}" "$DPTRAIN" "$@"
-}
 # data NAME CODE PATTERN FILE [more args...]: train on FILE (no test set).
 data() {
   local name=$1 code=$2 pattern=$3 file=$4
@@ -221,33 +190,26 @@ if setpriv --reuid=65534 --regid=65534 --clear-groups "$DPTRAIN" --version >/dev
   chmod 711 "$TMP"
   NB=$TMP/nobody
   mkdir -p "$NB" && chmod 777 "$NB"
-  NOBODY=(setpriv --reuid=65534 --regid=65534 --clear-groups)
   cp "$BASE" "$NB/locked.toml" && chmod 000 "$NB/locked.toml"
   cp "$BASE" "$NB/base.toml" && chmod 644 "$NB/base.toml"
-  for ranks in 1 4; do
-    if ((ranks == 1)); then launch=("$DPTRAIN"); else launch=("${MPI4[@]}" "$DPTRAIN"); fi
-    CASE="unreadable config file [$ranks rank(s)]"
-    expect_fail 2 "$NB/locked.toml: cannot read config file: Permission denied" \
-      -- "${NOBODY[@]}" "${launch[@]}" train --config "$NB/locked.toml"
-  done
+  AS=(setpriv --reuid=65534 --regid=65534 --clear-groups)  # `both` runs as nobody
+  both "unreadable config file" 2 "$NB/locked.toml: cannot read config file: Permission denied" \
+    train --config "$NB/locked.toml"
   if ((HAVE_H5)); then
     cp "$TMP/good.h5" "$NB/locked.h5" && chmod 000 "$NB/locked.h5"
     CASE="setup: a checkpoint to lock"
     expect_ok -- "$DPTRAIN" train --config "$BASE" --set "run_dir=$TMP/to-lock"
     cp "$TMP/to-lock/checkpoints/ckpt-00000002.h5" "$NB/locked-ckpt.h5"
     chmod 000 "$NB/locked-ckpt.h5"
-    for ranks in 1 4; do
-      if ((ranks == 1)); then launch=("$DPTRAIN"); else launch=("${MPI4[@]}" "$DPTRAIN"); fi
-      CASE="unreadable data.train [$ranks rank(s)]"
-      expect_fail 3 "$NB/locked.h5: cannot read the file: Permission denied" \
-        -- "${NOBODY[@]}" "${launch[@]}" train --config "$NB/base.toml" \
-        --set "data.train=$NB/locked.h5" --set data.test= --set "run_dir=$NB/run"
-      CASE="unreadable checkpoint.init [$ranks rank(s)]"
-      expect_fail 6 "checkpoint $NB/locked-ckpt.h5: cannot read the file: Permission denied" \
-        -- "${NOBODY[@]}" "${launch[@]}" train --config "$NB/base.toml" \
-        --set "checkpoint.init=$NB/locked-ckpt.h5" --set "run_dir=$NB/run-init"
-    done
+    both "unreadable data.train" 3 "$NB/locked.h5: cannot read the file: Permission denied" \
+      train --config "$NB/base.toml" --set "data.train=$NB/locked.h5" --set data.test= \
+      --set "run_dir=$NB/run"
+    both "unreadable checkpoint.init" 6 \
+      "checkpoint $NB/locked-ckpt.h5: cannot read the file: Permission denied" \
+      train --config "$NB/base.toml" --set "checkpoint.init=$NB/locked-ckpt.h5" \
+      --set "run_dir=$NB/run-init"
   fi
+  AS=()
 else
   skip "unreadable files: cannot run $DPTRAIN as user nobody (setpriv)"
 fi

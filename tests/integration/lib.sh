@@ -216,6 +216,49 @@ last_err_count() {
   [[ $(grep -cF -- "$1" "$TMP/last.err") == "$2" ]]
 }
 
+# both NAME CODE PATTERN [--] ARGS...: `dptrain ARGS` as 1 process and as 4 ranks; each must
+# exit CODE within 30 s with PATTERN printed once. When the array AS holds a command (e.g.
+# setpriv to another user), both runs go through it.
+AS=()
+both() {
+  local name=$1 code=$2 pattern=$3
+  shift 3
+  [[ ${1:-} == -- ]] && shift
+  CASE="$name [1 process]"
+  expect_fail "$code" "$pattern" -- "${AS[@]}" "$DPTRAIN" "$@"
+  CASE="$name [4 ranks]"
+  expect_fail "$code" "$pattern" -- "${AS[@]}" "${MPI4[@]}" "$DPTRAIN" "$@"
+}
+
+# write_base_config FILE: a small valid run (ref_cnn, synthetic data, 2 steps, global batch 32,
+# run_dir $TMP/run) for error tests that change one thing each.
+write_base_config() {
+  cat >"$1" <<EOF
+run_dir = "$TMP/run"
+seed = 1
+
+[model]
+name = "ref_cnn"
+classes = 10
+
+[data]
+train = "synthetic"
+test = "synthetic"
+synthetic_samples = 256
+workers = 0
+
+[train]
+epochs = 1
+max_steps = 2
+global_batch = 32
+lr = 0.01
+log_every_steps = 1
+
+[checkpoint]
+every_epochs = 0
+EOF
+}
+
 # Prints the closing line and exits: non-zero if anything failed.
 finish() {
   echo "time: $((SECONDS - SCRIPT_START)) s"
