@@ -10,7 +10,7 @@
 #include <cstdio>
 #include <vector>
 
-#include "runtime/backend_registry.h"
+#include "core/backend_registry.h"
 #include "runtime/comm/mpi_communicator.h"
 #include "runtime/comm/reducer.h"
 

@@ -10,10 +10,10 @@
 #include <functional>
 #include <vector>
 
+#include "core/backend_registry.h"
 #include "models/loss.h"
 #include "models/model.h"
 #include "models/zoo/zoo.h"
-#include "runtime/backend_registry.h"
 #include "runtime/optim/optimizer.h"
 
 namespace dptrain {

@@ -37,7 +37,7 @@ if(NOT DPTRAIN_WITH_CUDA STREQUAL "OFF")
   else()
     enable_language(CUDA)
     # CMake 3.25 knows nvcc's dialects only up to C++17 (CUDA20 fails at generate time); the .cu
-    # files are C++17 and include only C++17-clean headers (runtime/elementwise.h, error.h).
+    # files are C++17 and include only C++17-clean headers (core/elementwise.h, error.h).
     set(CMAKE_CUDA_STANDARD 17)
     set(CMAKE_CUDA_STANDARD_REQUIRED ON)
     set(DPTRAIN_HAS_CUDA 1)

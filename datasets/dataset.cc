@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-#include "runtime/error.h"
+#include "core/error.h"
 
 namespace dptrain {
 namespace {

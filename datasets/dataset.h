@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/tensor.h"
+#include "core/tensor.h"
 
 namespace dptrain {
 
@@ -42,15 +42,18 @@ class Dataset {
   virtual void Read(const int64_t* indices, int64_t count, float* images, int32_t* labels) = 0;
 };
 
+// data.cache: how the HDF5 dataset holds /images (OpenOptions::cache).
+enum class CacheMode : uint8_t { kAuto, kRam, kChunks };
+
 struct OpenOptions {
   // The model's number of classes; when > 0 every label must be in [0, classes). When <= 0 the
   // file's `classes` attribute (if any) is used for that check instead.
   int64_t classes = -1;
-  // "auto": hold /images in RAM when it is at most ram_limit_bytes (stored size), else "chunks".
-  // "ram": always hold the whole of /images in RAM (fastest random access).
-  // "chunks": read whole HDF5 chunks on demand and keep the most recently used ones, up to
+  // kAuto: hold /images in RAM when it is at most ram_limit_bytes (stored size), else kChunks.
+  // kRam: always hold the whole of /images in RAM (fastest random access).
+  // kChunks: read whole HDF5 chunks on demand and keep the most recently used ones, up to
   //           chunk_cache_bytes, decoded in RAM (an LRU shared by all reader threads).
-  std::string cache = "auto";
+  CacheMode cache = CacheMode::kAuto;
   size_t ram_limit_bytes = size_t(4) << 30;
   size_t chunk_cache_bytes = size_t(64) << 20;
 };
@@ -63,8 +66,7 @@ struct OpenOptions {
 // Every label is checked at open (>= 0, and < classes when a class count is known); float images
 // are scanned for NaN/Inf at open. Throws DataError (exit 3) whose message names the file and
 // the HDF5 dataset: missing file, not HDF5 / truncated, missing /images or /labels, wrong rank or
-// dtype, N mismatch, N == 0, bad label (first bad index and value), non-finite pixel. An unknown
-// `cache` value is a ConfigError.
+// dtype, N mismatch, N == 0, bad label (first bad index and value), non-finite pixel.
 std::unique_ptr<Dataset> OpenHdf5Dataset(const std::string& path, const OpenOptions& opts);
 
 // An in-memory float32 dataset (synthetic data, tests). images: N * numel(sample_shape) floats,

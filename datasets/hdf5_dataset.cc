@@ -17,10 +17,10 @@
 #include <system_error>
 #include <unordered_map>
 
+#include "core/error.h"
+#include "core/hdf5/hdf5_util.h"
 #include "datasets/dataset.h"
-#include "datasets/hdf5_util.h"
 #include "datasets/hdf5_writer.h"
-#include "runtime/error.h"
 
 namespace dptrain {
 namespace {
@@ -106,10 +106,6 @@ class Hdf5Dataset final : public Dataset {
 };
 
 Hdf5Dataset::Hdf5Dataset(const std::string& path, const OpenOptions& opts) {
-  if (opts.cache != "auto" && opts.cache != "ram" && opts.cache != "chunks") {
-    DPT_THROW(ConfigError) << "dataset cache mode '" << opts.cache
-                           << "' is not one of auto, ram, chunks (opening " << path << ")";
-  }
   h5::ScopedSilence silence;
   info_.path = path;
   file_ = h5::OpenFileReadOnly<DataError>(path);
@@ -119,7 +115,8 @@ Hdf5Dataset::Hdf5Dataset(const std::string& path, const OpenOptions& opts) {
 
   const int64_t n = info_.size;
   const size_t total = static_cast<size_t>(n) * sample_bytes_;
-  in_ram_ = opts.cache == "ram" || (opts.cache == "auto" && total <= opts.ram_limit_bytes);
+  in_ram_ = opts.cache == CacheMode::kRam ||
+            (opts.cache == CacheMode::kAuto && total <= opts.ram_limit_bytes);
 
   // Block size: whole chunks along N (the file's chunking), at least ~1 MiB per block so that
   // files with tiny chunks are not read one sample at a time.

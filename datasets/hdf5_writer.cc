@@ -4,8 +4,8 @@
 
 #include <algorithm>
 
-#include "datasets/hdf5_util.h"
-#include "runtime/error.h"
+#include "core/error.h"
+#include "core/hdf5/hdf5_util.h"
 
 namespace dptrain {
 namespace {

@@ -8,9 +8,9 @@
 #include <sstream>
 #include <vector>
 
+#include "core/error.h"
+#include "core/hdf5/hdf5_util.h"
 #include "datasets/dataset.h"
-#include "datasets/hdf5_util.h"
-#include "runtime/error.h"
 
 namespace dptrain {
 namespace {
@@ -162,7 +162,7 @@ void DescribeDataset(hid_t file, const std::string& path, std::ostringstream& os
   }
   try {
     OpenOptions opts;
-    opts.cache = "chunks";
+    opts.cache = CacheMode::kChunks;
     const auto ds = OpenHdf5Dataset(path, opts);
     const DatasetInfo& info = ds->info();
     os << "  classes  " << (info.classes > 0 ? std::to_string(info.classes) : "(not recorded)")

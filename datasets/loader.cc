@@ -6,7 +6,7 @@
 #include <cmath>
 #include <numeric>
 
-#include "runtime/error.h"
+#include "core/error.h"
 
 namespace dptrain {
 namespace {
@@ -44,11 +44,7 @@ void ValidateLoaderOptions(const LoaderOptions& opts, const Shape& sample_shape)
       }
     }
   }
-  if (opts.augment != "none" && opts.augment != "crop-flip") {
-    DPT_THROW(ConfigError) << "data.augment = \"" << opts.augment
-                           << "\" is not one of \"none\", \"crop-flip\"";
-  }
-  if (opts.augment == "crop-flip") {
+  if (opts.augment == Augment::kCropFlip) {
     DPT_CHECK_AS(ConfigError, sample_shape.rank() == 3)
         << "data.augment = \"crop-flip\" needs (C, H, W) images, the samples have shape "
         << sample_shape.ToString();
@@ -73,7 +69,7 @@ void ApplyTransforms(const LoaderOptions& opts, const Shape& sample_shape, int64
       }
     }
   }
-  if (opts.augment != "crop-flip") return;
+  if (opts.augment != Augment::kCropFlip) return;
   const int64_t h = sample_shape[1], w = sample_shape[2];
   std::vector<float> src(static_cast<size_t>(numel));
   for (int64_t i = 0; i < n; ++i) {
@@ -225,7 +221,7 @@ HostBatch ReadRange(Dataset& ds, int64_t begin, int64_t count, const LoaderOptio
       << info.path << ": range [" << begin << ", " << begin + count << ") outside [0, " << info.size
       << ")";
   LoaderOptions o = opts;
-  o.augment = "none";
+  o.augment = Augment::kNone;
   ValidateLoaderOptions(o, info.sample_shape);
   HostBatch b;
   b.n = count;
@@ -243,7 +239,7 @@ EvalLoader::EvalLoader(Dataset& ds, int64_t begin, int64_t end, int64_t batch, L
   DPT_CHECK(begin >= 0 && begin <= end && end <= ds.info().size)
       << "eval range [" << begin << ", " << end << ") of " << ds.info().size;
   DPT_CHECK_AS(ConfigError, batch > 0) << "eval batch " << batch << " must be positive";
-  opts_.augment = "none";
+  opts_.augment = Augment::kNone;
   ValidateLoaderOptions(opts_, ds.info().sample_shape);
 }
 

@@ -18,17 +18,20 @@
 
 namespace dptrain {
 
+// data.augment: none, or CIFAR's crop-flip (below).
+enum class Augment : uint8_t { kNone, kCropFlip };
+
 struct LoaderOptions {
   int workers = 2;   // producer threads; 0 = read synchronously inside Next()
   int prefetch = 4;  // batches produced ahead of the consumer (>= 1)
   // Per-channel normalisation x' = (x - mean[c]) / std[c] after Dataset::Read (which gives
   // uint8 pixels as x / 255). Empty = mean 0 / std 1; a single value applies to every channel.
   std::vector<float> mean, std;
-  // "none" or "crop-flip": pad 4 zero pixels on each side (after normalisation), take a random
+  // kNone, or kCropFlip: pad 4 zero pixels on each side (after normalisation), take a random
   // H x W crop of the padded image and flip it horizontally with p = 0.5. The random choice
   // depends only on (seed, epoch, global sample index): the same on any world size, rank or
   // thread.
-  std::string augment = "none";
+  Augment augment = Augment::kNone;
   uint64_t seed = 0;
 };
 
@@ -40,7 +43,8 @@ struct HostBatch {
 };
 
 // Checks LoaderOptions against a sample shape (C, H, W): ConfigError for workers < 0,
-// prefetch < 1, mean/std sizes other than 0, 1 or C, std <= 0, unknown augment.
+// prefetch < 1, mean/std sizes other than 0, 1 or C, std <= 0, crop-flip on samples that are not
+// (C, H, W).
 void ValidateLoaderOptions(const LoaderOptions& opts, const Shape& sample_shape);
 
 // Normalises and augments `n` samples in place: images (n, C, H, W); indices are their global

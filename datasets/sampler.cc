@@ -6,42 +6,14 @@
 #include <mutex>
 #include <numeric>
 
-#include "runtime/error.h"
+#include "core/error.h"
 
 namespace dptrain {
 namespace {
 
-constexpr uint64_t kGolden = 0x9e3779b97f4a7c15ULL;
-
-// SplitMix64 generator (Steele, Lea, Flood 2014): state advances by the golden gamma.
-class SplitMix64 {
- public:
-  explicit SplitMix64(uint64_t state) : state_(state) {}
-  uint64_t Next() { return Mix64(state_ += kGolden); }
-  // Uniform in [0, bound), bound > 0, without modulo bias: reject the low values that would
-  // make some residues more likely.
-  uint64_t Below(uint64_t bound) {
-    const uint64_t threshold = (0 - bound) % bound;  // 2^64 mod bound
-    for (;;) {
-      const uint64_t r = Next();
-      if (r >= threshold) return r % bound;
-    }
-  }
-
- private:
-  uint64_t state_;
-};
+constexpr uint64_t kGolden = SplitMix64::kGolden;
 
 }  // namespace
-
-uint64_t Mix64(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ULL;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebULL;
-  x ^= x >> 31;
-  return x;
-}
 
 std::vector<int64_t> EpochPermutation(int64_t n, uint64_t seed, int64_t epoch) {
   DPT_CHECK(n >= 0) << "permutation of " << n << " elements";

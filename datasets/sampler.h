@@ -9,12 +9,12 @@
 #include <utility>
 #include <vector>
 
+#include "core/util/rng.h"
+
 namespace dptrain {
 
-// 64-bit counter-based mixing (the SplitMix64 finaliser): a bijection on uint64 with good
-// avalanche. Used for permutations and per-sample augmentation, never std:: distributions
-// (their output differs between standard libraries).
-uint64_t Mix64(uint64_t x);
+// Permutations and per-sample augmentation use Mix64 / SplitMix64 (core/util/rng.h), never
+// std:: distributions (their output differs between standard libraries).
 
 // Epoch e uses permutation perm_e of [0, N) drawn from (seed, e); step s consumes
 // perm_e[s*G, (s+1)*G) (G = global batch) and rank r takes [s*G + r*b, s*G + (r+1)*b),

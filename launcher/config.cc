@@ -15,11 +15,14 @@
 #include <fstream>
 #include <initializer_list>
 #include <map>
+#include <span>
 #include <sstream>
+#include <type_traits>
 #include <variant>
 
-#include "runtime/error.h"
-#include "runtime/memory/caching_allocator.h"
+#include "core/error.h"
+#include "core/memory/caching_allocator.h"
+#include "core/util/strings.h"
 
 namespace dptrain {
 namespace {
@@ -33,7 +36,14 @@ using BoolRef = bool& (*)(TrainConfig&);
 using StringRef = std::string& (*)(TrainConfig&);
 using FloatListRef = std::vector<double>& (*)(TrainConfig&);
 using LayersRef = std::vector<LayerSpec>& (*)(TrainConfig&);
-using FieldRef = std::variant<IntRef, FloatRef, BoolRef, StringRef, FloatListRef, LayersRef>;
+// A choice among named values: the enum's spellings (ConfigNames) and its value as an index.
+struct EnumRef {
+  std::span<const std::string_view> names;
+  size_t (*get)(const TrainConfig&);
+  void (*set)(TrainConfig&, size_t);
+};
+using FieldRef =
+    std::variant<IntRef, FloatRef, BoolRef, StringRef, FloatListRef, LayersRef, EnumRef>;
 
 struct Field {
   std::string_view key;  // "train.lr"; no dot for top-level keys
@@ -46,6 +56,18 @@ struct Field {
 #member, +[](TrainConfig & c) -> decltype((c.member)) { return c.member; } \
   }
 
+// DPT_CONFIG_ENUM(train.optimizer): a key whose value is one of an enum's ConfigNames.
+#define DPT_CONFIG_ENUM(member)                                                 \
+  Field {                                                                       \
+#member, EnumRef {                                                          \
+      ConfigNames<std::remove_cvref_t<decltype(TrainConfig{}.member)>>::kNames, \
+          +[](const TrainConfig& c) { return static_cast<size_t>(c.member); },  \
+          +[](TrainConfig& c, size_t v) {                                       \
+            c.member = static_cast<std::remove_cvref_t<decltype(c.member)>>(v); \
+          }                                                                     \
+    }                                                                           \
+  }
+
 // In ToToml order. memory.limit_bytes (derived) and source are not keys.
 const std::vector<Field>& Schema() {
   static const std::vector<Field> fields = {
@@ -53,22 +75,22 @@ const std::vector<Field>& Schema() {
       DPT_CONFIG_FIELD(seed),
       DPT_CONFIG_FIELD(model.name),
       DPT_CONFIG_FIELD(model.classes),
-      DPT_CONFIG_FIELD(model.loss),
+      DPT_CONFIG_ENUM(model.loss),
       DPT_CONFIG_FIELD(model.layers),
       DPT_CONFIG_FIELD(data.train),
       DPT_CONFIG_FIELD(data.test),
       DPT_CONFIG_FIELD(data.mean),
       DPT_CONFIG_FIELD(data.std),
       DPT_CONFIG_FIELD(data.shuffle),
-      DPT_CONFIG_FIELD(data.augment),
+      DPT_CONFIG_ENUM(data.augment),
       DPT_CONFIG_FIELD(data.workers),
       DPT_CONFIG_FIELD(data.synthetic_samples),
-      DPT_CONFIG_FIELD(data.cache),
+      DPT_CONFIG_ENUM(data.cache),
       DPT_CONFIG_FIELD(train.epochs),
       DPT_CONFIG_FIELD(train.max_steps),
       DPT_CONFIG_FIELD(train.global_batch),
       DPT_CONFIG_FIELD(train.accumulate),
-      DPT_CONFIG_FIELD(train.optimizer),
+      DPT_CONFIG_ENUM(train.optimizer),
       DPT_CONFIG_FIELD(train.lr),
       DPT_CONFIG_FIELD(train.momentum),
       DPT_CONFIG_FIELD(train.nesterov),
@@ -76,11 +98,11 @@ const std::vector<Field>& Schema() {
       DPT_CONFIG_FIELD(train.beta1),
       DPT_CONFIG_FIELD(train.beta2),
       DPT_CONFIG_FIELD(train.eps),
-      DPT_CONFIG_FIELD(train.schedule),
+      DPT_CONFIG_ENUM(train.schedule),
       DPT_CONFIG_FIELD(train.step_size),
       DPT_CONFIG_FIELD(train.gamma),
       DPT_CONFIG_FIELD(train.warmup_steps),
-      DPT_CONFIG_FIELD(train.precision),
+      DPT_CONFIG_ENUM(train.precision),
       DPT_CONFIG_FIELD(train.log_every_steps),
       DPT_CONFIG_FIELD(train.eval_every_epochs),
       DPT_CONFIG_FIELD(train.deterministic),
@@ -91,9 +113,9 @@ const std::vector<Field>& Schema() {
       DPT_CONFIG_FIELD(checkpoint.init),
       DPT_CONFIG_FIELD(memory.limit),
       DPT_CONFIG_FIELD(memory.auto_microbatch),
-      DPT_CONFIG_FIELD(dist.device),
-      DPT_CONFIG_FIELD(dist.backend),
-      DPT_CONFIG_FIELD(dist.device_binding),
+      DPT_CONFIG_ENUM(dist.device),
+      DPT_CONFIG_ENUM(dist.backend),
+      DPT_CONFIG_ENUM(dist.device_binding),
       DPT_CONFIG_FIELD(dist.gpus),
       DPT_CONFIG_FIELD(dist.bucket_mb),
       DPT_CONFIG_FIELD(dist.collective_timeout_s),
@@ -103,14 +125,19 @@ const std::vector<Field>& Schema() {
   return fields;
 }
 #undef DPT_CONFIG_FIELD
+#undef DPT_CONFIG_ENUM
 
 constexpr std::string_view kSections[] = {"model", "data", "train", "checkpoint", "memory", "dist"};
 
 // "an integer", ... indexed like FieldRef's alternatives.
 std::string_view Expected(const FieldRef& ref) {
-  static constexpr std::string_view kNames[] = {"an integer",          "a number",
-                                                "a boolean",           "a string",
-                                                "an array of numbers", "an array of layer tables"};
+  static constexpr std::string_view kNames[] = {"an integer",
+                                                "a number",
+                                                "a boolean",
+                                                "a string",
+                                                "an array of numbers",
+                                                "an array of layer tables",
+                                                "a string"};
   return kNames[ref.index()];
 }
 
@@ -284,13 +311,6 @@ std::string DidYouMean(std::string_view given, const std::vector<std::string>& c
   return best.empty() ? "" : " (did you mean '" + std::string(prefix) + best + "'?)";
 }
 
-std::string Trim(std::string_view s) {
-  const auto first = s.find_first_not_of(" \t\r\n");
-  if (first == std::string_view::npos) return "";
-  const auto last = s.find_last_not_of(" \t\r\n");
-  return std::string(s.substr(first, last - first + 1));
-}
-
 // True when `s` is well-formed UTF-8 (no overlong forms, surrogates or code points past
 // U+10FFFF). TOML files are UTF-8 by definition (toml++ checks); --set strings are taken as
 // written, so they are checked here: a value ToToml cannot write back would make the saved
@@ -447,8 +467,13 @@ class ConfigParser {
   void Positive(std::string_view key, double v) const;
   void NonNegative(std::string_view key, double v) const;
   void UnitInterval(std::string_view key, double v) const;  // [0, 1)
-  void OneOf(std::string_view key, const std::string& v,
-             const std::vector<std::string_view>& allowed) const;
+  // The index of `v` among an enum key's spellings; anything else fails naming them.
+  size_t Choice(const EnumRef& r, const std::string& v, const std::string& key,
+                const std::string& where) const;
+  size_t ReadChoice(const EnumRef& r, const toml::node& n, const std::string& key,
+                    const std::string& where) const {
+    return Choice(r, ReadString(n, key, where), key, where);
+  }
 
   std::string source_;
   TrainConfig cfg_;
@@ -508,6 +533,7 @@ void ConfigParser::Assign(const Field& f, const toml::node& n, const std::string
                  [&](StringRef r) { r(cfg_) = ReadString(n, key, where); },
                  [&](FloatListRef r) { r(cfg_) = ReadFloatList(n, key, where); },
                  [&](LayersRef r) { r(cfg_) = ParseLayers(n, where); },
+                 [&](const EnumRef& r) { r.set(cfg_, ReadChoice(r, n, key, where)); },
              },
              f.ref);
   origin_[key] = where;
@@ -531,14 +557,18 @@ void ConfigParser::ApplySet(const std::string& item) {
          "zoo model with --set model.name=NAME");
   }
 
-  if (const auto* ref = std::get_if<StringRef>(&f->ref)) {
+  if (std::holds_alternative<StringRef>(f->ref) || std::holds_alternative<EnumRef>(f->ref)) {
     // Strings are taken as written; quotes are optional.
     std::string s = value;
     if (s.size() >= 2 && (s.front() == '"' || s.front() == '\'') && s.back() == s.front()) {
       s = s.substr(1, s.size() - 2);
     }
     if (!IsValidUtf8(s)) Fail(where, key + ": the value is not valid UTF-8 text");
-    (*ref)(cfg_) = s;
+    if (const auto* e = std::get_if<EnumRef>(&f->ref)) {
+      e->set(cfg_, Choice(*e, s, key, where));
+    } else {
+      std::get<StringRef>(f->ref)(cfg_) = s;
+    }
     origin_[key] = where;
     // Choosing a zoo model on the command line replaces a layer list from the file.
     if (key == "model.name" && !s.empty()) cfg_.model.layers.clear();
@@ -714,13 +744,15 @@ void ConfigParser::UnitInterval(std::string_view key, double v) const {
   }
 }
 
-void ConfigParser::OneOf(std::string_view key, const std::string& v,
-                         const std::vector<std::string_view>& allowed) const {
-  if (std::find(allowed.begin(), allowed.end(), v) != allowed.end()) return;
+size_t ConfigParser::Choice(const EnumRef& r, const std::string& v, const std::string& key,
+                            const std::string& where) const {
+  const auto it = std::find(r.names.begin(), r.names.end(), v);
+  if (it != r.names.end()) return static_cast<size_t>(it - r.names.begin());
+  const std::vector<std::string_view> allowed(r.names.begin(), r.names.end());
   const std::vector<std::string> names(allowed.begin(), allowed.end());
   const std::string best = Closest(v, names);
-  Fail(Where(key), std::string(key) + " must be one of " + JoinQuoted(allowed) + ", got " +
-                       Quote(v) + (best.empty() ? "" : " (did you mean " + Quote(best) + "?)"));
+  Fail(where, key + " must be one of " + JoinQuoted(allowed) + ", got " + Quote(v) +
+                  (best.empty() ? "" : " (did you mean " + Quote(best) + "?)"));
 }
 
 void ConfigParser::Validate() {
@@ -742,7 +774,6 @@ void ConfigParser::Validate() {
          "layers)");
   }
   AtLeast("model.classes", c.model.classes, 1);
-  OneOf("model.loss", c.model.loss, {"auto", "cross_entropy", "mse"});
 
   // [data]
   if (c.data.train.empty()) {
@@ -760,13 +791,11 @@ void ConfigParser::Validate() {
            "data.std[" + std::to_string(i) + "] must be > 0, got " + FormatFloat(c.data.std[i]));
     }
   }
-  OneOf("data.augment", c.data.augment, {"none", "crop-flip"});
   AtLeast("data.workers", c.data.workers, 0);
   AtLeast("data.synthetic_samples", c.data.synthetic_samples, 1);
-  OneOf("data.cache", c.data.cache, {"auto", "ram", "chunks"});
 
   // [train]
-  const TrainSection& t = c.train;
+  const TrainLoopConfig& t = c.train;
   AtLeast("train.epochs", t.epochs, 0);
   AtLeast("train.max_steps", t.max_steps, 0);
   if (t.epochs == 0 && t.max_steps == 0) {
@@ -782,10 +811,9 @@ void ConfigParser::Validate() {
              ") must be divisible by train.accumulate (" + std::to_string(t.accumulate) +
              "); each optimizer step runs accumulate micro-batches of global_batch / accumulate");
   }
-  OneOf("train.optimizer", t.optimizer, {"sgd", "adamw"});
   Positive("train.lr", t.lr);
   UnitInterval("train.momentum", t.momentum);
-  if (t.nesterov && t.optimizer == "sgd" && t.momentum == 0) {
+  if (t.nesterov && t.optimizer == OptimizerKind::kSgd && t.momentum == 0) {
     Fail(WhereAny({"train.nesterov", "train.momentum"}),
          "train.nesterov = true needs train.momentum > 0");
   }
@@ -793,11 +821,9 @@ void ConfigParser::Validate() {
   UnitInterval("train.beta1", t.beta1);
   UnitInterval("train.beta2", t.beta2);
   Positive("train.eps", t.eps);
-  OneOf("train.schedule", t.schedule, {"constant", "step", "cosine"});
   AtLeast("train.step_size", t.step_size, 0);
   Positive("train.gamma", t.gamma);
   AtLeast("train.warmup_steps", t.warmup_steps, 0);
-  OneOf("train.precision", t.precision, {"fp32", "bf16", "fp16"});
   AtLeast("train.log_every_steps", t.log_every_steps, 1);
   AtLeast("train.eval_every_epochs", t.eval_every_epochs, 0);
 
@@ -824,14 +850,11 @@ void ConfigParser::Validate() {
 
   // [dist]
   const DistConfig& d = c.dist;
-  OneOf("dist.device", d.device, {"auto", "cpu", "cuda"});
-  OneOf("dist.backend", d.backend, {"auto", "mpi", "nccl"});
-  if (d.backend == "nccl" && d.device == "cpu") {
+  if (d.backend == CommBackend::kNccl && d.device == DeviceChoice::kCpu) {
     Fail(WhereAny({"dist.backend", "dist.device"}),
          "dist.backend = \"nccl\" needs GPUs, but dist.device = \"cpu\"; use backend \"mpi\" or "
          "\"auto\"");
   }
-  OneOf("dist.device_binding", d.device_binding, {"remap", "set-device"});
   // dist.gpus: "2,3", UUIDs or MIG ids; the binder resolves them, here only the list's shape.
   for (size_t start = 0; !d.gpus.empty();) {
     const size_t comma = d.gpus.find(',', start);
@@ -859,6 +882,7 @@ std::string FormatValue(const FieldRef& ref, TrainConfig& c) {
                         [&](StringRef r) { return Quote(r(c)); },
                         [&](FloatListRef r) { return FormatFloatList(r(c)); },
                         [&](LayersRef) { return std::string(); },  // written by FormatLayer
+                        [&](const EnumRef& r) { return Quote(r.names[r.get(c)]); },
                     },
                     ref);
 }

@@ -12,10 +12,11 @@
 #include <map>
 #include <sstream>
 
+#include "core/backend_registry.h"
+#include "core/error.h"
+#include "core/memory/caching_allocator.h"
+#include "core/util/strings.h"
 #include "launcher/config.h"
-#include "runtime/backend_registry.h"
-#include "runtime/error.h"
-#include "runtime/memory/caching_allocator.h"
 
 namespace dptrain {
 namespace {
@@ -35,19 +36,6 @@ struct NvmlPciInfoV3 {  // nvmlPciInfo_t as filled by nvmlDeviceGetPciInfo_v3
 struct NvmlMemory {  // nvmlMemory_t (v1)
   unsigned long long total, free, used;
 };
-
-std::string Trim(std::string_view s) {
-  size_t b = 0, e = s.size();
-  while (b < e && std::isspace(static_cast<unsigned char>(s[b]))) ++b;
-  while (e > b && std::isspace(static_cast<unsigned char>(s[e - 1]))) --e;
-  return std::string(s.substr(b, e - b));
-}
-
-std::string Join(const std::vector<std::string>& v) {
-  std::string out;
-  for (size_t i = 0; i < v.size(); ++i) out += (i ? "," : "") + v[i];
-  return out;
-}
 
 enum class EntryKind { kIndex, kUuid, kMig, kHide, kBad };
 
@@ -340,13 +328,16 @@ DeviceBinding ChooseDevice(const BindingRequest& r) {
     b.slot = 0;  // one visible device: every rank uses it (the uniqueness check catches sharing)
   } else if (ranks > n) {
     if (!r.allow_sharing) {
-      DPT_THROW(ConfigError)
-          << (r.local_size > 0 ? "this host runs " + std::to_string(r.local_size) + " ranks"
-                               : "local rank " + std::to_string(r.local_rank) + " needs a GPU")
-          << " but only " << n << " GPUs are available (" << b.source << " = " << Join(b.candidates)
-          << "); start at most " << n << " ranks per host (mpirun --npernode " << n
-          << ", srun --ntasks-per-node=" << n << "), or set DPTRAIN_ALLOW_GPU_SHARING=1 to share "
-          << "GPUs (and memory.limit to split their memory)";
+      DPT_THROW(ConfigError) << (r.local_size > 0
+                                     ? "this host runs " + std::to_string(r.local_size) + " ranks"
+                                     : "local rank " + std::to_string(r.local_rank) +
+                                           " needs a GPU")
+                             << " but only " << n << " GPUs are available (" << b.source << " = "
+                             << Join(b.candidates, ",") << "); start at most " << n
+                             << " ranks per host (mpirun --npernode " << n
+                             << ", srun --ntasks-per-node=" << n
+                             << "), or set DPTRAIN_ALLOW_GPU_SHARING=1 to share "
+                             << "GPUs (and memory.limit to split their memory)";
     }
     b.slot = r.local_rank % n;
     b.shared = true;
@@ -450,7 +441,7 @@ BindingRequest MakeBindingRequest(const DistConfig& dist, int local_rank, int lo
   r.local_size = local_size;
   if (const char* v = getenv("CUDA_VISIBLE_DEVICES")) r.cuda_visible_devices = v;
   r.gpus = Trim(dist.gpus);
-  r.policy = ParseBindingPolicy(dist.device_binding);
+  r.policy = dist.device_binding;
   r.allow_sharing = AllowGpuSharing(getenv);
   if (inventory.available) {
     r.device_count = static_cast<int>(inventory.gpus.size());
@@ -490,10 +481,10 @@ const GpuInventory& GpuBinder::inventory() {
 }
 
 std::string GpuBinder::Resolve() {
-  if (dist_.device == "cpu") return "cpu";
+  if (dist_.device == DeviceChoice::kCpu) return "cpu";
   const auto built = BuiltBackends();
   const bool cuda_built = std::find(built.begin(), built.end(), "cuda") != built.end();
-  return ResolveDeviceKind(dist_.device, cuda_built, inventory(), visible_);
+  return ResolveDeviceKind(ConfigName(dist_.device), cuda_built, inventory(), visible_);
 }
 
 BindingRequest GpuBinder::Request(int local_rank, int local_size) {
@@ -575,7 +566,8 @@ std::string DescribeBindings(const DistConfig& dist, const GpuInventory& invento
   std::ostringstream os;
   const char* visible = getenv("CUDA_VISIBLE_DEVICES");
   const char* order = getenv("CUDA_DEVICE_ORDER");
-  os << "binding (dist.device_binding=" << dist.device_binding << ", dist.gpus='" << dist.gpus
+  os << "binding (dist.device_binding=" << ConfigName(dist.device_binding) << ", dist.gpus='"
+     << dist.gpus
      << "', CUDA_VISIBLE_DEVICES=" << (visible ? "'" + std::string(visible) + "'" : "<unset>")
      << ", CUDA_DEVICE_ORDER=" << (order ? order : "<unset: PCI_BUS_ID will be set>")
      << (AllowGpuSharing(getenv) ? ", sharing allowed" : "") << "):\n";

@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "runtime/comm/communicator.h"
+#include "runtime/run_config.h"
 
 namespace dptrain {
 
@@ -63,7 +64,6 @@ GpuInventory ProbeGpus();
 
 // ---- the binding decision (pure) --------------------------------------------------------------
 
-enum class BindingPolicy : uint8_t { kRemap, kSetDevice };
 // "remap" | "set-device"; anything else is a ConfigError.
 BindingPolicy ParseBindingPolicy(std::string_view text);
 

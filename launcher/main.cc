@@ -16,18 +16,19 @@
 #include <thread>
 #include <vector>
 
+#include "core/backend_registry.h"
+#include "core/error.h"
 #include "datasets/convert/convert.h"
 #include "datasets/inspect.h"
 #include "launcher/config.h"
 #include "launcher/device_binding.h"
 #include "launcher/plan_command.h"
 #include "launcher/process_env.h"
-#include "runtime/backend_registry.h"
 #include "runtime/checkpoint/checkpoint.h"
+#include "runtime/comm/device_communicator.h"
 #include "runtime/comm/mpi_communicator.h"
 #include "runtime/comm/routing_communicator.h"
 #include "runtime/comm/watchdog.h"
-#include "runtime/error.h"
 #include "runtime/trainer.h"
 
 namespace dptrain {
@@ -197,12 +198,12 @@ int CmdRun(const RunArgs& args, int* argc, char*** argv) {
     // (agreements, metrics) over MPI; the trainer sees one communicator that routes by device.
     const bool on_gpu = backend->device() != Device::kCpu;
     RunAgreed(*comm, [&] {
-      DPT_CHECK_AS(ConfigError, !(on_gpu && cfg.dist.backend == "mpi"))
+      DPT_CHECK_AS(ConfigError, !(on_gpu && cfg.dist.backend == CommBackend::kMpi))
           << "dist.backend = \"mpi\" cannot reduce GPU memory (the MPI communicator works on "
           << "host buffers); use \"nccl\" or \"auto\" with dist.device = \"" << device << "\"";
-      DPT_CHECK_AS(ConfigError, on_gpu || cfg.dist.backend != "nccl")
+      DPT_CHECK_AS(ConfigError, on_gpu || cfg.dist.backend != CommBackend::kNccl)
           << "dist.backend = \"nccl\" needs GPUs, but this run uses the CPU (dist.device = \""
-          << cfg.dist.device << "\" resolved to \"" << device << "\")";
+          << ConfigName(cfg.dist.device) << "\" resolved to \"" << device << "\")";
     });
     std::unique_ptr<Communicator> device_comm, routed;
     if (on_gpu) {
@@ -349,8 +350,9 @@ int main(int argc, char** argv) {
 
   auto* info = app.add_subcommand("info", "devices, bindings, library versions");
   DistConfig info_dist;
+  std::string info_binding = ConfigName(info_dist.device_binding);
   info->add_option("--gpus", info_dist.gpus, "as dist.gpus: show the binding for this list");
-  info->add_option("--device-binding", info_dist.device_binding, "as dist.device_binding")
+  info->add_option("--device-binding", info_binding, "as dist.device_binding")
       ->check(CLI::IsMember({"remap", "set-device"}));
 
   try {
@@ -370,7 +372,10 @@ int main(int argc, char** argv) {
       run.eval = true;
       return CmdRun(run, &argc, &argv);
     }
-    if (*info) return CmdInfo(info_dist);
+    if (*info) {
+      info_dist.device_binding = ParseBindingPolicy(info_binding);
+      return CmdInfo(info_dist);
+    }
     if (*plan) return RunPlanCommand(LoadConfig(plan_config, plan_sets), plan_ranks, plan_json);
     if (*inspect) {
       // Checkpoints get their own description (state, tensors with checksum verdicts, config).

@@ -6,10 +6,10 @@
 
 #include <cstdlib>
 
+#include "core/backend_registry.h"
+#include "core/error.h"
 #include "models/memory_plan.h"
 #include "models/zoo/zoo.h"
-#include "runtime/backend_registry.h"
-#include "runtime/error.h"
 
 namespace dptrain {
 namespace {
@@ -22,12 +22,6 @@ int WorldFromEnv() {
     }
   }
   return 1;
-}
-
-Precision ToPrecision(const std::string& p) {
-  if (p == "bf16") return Precision::kBF16;
-  if (p == "fp16") return Precision::kF16;
-  return Precision::kF32;
 }
 
 }  // namespace
@@ -43,8 +37,8 @@ int RunPlanCommand(const TrainConfig& cfg, int ranks, bool json) {
       << local;
   const int64_t micro = local / cfg.train.accumulate;
 
-  std::string device = cfg.dist.device;
-  if (device == "auto") {
+  std::string device = ConfigName(cfg.dist.device);
+  if (cfg.dist.device == DeviceChoice::kAuto) {
     std::string why;
     device = BackendAvailable("cuda", &why) ? "cuda" : "cpu";
   }
@@ -52,20 +46,17 @@ int RunPlanCommand(const TrainConfig& cfg, int ranks, bool json) {
   const bool zoo = !cfg.model.name.empty();
   // The input shape comes from the dataset; without opening it, use the zoo model's input (the
   // data's shape is checked at training time).
-  const Shape input = zoo ? DefaultInputShape(cfg.model.name) : Shape{1, 28, 28};
-  const LossKind loss = cfg.model.loss == "mse" || (cfg.model.loss == "auto" && zoo &&
-                                                    DefaultLoss(cfg.model.name) == LossKind::kMse)
-                            ? LossKind::kMse
-                            : LossKind::kCrossEntropy;
+  const Shape input = DefaultSampleShape(cfg.model);
+  const LossKind loss = ResolveLoss(cfg.model);
   auto net = zoo ? BuildZooModel(be, cfg.model.name, cfg.model.classes)
                  : BuildFromLayers(be, cfg.model.layers);
   Model model(be, std::move(net), input);
-  model.Setup(micro, ToPrecision(cfg.train.precision));
-  const int slots = OptimizerStateSlots(cfg.train.optimizer, cfg.train.momentum);
+  model.Setup(micro, cfg.train.precision);
+  const int slots = StateSlots(cfg.train.optimizer, cfg.train.momentum);
   int64_t budget = static_cast<int64_t>(cfg.memory.limit_bytes);
   if (budget == 0) budget = static_cast<int64_t>(be.allocator().Capacity());
   MemoryPlan plan = PlanMemory(model, slots, loss, budget);
-  plan.precision = cfg.train.precision;
+  plan.precision = ConfigName(cfg.train.precision);
   if (json) {
     fmt::print("{}\n", plan.ToJson());
   } else {

@@ -9,7 +9,7 @@
 #include <cstdlib>
 #include <sstream>
 
-#include "runtime/error.h"
+#include "core/error.h"
 
 namespace dptrain {
 namespace {

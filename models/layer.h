@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "runtime/backend.h"
-#include "runtime/tensor.h"
+#include "core/backend.h"
+#include "core/tensor.h"
 
 namespace dptrain {
 

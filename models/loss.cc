@@ -2,7 +2,7 @@
 // Loss wrapper over the backend's loss ops.
 #include "models/loss.h"
 
-#include "runtime/error.h"
+#include "core/error.h"
 
 namespace dptrain {
 

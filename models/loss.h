@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "runtime/backend.h"
+#include "core/backend.h"
 
 namespace dptrain {
 

@@ -7,14 +7,9 @@
 
 #include <set>
 
-#include "runtime/memory/caching_allocator.h"
+#include "core/memory/caching_allocator.h"
 
 namespace dptrain {
-
-int OptimizerStateSlots(const std::string& optimizer, double momentum) {
-  if (optimizer == "adamw") return 2;
-  return optimizer == "sgd" && momentum != 0 ? 1 : 0;
-}
 
 MemoryPlan PlanMemory(Model& m, int optimizer_slots, LossKind loss, int64_t budget) {
   MemoryPlan plan;

@@ -36,9 +36,6 @@ struct MemoryPlan {
   std::string ToJson() const;
 };
 
-// Optimizer state tensors per parameter: "adamw" 2, "sgd" with momentum 1, plain "sgd" 0.
-int OptimizerStateSlots(const std::string& optimizer, double momentum);
-
 // `m` must be Setup() at the micro-batch to plan for (it is not modified). optimizer_slots: state
 // tensors per parameter (sgd with momentum 1, adamw 2, plain sgd 0).
 MemoryPlan PlanMemory(Model& m, int optimizer_slots, LossKind loss, int64_t budget);

@@ -7,25 +7,14 @@
 #include <cmath>
 #include <sstream>
 
-#include "runtime/error.h"
+#include "core/error.h"
+#include "core/util/rng.h"
 
 namespace dptrain {
 namespace {
 
 constexpr int64_t kAlign = 16;  // floats: every tensor starts on a 64-byte boundary
 int64_t AlignUp(int64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
-
-// SplitMix64: a tiny, portable generator (std:: distributions differ between libraries).
-struct SplitMix {
-  uint64_t state;
-  uint64_t Next() {
-    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  double Uniform() { return static_cast<double>(Next() >> 11) * (1.0 / 9007199254740992.0); }
-};
 
 // Lays out `refs` in reverse order into one buffer; returns the total (aligned) length and
 // fills offsets (indexed like refs).
@@ -125,7 +114,7 @@ void Model::Setup(int64_t max_batch, Precision precision) {
 
 void Model::InitParams(uint64_t seed) {
   std::vector<float> host(static_cast<size_t>(params_.numel()), 0.f);
-  SplitMix rng{seed};
+  SplitMix64 rng(seed);
   // Forward order, like PyTorch's module construction order.
   for (size_t i = 0; i < param_refs_.size(); ++i) {
     const auto& r = param_refs_[i];
@@ -140,7 +129,8 @@ void Model::InitParams(uint64_t seed) {
         break;
       case Init::kFanInUniform: {
         const double bound = 1.0 / std::sqrt(static_cast<double>(std::max<int64_t>(r.fan_in, 1)));
-        for (int64_t j = 0; j < n; ++j) p[j] = static_cast<float>((2 * rng.Uniform() - 1) * bound);
+        for (int64_t j = 0; j < n; ++j)
+          p[j] = static_cast<float>((2 * rng.NextDouble() - 1) * bound);
         break;
       }
     }

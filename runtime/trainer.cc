@@ -25,6 +25,8 @@
 #include <optional>
 #include <thread>
 
+#include "core/error.h"
+#include "core/util/rng.h"
 #include "datasets/dataset.h"
 #include "datasets/loader.h"
 #include "datasets/sampler.h"
@@ -37,7 +39,6 @@
 #include "runtime/comm/reducer.h"
 #include "runtime/comm/replica_check.h"
 #include "runtime/comm/watchdog.h"
-#include "runtime/error.h"
 #include "runtime/optim/optimizer.h"
 
 namespace dptrain {
@@ -83,31 +84,15 @@ double Since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-Precision ParsePrecision(const std::string& p) {
-  if (p == "bf16") return Precision::kBF16;
-  if (p == "fp16") return Precision::kF16;
-  return Precision::kF32;
-}
-
 // Synthetic data: deterministic from the seed, identical on every rank.
 //  - regression (the `linear` model): x uniform in [-1, 1]^F; the target is a fixed teacher
 //    y = w*.x + b* computed in the trainer (the dataset's labels are unused);
 //  - classification: uniform pixels, labels from a fixed random linear teacher (learnable).
-struct SplitMix {
-  uint64_t s;
-  uint64_t Next() {
-    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  float Uniform() { return static_cast<float>(Next() >> 40) * (1.0f / 16777216.0f); }
-};
 
 std::vector<float> TeacherWeights(int64_t features, uint64_t seed) {
-  SplitMix rng{seed ^ 0x7EAC4E2ull};
+  SplitMix64 rng(seed ^ 0x7EAC4E2ull);
   std::vector<float> w(static_cast<size_t>(features) + 1);
-  for (auto& v : w) v = 2 * rng.Uniform() - 1;
+  for (auto& v : w) v = 2 * rng.NextFloat() - 1;
   return w;  // last entry: bias
 }
 
@@ -116,13 +101,13 @@ std::unique_ptr<Dataset> MakeSynthetic(const Shape& sample, int64_t n, int64_t c
   const int64_t per = sample.numel();
   std::vector<float> images(static_cast<size_t>(n * per));
   std::vector<int32_t> labels(static_cast<size_t>(n), 0);
-  SplitMix rng{seed};
-  for (auto& v : images) v = regression ? 2 * rng.Uniform() - 1 : rng.Uniform();
+  SplitMix64 rng(seed);
+  for (auto& v : images) v = regression ? 2 * rng.NextFloat() - 1 : rng.NextFloat();
   if (!regression) {
     // Labels from a random linear teacher over the pixels.
     std::vector<float> w(static_cast<size_t>(per * classes));
-    SplitMix t{seed ^ 0xC1A55ull};
-    for (auto& v : w) v = 2 * t.Uniform() - 1;
+    SplitMix64 t(seed ^ 0xC1A55ull);
+    for (auto& v : w) v = 2 * t.NextFloat() - 1;
     for (int64_t i = 0; i < n; ++i) {
       int32_t best = 0;
       double best_v = -1e300;
@@ -293,11 +278,7 @@ void Trainer::Warn(const std::string& line) const {
   std::fflush(stderr);
 }
 
-bool Trainer::IsRegression() const {
-  const auto& m = cfg_.model;
-  return m.loss == "mse" ||
-         (m.loss == "auto" && !m.name.empty() && DefaultLoss(m.name) == LossKind::kMse);
-}
+bool Trainer::IsRegression() const { return ResolveLoss(cfg_.model) == LossKind::kMse; }
 
 std::unique_ptr<Dataset> Trainer::OpenData(const std::string& path, const Shape& synthetic_shape,
                                            int64_t synthetic_samples, uint64_t seed) const {
@@ -318,10 +299,8 @@ std::unique_ptr<Sequential> Trainer::BuildNet() const {
 
 void Trainer::SetupData() {
   const auto& d = cfg_.data;
-  const auto& m = cfg_.model;
-  const bool zoo = !m.name.empty();
   regression_ = IsRegression();
-  const Shape synthetic_shape = zoo ? DefaultInputShape(m.name) : Shape{1, 28, 28};
+  const Shape synthetic_shape = DefaultSampleShape(cfg_.model);
   const uint64_t seed = static_cast<uint64_t>(cfg_.seed);
   train_ = OpenData(d.train, synthetic_shape, d.synthetic_samples, seed);
   sample_shape_ = train_->info().sample_shape;
@@ -372,14 +351,12 @@ void Trainer::SetupData() {
 // `dptrain eval`: only the test set. The batch is this rank's share of train.global_batch.
 void Trainer::SetupEvalData() {
   const auto& d = cfg_.data;
-  const auto& m = cfg_.model;
-  const bool zoo = !m.name.empty();
   regression_ = IsRegression();
   DPT_CHECK_AS(ConfigError, !d.test.empty())
       << "dptrain eval needs a test set: data.test is empty in " << cfg_.source
       << " (set it, e.g. --set data.test=data/fmnist/test.h5)";
   const uint64_t seed = static_cast<uint64_t>(cfg_.seed);
-  test_ = OpenData(d.test, zoo ? DefaultInputShape(m.name) : Shape{1, 28, 28},
+  test_ = OpenData(d.test, DefaultSampleShape(cfg_.model),
                    std::max<int64_t>(d.synthetic_samples / 4, 1), seed + 1);
   sample_shape_ = test_->info().sample_shape;
   if (regression_) teacher_ = TeacherWeights(sample_shape_.numel(), seed);
@@ -422,8 +399,8 @@ int64_t Trainer::LargestMicroBatchThatFits(int64_t tried) {
     std::optional<MemoryPlan> plan;
     try {
       Model model(be_, BuildNet(), sample_shape_);
-      model.Setup(micro, ParsePrecision(cfg_.train.precision));
-      plan = PlanMemory(model, OptimizerStateSlots(cfg_.train.optimizer, cfg_.train.momentum),
+      model.Setup(micro, cfg_.train.precision);
+      plan = PlanMemory(model, StateSlots(cfg_.train.optimizer, cfg_.train.momentum),
                         regression_ ? LossKind::kMse : LossKind::kCrossEntropy, budget);
     } catch (const OutOfMemory&) {
     }
@@ -511,7 +488,7 @@ void Trainer::SetupModelThatFits() {
 void Trainer::SetupModel() {
   const auto& m = cfg_.model;
   model_ = std::make_unique<Model>(be_, BuildNet(), sample_shape_);
-  model_->Setup(micro_, ParsePrecision(cfg_.train.precision));
+  model_->Setup(micro_, cfg_.train.precision);
   model_->InitParams(static_cast<uint64_t>(cfg_.seed));
   const LossKind kind = regression_ ? LossKind::kMse : LossKind::kCrossEntropy;
   if (kind == LossKind::kMse) {
@@ -558,7 +535,7 @@ void Trainer::SetupModel() {
                                          static_cast<size_t>(cfg_.dist.bucket_mb) << 20);
   }
   const char* test_scaling = std::getenv("DPTRAIN_TEST_LOSS_SCALING");
-  scaler_ = std::make_unique<LossScaler>(cfg_.train.precision == "fp16" ||
+  scaler_ = std::make_unique<LossScaler>(cfg_.train.precision == Precision::kF16 ||
                                          (test_scaling != nullptr && test_scaling[0] == '1'));
   auto hook = [](const char* name, int* rank, int64_t* step) {
     if (const char* v = std::getenv(name)) {
@@ -841,7 +818,7 @@ void Trainer::LogStep(int64_t epoch, bool force) {
 Trainer::EvalSums Trainer::RunTestSet() {
   const auto [begin, end] = EvalShard(test_->info().size, static_cast<int>(world_), comm_.rank());
   LoaderOptions o = loader_opts_;
-  o.augment = "none";
+  o.augment = Augment::kNone;
   EvalLoader loader(*test_, begin, end, micro_, o);
   HostBatch b;
   double sums[3] = {0, 0, 0};  // loss, correct, samples
@@ -910,7 +887,7 @@ std::vector<TensorSpec> Trainer::ParamSpecs() const {
     if (b.name.size() > suffix.size() &&
         b.name.compare(b.name.size() - suffix.size(), suffix.size(), suffix) == 0) {
       const std::string layer = b.name.substr(0, b.name.size() - suffix.size());
-      specs.push_back({layer + ".num_batches_tracked", {}, CkptDType::kI64, true});
+      specs.push_back({layer + ".num_batches_tracked", {}, CheckpointDType::kI64, true});
     }
   }
   return specs;
@@ -934,8 +911,8 @@ void Trainer::LoadFlat(const std::vector<NamedTensor>& named, Tensor* flat, cons
   be_.CopyToHost(*flat, host.data());
   for (const auto& n : named) {
     const std::string name = n.name + suffix;
-    const CkptTensor* t = optimizer_group ? c.FindOptimizer(name) : c.FindParam(name);
-    DPT_CHECK(t != nullptr && t->dtype == CkptDType::kF32 &&
+    const CheckpointTensor* t = optimizer_group ? c.FindOptimizer(name) : c.FindParam(name);
+    DPT_CHECK(t != nullptr && t->dtype == CheckpointDType::kF32 &&
               static_cast<int64_t>(t->f32.size()) == n.tensor.numel())
         << "checkpoint tensor " << name << " was matched but cannot be loaded";
     std::copy(t->f32.begin(), t->f32.end(), host.begin() + n.offset);
@@ -1012,9 +989,9 @@ void Trainer::Resume(const std::string& path, const Checkpoint& c) {
     differ.push_back(fmt::format("the training set has {} samples in the checkpoint, {} now ({})",
                                  s.dataset_size, train_->info().size, cfg_.data.train));
   }
-  if (s.optimizer != cfg_.train.optimizer) {
+  if (s.optimizer != ConfigName(cfg_.train.optimizer)) {
     differ.push_back(fmt::format("train.optimizer is {} in the checkpoint, {} in this run",
-                                 s.optimizer, cfg_.train.optimizer));
+                                 s.optimizer, ConfigName(cfg_.train.optimizer)));
   }
   if (!differ.empty()) {
     std::string what;
@@ -1075,8 +1052,8 @@ Checkpoint Trainer::Snapshot() {
   s.dataset_size = train_->info().size;
   s.steps_per_epoch = steps_per_epoch_;
   s.optimizer_steps = opt_->steps();
-  s.optimizer = cfg_.train.optimizer;
-  s.schedule = cfg_.train.schedule;
+  s.optimizer = ConfigName(cfg_.train.optimizer);
+  s.schedule = ConfigName(cfg_.train.schedule);
   s.lr = lr_;
   s.last_eval_step = last_eval_step_;
   s.elapsed_s = RunTime();
@@ -1087,7 +1064,7 @@ Checkpoint Trainer::Snapshot() {
   s.skipped_steps = skipped_steps_;
   s.micro_batch = micro_;
   c.config_toml = env_.resolved_toml;
-  c.optimizer_kind = cfg_.train.optimizer;
+  c.optimizer_kind = ConfigName(cfg_.train.optimizer);
   // One device-to-host copy per flat buffer, then slices on the host.
   auto host = [&](const Tensor& flat) {
     std::vector<float> v(static_cast<size_t>(flat.numel()));
@@ -1095,7 +1072,7 @@ Checkpoint Trainer::Snapshot() {
     return v;
   };
   auto slice = [](const std::vector<float>& flat, const NamedTensor& n, std::string name) {
-    CkptTensor t;
+    CheckpointTensor t;
     t.name = std::move(name);
     t.shape = n.tensor.shape().dims();
     t.f32.assign(flat.begin() + n.offset, flat.begin() + n.offset + n.tensor.numel());
@@ -1106,11 +1083,11 @@ Checkpoint Trainer::Snapshot() {
   const std::vector<float> buffers = host(model_->buffers());
   for (const auto& b : model_->named_buffers()) c.params.push_back(slice(buffers, b, b.name));
   for (const TensorSpec& spec : ParamSpecs()) {
-    if (spec.dtype != CkptDType::kI64) continue;
+    if (spec.dtype != CheckpointDType::kI64) continue;
     // torch counts training-mode forward calls: one per micro-step.
-    CkptTensor t;
+    CheckpointTensor t;
     t.name = spec.name;
-    t.dtype = CkptDType::kI64;
+    t.dtype = CheckpointDType::kI64;
     t.i64 = {step_ * accumulate_};
     c.params.push_back(std::move(t));
   }

@@ -10,10 +10,10 @@
 #include <utility>
 #include <vector>
 
-#include "launcher/config.h"
-#include "runtime/backend.h"
+#include "core/backend.h"
+#include "core/error.h"
 #include "runtime/comm/communicator.h"
-#include "runtime/error.h"
+#include "runtime/run_config.h"
 
 namespace dptrain {
 

@@ -5,9 +5,9 @@
 #include <fstream>
 #include <vector>
 
+#include "core/error.h"
 #include "datasets/convert/convert.h"
 #include "datasets/dataset.h"
-#include "runtime/error.h"
 
 namespace dptrain {
 namespace {

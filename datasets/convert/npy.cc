@@ -11,9 +11,9 @@
 #include <optional>
 #include <vector>
 
+#include "core/error.h"
 #include "datasets/convert/convert.h"
 #include "datasets/dataset.h"
-#include "runtime/error.h"
 
 namespace dptrain {
 namespace {

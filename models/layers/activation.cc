@@ -4,7 +4,7 @@
 
 #include <functional>
 
-#include "runtime/error.h"
+#include "core/error.h"
 
 namespace dptrain {
 

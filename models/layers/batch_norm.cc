@@ -2,7 +2,7 @@
 // BatchNorm layer.
 #include "models/layers/batch_norm.h"
 
-#include "runtime/error.h"
+#include "core/error.h"
 
 namespace dptrain {
 

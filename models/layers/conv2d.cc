@@ -2,7 +2,7 @@
 // Conv2d layer: plans the backend op once per batch size, runs forward/backward through it.
 #include "models/layers/conv2d.h"
 
-#include "runtime/error.h"
+#include "core/error.h"
 
 namespace dptrain {
 

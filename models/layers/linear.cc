@@ -2,7 +2,7 @@
 // Linear layer over the backend's inner-product op.
 #include "models/layers/linear.h"
 
-#include "runtime/error.h"
+#include "core/error.h"
 
 namespace dptrain {
 

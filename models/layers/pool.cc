@@ -3,7 +3,7 @@
 // forward for backward.
 #include "models/layers/pool.h"
 
-#include "runtime/error.h"
+#include "core/error.h"
 
 namespace dptrain {
 

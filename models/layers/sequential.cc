@@ -2,8 +2,8 @@
 // Sequential and Residual composites.
 #include "models/layers/sequential.h"
 
-#include "runtime/error.h"
-#include "runtime/memory/caching_allocator.h"
+#include "core/error.h"
+#include "core/memory/caching_allocator.h"
 
 namespace dptrain {
 

@@ -2,12 +2,12 @@
 // Zoo models and the config layer-list builder.
 #include "models/zoo/zoo.h"
 
+#include "core/error.h"
 #include "models/layers/activation.h"
 #include "models/layers/batch_norm.h"
 #include "models/layers/conv2d.h"
 #include "models/layers/linear.h"
 #include "models/layers/pool.h"
-#include "runtime/error.h"
 
 namespace dptrain {
 namespace {

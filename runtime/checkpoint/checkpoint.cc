@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Checkpoint files: atomic writes (temporary name, fsync, rename, fsync of the directory), reads
 // that verify every tensor's CRC-32, matching against a model, the background writer and the
-// `dptrain inspect` description. HDF5 through the RAII helpers of datasets/hdf5_util.h.
+// `dptrain inspect` description. HDF5 through the RAII helpers of core/hdf5/hdf5_util.h.
 #include "runtime/checkpoint/checkpoint.h"
 
 #include <fcntl.h>
@@ -22,8 +22,9 @@
 #include <regex>
 #include <sstream>
 
-#include "datasets/hdf5_util.h"
-#include "runtime/error.h"
+#include "core/error.h"
+#include "core/hdf5/hdf5_util.h"
+#include "core/util/strings.h"
 
 #ifndef DPTRAIN_VERSION
 #define DPTRAIN_VERSION "unknown"
@@ -43,17 +44,13 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
   return s + "]";
 }
 
-const char* DTypeName(CkptDType d) { return d == CkptDType::kF32 ? "float32" : "int64"; }
-
-std::string Join(const std::vector<std::string>& items, const std::string& sep) {
-  std::string out;
-  for (const auto& s : items) out += (out.empty() ? "" : sep) + s;
-  return out;
+const char* DTypeName(CheckpointDType d) {
+  return d == CheckpointDType::kF32 ? "float32" : "int64";
 }
 
-uint32_t TensorCrc(const CkptTensor& t) {
-  return t.dtype == CkptDType::kF32 ? Crc32(t.f32.data(), t.f32.size() * sizeof(float))
-                                    : Crc32(t.i64.data(), t.i64.size() * sizeof(int64_t));
+uint32_t TensorCrc(const CheckpointTensor& t) {
+  return t.dtype == CheckpointDType::kF32 ? Crc32(t.f32.data(), t.f32.size() * sizeof(float))
+                                          : Crc32(t.i64.data(), t.i64.size() * sizeof(int64_t));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -80,8 +77,8 @@ class ImageWriter {
     if (!g.valid()) Fail("cannot create group " + name, h5::ErrorStackString());
   }
 
-  void Tensor(const std::string& name, const CkptTensor& t) {
-    const bool f32 = t.dtype == CkptDType::kF32;
+  void Tensor(const std::string& name, const CheckpointTensor& t) {
+    const bool f32 = t.dtype == CheckpointDType::kF32;
     DPT_CHECK(static_cast<int64_t>(f32 ? t.f32.size() : t.i64.size()) == t.numel())
         << name << ": " << (f32 ? t.f32.size() : t.i64.size()) << " values for shape "
         << ShapeString(t.shape);
@@ -250,14 +247,14 @@ std::vector<char> BuildImage(const std::string& tmp, const std::string& final_pa
                              const Checkpoint& c) {
   size_t bytes = c.config_toml.size() + (size_t{1} << 16);
   for (const auto* group : {&c.params, &c.optimizer}) {
-    for (const CkptTensor& t : *group) bytes += 4 * t.f32.size() + 8 * t.i64.size() + 1024;
+    for (const CheckpointTensor& t : *group) bytes += 4 * t.f32.size() + 8 * t.i64.size() + 1024;
   }
   ImageWriter w(tmp, final_path, bytes);
   w.Group("/params");
   w.Group("/optimizer");
   w.Group("/state");
-  for (const CkptTensor& t : c.params) w.Tensor("/params/" + t.name, t);
-  for (const CkptTensor& t : c.optimizer) w.Tensor("/optimizer/" + t.name, t);
+  for (const CheckpointTensor& t : c.params) w.Tensor("/params/" + t.name, t);
+  for (const CheckpointTensor& t : c.optimizer) w.Tensor("/optimizer/" + t.name, t);
   w.String("/optimizer", "kind", c.optimizer_kind.empty() ? c.state.optimizer : c.optimizer_kind);
   w.Int("/optimizer", "steps", c.state.optimizer_steps);
 
@@ -343,7 +340,7 @@ bool FitsInFile(hid_t dset, const std::vector<int64_t>& dims, size_t elem_bytes)
 
 // A tensor as read, with its checksum verdict (for inspect).
 struct ReadTensor {
-  CkptTensor t;
+  CheckpointTensor t;
   bool read_ok = false;  // data (and checksum attribute, if any) read
   bool has_crc = false;
   bool crc_ok = true;
@@ -363,14 +360,14 @@ std::string ReadDataset(hid_t dset, const std::string& name, ReadTensor* out) {
   }
   const int64_t n = out->t.numel();
   if (cls == H5T_FLOAT && H5Tget_size(type.get()) == 4) {
-    out->t.dtype = CkptDType::kF32;
+    out->t.dtype = CheckpointDType::kF32;
     out->t.f32.resize(static_cast<size_t>(n));
     if (n > 0 &&
         H5Dread(dset, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, out->t.f32.data()) < 0) {
       return name + ": cannot read (truncated or corrupt file?): " + h5::ErrorStackString();
     }
   } else if (cls == H5T_INTEGER) {
-    out->t.dtype = CkptDType::kI64;
+    out->t.dtype = CheckpointDType::kI64;
     out->t.i64.resize(static_cast<size_t>(n));
     if (n > 0 &&
         H5Dread(dset, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, out->t.i64.data()) < 0) {
@@ -682,9 +679,10 @@ RawCheckpoint ReadRaw(const std::string& path) {
   return raw;
 }
 
-const CkptTensor* Find(const std::vector<CkptTensor>& v, const std::string& name) {
-  auto it = std::lower_bound(v.begin(), v.end(), name,
-                             [](const CkptTensor& t, const std::string& n) { return t.name < n; });
+const CheckpointTensor* Find(const std::vector<CheckpointTensor>& v, const std::string& name) {
+  auto it =
+      std::lower_bound(v.begin(), v.end(), name,
+                       [](const CheckpointTensor& t, const std::string& n) { return t.name < n; });
   return it != v.end() && it->name == name ? &*it : nullptr;
 }
 
@@ -699,16 +697,16 @@ int64_t StepOf(const std::string& file_name) {
 
 // ---------------------------------------------------------------------------------------------
 
-int64_t CkptTensor::numel() const {
+int64_t CheckpointTensor::numel() const {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
   return n;
 }
 
-const CkptTensor* Checkpoint::FindParam(const std::string& name) const {
+const CheckpointTensor* Checkpoint::FindParam(const std::string& name) const {
   return Find(params, name);
 }
-const CkptTensor* Checkpoint::FindOptimizer(const std::string& name) const {
+const CheckpointTensor* Checkpoint::FindOptimizer(const std::string& name) const {
   return Find(optimizer, name);
 }
 
@@ -824,10 +822,10 @@ std::vector<std::string> RemoveStaleTemporaries(const std::string& dir) {
 namespace {
 
 // "" when `have` matches `expected`, else every difference in words.
-std::string Mismatch(const std::string& group, const std::vector<CkptTensor>& have,
+std::string Mismatch(const std::string& group, const std::vector<CheckpointTensor>& have,
                      const std::vector<TensorSpec>& expected) {
-  std::map<std::string, const CkptTensor*> by_name;
-  for (const CkptTensor& t : have) by_name[t.name] = &t;
+  std::map<std::string, const CheckpointTensor*> by_name;
+  for (const CheckpointTensor& t : have) by_name[t.name] = &t;
   std::vector<std::string> missing, misshaped, unexpected;
   for (const TensorSpec& s : expected) {
     auto it = by_name.find(s.name);
@@ -835,7 +833,7 @@ std::string Mismatch(const std::string& group, const std::vector<CkptTensor>& ha
       if (!s.optional) missing.push_back(s.name + " " + ShapeString(s.shape));
       continue;
     }
-    const CkptTensor& t = *it->second;
+    const CheckpointTensor& t = *it->second;
     if (t.shape != s.shape || t.dtype != s.dtype) {
       misshaped.push_back(fmt::format("{} is {} {} in the file, {} {} in the model", s.name,
                                       DTypeName(t.dtype), ShapeString(t.shape), DTypeName(s.dtype),

@@ -28,14 +28,14 @@ namespace dptrain {
 
 inline constexpr int64_t kCheckpointFormatVersion = 1;
 
-enum class CkptDType : uint8_t { kF32, kI64 };
+enum class CheckpointDType : uint8_t { kF32, kI64 };
 
 // One tensor of a checkpoint, on the host.
-struct CkptTensor {
+struct CheckpointTensor {
   // Below its group: "conv1.weight", "bn1.num_batches_tracked"; in /optimizer
   // "<param name>/<slot>", e.g. "conv1.weight/momentum_buffer".
   std::string name;
-  CkptDType dtype = CkptDType::kF32;
+  CheckpointDType dtype = CheckpointDType::kF32;
   std::vector<int64_t> shape;  // empty = scalar
   std::vector<float> f32;      // dtype kF32: numel() values in C order
   std::vector<int64_t> i64;    // dtype kI64: numel() values
@@ -76,15 +76,15 @@ struct Checkpoint {
   // checkpoint.init only.
   bool has_state = true;
   std::string config_toml;
-  std::string optimizer_kind;         // /optimizer attribute `kind`; empty when absent
-  std::vector<CkptTensor> params;     // /params, sorted by name after reading
-  std::vector<CkptTensor> optimizer;  // /optimizer, sorted by name after reading
+  std::string optimizer_kind;               // /optimizer attribute `kind`; empty when absent
+  std::vector<CheckpointTensor> params;     // /params, sorted by name after reading
+  std::vector<CheckpointTensor> optimizer;  // /optimizer, sorted by name after reading
   // What reading noticed and fixed, for the caller to print ("... 'module.' prefix stripped").
   std::vector<std::string> notices;
 
   // nullptr when absent. The vectors must be sorted by name (as ReadCheckpoint leaves them).
-  const CkptTensor* FindParam(const std::string& name) const;
-  const CkptTensor* FindOptimizer(const std::string& name) const;
+  const CheckpointTensor* FindParam(const std::string& name) const;
+  const CheckpointTensor* FindOptimizer(const std::string& name) const;
 };
 
 // "ckpt-00001200.h5" (8 digits, more when the step needs them).
@@ -143,7 +143,7 @@ std::vector<std::string> RemoveStaleTemporaries(const std::string& dir);
 struct TensorSpec {
   std::string name;
   std::vector<int64_t> shape;
-  CkptDType dtype = CkptDType::kF32;
+  CheckpointDType dtype = CheckpointDType::kF32;
   bool optional = false;  // may be missing (num_batches_tracked: dptrain does not use it)
 };
 

@@ -9,8 +9,8 @@
 #include <cstring>
 #include <vector>
 
+#include "core/error.h"
 #include "runtime/comm/watchdog.h"
-#include "runtime/error.h"
 
 #define DPT_MPI_CHECK(expr)                                                               \
   do {                                                                                    \

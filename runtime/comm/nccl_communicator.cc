@@ -19,9 +19,9 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/cuda/cuda_backend_impl.h"
-#include "runtime/cuda/cuda_check.h"
-#include "runtime/error.h"
+#include "core/cuda/cuda_check.h"
+#include "core/cuda/cuda_interop.h"
+#include "core/error.h"
 
 namespace dptrain {
 namespace {
@@ -90,8 +90,8 @@ class NcclCommunicator final : public Communicator {
  public:
   // Collective over `control`. `owned` (may be null) is the control communicator when this
   // communicator owns it (Split).
-  NcclCommunicator(cuda::CudaBackend& be, Communicator& control,
-                   std::unique_ptr<Communicator> owned, double timeout_s);
+  NcclCommunicator(Backend& be, Communicator& control, std::unique_ptr<Communicator> owned,
+                   double timeout_s);
   ~NcclCommunicator() override;
   NcclCommunicator(const NcclCommunicator&) = delete;
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;
@@ -142,7 +142,7 @@ class NcclCommunicator final : public Communicator {
   // A new event recorded on the communication stream after the collective just queued.
   cudaEvent_t RecordDone();
 
-  cuda::CudaBackend& be_;
+  Backend& be_;
   Communicator& control_;
   std::unique_ptr<Communicator> owned_;
   double timeout_s_;
@@ -189,7 +189,7 @@ class NcclHandle final : public CommHandle {
   bool waited_ = false;
 };
 
-NcclCommunicator::NcclCommunicator(cuda::CudaBackend& be, Communicator& control,
+NcclCommunicator::NcclCommunicator(Backend& be, Communicator& control,
                                    std::unique_ptr<Communicator> owned, double timeout_s)
     : be_(be),
       control_(control),
@@ -205,13 +205,13 @@ NcclCommunicator::NcclCommunicator(cuda::CudaBackend& be, Communicator& control,
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
     problem = "no CUDA device (" + cuda::detail::CudaErrorText(e) + ")";
-  } else if (be_.ordinal() >= count) {
-    problem = "CUDA device " + std::to_string(be_.ordinal()) + " does not exist (" +
+  } else if (cuda::OrdinalOf(be_) >= count) {
+    problem = "CUDA device " + std::to_string(cuda::OrdinalOf(be_)) + " does not exist (" +
               std::to_string(count) + " visible)";
-  } else if ((e = cudaSetDevice(be_.ordinal())) != cudaSuccess) {
+  } else if ((e = cudaSetDevice(cuda::OrdinalOf(be_))) != cudaSuccess) {
     (void)cudaGetLastError();
-    problem =
-        "cudaSetDevice(" + std::to_string(be_.ordinal()) + "): " + cuda::detail::CudaErrorText(e);
+    problem = "cudaSetDevice(" + std::to_string(cuda::OrdinalOf(be_)) +
+              "): " + cuda::detail::CudaErrorText(e);
   }
   const std::vector<std::string> all = control_.AllGatherStrings(problem);
   std::string missing;
@@ -355,7 +355,7 @@ void NcclCommunicator::Check(ncclResult_t r, const char* what) {
 }
 
 void NcclCommunicator::AfterCompute() {
-  DPT_CUDA_CHECK(cudaEventRecord(ready_, be_.stream()));
+  DPT_CUDA_CHECK(cudaEventRecord(ready_, cuda::ComputeStreamOf(be_)));
   DPT_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
 }
 
@@ -390,7 +390,7 @@ void NcclCommunicator::WaitDone(cudaEvent_t done, const std::string& what) {
   CheckUsable();
   // Later compute-stream work (the optimizer step reading the reduced gradients) waits on the
   // GPU; the host also waits, so a hang becomes an error after the timeout.
-  DPT_CUDA_CHECK(cudaStreamWaitEvent(be_.stream(), done, 0));
+  DPT_CUDA_CHECK(cudaStreamWaitEvent(cuda::ComputeStreamOf(be_), done, 0));
   const auto start = Clock::now();
   for (int spins = 0; !Query(done, what); ++spins) {
     const double waited = Seconds(start);
@@ -475,10 +475,9 @@ std::unique_ptr<Communicator> NcclCommunicator::Split(int color) {
 
 std::unique_ptr<Communicator> CreateNcclCommunicator(Backend& backend, Communicator& control,
                                                      double timeout_s) {
-  auto* cuda = dynamic_cast<cuda::CudaBackend*>(&backend);
-  DPT_CHECK(cuda != nullptr) << "the NCCL communicator needs the cuda backend, got '"
-                             << backend.name() << "'";
-  return std::make_unique<NcclCommunicator>(*cuda, control, nullptr, timeout_s);
+  DPT_CHECK(cuda::IsCudaBackend(backend))
+      << "the NCCL communicator needs the cuda backend, got '" << backend.name() << "'";
+  return std::make_unique<NcclCommunicator>(backend, control, nullptr, timeout_s);
 }
 
 void AbortNcclCommunicators() noexcept {

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The NCCL Communicator: collectives on device buffers of the CUDA backend (built into
-// dptrain_cuda; reach it through CreateDeviceCommunicator in runtime/backend_registry.h). No CUDA
-// or NCCL header is included here.
+// dptrain_cuda; reach it through CreateDeviceCommunicator in runtime/comm/device_communicator.h).
+// No CUDA or NCCL header is included here.
 //
 // Contract, beyond communicator.h:
 //  - Tensors are CUDA tensors of the backend passed at creation; dtypes f32, bf16, f16 and i32
@@ -24,7 +24,7 @@
 
 #include <memory>
 
-#include "runtime/backend.h"
+#include "core/backend.h"
 #include "runtime/comm/communicator.h"
 
 namespace dptrain {

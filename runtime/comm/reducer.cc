@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <chrono>
 
-#include "runtime/error.h"
+#include "core/error.h"
 
 namespace dptrain {
 

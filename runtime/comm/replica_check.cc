@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/error.h"
+#include "core/error.h"
 
 namespace dptrain {
 

@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "runtime/backend.h"
+#include "core/backend.h"
 #include "runtime/comm/communicator.h"
 
 namespace dptrain {

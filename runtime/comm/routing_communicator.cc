@@ -2,7 +2,7 @@
 // Routes each collective by the device its tensor lives on.
 #include "runtime/comm/routing_communicator.h"
 
-#include "runtime/error.h"
+#include "core/error.h"
 
 namespace dptrain {
 

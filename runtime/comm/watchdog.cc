@@ -14,8 +14,8 @@
 #include <thread>
 #include <vector>
 
+#include "core/error.h"
 #include "runtime/comm/mpi_communicator.h"
-#include "runtime/error.h"
 
 namespace dptrain {
 namespace {

@@ -5,19 +5,19 @@
 #include <algorithm>
 #include <cmath>
 
-#include "runtime/error.h"
+#include "core/error.h"
 
 namespace dptrain {
 
 Optimizer::Optimizer(Backend& be, const OptimizerConfig& cfg, const Tensor& params)
     : backend_(be), cfg_(cfg) {
-  if (cfg_.kind == "sgd") {
-    if (cfg_.momentum != 0) slot_names_ = {"momentum_buffer"};
-  } else if (cfg_.kind == "adamw") {
-    slot_names_ = {"exp_avg", "exp_avg_sq"};
-  } else {
-    DPT_THROW(ConfigError) << "train.optimizer: unknown optimizer '" << cfg_.kind
-                           << "' (sgd, adamw)";
+  switch (cfg_.kind) {
+    case OptimizerKind::kSgd:
+      if (cfg_.momentum != 0) slot_names_ = {"momentum_buffer"};
+      break;
+    case OptimizerKind::kAdamW:
+      slot_names_ = {"exp_avg", "exp_avg_sq"};
+      break;
   }
   for (const auto& n : slot_names_) {
     slots_.push_back(be.Zeros(params.shape(), DType::kF32, "optimizer " + n));
@@ -26,7 +26,7 @@ Optimizer::Optimizer(Backend& be, const OptimizerConfig& cfg, const Tensor& para
 
 void Optimizer::Step(Tensor* params, const Tensor& grads, float lr, float grad_scale) {
   ++steps_;
-  if (cfg_.kind == "sgd") {
+  if (cfg_.kind == OptimizerKind::kSgd) {
     const ew::SgdHyper h{lr, static_cast<float>(cfg_.momentum),
                          static_cast<float>(cfg_.weight_decay), grad_scale, cfg_.nesterov};
     backend_.SgdStep(h, params, grads, slots_.empty() ? nullptr : &slots_[0]);
@@ -49,18 +49,25 @@ double LearningRate(const ScheduleConfig& c, int64_t s) {
     return c.base_lr * static_cast<double>(s + 1) / static_cast<double>(c.warmup_steps);
   }
   const int64_t t = s - c.warmup_steps;
-  if (c.kind == "constant") return c.base_lr;
-  if (c.kind == "step") {
-    const int64_t decays = t / std::max<int64_t>(c.step_size, 1);  // whole periods completed
-    return c.base_lr * std::pow(c.gamma, static_cast<double>(decays));
+  switch (c.kind) {
+    case ScheduleKind::kConstant:
+      break;
+    case ScheduleKind::kStep: {
+      const int64_t decays = t / std::max<int64_t>(c.step_size, 1);  // whole periods completed
+      return c.base_lr * std::pow(c.gamma, static_cast<double>(decays));
+    }
+    case ScheduleKind::kCosine: {
+      const int64_t span = std::max<int64_t>(c.total_steps - c.warmup_steps, 1);
+      const double frac = std::min(1.0, static_cast<double>(t) / static_cast<double>(span));
+      return c.base_lr * 0.5 * (1 + std::cos(M_PI * frac));
+    }
   }
-  if (c.kind == "cosine") {
-    const int64_t span = std::max<int64_t>(c.total_steps - c.warmup_steps, 1);
-    const double frac = std::min(1.0, static_cast<double>(t) / static_cast<double>(span));
-    return c.base_lr * 0.5 * (1 + std::cos(M_PI * frac));
-  }
-  DPT_THROW(ConfigError) << "train.schedule: unknown schedule '" << c.kind
-                         << "' (constant, step, cosine)";
+  return c.base_lr;
+}
+
+int StateSlots(OptimizerKind kind, double momentum) {
+  if (kind == OptimizerKind::kAdamW) return 2;
+  return momentum != 0 ? 1 : 0;
 }
 
 }  // namespace dptrain

@@ -8,12 +8,17 @@
 #include <string>
 #include <vector>
 
-#include "runtime/backend.h"
+#include "core/backend.h"
 
 namespace dptrain {
 
+// train.optimizer
+enum class OptimizerKind : uint8_t { kSgd, kAdamW };
+// train.schedule
+enum class ScheduleKind : uint8_t { kConstant, kStep, kCosine };
+
 struct OptimizerConfig {
-  std::string kind = "sgd";  // sgd | adamw
+  OptimizerKind kind = OptimizerKind::kSgd;
   double momentum = 0.9;
   bool nesterov = false;
   double weight_decay = 0;
@@ -44,7 +49,7 @@ class Optimizer {
 };
 
 struct ScheduleConfig {
-  std::string kind = "constant";  // constant | step | cosine
+  ScheduleKind kind = ScheduleKind::kConstant;
   double base_lr = 0.05;
   int64_t warmup_steps = 0;  // linear ramp base_lr * (s + 1) / warmup for s < warmup
   int64_t total_steps = 1;   // cosine: decays to 0 at total_steps
@@ -53,5 +58,9 @@ struct ScheduleConfig {
 };
 // Learning rate of optimizer step s (0-based).
 double LearningRate(const ScheduleConfig& c, int64_t s);
+
+// Optimizer state tensors per parameter: adamw 2, sgd with momentum 1, plain sgd 0 (what
+// Optimizer::slot_names() will hold; `dptrain plan` counts them before any optimizer exists).
+int StateSlots(OptimizerKind kind, double momentum);
 
 }  // namespace dptrain

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "runtime/backend.h"
-#include "runtime/elementwise.h"
+#include "core/backend.h"
+#include "core/elementwise.h"
 #include "tests/testing/backends.h"
 #include "tests/testing/reference_ops.h"
 #include "tests/testing/tolerances.h"

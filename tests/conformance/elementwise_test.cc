@@ -7,7 +7,7 @@
 #include <cmath>
 #include <vector>
 
-#include "runtime/backend.h"
+#include "core/backend.h"
 #include "tests/testing/backends.h"
 #include "tests/testing/reference_ops.h"
 #include "tests/testing/tolerances.h"

@@ -6,7 +6,7 @@
 
 #include <memory>
 
-#include "runtime/backend.h"
+#include "core/backend.h"
 #include "tests/testing/backends.h"
 
 namespace dptrain::testing {

@@ -15,11 +15,11 @@
 #include <thread>
 #include <vector>
 
+#include "core/backend_registry.h"
+#include "core/error.h"
 #include "models/loss.h"
 #include "models/model.h"
 #include "models/zoo/zoo.h"
-#include "runtime/backend_registry.h"
-#include "runtime/error.h"
 #include "tests/testing/backends.h"
 #include "tests/testing/tolerances.h"
 

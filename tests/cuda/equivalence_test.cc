@@ -11,10 +11,11 @@
 #include <string>
 #include <vector>
 
+#include "core/backend_registry.h"
 #include "models/loss.h"
 #include "models/model.h"
 #include "models/zoo/zoo.h"
-#include "runtime/backend_registry.h"
+#include "runtime/comm/device_communicator.h"
 #include "runtime/comm/reducer.h"
 #include "runtime/optim/optimizer.h"
 #include "tests/cuda/gpu_test_env.h"

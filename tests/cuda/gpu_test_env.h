@@ -9,10 +9,10 @@
 #include <string>
 #include <vector>
 
+#include "core/backend_registry.h"
 #include "launcher/config.h"
 #include "launcher/device_binding.h"
 #include "launcher/process_env.h"
-#include "runtime/backend_registry.h"
 #include "runtime/comm/communicator.h"
 
 namespace dptrain::testing {
@@ -32,7 +32,7 @@ inline GpuRank BindGpuForTest(Communicator& comm) {
     const int local_rank = vars.local_rank.value_or(comm.rank());
     const int local_size = vars.local_size.value_or(comm.size());
     DistConfig dist;
-    dist.device_binding = "set-device";
+    dist.device_binding = BindingPolicy::kSetDevice;
     const GpuInventory inv = ProbeGpus();
     const std::vector<std::string> built = BuiltBackends();
     if (built.size() < 2) {

@@ -12,10 +12,11 @@
 #include <string>
 #include <vector>
 
-#include "runtime/backend_registry.h"
+#include "core/backend_registry.h"
+#include "core/elementwise.h"
+#include "core/error.h"
+#include "runtime/comm/device_communicator.h"
 #include "runtime/comm/reducer.h"
-#include "runtime/elementwise.h"
-#include "runtime/error.h"
 #include "tests/cuda/gpu_test_env.h"
 #include "tests/testing/backends.h"
 #include "tests/testing/mpi_testing.h"

@@ -38,12 +38,13 @@ const std::string& SeedBytes() {
     c.state.lr = 0.05;
     c.config_toml = "[model]\nname = \"linear\"\n";
     c.optimizer_kind = "sgd";
-    using dptrain::CkptDType;
-    c.params = {{"bn.num_batches_tracked", CkptDType::kI64, {}, {}, {7}},
-                {"fc.bias", CkptDType::kF32, {2}, {0.5f, -0.5f}, {}},
-                {"fc.weight", CkptDType::kF32, {2, 3}, {1, 2, 3, 4, 5, 6}, {}}};
-    c.optimizer = {{"fc.bias/momentum_buffer", CkptDType::kF32, {2}, {0.1f, 0.2f}, {}},
-                   {"fc.weight/momentum_buffer", CkptDType::kF32, {2, 3}, {0, 1, 0, 1, 0, 1}, {}}};
+    using dptrain::CheckpointDType;
+    c.params = {{"bn.num_batches_tracked", CheckpointDType::kI64, {}, {}, {7}},
+                {"fc.bias", CheckpointDType::kF32, {2}, {0.5f, -0.5f}, {}},
+                {"fc.weight", CheckpointDType::kF32, {2, 3}, {1, 2, 3, 4, 5, 6}, {}}};
+    c.optimizer = {
+        {"fc.bias/momentum_buffer", CheckpointDType::kF32, {2}, {0.1f, 0.2f}, {}},
+        {"fc.weight/momentum_buffer", CheckpointDType::kF32, {2, 3}, {0, 1, 0, 1, 0, 1}, {}}};
     const std::string dir = dptrain::fuzz::TempPath("seed");
     dptrain::WriteCheckpoint(dir, c, 1);
     std::ifstream f(dir + "/" + dptrain::CheckpointFileName(7), std::ios::binary);

@@ -11,8 +11,8 @@
 #include <string_view>
 #include <vector>
 
+#include "core/error.h"
 #include "launcher/config.h"
-#include "runtime/error.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view input(reinterpret_cast<const char*>(data), size);

@@ -6,8 +6,8 @@
 #include <string>
 #include <string_view>
 
+#include "core/error.h"
 #include "datasets/convert/convert.h"
-#include "runtime/error.h"
 #include "tests/fuzz/fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

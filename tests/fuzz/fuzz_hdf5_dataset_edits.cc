@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "datasets/hdf5_writer.h"
-#include "runtime/error.h"
 #include "tests/fuzz/fuzz_util.h"
 #include "tests/fuzz/hdf5_edits.h"
 #include "tests/fuzz/readers.h"

@@ -5,9 +5,9 @@
 #include <memory>
 #include <vector>
 
+#include "core/error.h"
 #include "datasets/dataset.h"
 #include "runtime/checkpoint/checkpoint.h"
-#include "runtime/error.h"
 
 namespace dptrain::fuzz {
 namespace {
@@ -49,12 +49,13 @@ void ExerciseCheckpointFile(const std::string& path) {
   try {
     (void)IsCheckpointFile(path);
     const Checkpoint ckpt = ReadCheckpoint(path);
-    const std::vector<TensorSpec> params = {{"fc.weight", {2, 3}, CkptDType::kF32, false},
-                                            {"fc.bias", {2}, CkptDType::kF32, false},
-                                            {"bn.num_batches_tracked", {}, CkptDType::kI64, true}};
+    const std::vector<TensorSpec> params = {
+        {"fc.weight", {2, 3}, CheckpointDType::kF32, false},
+        {"fc.bias", {2}, CheckpointDType::kF32, false},
+        {"bn.num_batches_tracked", {}, CheckpointDType::kI64, true}};
     const std::vector<TensorSpec> slots = {
-        {"fc.weight/momentum_buffer", {2, 3}, CkptDType::kF32, false},
-        {"fc.bias/momentum_buffer", {2}, CkptDType::kF32, false}};
+        {"fc.weight/momentum_buffer", {2, 3}, CheckpointDType::kF32, false},
+        {"fc.bias/momentum_buffer", {2}, CheckpointDType::kF32, false}};
     try {
       MatchCheckpoint(path, ckpt, params, &slots);
     } catch (const Error&) {

@@ -14,8 +14,8 @@
 #include <cstring>
 #include <filesystem>
 
+#include "core/backend_registry.h"
 #include "launcher/config.h"
-#include "runtime/backend_registry.h"
 #include "runtime/trainer.h"
 #include "tests/testing/mpi_testing.h"
 #include "tests/testing/temp_dir.h"
@@ -40,13 +40,13 @@ TrainConfig CnnConfig(const std::string& run_dir, int64_t steps) {
   c.data.train = "synthetic";
   c.data.synthetic_samples = 512;
   c.data.workers = 2;
-  c.data.augment = "crop-flip";
+  c.data.augment = Augment::kCropFlip;
   c.train.epochs = 0;
   c.train.max_steps = steps;
   c.train.global_batch = 32;
   c.train.lr = 0.05;
   c.train.nesterov = true;
-  c.train.schedule = "cosine";
+  c.train.schedule = ScheduleKind::kCosine;
   c.train.warmup_steps = 3;
   c.train.log_every_steps = 1000;
   c.train.eval_every_epochs = 0;
@@ -75,11 +75,11 @@ TrainConfig BnConfig(const std::string& run_dir, int64_t steps) {
                     layer("relu", "act"),          layer("maxpool", "pool"),
                     layer("flatten", "flat"),      layer("dropout", "drop"),
                     layer("linear", "fc", 10)};
-  c.data.augment = "none";
-  c.train.optimizer = "adamw";
+  c.data.augment = Augment::kNone;
+  c.train.optimizer = OptimizerKind::kAdamW;
   c.train.lr = 2e-3;
   c.train.weight_decay = 0.01;
-  c.train.schedule = "step";
+  c.train.schedule = ScheduleKind::kStep;
   c.train.step_size = 5;
   c.train.gamma = 0.5;
   c.train.accumulate = 2;

@@ -6,7 +6,7 @@
 
 #include <cmath>
 
-#include "runtime/backend_registry.h"
+#include "core/backend_registry.h"
 #include "runtime/comm/reducer.h"
 #include "tests/testing/backends.h"
 #include "tests/testing/mpi_testing.h"

@@ -9,9 +9,9 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "core/backend_registry.h"
+#include "core/error.h"
 #include "launcher/config.h"
-#include "runtime/backend_registry.h"
-#include "runtime/error.h"
 #include "runtime/trainer.h"
 #include "tests/testing/mpi_testing.h"
 #include "tests/testing/train_runs.h"
@@ -43,7 +43,7 @@ TrainConfig Config(int64_t steps, int64_t accumulate = 1) {
   c.train.global_batch = 64;
   c.train.accumulate = accumulate;
   c.train.lr = 0.05;
-  c.train.schedule = "cosine";
+  c.train.schedule = ScheduleKind::kCosine;
   c.train.log_every_steps = 1000;
   c.train.eval_every_epochs = 0;
   c.run_dir = "/nonexistent";  // quiet runs write nothing

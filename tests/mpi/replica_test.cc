@@ -6,9 +6,9 @@
 
 #include <cstring>
 
-#include "runtime/backend_registry.h"
+#include "core/backend_registry.h"
+#include "core/error.h"
 #include "runtime/comm/replica_check.h"
-#include "runtime/error.h"
 #include "tests/testing/mpi_testing.h"
 
 namespace dptrain {

@@ -8,9 +8,9 @@
 #include <cstdlib>
 #include <string>
 
+#include "core/error.h"
 #include "runtime/comm/mpi_communicator.h"
 #include "runtime/comm/watchdog.h"
-#include "runtime/error.h"
 
 int main(int argc, char** argv) {
   using namespace dptrain;

@@ -11,8 +11,8 @@
 #include <random>
 #include <sstream>
 
-#include "runtime/backend_registry.h"
-#include "runtime/error.h"
+#include "core/backend_registry.h"
+#include "core/error.h"
 
 namespace dptrain::testing {
 

@@ -21,8 +21,8 @@
 #include <string>
 #include <vector>
 
-#include "runtime/backend.h"
-#include "runtime/tensor.h"
+#include "core/backend.h"
+#include "core/tensor.h"
 #include "tests/testing/tolerances.h"
 
 namespace dptrain::testing {

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/tensor.h"
+#include "core/tensor.h"
 #include "tests/testing/temp_dir.h"
 
 namespace dptrain::testing {

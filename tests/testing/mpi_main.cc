@@ -11,8 +11,8 @@
 #include <memory>
 #include <string>
 
+#include "core/error.h"
 #include "runtime/comm/mpi_communicator.h"
-#include "runtime/error.h"
 #include "tests/testing/mpi_testing.h"
 
 namespace {

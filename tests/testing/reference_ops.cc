@@ -7,7 +7,7 @@
 #include <cmath>
 #include <limits>
 
-#include "runtime/error.h"
+#include "core/error.h"
 
 namespace dptrain::ref {
 namespace {

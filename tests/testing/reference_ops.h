@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Reference implementations of every op in runtime/backend.h: naive loops in double precision on
+// Reference implementations of every op in core/backend.h: naive loops in double precision on
 // std::vector<double> with explicit shapes. Obviously correct rather than fast; the conformance
 // suites (tests/conformance/) compare each backend with these.
 //
@@ -9,7 +9,7 @@
 //    (checked; a mismatch throws InternalError).
 //  - Outputs are resized and overwritten, except weight gradients with `accumulate = true`,
 //    which are added to (the output must then already have the right size).
-//  - Nothing here calls the shared math in runtime/elementwise.h except the dropout mask
+//  - Nothing here calls the shared math in core/elementwise.h except the dropout mask
 //    (ew::DropoutScale decides which elements are kept; the scaling itself is done in double),
 //    so a slip in the shared math shows up as a conformance failure.
 #pragma once
@@ -17,8 +17,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "runtime/backend.h"
-#include "runtime/elementwise.h"
+#include "core/backend.h"
+#include "core/elementwise.h"
 
 namespace dptrain::ref {
 

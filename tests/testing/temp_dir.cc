@@ -7,7 +7,7 @@
 #include <system_error>
 #include <vector>
 
-#include "runtime/error.h"
+#include "core/error.h"
 
 namespace dptrain::testing {
 

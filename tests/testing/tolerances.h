@@ -8,7 +8,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "runtime/backend.h"
+#include "core/backend.h"
 
 namespace dptrain::testing {
 

@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "runtime/backend_registry.h"
+#include "core/backend_registry.h"
 
 namespace dptrain::testing {
 

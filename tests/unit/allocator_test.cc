@@ -6,8 +6,8 @@
 #include <cstdlib>
 #include <vector>
 
-#include "runtime/error.h"
-#include "runtime/memory/caching_allocator.h"
+#include "core/error.h"
+#include "core/memory/caching_allocator.h"
 
 namespace dptrain {
 namespace {

@@ -14,8 +14,8 @@
 #include <filesystem>
 #include <thread>
 
+#include "core/error.h"
 #include "datasets/hdf5_writer.h"
-#include "runtime/error.h"
 #include "tests/testing/hdf5_files.h"
 
 namespace dptrain {
@@ -28,8 +28,8 @@ using testing::ReadBytes;
 using testing::TempDir;
 using testing::WriteBytes;
 
-CkptTensor F32(const std::string& name, std::vector<int64_t> shape, float base) {
-  CkptTensor t;
+CheckpointTensor F32(const std::string& name, std::vector<int64_t> shape, float base) {
+  CheckpointTensor t;
   t.name = name;
   t.shape = std::move(shape);
   t.f32.resize(static_cast<size_t>(t.numel()));
@@ -62,18 +62,18 @@ Checkpoint MakeCheckpoint(int64_t step, const std::string& prefix = "") {
   c.params.push_back(F32(prefix + "conv.bias", {4}, 2000.f));
   c.params.push_back(F32(prefix + "bn.weight", {4}, 3000.f));
   c.params.push_back(F32(prefix + "bn.running_mean", {4}, 4000.f));
-  CkptTensor nbt;
+  CheckpointTensor nbt;
   nbt.name = prefix + "bn.num_batches_tracked";
-  nbt.dtype = CkptDType::kI64;
+  nbt.dtype = CheckpointDType::kI64;
   nbt.i64 = {step * 2};
   c.params.push_back(nbt);
   c.params.push_back(F32(prefix + "fc.weight", {3, 64}, 5000.f));
   for (const auto* p : {"conv.weight", "conv.bias", "bn.weight", "fc.weight"}) {
-    const CkptTensor* t = nullptr;
+    const CheckpointTensor* t = nullptr;
     for (const auto& q : c.params) {
       if (q.name == prefix + p) t = &q;
     }
-    CkptTensor m = F32(prefix + p + std::string("/momentum_buffer"), t->shape, 6000.f);
+    CheckpointTensor m = F32(prefix + p + std::string("/momentum_buffer"), t->shape, 6000.f);
     c.optimizer.push_back(m);
   }
   return c;
@@ -84,7 +84,7 @@ std::vector<TensorSpec> ModelSpecs() {
           {"conv.bias", {4}},
           {"bn.weight", {4}},
           {"bn.running_mean", {4}},
-          {"bn.num_batches_tracked", {}, CkptDType::kI64, true},
+          {"bn.num_batches_tracked", {}, CheckpointDType::kI64, true},
           {"fc.weight", {3, 64}}};
 }
 
@@ -153,7 +153,7 @@ TEST(CheckpointTest, RoundTripKeepsEveryField) {
   ASSERT_EQ(r.params.size(), c.params.size());
   ASSERT_EQ(r.optimizer.size(), c.optimizer.size());
   for (const auto& t : c.params) {
-    const CkptTensor* got = r.FindParam(t.name);
+    const CheckpointTensor* got = r.FindParam(t.name);
     ASSERT_NE(got, nullptr) << t.name;
     EXPECT_EQ(got->shape, t.shape) << t.name;
     EXPECT_EQ(got->dtype, t.dtype) << t.name;
@@ -161,7 +161,7 @@ TEST(CheckpointTest, RoundTripKeepsEveryField) {
     EXPECT_EQ(got->i64, t.i64) << t.name;
   }
   for (const auto& t : c.optimizer) {
-    const CkptTensor* got = r.FindOptimizer(t.name);
+    const CheckpointTensor* got = r.FindOptimizer(t.name);
     ASSERT_NE(got, nullptr) << t.name;
     EXPECT_EQ(got->f32, t.f32) << t.name;
   }
@@ -208,7 +208,7 @@ TEST(CheckpointTest, FlippedByteIsReportedWithFileAndTensor) {
   const Checkpoint c = MakeCheckpoint(8);
   const std::string path = WriteCheckpoint(dir.path(), c, 3).path;
   std::string bytes = ReadBytes(path);
-  const CkptTensor& fc = c.params.back();
+  const CheckpointTensor& fc = c.params.back();
   ASSERT_EQ(fc.name, "fc.weight");
   const std::string needle(reinterpret_cast<const char*>(fc.f32.data()), fc.f32.size() * 4);
   const size_t at = bytes.find(needle);
@@ -280,7 +280,7 @@ TEST(CheckpointTest, MismatchListsEveryProblemInOneMessage) {
   // num_batches_tracked may be absent (dptrain does not use it).
   Checkpoint no_nbt = c;
   std::erase_if(no_nbt.params,
-                [](const CkptTensor& t) { return t.name == "bn.num_batches_tracked"; });
+                [](const CheckpointTensor& t) { return t.name == "bn.num_batches_tracked"; });
   ASSERT_EQ(no_nbt.params.size(), c.params.size() - 1);
   EXPECT_NO_THROW(MatchCheckpoint(path, no_nbt, ModelSpecs(), nullptr));
 }

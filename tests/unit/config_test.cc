@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/error.h"
+#include "core/error.h"
 
 namespace dptrain {
 namespace {
@@ -123,26 +123,26 @@ TEST(ConfigTest, DefaultsWhenKeysAbsent) {
   EXPECT_EQ(c.model.name, "ref_cnn");
   EXPECT_EQ(c.model.classes, 10);
   EXPECT_TRUE(c.model.layers.empty());
-  EXPECT_EQ(c.model.loss, "auto");
+  EXPECT_EQ(ConfigName(c.model.loss), "auto");
   EXPECT_EQ(c.data.train, "synthetic");
   EXPECT_EQ(c.data.test, "");
   EXPECT_TRUE(c.data.mean.empty());
   EXPECT_TRUE(c.data.std.empty());
   EXPECT_TRUE(c.data.shuffle);
-  EXPECT_EQ(c.data.augment, "none");
+  EXPECT_EQ(ConfigName(c.data.augment), "none");
   EXPECT_EQ(c.data.workers, 2);
   EXPECT_EQ(c.data.synthetic_samples, 8192);
-  EXPECT_EQ(c.data.cache, "auto");
+  EXPECT_EQ(ConfigName(c.data.cache), "auto");
 
-  const TrainSection defaults;
+  const TrainLoopConfig defaults;
   EXPECT_EQ(c.train, defaults);
   EXPECT_EQ(c.train.epochs, 5);
   EXPECT_EQ(c.train.global_batch, 128);
-  EXPECT_EQ(c.train.optimizer, "sgd");
+  EXPECT_EQ(ConfigName(c.train.optimizer), "sgd");
   EXPECT_DOUBLE_EQ(c.train.lr, 0.05);
   EXPECT_DOUBLE_EQ(c.train.weight_decay, 5e-4);
-  EXPECT_EQ(c.train.schedule, "constant");
-  EXPECT_EQ(c.train.precision, "fp32");
+  EXPECT_EQ(ConfigName(c.train.schedule), "constant");
+  EXPECT_EQ(ConfigName(c.train.precision), "fp32");
 
   EXPECT_EQ(c.checkpoint, CheckpointConfig{});
   EXPECT_EQ(c.checkpoint.resume, "auto");
@@ -150,7 +150,7 @@ TEST(ConfigTest, DefaultsWhenKeysAbsent) {
   EXPECT_EQ(c.memory, MemoryConfig{});
   EXPECT_EQ(c.memory.limit_bytes, 0u);
   EXPECT_EQ(c.dist, DistConfig{});
-  EXPECT_EQ(c.dist.device_binding, "remap");
+  EXPECT_EQ(ConfigName(c.dist.device_binding), "remap");
   EXPECT_EQ(c.dist.bucket_mb, 25);
   EXPECT_DOUBLE_EQ(c.dist.collective_timeout_s, 300);
 }
@@ -161,20 +161,20 @@ TEST(ConfigTest, FullConfigValues) {
   EXPECT_EQ(c.seed, 7);
   EXPECT_EQ(c.model.name, "cifar_net");
   EXPECT_EQ(c.model.classes, 100);
-  EXPECT_EQ(c.model.loss, "cross_entropy");
+  EXPECT_EQ(ConfigName(c.model.loss), "cross_entropy");
   EXPECT_EQ(c.data.test, "data/cifar/test.h5");
   EXPECT_EQ(c.data.mean, (std::vector<double>{0.4914, 0.4822, 0.4465}));
   EXPECT_EQ(c.data.std, (std::vector<double>{0.247, 0.2435, 0.2616}));
   EXPECT_FALSE(c.data.shuffle);
-  EXPECT_EQ(c.data.augment, "crop-flip");
+  EXPECT_EQ(ConfigName(c.data.augment), "crop-flip");
   EXPECT_EQ(c.data.workers, 0);
   EXPECT_EQ(c.data.synthetic_samples, 1000);
-  EXPECT_EQ(c.data.cache, "chunks");
+  EXPECT_EQ(ConfigName(c.data.cache), "chunks");
   EXPECT_EQ(c.train.epochs, 0);
   EXPECT_EQ(c.train.max_steps, 1000);
   EXPECT_EQ(c.train.global_batch, 256);
   EXPECT_EQ(c.train.accumulate, 4);
-  EXPECT_EQ(c.train.optimizer, "adamw");
+  EXPECT_EQ(ConfigName(c.train.optimizer), "adamw");
   EXPECT_DOUBLE_EQ(c.train.lr, 3e-4);
   EXPECT_DOUBLE_EQ(c.train.momentum, 0.8);
   EXPECT_TRUE(c.train.nesterov);
@@ -182,11 +182,11 @@ TEST(ConfigTest, FullConfigValues) {
   EXPECT_DOUBLE_EQ(c.train.beta1, 0.85);
   EXPECT_DOUBLE_EQ(c.train.beta2, 0.95);
   EXPECT_DOUBLE_EQ(c.train.eps, 1e-6);
-  EXPECT_EQ(c.train.schedule, "step");
+  EXPECT_EQ(ConfigName(c.train.schedule), "step");
   EXPECT_EQ(c.train.step_size, 300);
   EXPECT_DOUBLE_EQ(c.train.gamma, 0.5);
   EXPECT_EQ(c.train.warmup_steps, 100);
-  EXPECT_EQ(c.train.precision, "bf16");
+  EXPECT_EQ(ConfigName(c.train.precision), "bf16");
   EXPECT_EQ(c.train.log_every_steps, 10);
   EXPECT_EQ(c.train.eval_every_epochs, 2);
   EXPECT_TRUE(c.train.deterministic);
@@ -198,9 +198,9 @@ TEST(ConfigTest, FullConfigValues) {
   EXPECT_EQ(c.memory.limit, "2GiB");
   EXPECT_EQ(c.memory.limit_bytes, size_t{2} << 30);
   EXPECT_TRUE(c.memory.auto_microbatch);
-  EXPECT_EQ(c.dist.device, "cuda");
-  EXPECT_EQ(c.dist.backend, "nccl");
-  EXPECT_EQ(c.dist.device_binding, "set-device");
+  EXPECT_EQ(ConfigName(c.dist.device), "cuda");
+  EXPECT_EQ(ConfigName(c.dist.backend), "nccl");
+  EXPECT_EQ(ConfigName(c.dist.device_binding), "set-device");
   EXPECT_EQ(c.dist.gpus, "2,3");
   EXPECT_EQ(c.dist.bucket_mb, 50);
   EXPECT_DOUBLE_EQ(c.dist.collective_timeout_s, 60.5);
@@ -468,7 +468,7 @@ TEST(ConfigTest, SetStringsNeedNoQuotes) {
   EXPECT_EQ(c.data.test, "/data/t.h5");
   EXPECT_EQ(c.run_dir, "runs/q");
   EXPECT_EQ(c.model.name, "mlp");
-  EXPECT_EQ(c.train.optimizer, "adamw");
+  EXPECT_EQ(ConfigName(c.train.optimizer), "adamw");
   EXPECT_EQ(c.dist.gpus, "0,1");
 }
 

@@ -14,8 +14,8 @@
 #include <numeric>
 #include <random>
 
+#include "core/error.h"
 #include "datasets/dataset.h"
-#include "runtime/error.h"
 #include "tests/testing/hdf5_files.h"
 
 namespace dptrain {

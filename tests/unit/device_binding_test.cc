@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "launcher/config.h"
-#include "runtime/error.h"
 
 namespace dptrain {
 namespace {
@@ -302,7 +302,7 @@ TEST(DeviceBindingTest, RequestFromEnvironment) {
   };
   DistConfig dist;
   dist.gpus = " 2,3 ";
-  dist.device_binding = "set-device";
+  dist.device_binding = BindingPolicy::kSetDevice;
   GpuInventory inv;
   inv.available = true;
   inv.gpus.resize(4);

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The shared fp16 casts of runtime/elementwise.h (used by the CPU backend's fp16 mode and
+// The shared fp16 casts of core/elementwise.h (used by the CPU backend's fp16 mode and
 // matching the CUDA kernels' __float2half_rn) against this CPU's F16C conversion instructions,
 // on every fp16 value, every halfway point between neighbours (round to nearest even) and one
 // float ulp either side of them, the overflow threshold, subnormals and NaN.
@@ -11,7 +11,7 @@
 #include <cstring>
 #include <limits>
 
-#include "runtime/elementwise.h"
+#include "core/elementwise.h"
 
 namespace dptrain {
 namespace {

@@ -11,10 +11,10 @@
 #include <random>
 #include <thread>
 
+#include "core/error.h"
 #include "datasets/dataset.h"
 #include "datasets/hdf5_writer.h"
 #include "datasets/inspect.h"
-#include "runtime/error.h"
 #include "tests/testing/hdf5_files.h"
 
 namespace dptrain {
@@ -25,7 +25,8 @@ using testing::TempDir;
 
 OpenOptions Mode(const std::string& cache, int64_t classes = -1) {
   OpenOptions o;
-  o.cache = cache;
+  o.cache = cache == "ram" ? CacheMode::kRam
+                           : (cache == "chunks" ? CacheMode::kChunks : CacheMode::kAuto);
   o.classes = classes;
   return o;
 }
@@ -433,13 +434,6 @@ TEST(Hdf5DatasetTest, BadMeanAttribute) {
   w.SetFloatsAttr("/", "mean", {0.1f, 0.2f});  // 2 values for 3 channels
   w.Close();
   ExpectOpenError(path, {path, "/images", "mean", "1 or C = 3"});
-}
-
-TEST(Hdf5DatasetTest, UnknownCacheModeIsConfigError) {
-  TempDir dir;
-  const std::string path = dir.File("d.h5");
-  testing::WriteSmallU8Dataset(path, 4, 1, 2, 2, 2);
-  EXPECT_THROW(OpenHdf5Dataset(path, Mode("disk")), ConfigError);
 }
 
 TEST(Hdf5DatasetTest, WriterRejectsBadInput) {

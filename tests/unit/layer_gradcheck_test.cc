@@ -8,6 +8,7 @@
 #include <cmath>
 #include <functional>
 
+#include "core/backend_registry.h"
 #include "models/layers/activation.h"
 #include "models/layers/batch_norm.h"
 #include "models/layers/conv2d.h"
@@ -17,7 +18,6 @@
 #include "models/loss.h"
 #include "models/model.h"
 #include "models/zoo/zoo.h"
-#include "runtime/backend_registry.h"
 #include "tests/testing/backends.h"
 
 namespace dptrain {

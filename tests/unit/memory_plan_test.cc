@@ -5,8 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include "core/backend_registry.h"
 #include "models/zoo/zoo.h"
-#include "runtime/backend_registry.h"
 #include "runtime/optim/optimizer.h"
 #include "tests/testing/backends.h"
 
@@ -105,7 +105,7 @@ TEST(MemoryPlanTest, InUseIsTheSameAfterEveryStepFor1000Steps) {
   m.InitParams(1);
   Loss loss(be, LossKind::kCrossEntropy, m.output_shape());
   OptimizerConfig oc;
-  oc.kind = "adamw";
+  oc.kind = OptimizerKind::kAdamW;
   Optimizer opt(be, oc, m.params());
   Tensor x = testing::ToDevice(be, testing::RandomUniform(16 * 64, 2), Shape{16, 1, 8, 8});
   Tensor y = be.Zeros(Shape{16}, DType::kI32, "labels");

@@ -8,9 +8,9 @@
 
 #include <map>
 
+#include "core/backend_registry.h"
+#include "core/error.h"
 #include "models/zoo/zoo.h"
-#include "runtime/backend_registry.h"
-#include "runtime/error.h"
 #include "tests/testing/backends.h"
 
 namespace dptrain {

@@ -7,7 +7,7 @@
 
 #include <cmath>
 
-#include "runtime/backend_registry.h"
+#include "core/backend_registry.h"
 #include "tests/testing/backends.h"
 
 namespace dptrain {
@@ -70,7 +70,7 @@ TEST(OptimizerTest, AdamWMatchesHandComputed) {
   Tensor p = ToDevice(be, std::vector<float>{1.f}, Shape{1});
   Tensor g = ToDevice(be, std::vector<float>{0.5f}, Shape{1});
   OptimizerConfig c;
-  c.kind = "adamw";
+  c.kind = OptimizerKind::kAdamW;
   c.weight_decay = 0.01;
   Optimizer opt(be, c, p);
   ASSERT_EQ(opt.slot_names(), (std::vector<std::string>{"exp_avg", "exp_avg_sq"}));
@@ -101,7 +101,7 @@ TEST(ScheduleTest, ConstantWithWarmup) {
 
 TEST(ScheduleTest, StepDecaysAtBoundaries) {
   ScheduleConfig c;
-  c.kind = "step";
+  c.kind = ScheduleKind::kStep;
   c.base_lr = 1;
   c.step_size = 10;
   c.gamma = 0.5;
@@ -117,7 +117,7 @@ TEST(ScheduleTest, StepDecaysAtBoundaries) {
 
 TEST(ScheduleTest, CosineStartsAtBaseEndsAtZero) {
   ScheduleConfig c;
-  c.kind = "cosine";
+  c.kind = ScheduleKind::kCosine;
   c.base_lr = 0.2;
   c.total_steps = 100;
   EXPECT_DOUBLE_EQ(LearningRate(c, 0), 0.2);

@@ -11,7 +11,7 @@
 #include <set>
 #include <thread>
 
-#include "runtime/error.h"
+#include "core/error.h"
 
 namespace dptrain {
 namespace {

@@ -1,0 +1,85 @@
+// SPDX-License-Identifier: Apache-2.0
+// Backend helpers shared by every implementation and descriptor printing.
+#include "core/backend.h"
+
+#include <algorithm>
+#include <chrono>
+#include <sstream>
+
+namespace dptrain {
+
+const char* PrecisionName(Precision p) {
+  switch (p) {
+    case Precision::kF32:
+      return "fp32";
+    case Precision::kBF16:
+      return "bf16";
+    case Precision::kF16:
+      return "fp16";
+  }
+  return "?";
+}
+
+Tensor Backend::Empty(const Shape& shape, DType dtype, std::string_view label) {
+  const size_t bytes = static_cast<size_t>(shape.numel()) * SizeOf(dtype);
+  return Tensor(allocator_->Allocate(bytes, label), shape, dtype);
+}
+
+Tensor Backend::Zeros(const Shape& shape, DType dtype, std::string_view label) {
+  Tensor t = Empty(shape, dtype, label);
+  Zero(&t);
+  return t;
+}
+
+namespace {
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
+Backend::OpScope::OpScope(Backend* be, const char* name) : be_(be), name_(name) {
+  if (be_->profiling_) start_ns_ = NowNs();
+}
+
+Backend::OpScope::~OpScope() {
+  if (!be_->profiling_) return;
+  be_->Synchronize();
+  OpStat& s = be_->stats_[name_];
+  s.name = name_;
+  ++s.calls;
+  s.seconds += static_cast<double>(NowNs() - start_ns_) * 1e-9;
+}
+
+std::vector<OpStat> Backend::Profile() const {
+  std::vector<OpStat> out;
+  for (const auto& [name, s] : stats_) out.push_back(s);
+  std::sort(out.begin(), out.end(),
+            [](const OpStat& a, const OpStat& b) { return a.seconds > b.seconds; });
+  return out;
+}
+
+std::string Conv2dDesc::ToString() const {
+  std::ostringstream os;
+  os << "conv2d x=(" << n << "," << c << "," << h << "," << w << ") k=" << k << " kernel=" << r
+     << "x" << s << " stride=" << stride << " pad=" << pad << " bias=" << bias << " "
+     << PrecisionName(precision);
+  return os.str();
+}
+
+std::string LinearDesc::ToString() const {
+  std::ostringstream os;
+  os << "linear x=(" << n << "," << in << ") out=" << out << " bias=" << bias << " "
+     << PrecisionName(precision);
+  return os.str();
+}
+
+std::string PoolDesc::ToString() const {
+  std::ostringstream os;
+  os << (kind == PoolKind::kMax ? "maxpool" : "avgpool") << " x=(" << n << "," << c << "," << h
+     << "," << w << ") kernel=" << kernel << " stride=" << stride << " pad=" << pad;
+  return os.str();
+}
+
+}  // namespace dptrain

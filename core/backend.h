@@ -1,0 +1,218 @@
+// SPDX-License-Identifier: Apache-2.0
+// The Backend seam: memory, copies, synchronisation and every op the layers and the optimizer
+// need, described by small plain descriptor structs. Layers, models, the trainer and optimizers
+// call only this interface; CPU (oneDNN) and CUDA (cuDNN/cuBLAS) implement it.
+//
+// Contracts common to all ops:
+//  - Tensors are dense row-major (NCHW for images, [N, F] for features, PyTorch weight layouts:
+//    conv OIHW, linear [out, in]). Activations, weights and gradients are f32 in memory; a
+//    descriptor's `precision` selects the compute type (bf16/f16 run the math in that type with
+//    f32 master weights where the backend supports it).
+//  - Inputs are `const Tensor&`; outputs are `Tensor*` and are overwritten, except weight
+//    gradients with `accumulate = true`, which are added to (gradient accumulation).
+//  - Prepare* does the expensive work once per shape (primitive / algorithm choice, workspace
+//    size) and caches it; Run-style calls allocate nothing.
+//  - Ops are asynchronous with respect to the host on devices that have streams; anything that
+//    returns a value to the host (CountNonFinite, CopyToHost) synchronises.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/elementwise.h"
+#include "core/memory/caching_allocator.h"
+#include "core/tensor.h"
+
+namespace dptrain {
+
+enum class Precision : uint8_t { kF32, kBF16, kF16 };
+const char* PrecisionName(Precision p);
+
+struct Conv2dDesc {
+  int64_t n = 0, c = 0, h = 0, w = 0;  // input (N, C, H, W)
+  int64_t k = 0, r = 0, s = 0;         // output channels, kernel height, width
+  int64_t stride = 1, pad = 0;
+  bool bias = true;
+  Precision precision = Precision::kF32;
+  int64_t out_h() const { return (h + 2 * pad - r) / stride + 1; }
+  int64_t out_w() const { return (w + 2 * pad - s) / stride + 1; }
+  std::string ToString() const;
+};
+
+struct LinearDesc {
+  int64_t n = 0, in = 0, out = 0;  // x: (n, in), W: (out, in), y: (n, out)
+  bool bias = true;
+  Precision precision = Precision::kF32;
+  std::string ToString() const;
+};
+
+enum class PoolKind : uint8_t { kMax, kAvg };
+struct PoolDesc {
+  PoolKind kind = PoolKind::kMax;
+  int64_t n = 0, c = 0, h = 0, w = 0;
+  int64_t kernel = 2, stride = 2, pad = 0;  // average pooling counts padding (PyTorch default)
+  int64_t out_h() const { return (h + 2 * pad - kernel) / stride + 1; }
+  int64_t out_w() const { return (w + 2 * pad - kernel) / stride + 1; }
+  std::string ToString() const;
+};
+
+// What Prepare* returns: backend-specific state for one shape. `workspace_bytes` is the size of
+// the per-call workspace a layer must allocate once and pass back (max-pool indices).
+class OpPlan {
+ public:
+  virtual ~OpPlan() = default;
+  size_t workspace_bytes = 0;
+  // Device memory the plan itself holds (staging buffers for layout/precision conversion,
+  // gradient accumulators), shared by every layer that uses this plan. For memory planning.
+  size_t held_bytes = 0;
+};
+
+// Time spent in one kind of op (profiling, see Backend::EnableProfiling).
+struct OpStat {
+  std::string name;
+  int64_t calls = 0;
+  double seconds = 0;
+};
+
+struct BatchNormArgs {
+  double momentum = 0.1;  // running = (1 - momentum) * running + momentum * batch (PyTorch)
+  double eps = 1e-5;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual Device device() const = 0;
+  virtual std::string name() const = 0;  // "cpu", "cuda"
+  // Compute threads for this backend (CPU: OpenMP/oneDNN threads; no-op elsewhere).
+  virtual void SetThreads(int /*threads*/) {}
+
+  CachingAllocator& allocator() { return *allocator_; }
+  // Bytes of workspace the backend shares between all ops (oneDNN scratchpad, cuDNN workspace).
+  virtual size_t SharedWorkspaceBytes() const { return 0; }
+  // Drops every cached plan (and the shared workspace) so their memory can be freed once the
+  // layers holding them are gone: used when a batch size that did not fit is abandoned.
+  virtual void ReleasePlans() {}
+  // An uninitialised tensor from the caching allocator; `label` names it in OOM reports.
+  Tensor Empty(const Shape& shape, DType dtype, std::string_view label);
+  Tensor Zeros(const Shape& shape, DType dtype, std::string_view label);
+
+  // ---- memory and copies (byte counts must match) ----
+  virtual void CopyFromHost(const void* src, Tensor* dst) = 0;
+  virtual void CopyToHost(const Tensor& src, void* dst) = 0;  // synchronises
+  virtual void Copy(const Tensor& src, Tensor* dst) = 0;
+  virtual void Zero(Tensor* t) = 0;
+  virtual void Fill(Tensor* t, float value) = 0;  // f32
+  virtual void Synchronize() = 0;
+
+  // ---- support queries: an unsupported descriptor is an error at setup, never a fallback ----
+  virtual bool Supports(const Conv2dDesc&) const { return true; }
+  virtual bool Supports(const LinearDesc&) const { return true; }
+  virtual bool Supports(const PoolDesc&) const { return true; }
+
+  // ---- conv2d: x (N,C,H,W), w (K,C,R,S), b (K), y (N,K,P,Q) ----
+  virtual std::shared_ptr<OpPlan> PrepareConv2d(const Conv2dDesc& d) = 0;
+  virtual void Conv2dForward(const OpPlan& plan, const Tensor& x, const Tensor& w, const Tensor* b,
+                             Tensor* y) = 0;
+  virtual void Conv2dBackwardData(const OpPlan& plan, const Tensor& dy, const Tensor& w,
+                                  Tensor* dx) = 0;
+  virtual void Conv2dBackwardWeights(const OpPlan& plan, const Tensor& x, const Tensor& dy,
+                                     Tensor* dw, Tensor* db, bool accumulate) = 0;
+
+  // ---- linear: y = x W^T + b ----
+  virtual std::shared_ptr<OpPlan> PrepareLinear(const LinearDesc& d) = 0;
+  virtual void LinearForward(const OpPlan& plan, const Tensor& x, const Tensor& w, const Tensor* b,
+                             Tensor* y) = 0;
+  virtual void LinearBackwardData(const OpPlan& plan, const Tensor& dy, const Tensor& w,
+                                  Tensor* dx) = 0;
+  virtual void LinearBackwardWeights(const OpPlan& plan, const Tensor& x, const Tensor& dy,
+                                     Tensor* dw, Tensor* db, bool accumulate) = 0;
+
+  // ---- pooling: `ws` (plan.workspace_bytes, u8) is written in training forward, read in
+  // backward; pass nullptr for inference. ----
+  virtual std::shared_ptr<OpPlan> PreparePool(const PoolDesc& d) = 0;
+  virtual void PoolForward(const OpPlan& plan, const Tensor& x, Tensor* y, Tensor* ws) = 0;
+  virtual void PoolBackward(const OpPlan& plan, const Tensor& dy, const Tensor* ws, Tensor* dx) = 0;
+
+  // ---- elementwise ----
+  virtual void ReluForward(const Tensor& x, Tensor* y) = 0;
+  virtual void ReluBackward(const Tensor& y, const Tensor& dy, Tensor* dx) = 0;
+  virtual void Add(const Tensor& a, const Tensor& b, Tensor* y) = 0;  // y may alias a or b
+  virtual void Scale(Tensor* t, float alpha) = 0;
+  // Inverted dropout with a stateless mask from (seed, element index).
+  virtual void DropoutForward(const Tensor& x, float p, uint64_t seed, Tensor* y) = 0;
+  virtual void DropoutBackward(const Tensor& dy, float p, uint64_t seed, Tensor* dx) = 0;
+
+  // ---- batch norm over (N, H, W) per channel; x is (N, C) or (N, C, H, W) ----
+  // Training: normalises with batch statistics, saves mean and 1/sqrt(var+eps) for backward and
+  // updates running statistics (unbiased variance, as PyTorch).
+  virtual void BatchNormForwardTraining(const BatchNormArgs& a, const Tensor& x,
+                                        const Tensor& gamma, const Tensor& beta,
+                                        Tensor* running_mean, Tensor* running_var, Tensor* y,
+                                        Tensor* save_mean, Tensor* save_invstd) = 0;
+  virtual void BatchNormForwardInference(const BatchNormArgs& a, const Tensor& x,
+                                         const Tensor& gamma, const Tensor& beta,
+                                         const Tensor& running_mean, const Tensor& running_var,
+                                         Tensor* y) = 0;
+  virtual void BatchNormBackward(const Tensor& x, const Tensor& dy, const Tensor& gamma,
+                                 const Tensor& save_mean, const Tensor& save_invstd, Tensor* dx,
+                                 Tensor* dgamma, Tensor* dbeta, bool accumulate) = 0;
+
+  // ---- losses: sums over the batch (the caller divides), written to 1-element f32 tensors ----
+  // logits (N, K), labels i32 (N); probs (N, K) kept for backward; correct = argmax hits.
+  virtual void SoftmaxCrossEntropy(const Tensor& logits, const Tensor& labels, Tensor* probs,
+                                   Tensor* loss_sum, Tensor* correct) = 0;
+  // dlogits = (probs - onehot(labels)) * scale
+  virtual void SoftmaxCrossEntropyBackward(const Tensor& probs, const Tensor& labels, float scale,
+                                           Tensor* dlogits) = 0;
+  // loss_sum = sum((y - t)^2); dy = 2 (y - t) * scale
+  virtual void MseLoss(const Tensor& y, const Tensor& t, Tensor* loss_sum) = 0;
+  virtual void MseBackward(const Tensor& y, const Tensor& t, float scale, Tensor* dy) = 0;
+
+  // ---- optimizer updates over flat f32 buffers (params, grads, state of equal length) ----
+  virtual void SgdStep(const ew::SgdHyper& h, Tensor* param, const Tensor& grad,
+                       Tensor* momentum) = 0;
+  virtual void AdamWStep(const ew::AdamWHyper& h, Tensor* param, const Tensor& grad, Tensor* m,
+                         Tensor* v) = 0;
+
+  // ---- profiling: wall time per op kind, measured around each call (on devices with streams
+  // the backend synchronises after each op while profiling is on). Off by default. ----
+  void EnableProfiling(bool on) { profiling_ = on; }
+  bool profiling() const { return profiling_; }
+  std::vector<OpStat> Profile() const;  // sorted by time, descending
+  void ResetProfile() { stats_.clear(); }
+
+  // ---- checks (synchronise) ----
+  virtual int64_t CountNonFinite(const Tensor& t) = 0;  // f32
+  // Sum of squares in double (for checksums and gradient norms).
+  virtual double SumSquares(const Tensor& t) = 0;
+
+ protected:
+  explicit Backend(std::unique_ptr<CachingAllocator> allocator)
+      : allocator_(std::move(allocator)) {}
+
+  // Put `OpScope scope(this, "conv2d_fwd");` first in every op implementation.
+  class OpScope {
+   public:
+    OpScope(Backend* be, const char* name);
+    ~OpScope();
+    OpScope(const OpScope&) = delete;
+    OpScope& operator=(const OpScope&) = delete;
+
+   private:
+    Backend* be_;
+    const char* name_;
+    int64_t start_ns_ = 0;
+  };
+
+ private:
+  std::unique_ptr<CachingAllocator> allocator_;
+  bool profiling_ = false;
+  std::map<std::string, OpStat> stats_;
+};
+
+}  // namespace dptrain

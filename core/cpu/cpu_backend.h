@@ -1,0 +1,97 @@
+// SPDX-License-Identifier: Apache-2.0
+// The CPU backend: the reference for every other backend. Convolution, linear and pooling run on
+// oneDNN primitives prepared once per shape and cached; elementwise ops, batch norm, losses and
+// optimizer updates are OpenMP loops over the shared math in core/elementwise.h.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "core/backend.h"
+
+namespace dptrain::cpu {
+
+class CpuBackend final : public Backend {
+ public:
+  CpuBackend();
+  ~CpuBackend() override;
+
+  Device device() const override { return Device::kCpu; }
+  std::string name() const override { return "cpu"; }
+  void SetThreads(int threads) override;
+  size_t SharedWorkspaceBytes() const override;
+  void ReleasePlans() override;
+
+  void CopyFromHost(const void* src, Tensor* dst) override;
+  void CopyToHost(const Tensor& src, void* dst) override;
+  void Copy(const Tensor& src, Tensor* dst) override;
+  void Zero(Tensor* t) override;
+  void Fill(Tensor* t, float value) override;
+  void Synchronize() override {}
+
+  bool Supports(const Conv2dDesc& d) const override;
+  bool Supports(const LinearDesc& d) const override;
+  bool Supports(const PoolDesc& d) const override;
+
+  std::shared_ptr<OpPlan> PrepareConv2d(const Conv2dDesc& d) override;
+  void Conv2dForward(const OpPlan& plan, const Tensor& x, const Tensor& w, const Tensor* b,
+                     Tensor* y) override;
+  void Conv2dBackwardData(const OpPlan& plan, const Tensor& dy, const Tensor& w,
+                          Tensor* dx) override;
+  void Conv2dBackwardWeights(const OpPlan& plan, const Tensor& x, const Tensor& dy, Tensor* dw,
+                             Tensor* db, bool accumulate) override;
+
+  std::shared_ptr<OpPlan> PrepareLinear(const LinearDesc& d) override;
+  void LinearForward(const OpPlan& plan, const Tensor& x, const Tensor& w, const Tensor* b,
+                     Tensor* y) override;
+  void LinearBackwardData(const OpPlan& plan, const Tensor& dy, const Tensor& w,
+                          Tensor* dx) override;
+  void LinearBackwardWeights(const OpPlan& plan, const Tensor& x, const Tensor& dy, Tensor* dw,
+                             Tensor* db, bool accumulate) override;
+
+  std::shared_ptr<OpPlan> PreparePool(const PoolDesc& d) override;
+  void PoolForward(const OpPlan& plan, const Tensor& x, Tensor* y, Tensor* ws) override;
+  void PoolBackward(const OpPlan& plan, const Tensor& dy, const Tensor* ws, Tensor* dx) override;
+
+  void ReluForward(const Tensor& x, Tensor* y) override;
+  void ReluBackward(const Tensor& y, const Tensor& dy, Tensor* dx) override;
+  void Add(const Tensor& a, const Tensor& b, Tensor* y) override;
+  void Scale(Tensor* t, float alpha) override;
+  void DropoutForward(const Tensor& x, float p, uint64_t seed, Tensor* y) override;
+  void DropoutBackward(const Tensor& dy, float p, uint64_t seed, Tensor* dx) override;
+
+  void BatchNormForwardTraining(const BatchNormArgs& a, const Tensor& x, const Tensor& gamma,
+                                const Tensor& beta, Tensor* running_mean, Tensor* running_var,
+                                Tensor* y, Tensor* save_mean, Tensor* save_invstd) override;
+  void BatchNormForwardInference(const BatchNormArgs& a, const Tensor& x, const Tensor& gamma,
+                                 const Tensor& beta, const Tensor& running_mean,
+                                 const Tensor& running_var, Tensor* y) override;
+  void BatchNormBackward(const Tensor& x, const Tensor& dy, const Tensor& gamma,
+                         const Tensor& save_mean, const Tensor& save_invstd, Tensor* dx,
+                         Tensor* dgamma, Tensor* dbeta, bool accumulate) override;
+
+  void SoftmaxCrossEntropy(const Tensor& logits, const Tensor& labels, Tensor* probs,
+                           Tensor* loss_sum, Tensor* correct) override;
+  void SoftmaxCrossEntropyBackward(const Tensor& probs, const Tensor& labels, float scale,
+                                   Tensor* dlogits) override;
+  void MseLoss(const Tensor& y, const Tensor& t, Tensor* loss_sum) override;
+  void MseBackward(const Tensor& y, const Tensor& t, float scale, Tensor* dy) override;
+
+  void SgdStep(const ew::SgdHyper& h, Tensor* param, const Tensor& grad, Tensor* momentum) override;
+  void AdamWStep(const ew::AdamWHyper& h, Tensor* param, const Tensor& grad, Tensor* m,
+                 Tensor* v) override;
+
+  int64_t CountNonFinite(const Tensor& t) override;
+  double SumSquares(const Tensor& t) override;
+
+ private:
+  struct Impl;  // oneDNN engine, stream and the plan caches
+  std::unique_ptr<Impl> impl_;
+};
+
+// The oneDNN library this binary runs with, "2.6.3" (for `dptrain info`).
+std::string OneDnnVersion();
+
+}  // namespace dptrain::cpu

@@ -1,0 +1,150 @@
+// SPDX-License-Identifier: Apache-2.0
+// The CUDA backend class, for code inside runtime/ that needs its stream or device (the NCCL
+// communicator). Includes CUDA, cuDNN and cuBLAS headers: never include it from a public header.
+//
+// Stream model: every op runs on one non-blocking compute stream per backend, so ops are ordered
+// among themselves and asynchronous to the host; calls that return values to the host
+// (CopyToHost, CountNonFinite, SumSquares, SoftmaxCrossEntropy's label check) synchronise it.
+// The caching allocator is not stream-aware: a buffer released on the host goes back to the cache
+// while kernels that use it may still be queued, which is safe only because every later user of
+// that buffer is queued behind them on the same stream. Work on other streams (NCCL's
+// communication stream) must therefore keep its tensors alive until it has finished (the NCCL
+// handles hold a reference until their collective completed).
+//
+// Threads: the backend's device is made current by the thread that creates it; copies,
+// synchronisation, the checks and Prepare* make it current again (MakeCurrent), so they may be
+// called from other threads too (under the remap binding the device is 0 everywhere anyway).
+// Host-to-device copies block until the data is on the device, so the source may be ordinary
+// pageable memory and may be reused at once; pinned host batches copied on a separate stream
+// (overlapping compute) are a possible later optimisation of the loader.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <cudnn.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <tuple>
+
+#include "core/backend.h"
+#include "core/cuda/cuda_backend.h"
+
+namespace dptrain::cuda {
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int ordinal);
+  ~CudaBackend() override;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  Device device() const override { return Device::kCuda; }
+  std::string name() const override { return "cuda"; }
+
+  // ---- for the NCCL communicator and the registry ----
+  cudaStream_t stream() const { return stream_; }
+  int ordinal() const { return ordinal_; }
+  const DeviceIdentity& identity() const { return identity_; }
+
+  void CopyFromHost(const void* src, Tensor* dst) override;
+  void CopyToHost(const Tensor& src, void* dst) override;
+  void Copy(const Tensor& src, Tensor* dst) override;
+  void Zero(Tensor* t) override;
+  void Fill(Tensor* t, float value) override;
+  void Synchronize() override;
+
+  bool Supports(const Conv2dDesc& d) const override;
+  bool Supports(const LinearDesc& d) const override;
+  bool Supports(const PoolDesc& d) const override;
+
+  std::shared_ptr<OpPlan> PrepareConv2d(const Conv2dDesc& d) override;
+  void Conv2dForward(const OpPlan& plan, const Tensor& x, const Tensor& w, const Tensor* b,
+                     Tensor* y) override;
+  void Conv2dBackwardData(const OpPlan& plan, const Tensor& dy, const Tensor& w,
+                          Tensor* dx) override;
+  void Conv2dBackwardWeights(const OpPlan& plan, const Tensor& x, const Tensor& dy, Tensor* dw,
+                             Tensor* db, bool accumulate) override;
+
+  std::shared_ptr<OpPlan> PrepareLinear(const LinearDesc& d) override;
+  void LinearForward(const OpPlan& plan, const Tensor& x, const Tensor& w, const Tensor* b,
+                     Tensor* y) override;
+  void LinearBackwardData(const OpPlan& plan, const Tensor& dy, const Tensor& w,
+                          Tensor* dx) override;
+  void LinearBackwardWeights(const OpPlan& plan, const Tensor& x, const Tensor& dy, Tensor* dw,
+                             Tensor* db, bool accumulate) override;
+
+  std::shared_ptr<OpPlan> PreparePool(const PoolDesc& d) override;
+  void PoolForward(const OpPlan& plan, const Tensor& x, Tensor* y, Tensor* ws) override;
+  void PoolBackward(const OpPlan& plan, const Tensor& dy, const Tensor* ws, Tensor* dx) override;
+
+  void ReluForward(const Tensor& x, Tensor* y) override;
+  void ReluBackward(const Tensor& y, const Tensor& dy, Tensor* dx) override;
+  void Add(const Tensor& a, const Tensor& b, Tensor* y) override;
+  void Scale(Tensor* t, float alpha) override;
+  void DropoutForward(const Tensor& x, float p, uint64_t seed, Tensor* y) override;
+  void DropoutBackward(const Tensor& dy, float p, uint64_t seed, Tensor* dx) override;
+
+  void BatchNormForwardTraining(const BatchNormArgs& a, const Tensor& x, const Tensor& gamma,
+                                const Tensor& beta, Tensor* running_mean, Tensor* running_var,
+                                Tensor* y, Tensor* save_mean, Tensor* save_invstd) override;
+  void BatchNormForwardInference(const BatchNormArgs& a, const Tensor& x, const Tensor& gamma,
+                                 const Tensor& beta, const Tensor& running_mean,
+                                 const Tensor& running_var, Tensor* y) override;
+  void BatchNormBackward(const Tensor& x, const Tensor& dy, const Tensor& gamma,
+                         const Tensor& save_mean, const Tensor& save_invstd, Tensor* dx,
+                         Tensor* dgamma, Tensor* dbeta, bool accumulate) override;
+
+  void SoftmaxCrossEntropy(const Tensor& logits, const Tensor& labels, Tensor* probs,
+                           Tensor* loss_sum, Tensor* correct) override;
+  void SoftmaxCrossEntropyBackward(const Tensor& probs, const Tensor& labels, float scale,
+                                   Tensor* dlogits) override;
+  void MseLoss(const Tensor& y, const Tensor& t, Tensor* loss_sum) override;
+  void MseBackward(const Tensor& y, const Tensor& t, float scale, Tensor* dy) override;
+
+  void SgdStep(const ew::SgdHyper& h, Tensor* param, const Tensor& grad, Tensor* momentum) override;
+  void AdamWStep(const ew::AdamWHyper& h, Tensor* param, const Tensor& grad, Tensor* m,
+                 Tensor* v) override;
+
+  int64_t CountNonFinite(const Tensor& t) override;
+  double SumSquares(const Tensor& t) override;
+
+ private:
+  // Makes this backend's device current in the calling thread (a thread other than the one that
+  // created the backend starts on device 0, which is only ours under the remap binding).
+  void MakeCurrent() const;
+  // Grows the shared cuDNN workspace to at least `bytes` (Prepare time only).
+  void ReserveWorkspace(size_t bytes);
+  void* Workspace() const { return workspace_.defined() ? workspace_.raw() : nullptr; }
+
+  int ordinal_;
+  DeviceIdentity identity_;
+  cudaStream_t stream_ = nullptr;
+  cudnnHandle_t cudnn_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  Tensor cublas_workspace_;
+  Tensor workspace_;  // cuDNN workspace shared by every plan (one stream: one op at a time)
+  Tensor partials_;   // reduction partials (kernels::ReductionPartials() doubles)
+  Tensor scalars_;    // small device results copied to the host (counts, sums, flags)
+
+  void ReleasePlans() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    conv_plans_.clear();
+    linear_plans_.clear();
+    pool_plans_.clear();
+  }
+
+  std::mutex mu_;  // guards the plan caches
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                      int64_t, bool, int>,
+           std::shared_ptr<OpPlan>>
+      conv_plans_;
+  std::map<std::tuple<int64_t, int64_t, int64_t, bool, int>, std::shared_ptr<OpPlan>> linear_plans_;
+  std::map<std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>,
+           std::shared_ptr<OpPlan>>
+      pool_plans_;
+};
+
+}  // namespace dptrain::cuda

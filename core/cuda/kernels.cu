@@ -1,0 +1,585 @@
+// SPDX-License-Identifier: Apache-2.0
+// dptrain's CUDA kernels. Elementwise bodies call core/elementwise.h (the code the CPU backend
+// runs), so numerics match the reference loop for loop. Reductions are two-pass with a block count
+// that depends only on the size, which makes them deterministic (bit-identical across runs and
+// ranks) without atomics on floating-point values. Pooling backward gathers per input element
+// instead of scattering with atomics, for the same reason.
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+
+#include "core/cuda/cuda_check.h"
+#include "core/cuda/kernels.h"
+
+namespace dptrain::cuda::kernels {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kMaxPartials = 512;
+
+unsigned Blocks(int64_t n) {
+  return static_cast<unsigned>(std::clamp<int64_t>((n + kThreads - 1) / kThreads, 1, 1 << 20));
+}
+
+#define DPT_GRID_LOOP(i, n)                                                              \
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
+       i += static_cast<int64_t>(blockDim.x) * gridDim.x)
+
+// Launch + launch check. Arguments after the stream are the kernel's.
+#define DPT_LAUNCH(kernel, grid, block, stream, ...)       \
+  do {                                                     \
+    kernel<<<(grid), (block), 0, (stream)>>>(__VA_ARGS__); \
+    DPT_CUDA_CHECK_LAUNCH(#kernel);                        \
+  } while (false)
+
+__device__ int64_t Min64(int64_t a, int64_t b) { return a < b ? a : b; }
+__device__ int64_t Max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+// ---- block reductions (blockDim.x a multiple of 32, at most 1024) ------------------------------
+
+template <class T>
+__device__ T WarpSum(T v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Sum over the block, returned to every thread. Fixed combination order: deterministic.
+template <class T>
+__device__ T BlockSum(T v) {
+  __shared__ T shared[32];
+  const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+  v = WarpSum(v);
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  const unsigned warps = (blockDim.x + 31) / 32;
+  v = threadIdx.x < warps ? shared[threadIdx.x] : T(0);
+  if (warp == 0) v = WarpSum(v);
+  __syncthreads();
+  if (threadIdx.x == 0) shared[0] = v;
+  __syncthreads();
+  v = shared[0];
+  __syncthreads();  // `shared` may be reused by the next call
+  return v;
+}
+
+// ---- elementwise
+// ---------------------------------------------------------------------------------
+
+__global__ void FillKernel(float* p, int64_t n, float v) { DPT_GRID_LOOP(i, n) p[i] = v; }
+__global__ void ReluKernel(const float* x, float* y, int64_t n) {
+  DPT_GRID_LOOP(i, n) y[i] = ew::Relu(x[i]);
+}
+__global__ void ReluBackwardKernel(const float* y, const float* dy, float* dx, int64_t n) {
+  DPT_GRID_LOOP(i, n) dx[i] = ew::ReluGrad(y[i], dy[i]);
+}
+__global__ void AddKernel(const float* a, const float* b, float* y, int64_t n) {
+  DPT_GRID_LOOP(i, n) y[i] = a[i] + b[i];
+}
+__global__ void ScaleKernel(float* p, int64_t n, float alpha) { DPT_GRID_LOOP(i, n) p[i] *= alpha; }
+__global__ void AddIntoKernel(const float* x, float* y, int64_t n) {
+  DPT_GRID_LOOP(i, n) y[i] += x[i];
+}
+__global__ void DropoutKernel(const float* x, float* y, int64_t n, float p, uint64_t seed) {
+  DPT_GRID_LOOP(i, n) y[i] = x[i] * ew::DropoutScale(seed, static_cast<uint64_t>(i), p);
+}
+
+__global__ void F32ToBf16Kernel(const float* x, uint16_t* y, int64_t n) {
+  DPT_GRID_LOOP(i, n) y[i] = ew::FloatToBf16(x[i]);
+}
+__global__ void Bf16ToF32Kernel(const uint16_t* x, float* y, int64_t n, bool accumulate) {
+  DPT_GRID_LOOP(i, n) {
+    const float v = ew::Bf16ToFloat(x[i]);
+    y[i] = accumulate ? y[i] + v : v;
+  }
+}
+__global__ void F32ToF16Kernel(const float* x, __half* y, int64_t n) {
+  DPT_GRID_LOOP(i, n) y[i] = __float2half_rn(x[i]);
+}
+__global__ void F16ToF32Kernel(const __half* x, float* y, int64_t n, bool accumulate) {
+  DPT_GRID_LOOP(i, n) {
+    const float v = __half2float(x[i]);
+    y[i] = accumulate ? y[i] + v : v;
+  }
+}
+
+__global__ void AddBiasRowsKernel(float* y, const float* b, int64_t rows, int64_t cols) {
+  DPT_GRID_LOOP(i, rows * cols) y[i] += b[i % cols];
+}
+__global__ void ColumnSumsKernel(const float* dy, int64_t rows, int64_t cols, float* db,
+                                 bool accumulate) {
+  DPT_GRID_LOOP(j, cols) {
+    double s = 0;
+    for (int64_t i = 0; i < rows; ++i) s += dy[i * cols + j];
+    db[j] = static_cast<float>(s) + (accumulate ? db[j] : 0.f);
+  }
+}
+
+// ---- pooling
+// -------------------------------------------------------------------------------------
+
+__global__ void MaxPoolForwardKernel(PoolGeom g, const float* x, float* y, int32_t* argmax) {
+  DPT_GRID_LOOP(o, g.planes * g.p * g.q) {
+    const int64_t plane = o / (g.p * g.q), rem = o % (g.p * g.q);
+    const int64_t hs = rem / g.q * g.stride - g.pad, ws = rem % g.q * g.stride - g.pad;
+    const float* in = x + plane * g.h * g.w;
+    float best = 0.f;
+    int64_t arg = -1;
+    for (int64_t i = 0; i < g.kernel; ++i) {
+      const int64_t ih = hs + i;
+      if (ih < 0 || ih >= g.h) continue;
+      for (int64_t j = 0; j < g.kernel; ++j) {
+        const int64_t iw = ws + j;
+        if (iw < 0 || iw >= g.w) continue;
+        const float v = in[ih * g.w + iw];
+        // Strictly greater: the first maximum in row-major window order wins ties.
+        if (arg < 0 || v > best) {
+          best = v;
+          arg = ih * g.w + iw;
+        }
+      }
+    }
+    y[o] = best;
+    if (argmax != nullptr) argmax[o] = static_cast<int32_t>(arg);
+  }
+}
+
+// The output windows [p0, p1) x [q0, q1) that contain input position (ih, iw).
+struct Windows {
+  int64_t p0, p1, q0, q1;
+};
+__device__ Windows Covering(const PoolGeom& g, int64_t ih, int64_t iw) {
+  Windows r;
+  r.p0 = ih + g.pad < g.kernel ? 0 : (ih + g.pad - g.kernel) / g.stride + 1;
+  r.p1 = Min64((ih + g.pad) / g.stride + 1, g.p);
+  r.q0 = iw + g.pad < g.kernel ? 0 : (iw + g.pad - g.kernel) / g.stride + 1;
+  r.q1 = Min64((iw + g.pad) / g.stride + 1, g.q);
+  return r;
+}
+
+__global__ void MaxPoolBackwardKernel(PoolGeom g, const float* dy, const int32_t* argmax,
+                                      float* dx) {
+  DPT_GRID_LOOP(e, g.planes * g.h * g.w) {
+    const int64_t plane = e / (g.h * g.w), pos = e % (g.h * g.w);
+    const Windows win = Covering(g, pos / g.w, pos % g.w);
+    const int64_t base = plane * g.p * g.q;
+    float s = 0.f;
+    for (int64_t p = win.p0; p < win.p1; ++p) {
+      for (int64_t q = win.q0; q < win.q1; ++q) {
+        const int64_t o = base + p * g.q + q;
+        if (argmax[o] == pos) s += dy[o];
+      }
+    }
+    dx[e] = s;
+  }
+}
+
+__global__ void AvgPoolForwardKernel(PoolGeom g, const float* x, float* y) {
+  const float divisor = static_cast<float>(g.kernel * g.kernel);
+  DPT_GRID_LOOP(o, g.planes * g.p * g.q) {
+    const int64_t plane = o / (g.p * g.q), rem = o % (g.p * g.q);
+    const int64_t hs = rem / g.q * g.stride - g.pad, ws = rem % g.q * g.stride - g.pad;
+    const float* in = x + plane * g.h * g.w;
+    float s = 0.f;
+    for (int64_t i = Max64(hs, 0); i < Min64(hs + g.kernel, g.h); ++i) {
+      for (int64_t j = Max64(ws, 0); j < Min64(ws + g.kernel, g.w); ++j) s += in[i * g.w + j];
+    }
+    y[o] = s / divisor;
+  }
+}
+
+__global__ void AvgPoolBackwardKernel(PoolGeom g, const float* dy, float* dx) {
+  const float divisor = static_cast<float>(g.kernel * g.kernel);
+  DPT_GRID_LOOP(e, g.planes * g.h * g.w) {
+    const int64_t plane = e / (g.h * g.w), pos = e % (g.h * g.w);
+    const Windows win = Covering(g, pos / g.w, pos % g.w);
+    const int64_t base = plane * g.p * g.q;
+    float s = 0.f;
+    for (int64_t p = win.p0; p < win.p1; ++p) {
+      for (int64_t q = win.q0; q < win.q1; ++q) s += dy[base + p * g.q + q] / divisor;
+    }
+    dx[e] = s;
+  }
+}
+
+// ---- batch norm: one block per channel for the statistics ---------------------------------------
+
+constexpr int kBnThreads = 512;
+
+// Element e of channel ch: sample e / hw, spatial position e % hw.
+__device__ int64_t BnIndex(int64_t e, int64_t c, int64_t hw, int64_t ch) {
+  const int64_t ni = e / hw;
+  return (ni * c + ch) * hw + (e - ni * hw);
+}
+
+__global__ void BatchNormTrainingKernel(int64_t n, int64_t c, int64_t hw, double momentum,
+                                        double eps, const float* x, const float* gamma,
+                                        const float* beta, float* running_mean, float* running_var,
+                                        float* y, float* save_mean, float* save_invstd) {
+  const int64_t ch = blockIdx.x, m = n * hw;
+  double sum = 0;
+  for (int64_t e = threadIdx.x; e < m; e += blockDim.x) sum += x[BnIndex(e, c, hw, ch)];
+  const double mean = BlockSum(sum) / static_cast<double>(m);
+  double sq = 0;  // two passes: no cancellation for data with a large mean
+  for (int64_t e = threadIdx.x; e < m; e += blockDim.x) {
+    const double d = x[BnIndex(e, c, hw, ch)] - mean;
+    sq += d * d;
+  }
+  const double var = BlockSum(sq) / static_cast<double>(m);
+  const double invstd = 1.0 / sqrt(var + eps);
+  // The CPU backend's formula, in the same precisions.
+  const float g = gamma[ch] * static_cast<float>(invstd);
+  const float shift = beta[ch] - static_cast<float>(mean) * g;
+  for (int64_t e = threadIdx.x; e < m; e += blockDim.x) {
+    const int64_t i = BnIndex(e, c, hw, ch);
+    y[i] = x[i] * g + shift;
+  }
+  if (threadIdx.x == 0) {
+    save_mean[ch] = static_cast<float>(mean);
+    save_invstd[ch] = static_cast<float>(invstd);
+    const double unbiased = m > 1 ? var * static_cast<double>(m) / static_cast<double>(m - 1) : var;
+    running_mean[ch] = static_cast<float>((1 - momentum) * running_mean[ch] + momentum * mean);
+    running_var[ch] = static_cast<float>((1 - momentum) * running_var[ch] + momentum * unbiased);
+  }
+}
+
+__global__ void BatchNormInferenceKernel(int64_t n, int64_t c, int64_t hw, double eps,
+                                         const float* x, const float* gamma, const float* beta,
+                                         const float* running_mean, const float* running_var,
+                                         float* y) {
+  const int64_t ch = blockIdx.x, m = n * hw;
+  const double invstd = 1.0 / sqrt(static_cast<double>(running_var[ch]) + eps);
+  const float g = gamma[ch] * static_cast<float>(invstd);
+  const float shift = beta[ch] - running_mean[ch] * g;
+  for (int64_t e = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x; e < m;
+       e += static_cast<int64_t>(gridDim.y) * blockDim.x) {
+    const int64_t i = BnIndex(e, c, hw, ch);
+    y[i] = x[i] * g + shift;
+  }
+}
+
+__global__ void BatchNormBackwardKernel(int64_t n, int64_t c, int64_t hw, const float* x,
+                                        const float* dy, const float* gamma, const float* save_mean,
+                                        const float* save_invstd, float* dx, float* dgamma,
+                                        float* dbeta, bool accumulate) {
+  const int64_t ch = blockIdx.x, m = n * hw;
+  const double mean = save_mean[ch], invstd = save_invstd[ch];
+  double s_dy = 0, s_dy_xhat = 0;
+  for (int64_t e = threadIdx.x; e < m; e += blockDim.x) {
+    const int64_t i = BnIndex(e, c, hw, ch);
+    s_dy += dy[i];
+    s_dy_xhat += dy[i] * (x[i] - mean) * invstd;
+  }
+  s_dy = BlockSum(s_dy);
+  s_dy_xhat = BlockSum(s_dy_xhat);
+  // dx = gamma * invstd / m * (m * dy - sum(dy) - xhat * sum(dy * xhat))
+  const double dm = static_cast<double>(m);
+  const double k = gamma[ch] * invstd / dm;
+  for (int64_t e = threadIdx.x; e < m; e += blockDim.x) {
+    const int64_t i = BnIndex(e, c, hw, ch);
+    const double xhat = (x[i] - mean) * invstd;
+    dx[i] = static_cast<float>(k * (dm * dy[i] - s_dy - xhat * s_dy_xhat));
+  }
+  if (threadIdx.x == 0) {
+    dgamma[ch] = static_cast<float>(s_dy_xhat) + (accumulate ? dgamma[ch] : 0.f);
+    dbeta[ch] = static_cast<float>(s_dy) + (accumulate ? dbeta[ch] : 0.f);
+  }
+}
+
+// ---- losses
+// --------------------------------------------------------------------------------------
+
+constexpr int kRowsPerBlock = kThreads / 32;  // one warp per row
+
+__global__ void SoftmaxXentKernel(int64_t n, int64_t k, const float* logits, const int32_t* labels,
+                                  float* probs, double* row_loss, int32_t* row_hit,
+                                  int32_t* bad_row) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
+  if (i >= n) return;  // whole warps leave together
+  const int lane = static_cast<int>(threadIdx.x & 31u);
+  const float* row = logits + i * k;
+  // Max and its lowest index (the CPU's first-strictly-greater scan; torch.argmax).
+  float mx = -INFINITY;
+  int64_t arg = LLONG_MAX;
+  for (int64_t j = lane; j < k; j += 32) {
+    const float v = row[j];
+    if (arg == LLONG_MAX || v > mx) {
+      mx = v;
+      arg = j;
+    }
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    const float om = __shfl_xor_sync(0xffffffffu, mx, o);
+    const int64_t oa = __shfl_xor_sync(0xffffffffu, arg, o);
+    if (oa != LLONG_MAX && (arg == LLONG_MAX || om > mx || (om == mx && oa < arg))) {
+      mx = om;
+      arg = oa;
+    }
+  }
+  double sum = 0;
+  for (int64_t j = lane; j < k; j += 32) sum += exp(static_cast<double>(row[j] - mx));
+  sum = WarpSum(sum);
+  const double inv = 1.0 / sum;
+  for (int64_t j = lane; j < k; j += 32) {
+    probs[i * k + j] = static_cast<float>(exp(static_cast<double>(row[j] - mx)) * inv);
+  }
+  if (lane == 0) {
+    const int32_t t = labels[i];
+    if (t < 0 || t >= k) {
+      atomicMin(bad_row, static_cast<int32_t>(i));
+      row_loss[i] = static_cast<double>(NAN);
+      row_hit[i] = 0;
+    } else {
+      row_loss[i] = log(sum) - static_cast<double>(row[t] - mx);
+      row_hit[i] = arg == t ? 1 : 0;
+    }
+  }
+}
+
+__global__ void SumRowsKernel(int64_t n, const double* row_loss, const int32_t* row_hit,
+                              float* loss_sum, float* correct) {
+  double l = 0, h = 0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    l += row_loss[i];
+    h += row_hit[i];
+  }
+  l = BlockSum(l);
+  h = BlockSum(h);
+  if (threadIdx.x == 0) {
+    loss_sum[0] = static_cast<float>(l);
+    if (correct != nullptr) correct[0] = static_cast<float>(h);
+  }
+}
+
+__global__ void SoftmaxXentBackwardKernel(int64_t n, int64_t k, const float* probs,
+                                          const int32_t* labels, float scale, float* dlogits) {
+  DPT_GRID_LOOP(e, n * k) {
+    const int64_t i = e / k, j = e % k;
+    dlogits[e] = ew::SoftmaxXentGrad(probs[e], j == labels[i], scale);
+  }
+}
+
+__global__ void MseBackwardKernel(const float* y, const float* t, float scale, float* dy,
+                                  int64_t n) {
+  DPT_GRID_LOOP(i, n) dy[i] = ew::MseGrad(y[i], t[i], scale);
+}
+
+// ---- optimizers
+// ----------------------------------------------------------------------------------
+
+__global__ void SgdKernel(ew::SgdHyper h, float* param, const float* grad, float* momentum,
+                          int64_t n) {
+  DPT_GRID_LOOP(i, n) {
+    float unused = 0.f;
+    ew::SgdUpdate(h, param + i, grad[i], momentum != nullptr ? momentum + i : &unused);
+  }
+}
+
+__global__ void AdamWKernel(ew::AdamWHyper h, float* param, const float* grad, float* m, float* v,
+                            int64_t n) {
+  DPT_GRID_LOOP(i, n) ew::AdamWUpdate(h, param + i, grad[i], m + i, v + i);
+}
+
+// ---- reductions
+// ----------------------------------------------------------------------------------
+
+struct SquareOp {
+  const float* x;
+  __device__ double operator()(int64_t i) const { return static_cast<double>(x[i]) * x[i]; }
+};
+struct SquaredErrorOp {
+  const float* y;
+  const float* t;
+  __device__ double operator()(int64_t i) const { return ew::SquaredError(y[i], t[i]); }
+};
+struct NonFiniteOp {
+  const float* x;
+  __device__ unsigned long long operator()(int64_t i) const { return ew::IsFinite(x[i]) ? 0 : 1; }
+};
+
+template <class T, class Op>
+__global__ void PartialsKernel(Op op, int64_t n, T* partials) {
+  T acc = 0;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    acc += op(i);
+  }
+  acc = BlockSum(acc);
+  if (threadIdx.x == 0) partials[blockIdx.x] = acc;
+}
+
+template <class T, class Out>
+__global__ void FinalKernel(const T* partials, int count, Out* out) {
+  T acc = 0;
+  for (int i = threadIdx.x; i < count; i += blockDim.x) acc += partials[i];
+  acc = BlockSum(acc);
+  if (threadIdx.x == 0) out[0] = static_cast<Out>(acc);
+}
+
+// Blocks of the first pass: a function of n only (determinism), at most kMaxPartials.
+int PartialBlocks(int64_t n) {
+  return static_cast<int>(
+      std::clamp<int64_t>((n + kThreads * 8 - 1) / (kThreads * 8), 1, kMaxPartials));
+}
+
+template <class T, class Out, class Op>
+void Reduce(Op op, int64_t n, T* partials, Out* out, cudaStream_t s) {
+  int count = 0;
+  if (n > 0) {
+    count = PartialBlocks(n);
+    PartialsKernel<T, Op><<<count, kThreads, 0, s>>>(op, n, partials);
+    DPT_CUDA_CHECK_LAUNCH("PartialsKernel");
+  }
+  FinalKernel<T, Out><<<1, kThreads, 0, s>>>(partials, count, out);
+  DPT_CUDA_CHECK_LAUNCH("FinalKernel");
+}
+
+}  // namespace
+
+// ---- launchers
+// -----------------------------------------------------------------------------------
+
+void Fill(float* p, int64_t n, float value, cudaStream_t s) {
+  if (n > 0) DPT_LAUNCH(FillKernel, Blocks(n), kThreads, s, p, n, value);
+}
+void Relu(const float* x, float* y, int64_t n, cudaStream_t s) {
+  if (n > 0) DPT_LAUNCH(ReluKernel, Blocks(n), kThreads, s, x, y, n);
+}
+void ReluBackward(const float* y, const float* dy, float* dx, int64_t n, cudaStream_t s) {
+  if (n > 0) DPT_LAUNCH(ReluBackwardKernel, Blocks(n), kThreads, s, y, dy, dx, n);
+}
+void Add(const float* a, const float* b, float* y, int64_t n, cudaStream_t s) {
+  if (n > 0) DPT_LAUNCH(AddKernel, Blocks(n), kThreads, s, a, b, y, n);
+}
+void Scale(float* p, int64_t n, float alpha, cudaStream_t s) {
+  if (n > 0) DPT_LAUNCH(ScaleKernel, Blocks(n), kThreads, s, p, n, alpha);
+}
+void AddInto(const float* x, float* y, int64_t n, cudaStream_t s) {
+  if (n > 0) DPT_LAUNCH(AddIntoKernel, Blocks(n), kThreads, s, x, y, n);
+}
+void Dropout(const float* x, float* y, int64_t n, float p, uint64_t seed, cudaStream_t s) {
+  if (n > 0) DPT_LAUNCH(DropoutKernel, Blocks(n), kThreads, s, x, y, n, p, seed);
+}
+
+void F32ToHalf(Half kind, const float* x, void* y, int64_t n, cudaStream_t s) {
+  if (n == 0) return;
+  if (kind == Half::kBF16) {
+    DPT_LAUNCH(F32ToBf16Kernel, Blocks(n), kThreads, s, x, static_cast<uint16_t*>(y), n);
+  } else {
+    DPT_LAUNCH(F32ToF16Kernel, Blocks(n), kThreads, s, x, static_cast<__half*>(y), n);
+  }
+}
+void HalfToF32(Half kind, const void* x, float* y, int64_t n, bool accumulate, cudaStream_t s) {
+  if (n == 0) return;
+  if (kind == Half::kBF16) {
+    DPT_LAUNCH(Bf16ToF32Kernel, Blocks(n), kThreads, s, static_cast<const uint16_t*>(x), y, n,
+               accumulate);
+  } else {
+    DPT_LAUNCH(F16ToF32Kernel, Blocks(n), kThreads, s, static_cast<const __half*>(x), y, n,
+               accumulate);
+  }
+}
+
+void AddBiasRows(float* y, const float* b, int64_t rows, int64_t cols, cudaStream_t s) {
+  if (rows * cols > 0)
+    DPT_LAUNCH(AddBiasRowsKernel, Blocks(rows * cols), kThreads, s, y, b, rows, cols);
+}
+void ColumnSums(const float* dy, int64_t rows, int64_t cols, float* db, bool accumulate,
+                cudaStream_t s) {
+  if (cols > 0)
+    DPT_LAUNCH(ColumnSumsKernel, Blocks(cols), kThreads, s, dy, rows, cols, db, accumulate);
+}
+
+void MaxPoolForward(const PoolGeom& g, const float* x, float* y, int32_t* argmax, cudaStream_t s) {
+  const int64_t n = g.planes * g.p * g.q;
+  if (n > 0) DPT_LAUNCH(MaxPoolForwardKernel, Blocks(n), kThreads, s, g, x, y, argmax);
+}
+void MaxPoolBackward(const PoolGeom& g, const float* dy, const int32_t* argmax, float* dx,
+                     cudaStream_t s) {
+  const int64_t n = g.planes * g.h * g.w;
+  if (n > 0) DPT_LAUNCH(MaxPoolBackwardKernel, Blocks(n), kThreads, s, g, dy, argmax, dx);
+}
+void AvgPoolForward(const PoolGeom& g, const float* x, float* y, cudaStream_t s) {
+  const int64_t n = g.planes * g.p * g.q;
+  if (n > 0) DPT_LAUNCH(AvgPoolForwardKernel, Blocks(n), kThreads, s, g, x, y);
+}
+void AvgPoolBackward(const PoolGeom& g, const float* dy, float* dx, cudaStream_t s) {
+  const int64_t n = g.planes * g.h * g.w;
+  if (n > 0) DPT_LAUNCH(AvgPoolBackwardKernel, Blocks(n), kThreads, s, g, dy, dx);
+}
+
+void BatchNormTraining(int64_t n, int64_t c, int64_t hw, double momentum, double eps,
+                       const float* x, const float* gamma, const float* beta, float* running_mean,
+                       float* running_var, float* y, float* save_mean, float* save_invstd,
+                       cudaStream_t s) {
+  if (c == 0 || n * hw == 0) return;
+  DPT_LAUNCH(BatchNormTrainingKernel, static_cast<unsigned>(c), kBnThreads, s, n, c, hw, momentum,
+             eps, x, gamma, beta, running_mean, running_var, y, save_mean, save_invstd);
+}
+void BatchNormInference(int64_t n, int64_t c, int64_t hw, double eps, const float* x,
+                        const float* gamma, const float* beta, const float* running_mean,
+                        const float* running_var, float* y, cudaStream_t s) {
+  const int64_t m = n * hw;
+  if (c == 0 || m == 0) return;
+  const dim3 grid(static_cast<unsigned>(c), static_cast<unsigned>(std::clamp<int64_t>(
+                                                (m + kThreads - 1) / kThreads, 1, 1024)));
+  DPT_LAUNCH(BatchNormInferenceKernel, grid, kThreads, s, n, c, hw, eps, x, gamma, beta,
+             running_mean, running_var, y);
+}
+void BatchNormBackward(int64_t n, int64_t c, int64_t hw, const float* x, const float* dy,
+                       const float* gamma, const float* save_mean, const float* save_invstd,
+                       float* dx, float* dgamma, float* dbeta, bool accumulate, cudaStream_t s) {
+  if (c == 0 || n * hw == 0) return;
+  DPT_LAUNCH(BatchNormBackwardKernel, static_cast<unsigned>(c), kBnThreads, s, n, c, hw, x, dy,
+             gamma, save_mean, save_invstd, dx, dgamma, dbeta, accumulate);
+}
+
+void SoftmaxXent(int64_t n, int64_t k, const float* logits, const int32_t* labels, float* probs,
+                 double* row_loss, int32_t* row_hit, int32_t* bad_row, cudaStream_t s) {
+  if (n == 0 || k == 0) return;
+  const auto blocks = static_cast<unsigned>((n + kRowsPerBlock - 1) / kRowsPerBlock);
+  DPT_LAUNCH(SoftmaxXentKernel, blocks, kThreads, s, n, k, logits, labels, probs, row_loss, row_hit,
+             bad_row);
+}
+void SumRows(int64_t n, const double* row_loss, const int32_t* row_hit, float* loss_sum,
+             float* correct, cudaStream_t s) {
+  DPT_LAUNCH(SumRowsKernel, 1, kThreads, s, n, row_loss, row_hit, loss_sum, correct);
+}
+void SoftmaxXentBackward(int64_t n, int64_t k, const float* probs, const int32_t* labels,
+                         float scale, float* dlogits, cudaStream_t s) {
+  if (n * k > 0) {
+    DPT_LAUNCH(SoftmaxXentBackwardKernel, Blocks(n * k), kThreads, s, n, k, probs, labels, scale,
+               dlogits);
+  }
+}
+void MseBackward(const float* y, const float* t, float scale, float* dy, int64_t n,
+                 cudaStream_t s) {
+  if (n > 0) DPT_LAUNCH(MseBackwardKernel, Blocks(n), kThreads, s, y, t, scale, dy, n);
+}
+
+void SgdStep(const ew::SgdHyper& h, float* param, const float* grad, float* momentum, int64_t n,
+             cudaStream_t s) {
+  if (n > 0) DPT_LAUNCH(SgdKernel, Blocks(n), kThreads, s, h, param, grad, momentum, n);
+}
+void AdamWStep(const ew::AdamWHyper& h, float* param, const float* grad, float* m, float* v,
+               int64_t n, cudaStream_t s) {
+  if (n > 0) DPT_LAUNCH(AdamWKernel, Blocks(n), kThreads, s, h, param, grad, m, v, n);
+}
+
+int ReductionPartials() { return kMaxPartials; }
+
+void SumSquares(const float* x, int64_t n, double* partials, double* out, cudaStream_t s) {
+  Reduce<double, double>(SquareOp{x}, n, partials, out, s);
+}
+void SquaredErrorSum(const float* y, const float* t, int64_t n, double* partials, float* out,
+                     cudaStream_t s) {
+  Reduce<double, float>(SquaredErrorOp{y, t}, n, partials, out, s);
+}
+void CountNonFinite(const float* x, int64_t n, unsigned long long* partials,
+                    unsigned long long* out, cudaStream_t s) {
+  Reduce<unsigned long long, unsigned long long>(NonFiniteOp{x}, n, partials, out, s);
+}
+
+}  // namespace dptrain::cuda::kernels

@@ -1,0 +1,93 @@
+// SPDX-License-Identifier: Apache-2.0
+// Launchers for dptrain's own CUDA kernels (kernels.cu): elementwise ops, casts, pooling, batch
+// norm, losses, optimizer updates and deterministic reductions. Every elementwise body calls the
+// shared __host__ __device__ math of core/elementwise.h, so the CPU tests exercise the same
+// arithmetic. Each launcher enqueues on `stream`, checks the launch (DPT_CUDA_CHECK_LAUNCH) and
+// does nothing for empty inputs. Pointers are device pointers; 16-bit buffers are passed as
+// void* (bf16 / IEEE half bit patterns) so this header needs no CUDA half-precision headers.
+//
+// Reductions are deterministic: a fixed number of blocks (a function of the size only) each
+// reduce a fixed strided subset, then one block reduces the partials in a fixed order, so the
+// same input gives bit-identical results on every run and every rank.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "core/elementwise.h"
+
+namespace dptrain::cuda::kernels {
+
+// ---- elementwise (f32) ----
+void Fill(float* p, int64_t n, float value, cudaStream_t s);
+void Relu(const float* x, float* y, int64_t n, cudaStream_t s);
+void ReluBackward(const float* y, const float* dy, float* dx, int64_t n, cudaStream_t s);
+void Add(const float* a, const float* b, float* y, int64_t n, cudaStream_t s);  // y may alias
+void Scale(float* p, int64_t n, float alpha, cudaStream_t s);
+void AddInto(const float* x, float* y, int64_t n, cudaStream_t s);  // y += x
+void Dropout(const float* x, float* y, int64_t n, float p, uint64_t seed, cudaStream_t s);
+
+// ---- casts: f32 <-> bf16 / f16 (round to nearest even); *ToF32 adds into y when accumulate ----
+enum class Half : uint8_t { kBF16, kF16 };
+void F32ToHalf(Half kind, const float* x, void* y, int64_t n, cudaStream_t s);
+void HalfToF32(Half kind, const void* x, float* y, int64_t n, bool accumulate, cudaStream_t s);
+
+// ---- linear helpers: y (rows, cols) row-major ----
+void AddBiasRows(float* y, const float* b, int64_t rows, int64_t cols, cudaStream_t s);
+// db[j] (+)= sum_i dy[i, j], summed in double.
+void ColumnSums(const float* dy, int64_t rows, int64_t cols, float* db, bool accumulate,
+                cudaStream_t s);
+
+// ---- pooling over (N*C) planes of H x W into P x Q ----
+struct PoolGeom {
+  int64_t planes, h, w, p, q, kernel, stride, pad;
+};
+// argmax (nullable): int32 position ih * W + iw of each window's first maximum (row-major order).
+void MaxPoolForward(const PoolGeom& g, const float* x, float* y, int32_t* argmax, cudaStream_t s);
+void MaxPoolBackward(const PoolGeom& g, const float* dy, const int32_t* argmax, float* dx,
+                     cudaStream_t s);
+// Average pooling counting padded zeros (divisor kernel^2, PyTorch's count_include_pad=True).
+void AvgPoolForward(const PoolGeom& g, const float* x, float* y, cudaStream_t s);
+void AvgPoolBackward(const PoolGeom& g, const float* dy, float* dx, cudaStream_t s);
+
+// ---- batch norm over (N, HW) per channel of x (N, C, HW); statistics in double ----
+void BatchNormTraining(int64_t n, int64_t c, int64_t hw, double momentum, double eps,
+                       const float* x, const float* gamma, const float* beta, float* running_mean,
+                       float* running_var, float* y, float* save_mean, float* save_invstd,
+                       cudaStream_t s);
+void BatchNormInference(int64_t n, int64_t c, int64_t hw, double eps, const float* x,
+                        const float* gamma, const float* beta, const float* running_mean,
+                        const float* running_var, float* y, cudaStream_t s);
+void BatchNormBackward(int64_t n, int64_t c, int64_t hw, const float* x, const float* dy,
+                       const float* gamma, const float* save_mean, const float* save_invstd,
+                       float* dx, float* dgamma, float* dbeta, bool accumulate, cudaStream_t s);
+
+// ---- losses ----
+// Per row of logits (n, k): probs, row_loss (double), row_hit (0/1); the lowest index of a row
+// whose label is outside [0, k) is written to *bad_row (which the caller sets to n beforehand).
+void SoftmaxXent(int64_t n, int64_t k, const float* logits, const int32_t* labels, float* probs,
+                 double* row_loss, int32_t* row_hit, int32_t* bad_row, cudaStream_t s);
+// loss_sum[0] = sum(row_loss); correct[0] = sum(row_hit) when correct != nullptr.
+void SumRows(int64_t n, const double* row_loss, const int32_t* row_hit, float* loss_sum,
+             float* correct, cudaStream_t s);
+void SoftmaxXentBackward(int64_t n, int64_t k, const float* probs, const int32_t* labels,
+                         float scale, float* dlogits, cudaStream_t s);
+void MseBackward(const float* y, const float* t, float scale, float* dy, int64_t n, cudaStream_t s);
+
+// ---- optimizers (flat f32 buffers) ----
+void SgdStep(const ew::SgdHyper& h, float* param, const float* grad, float* momentum, int64_t n,
+             cudaStream_t s);  // momentum may be null when h.momentum == 0
+void AdamWStep(const ew::AdamWHyper& h, float* param, const float* grad, float* m, float* v,
+               int64_t n, cudaStream_t s);
+
+// ---- deterministic reductions into device scalars ----
+// `partials` must hold ReductionPartials() elements of the result type.
+int ReductionPartials();
+void SumSquares(const float* x, int64_t n, double* partials, double* out, cudaStream_t s);
+void SquaredErrorSum(const float* y, const float* t, int64_t n, double* partials, float* out,
+                     cudaStream_t s);
+void CountNonFinite(const float* x, int64_t n, unsigned long long* partials,
+                    unsigned long long* out, cudaStream_t s);
+
+}  // namespace dptrain::cuda::kernels

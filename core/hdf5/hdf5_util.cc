@@ -1,0 +1,114 @@
+// SPDX-License-Identifier: Apache-2.0
+// HDF5 helpers shared by the dataset reader, the writer and `dptrain inspect`.
+#include "core/hdf5/hdf5_util.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <system_error>
+
+namespace dptrain::h5 {
+namespace {
+
+herr_t CollectError(unsigned /*n*/, const H5E_error2_t* err, void* data) {
+  auto* out = static_cast<std::vector<std::string>*>(data);
+  if (err->desc != nullptr && err->desc[0] != '\0') out->emplace_back(err->desc);
+  return 0;
+}
+
+}  // namespace
+
+std::string ErrorStackString() {
+  std::vector<std::string> descs;
+  // Upward: the innermost (most specific) cause first, the API call last.
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, &CollectError, &descs);
+  std::string out;
+  int kept = 0;
+  for (const std::string& d : descs) {
+    if (out.find(d) != std::string::npos) continue;
+    if (!out.empty()) out += "; ";
+    out += d;
+    if (++kept == 3) break;  // the first few causes say it all; the rest is HDF5's call chain
+  }
+  return out;
+}
+
+std::string TypeName(hid_t type) {
+  const size_t size = H5Tget_size(type);
+  switch (H5Tget_class(type)) {
+    case H5T_INTEGER:
+      return std::string(H5Tget_sign(type) == H5T_SGN_NONE ? "uint" : "int") +
+             std::to_string(8 * size);
+    case H5T_FLOAT:
+      return "float" + std::to_string(8 * size);
+    case H5T_STRING:
+      return "string";
+    case H5T_BITFIELD:
+      return "bitfield";
+    case H5T_OPAQUE:
+      return "opaque";
+    case H5T_COMPOUND:
+      return "compound";
+    case H5T_REFERENCE:
+      return "reference";
+    case H5T_ENUM:
+      return "enum";
+    case H5T_VLEN:
+      return "vlen";
+    case H5T_ARRAY:
+      return "array";
+    default:
+      return "unknown";
+  }
+}
+
+std::vector<int64_t> Dims(hid_t space) {
+  const int rank = H5Sget_simple_extent_ndims(space);
+  if (rank <= 0) return {};
+  std::vector<hsize_t> d(static_cast<size_t>(rank));
+  H5Sget_simple_extent_dims(space, d.data(), nullptr);
+  return std::vector<int64_t>(d.begin(), d.end());
+}
+
+std::string UnreadableReason(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return std::strerror(errno);
+  ::close(fd);
+  return "";
+}
+
+template <class E>
+Id OpenFileReadOnly(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) {
+    DPT_THROW(E) << path << ": no such file";
+  }
+  if (std::filesystem::is_directory(path, ec)) {
+    DPT_THROW(E) << path << ": is a directory, expected an HDF5 file";
+  }
+  if (const std::string why = UnreadableReason(path); !why.empty()) {
+    DPT_THROW(E) << path << ": cannot read the file: " << why;
+  }
+  const htri_t is_h5 = H5Fis_hdf5(path.c_str());
+  if (is_h5 <= 0) {
+    DPT_THROW(E) << path << ": not an HDF5 file (no HDF5 signature)"
+                 << (is_h5 < 0 ? ": " + ErrorStackString() : std::string());
+  }
+  Id fapl = Plist(H5Pcreate(H5P_FILE_ACCESS));
+  // Read-only opens need no lock; locks fail on some parallel file systems (Lustre, NFS).
+  H5Pset_file_locking(fapl.get(), false, true);
+  Id file = File(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get()));
+  if (!file.valid()) {
+    DPT_THROW(E) << path
+                 << ": cannot open HDF5 file (truncated or corrupt?): " << ErrorStackString();
+  }
+  return file;
+}
+
+template Id OpenFileReadOnly<IoError>(const std::string& path);
+template Id OpenFileReadOnly<DataError>(const std::string& path);
+
+}  // namespace dptrain::h5
