@@ -189,7 +189,7 @@ class Trainer {
   void LogStep(int64_t epoch, bool force);
   void WriteMetrics(const nlohmann::json& j);
   void UploadBatch(const HostBatch& b, int64_t begin, int64_t n);
-  bool is_root() const { return comm_.rank() == 0 && !env_.quiet; }
+  bool is_root() const { return comm_.rank() == 0 && !env_.hooks.quiet; }
   double RunTime() const { return elapsed_offset_ + Since(run_start_); }
 
   // ---- checkpoints ----
@@ -228,13 +228,10 @@ class Trainer {
   std::unique_ptr<Optimizer> opt_;
   std::unique_ptr<Reducer> reducer_;
   bool teacher_targets_ = false;
-  // fp16: dynamic loss scaling; DPTRAIN_TEST_LOSS_SCALING=1 enables it in fp32 for tests.
+  // fp16: dynamic loss scaling (TrainHooks::loss_scaling enables it in fp32 for tests).
   std::unique_ptr<LossScaler> scaler_;
   int64_t skipped_steps_ = 0;
   double peak_min_ = 0, peak_mean_ = 0, peak_max_ = 0;  // bytes, over ranks (at the last log)
-  // Test-only fault hooks (environment, read once): "rank:step".
-  int fault_flip_rank_ = -1, fault_inf_rank_ = -1;
-  int64_t fault_flip_step_ = -1, fault_inf_step_ = -1;
   ScheduleConfig sched_;
   Tensor x_dev_, y_dev_;
   std::vector<float> targets_host_;
@@ -534,17 +531,8 @@ void Trainer::SetupModel() {
     reducer_ = std::make_unique<Reducer>(comm_, model_->grads(),
                                          static_cast<size_t>(cfg_.dist.bucket_mb) << 20);
   }
-  const char* test_scaling = std::getenv("DPTRAIN_TEST_LOSS_SCALING");
   scaler_ = std::make_unique<LossScaler>(cfg_.train.precision == Precision::kF16 ||
-                                         (test_scaling != nullptr && test_scaling[0] == '1'));
-  auto hook = [](const char* name, int* rank, int64_t* step) {
-    if (const char* v = std::getenv(name)) {
-      long long st = -1;
-      if (std::sscanf(v, "%d:%lld", rank, &st) == 2) *step = st;
-    }
-  };
-  hook("DPTRAIN_TEST_FLIP_PARAM", &fault_flip_rank_, &fault_flip_step_);
-  hook("DPTRAIN_TEST_INF_GRAD", &fault_inf_rank_, &fault_inf_step_);
+                                         env_.hooks.loss_scaling);
 }
 
 void Trainer::SetupRunDir() {
@@ -592,7 +580,8 @@ void Trainer::SetupCheckpointDir() {
   for (const std::string& p : RemoveStaleTemporaries(ckpt_dir_)) {
     Say("dptrain: removed " + p + ", the partial file of a checkpoint write that was killed");
   }
-  writer_ = std::make_unique<CheckpointWriter>(ckpt_dir_, cfg_.checkpoint.keep);
+  writer_ = std::make_unique<CheckpointWriter>(ckpt_dir_, cfg_.checkpoint.keep,
+                                               env_.hooks.checkpoint_pause);
 }
 
 void Trainer::WriteMetrics(const nlohmann::json& j) {
@@ -668,7 +657,7 @@ void Trainer::TrainStep(const HostBatch& batch) {
   }
   auto t0 = Clock::now();
   lr_ = LearningRate(sched_, step_);
-  if (step_ == fault_inf_step_ && comm_.rank() == fault_inf_rank_) {
+  if (step_ == env_.hooks.inf_grad_step && comm_.rank() == env_.hooks.inf_grad_rank) {
     // Test hook: an overflow in one rank's gradients.
     const float inf = std::numeric_limits<float>::infinity();
     Tensor first = model_->grads().View(Shape{1});
@@ -683,7 +672,7 @@ void Trainer::TrainStep(const HostBatch& batch) {
   be_.Synchronize();
   opt_s_ += Since(t0);
   ++step_;
-  if (step_ == fault_flip_step_ && comm_.rank() == fault_flip_rank_) {
+  if (step_ == env_.hooks.flip_param_step && comm_.rank() == env_.hooks.flip_param_rank) {
     // Test hook: silent corruption of one parameter on one rank.
     Tensor first = model_->params().View(Shape{1});
     float v = 0;
@@ -1140,7 +1129,8 @@ void Trainer::ReportWrites() {
 // fail? One allreduce of two integers, so every rank takes the same decision at the same step.
 bool Trainer::AgreeToStop() {
   int64_t v[2] = {g_stop_signal.load(), writer_ != nullptr && writer_->failed() ? 1 : 0};
-  if (env_.stop_at_step >= 0 && step_ == env_.stop_at_step && comm_.rank() == comm_.size() - 1) {
+  if (env_.hooks.stop_at_step >= 0 && step_ == env_.hooks.stop_at_step &&
+      comm_.rank() == comm_.size() - 1) {
     v[0] = SIGUSR1;
   }
   comm_.AllReduceHost(v, 2, ReduceOp::kMax);
@@ -1183,7 +1173,7 @@ TrainResult Trainer::Run() {
   }
   InstallStopSignalHandlers();
   ckpt_dir_ = cfg_.run_dir + "/checkpoints";
-  ckpt_io_ = comm_.rank() == 0 && (!env_.quiet || env_.quiet_checkpoints);
+  ckpt_io_ = comm_.rank() == 0 && (!env_.hooks.quiet || env_.hooks.quiet_checkpoints);
   // Rank 0 reads what to start from (a failure is agreed: exit 6 everywhere, nothing written).
   RunAgreed(comm_, [&] {
     if (ckpt_io_) LoadStartState();
@@ -1292,7 +1282,7 @@ TrainResult Trainer::Run() {
     if (writer_ != nullptr) writer_->Wait();
   });
   ReportWrites();
-  if (env_.keep_final_params) {
+  if (env_.hooks.keep_final_params) {
     auto keep = [&](const std::vector<NamedTensor>& named, auto* out) {
       for (const auto& p : named) {
         std::vector<float> v(static_cast<size_t>(p.tensor.numel()));
@@ -1398,7 +1388,7 @@ EvalResult Trainer::RunEval(const std::string& checkpoint) {
   r.step = info[0];
   r.test_loss = sums.loss / std::max(sums.samples, 1.0);
   r.test_accuracy = regression_ ? -1 : sums.correct / std::max(sums.samples, 1.0);
-  if (comm_.rank() == 0 && !env_.quiet) {
+  if (comm_.rank() == 0 && !env_.hooks.quiet) {
     const std::string where =
         r.step >= 0 ? fmt::format(" (step {}, epoch {})", r.step, info[1]) : "";
     if (regression_) {

@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "runtime/comm/communicator.h"
 #include "runtime/run_config.h"
+#include "runtime/train_hooks.h"
 
 namespace dptrain {
 
@@ -25,17 +26,9 @@ struct TrainEnv {
   int local_size = 1;
   int threads = 1;  // compute threads of this rank
   std::string host;
-  std::string resolved_toml;       // the resolved config, written to run_dir/config.toml
-  bool interactive = false;        // rank 0's stdout is a terminal: live progress line
-  bool keep_final_params = false;  // tests: return the final parameters in TrainResult
-  bool quiet = false;  // no output, no run_dir files, no checkpoint reads or writes (tests)
-  // Tests: with `quiet`, rank 0 still resumes from (or initialises with) checkpoints and writes
-  // them to run_dir/checkpoints.
-  bool quiet_checkpoints = false;
-  // Tests: >= 0 makes the last rank act as if a preemption signal (SIGUSR1) arrived just before
-  // optimizer step `stop_at_step` (0-based count of steps done): training stops there exactly
-  // as on a real signal.
-  int64_t stop_at_step = -1;
+  std::string resolved_toml;  // the resolved config, written to run_dir/config.toml
+  bool interactive = false;   // rank 0's stdout is a terminal: live progress line
+  TrainHooks hooks;           // tests only (runtime/train_hooks.h); default: no effect
 };
 
 struct TrainResult {
@@ -45,7 +38,7 @@ struct TrainResult {
   double test_loss = -1;  // last evaluation; -1 when none ran
   double test_accuracy = -1;
   double samples_per_s = 0;  // global, over the whole run
-  // With TrainEnv::keep_final_params: (name, values) of every parameter and of every buffer
+  // With TrainHooks::keep_final_params: (name, values) of every parameter and of every buffer
   // (batch-norm running statistics) after the last step.
   std::vector<std::pair<std::string, std::vector<float>>> final_params;
   std::vector<std::pair<std::string, std::vector<float>>> final_buffers;

@@ -177,13 +177,10 @@ class ImageWriter {
                              << "or point run_dir at a writable file system)";
 }
 
-// DPTRAIN_TEST_CHECKPOINT_PAUSE_S / _STEP: makes "kill the writer mid-file" tests certain.
-void MaybePauseForTests(int64_t step, const std::string& tmp) {
-  const char* s = std::getenv("DPTRAIN_TEST_CHECKPOINT_PAUSE_S");
-  if (s == nullptr || *s == '\0') return;
-  const char* at = std::getenv("DPTRAIN_TEST_CHECKPOINT_PAUSE_STEP");
-  if (at != nullptr && *at != '\0' && std::atoll(at) != step) return;
-  const double seconds = std::atof(s);
+// The test hook that makes "kill the writer mid-file" tests certain (runtime/train_hooks.h).
+void MaybePauseForTests(const CheckpointPauseHook& pause, int64_t step, const std::string& tmp) {
+  if (pause.seconds <= 0 || (pause.step >= 0 && pause.step != step)) return;
+  const double seconds = pause.seconds;
   std::fprintf(stderr, "dptrain: test hook: pausing %.1f s while writing %s (pid %d)\n", seconds,
                tmp.c_str(), static_cast<int>(getpid()));
   std::fflush(stderr);
@@ -192,7 +189,7 @@ void MaybePauseForTests(int64_t step, const std::string& tmp) {
 
 // Writes `image` to `tmp` and fsyncs it (the test hook pauses halfway, with half on disk).
 void WriteImage(const std::vector<char>& image, const std::string& tmp,
-                const std::string& final_path, int64_t step) {
+                const std::string& final_path, int64_t step, const CheckpointPauseHook& pause) {
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) DiskFail(final_path, "cannot create " + tmp, errno);
   size_t done = 0;
@@ -202,7 +199,7 @@ void WriteImage(const std::vector<char>& image, const std::string& tmp,
     if (!paused && done >= half) {
       paused = true;
       ::fdatasync(fd);
-      MaybePauseForTests(step, tmp);
+      MaybePauseForTests(pause, step, tmp);
     }
     const size_t chunk = std::min(image.size() - done, paused ? image.size() - done : half - done);
     const ssize_t n = ::write(fd, image.data() + done, chunk);
@@ -717,7 +714,8 @@ uint32_t Crc32(const void* data, size_t bytes) {
       crc32_z(crc32_z(0L, Z_NULL, 0), static_cast<const Bytef*>(data), bytes));
 }
 
-CheckpointWriteStats WriteCheckpoint(const std::string& dir, const Checkpoint& ckpt, int64_t keep) {
+CheckpointWriteStats WriteCheckpoint(const std::string& dir, const Checkpoint& ckpt, int64_t keep,
+                                     const CheckpointPauseHook& pause) {
   h5::ScopedSilence silence;
   const auto t0 = Clock::now();
   const std::string name = CheckpointFileName(ckpt.state.step);
@@ -734,7 +732,7 @@ CheckpointWriteStats WriteCheckpoint(const std::string& dir, const Checkpoint& c
   const std::string tmp = dir + "/." + name + ".tmp";
   const std::vector<char> image = BuildImage(tmp, stats.path, ckpt);
   try {
-    WriteImage(image, tmp, stats.path, ckpt.state.step);
+    WriteImage(image, tmp, stats.path, ckpt.state.step, pause);
     fs::rename(tmp, stats.path, ec);
     if (ec) {
       DPT_THROW(CheckpointError) << "cannot write checkpoint " << stats.path << ": rename from "
@@ -948,8 +946,8 @@ std::string DescribeCheckpoint(const std::string& path) {
 
 // ---------------------------------------------------------------------------------------------
 
-CheckpointWriter::CheckpointWriter(std::string dir, int64_t keep)
-    : dir_(std::move(dir)), keep_(keep) {}
+CheckpointWriter::CheckpointWriter(std::string dir, int64_t keep, CheckpointPauseHook pause)
+    : dir_(std::move(dir)), keep_(keep), pause_(pause) {}
 
 CheckpointWriter::~CheckpointWriter() {
   if (thread_.joinable()) thread_.join();
@@ -963,7 +961,7 @@ void CheckpointWriter::Submit(Checkpoint ckpt) {
 
 void CheckpointWriter::Run(const Checkpoint& ckpt) {
   try {
-    CheckpointWriteStats stats = WriteCheckpoint(dir_, ckpt, keep_);
+    CheckpointWriteStats stats = WriteCheckpoint(dir_, ckpt, keep_, pause_);
     std::lock_guard<std::mutex> lock(mu_);
     completed_.push_back(std::move(stats));
   } catch (...) {

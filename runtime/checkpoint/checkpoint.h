@@ -24,6 +24,8 @@
 #include <thread>
 #include <vector>
 
+#include "runtime/train_hooks.h"
+
 namespace dptrain {
 
 inline constexpr int64_t kCheckpointFormatVersion = 1;
@@ -108,11 +110,10 @@ struct CheckpointWriteStats {
 // Creates `dir` when missing. Afterwards keeps the `keep` checkpoints with the highest steps (the
 // new one always stays), deleting the others. Blocking; safe to call from a background thread.
 // Throws CheckpointError (exit 6) naming the file and the cause (e.g. "No space left on device");
-// the temporary file is removed and existing checkpoints are untouched. Test hook:
-// DPTRAIN_TEST_CHECKPOINT_PAUSE_S=<seconds> sleeps once half of the temporary file is written and
-// synced (printing "test hook: pausing ... (pid N)" to stderr first); with
-// DPTRAIN_TEST_CHECKPOINT_PAUSE_STEP=<step> only in the write of that step.
-CheckpointWriteStats WriteCheckpoint(const std::string& dir, const Checkpoint& ckpt, int64_t keep);
+// the temporary file is removed and existing checkpoints are untouched. `pause` is a test hook
+// (runtime/train_hooks.h): it sleeps once half of the temporary file is written and synced.
+CheckpointWriteStats WriteCheckpoint(const std::string& dir, const Checkpoint& ckpt, int64_t keep,
+                                     const CheckpointPauseHook& pause = {});
 
 // Reads a whole checkpoint and verifies it: structure, dtypes (float32 / int64), every tensor's
 // crc32, /state attributes and format_version (files without /state are accepted, see
@@ -168,7 +169,7 @@ std::string DescribeCheckpoint(const std::string& path);
 // Wait() blocks until the previous write is done. One owner thread calls the methods.
 class CheckpointWriter {
  public:
-  CheckpointWriter(std::string dir, int64_t keep);
+  CheckpointWriter(std::string dir, int64_t keep, CheckpointPauseHook pause = {});
   // Waits for a write in progress; its error, if any, is dropped (call Wait() to see it).
   ~CheckpointWriter();
   CheckpointWriter(const CheckpointWriter&) = delete;
@@ -190,6 +191,7 @@ class CheckpointWriter {
 
   std::string dir_;
   int64_t keep_;
+  CheckpointPauseHook pause_;
   std::thread thread_;
   std::mutex mu_;
   std::vector<CheckpointWriteStats> completed_;

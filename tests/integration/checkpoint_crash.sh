@@ -19,7 +19,7 @@ expect_ok -- "${MPI2[@]}" "$DPTRAIN" train --config "$CONFIG" --set "run_dir=$TM
 echo "== SIGKILL rank 0 in the middle of the step-10 write"
 R=$TMP/run
 DPTRAIN_TEST_CHECKPOINT_PAUSE_S=60 DPTRAIN_TEST_CHECKPOINT_PAUSE_STEP=10 \
-  bg_start crash "${MPI2[@]}" "$DPTRAIN" train --config "$CONFIG" --set "run_dir=$R" "${STEPS[@]}"
+  bg_start crash "${MPI2[@]}" "$DPTRAIN_HOOKED" train --config "$CONFIG" --set "run_dir=$R" "${STEPS[@]}"
 if wait_for "$TMP/crash.err" "test hook: pausing" 60; then
   pid=$(sed -n 's/.*test hook: pausing .* (pid \([0-9]*\)).*/\1/p' "$TMP/crash.err" | head -n 1)
   echo "  writer paused in rank 0 (pid $pid): $(grep -F 'test hook' "$TMP/crash.err")"

@@ -75,7 +75,7 @@ expect_fail 2 "--requeue-exit-code" -- "$DPTRAIN" train --config "$CONFIG" \
 
 echo "== a second signal during the checkpoint write"
 S=$TMP/second
-DPTRAIN_TEST_CHECKPOINT_PAUSE_S=3 bg_start second "${MPI2[@]}" "$DPTRAIN" train \
+DPTRAIN_TEST_CHECKPOINT_PAUSE_S=3 bg_start second "${MPI2[@]}" "$DPTRAIN_HOOKED" train \
   --config "$CONFIG" --set "run_dir=$S" "${STEPS[@]}"
 if wait_for "$TMP/second.out" "step 10/200" 60; then
   kill -USR1 "$BG_PID"

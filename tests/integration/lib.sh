@@ -5,6 +5,7 @@
 #
 # Environment (ctest sets the first two; see CMakeLists.txt beside this file):
 #   DPTRAIN       the dptrain binary (default: $DPTRAIN_SRC/build/launcher/dptrain)
+#   DPTRAIN_HOOKED  the test-hooks build of it (default: $DPTRAIN_SRC/build/tests/dptrain_hooked)
 #   DPTRAIN_SRC   the source tree (default: two folders up from this file)
 #   DPTRAIN_DATA  converted datasets, fmnist/{train,test}.h5 (default: $DPTRAIN_SRC/data)
 #   MPIEXEC       the MPI launcher (default: mpirun)
@@ -16,9 +17,12 @@ set -u -o pipefail
 
 DPTRAIN_SRC=${DPTRAIN_SRC:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}
 DPTRAIN=${DPTRAIN:-$DPTRAIN_SRC/build/launcher/dptrain}
+# The same command line with test hooks read from DPTRAIN_TEST_* (tests/testing/dptrain_hooked_main.cc):
+# only fault-injection cases use it; the production binary ignores those variables.
+DPTRAIN_HOOKED=${DPTRAIN_HOOKED:-$DPTRAIN_SRC/build/tests/dptrain_hooked}
 DPTRAIN_DATA=${DPTRAIN_DATA:-$DPTRAIN_SRC/data}
 MPIEXEC=${MPIEXEC:-mpirun}
-export DPTRAIN DPTRAIN_SRC DPTRAIN_DATA
+export DPTRAIN DPTRAIN_HOOKED DPTRAIN_SRC DPTRAIN_DATA
 
 if [[ ! -x $DPTRAIN ]]; then
   echo "FAIL: DPTRAIN=$DPTRAIN is not an executable (build it: cmake --build BUILD --target dptrain)"

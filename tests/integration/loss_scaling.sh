@@ -31,7 +31,7 @@ TOML
 
 run=$TMP/ls-run
 CASE="loss scaling: an overflow on rank 1 at step 5"
-DPTRAIN_TEST_LOSS_SCALING=1 DPTRAIN_TEST_INF_GRAD=1:5 expect_ok -- "${MPI2[@]}" "$DPTRAIN" train \
+DPTRAIN_TEST_LOSS_SCALING=1 DPTRAIN_TEST_INF_GRAD=1:5 expect_ok -- "${MPI2[@]}" "$DPTRAIN_HOOKED" train \
   --config "$TMP/ls.toml" --set "run_dir=$run" --set train.max_steps=8
 check "  ... the skip is announced once" \
   test "$(grep -c 'step skipped on every rank, scale 65536 -> 32768' "$TMP/last.out")" = 1
@@ -44,7 +44,7 @@ assert by[6]["loss_scale"] == 32768 and by[6]["skipped_steps"] == 1, by[6]
 assert by[8]["loss_scale"] == 32768 and by[8]["skipped_steps"] == 1, by[8]
 PY
 CASE="loss scaling: resume from step 8 keeps the scale and the skipped count"
-DPTRAIN_TEST_LOSS_SCALING=1 expect_ok -- "${MPI2[@]}" "$DPTRAIN" train \
+DPTRAIN_TEST_LOSS_SCALING=1 expect_ok -- "${MPI2[@]}" "$DPTRAIN_HOOKED" train \
   --config "$TMP/ls.toml" --set "run_dir=$run"
 check "  ... resumed, first new step has scale 32768 and 1 skipped" python3 - "$run/metrics.jsonl" <<'PY'
 import json, sys
@@ -56,11 +56,11 @@ PY
 
 CASE="fp32 without loss scaling: a non-finite gradient on rank 1 stops every rank [2 ranks]"
 DPTRAIN_TEST_INF_GRAD=1:5 expect_fail 3 "non-finite gradient at step 5 (first in" -- \
-  "${MPI2[@]}" "$DPTRAIN" train --config "$TMP/ls.toml" --set "run_dir=$TMP/nf" \
+  "${MPI2[@]}" "$DPTRAIN_HOOKED" train --config "$TMP/ls.toml" --set "run_dir=$TMP/nf" \
   --set checkpoint.resume=never
 
 CASE="replica divergence: a flipped parameter on rank 1 at step 3 stops the job [2 ranks]"
 DPTRAIN_TEST_FLIP_PARAM=1:3 expect_fail 70 "the model replicas diverged at step 4" -- \
-  "${MPI2[@]}" "$DPTRAIN" train --config "$TMP/ls.toml" --set "run_dir=$TMP/flip" \
+  "${MPI2[@]}" "$DPTRAIN_HOOKED" train --config "$TMP/ls.toml" --set "run_dir=$TMP/flip" \
   --set checkpoint.resume=never --set dist.check_replicas_every=2
 finish

@@ -17,10 +17,10 @@ RunOutcome TrainOnFirstRanks(Communicator& comm, int world, const TrainConfig& c
     env.comm = sub.get();
     env.backend = &GetBackend("cpu");
     env.threads = 1;
-    env.keep_final_params = true;
-    env.quiet = true;
-    env.quiet_checkpoints = options.checkpoints;
-    env.stop_at_step = options.stop_at_step;
+    env.hooks.keep_final_params = true;
+    env.hooks.quiet = true;
+    env.hooks.quiet_checkpoints = options.checkpoints;
+    env.hooks.stop_at_step = options.stop_at_step;
     try {
       out.result = Train(cfg, env);
     } catch (const AgreedError& e) {
