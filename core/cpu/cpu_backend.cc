@@ -325,13 +325,49 @@ void CpuBackend::Fill(Tensor* t, float value) {
 
 // ---- support -----------------------------------------------------------------------------
 
-bool CpuBackend::Supports(const Conv2dDesc& d) const {
-  return d.n > 0 && d.c > 0 && d.k > 0 && d.r > 0 && d.s > 0 && d.stride > 0 && d.pad >= 0 &&
-         d.out_h() > 0 && d.out_w() > 0;
+namespace {
+// oneDNN runs bf16 convolutions and inner products only on CPUs with AVX-512 (avx512_core and
+// newer); elsewhere creating the primitive fails with "unimplemented". Probe once with the
+// smallest shapes instead of guessing from ISA names.
+bool OneDnnHasBf16() {
+  static const bool ok = [] {
+    try {
+      const dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+      const memory::desc x({1, 1, 1, 1}, Dt::bf16, Tag::any), w({1, 1, 1, 1}, Dt::bf16, Tag::any),
+          y({1, 1, 1, 1}, Dt::bf16, Tag::any);
+      const auto conv = dnnl::convolution_forward::primitive_desc(
+          dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training,
+                                          dnnl::algorithm::convolution_direct, x, w, y, {1, 1},
+                                          {0, 0}, {0, 0}),
+          eng);
+      const memory::desc xi({1, 1}, Dt::bf16, Tag::any), wi({1, 1}, Dt::bf16, Tag::any),
+          yi({1, 1}, Dt::bf16, Tag::any);
+      const auto ip = dnnl::inner_product_forward::primitive_desc(
+          dnnl::inner_product_forward::desc(dnnl::prop_kind::forward_training, xi, wi, yi), eng);
+      (void)conv;
+      (void)ip;
+      return true;
+    } catch (const dnnl::error&) {
+      return false;
+    }
+  }();
+  return ok;
 }
-bool CpuBackend::Supports(const LinearDesc& d) const { return d.n > 0 && d.in > 0 && d.out > 0; }
+bool PrecisionOk(Precision p) { return p != Precision::kBF16 || OneDnnHasBf16(); }
+}  // namespace
+
+// fp32 runs natively, fp16 is emulated (operands and results rounded to fp16, see Staged), bf16
+// needs oneDNN's bf16 kernels.
+bool CpuBackend::Supports(const Conv2dDesc& d) const {
+  return d.n > 0 && d.c > 0 && d.h > 0 && d.w > 0 && d.k > 0 && d.r > 0 && d.s > 0 &&
+         d.stride > 0 && d.pad >= 0 && d.out_h() > 0 && d.out_w() > 0 && PrecisionOk(d.precision);
+}
+bool CpuBackend::Supports(const LinearDesc& d) const {
+  return d.n > 0 && d.in > 0 && d.out > 0 && PrecisionOk(d.precision);
+}
+// oneDNN pooling needs the padding within half the window (as PyTorch does).
 bool CpuBackend::Supports(const PoolDesc& d) const {
-  return d.n > 0 && d.c > 0 && d.kernel > 0 && d.stride > 0 && d.pad >= 0 &&
+  return d.n > 0 && d.c > 0 && d.h > 0 && d.w > 0 && d.kernel > 0 && d.stride > 0 && d.pad >= 0 &&
          d.pad * 2 <= d.kernel && d.out_h() > 0 && d.out_w() > 0;
 }
 
