@@ -44,8 +44,15 @@ Backend::OpScope::OpScope(Backend* be, const char* name) : be_(be), name_(name) 
 }
 
 Backend::OpScope::~OpScope() {
-  if (!be_->profiling_) return;
-  be_->Synchronize();
+  if (!be_->profiling_) return;  // the hot path: no clock, no synchronisation
+  // While profiling, wait for the op so the wall time covers its device work. A failing
+  // synchronisation (a sticky CUDA error) must not escape a destructor: the sample is dropped and
+  // the next checked call reports the error.
+  try {
+    be_->Synchronize();
+  } catch (...) {
+    return;
+  }
   OpStat& s = be_->stats_[name_];
   s.name = name_;
   ++s.calls;

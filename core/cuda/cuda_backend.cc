@@ -280,6 +280,7 @@ void CudaBackend::ReserveWorkspace(size_t bytes) {
 // ---- memory and copies --------------------------------------------------------------------------
 
 void CudaBackend::CopyFromHost(const void* src, Tensor* dst) {
+  OpScope scope(this, "copy_h2d");
   MakeCurrent();
   CheckDev(*dst, "CopyFromHost");
   if (dst->bytes() == 0) return;
@@ -290,6 +291,7 @@ void CudaBackend::CopyFromHost(const void* src, Tensor* dst) {
 }
 
 void CudaBackend::CopyToHost(const Tensor& src, void* dst) {
+  OpScope scope(this, "copy_d2h");
   MakeCurrent();
   CheckDev(src, "CopyToHost");
   if (src.bytes() == 0) return;
@@ -298,6 +300,7 @@ void CudaBackend::CopyToHost(const Tensor& src, void* dst) {
 }
 
 void CudaBackend::Copy(const Tensor& src, Tensor* dst) {
+  OpScope scope(this, "copy");
   MakeCurrent();
   CheckDev(src, "Copy src");
   CheckDev(*dst, "Copy dst");
@@ -469,6 +472,7 @@ std::shared_ptr<OpPlan> CudaBackend::PrepareConv2d(const Conv2dDesc& d) {
 
 void CudaBackend::Conv2dForward(const OpPlan& plan, const Tensor& x, const Tensor& w,
                                 const Tensor* b, Tensor* y) {
+  OpScope scope(this, "conv2d_fwd");
   const auto& p = static_cast<const ConvPlan&>(plan);
   const Conv2dDesc& d = p.d;
   CheckF32(x, "conv2d x");
@@ -501,6 +505,7 @@ void CudaBackend::Conv2dForward(const OpPlan& plan, const Tensor& x, const Tenso
 
 void CudaBackend::Conv2dBackwardData(const OpPlan& plan, const Tensor& dy, const Tensor& w,
                                      Tensor* dx) {
+  OpScope scope(this, "conv2d_bwd_data");
   const auto& p = static_cast<const ConvPlan&>(plan);
   const Conv2dDesc& d = p.d;
   CheckF32(dy, "conv2d dy");
@@ -528,6 +533,7 @@ void CudaBackend::Conv2dBackwardData(const OpPlan& plan, const Tensor& dy, const
 
 void CudaBackend::Conv2dBackwardWeights(const OpPlan& plan, const Tensor& x, const Tensor& dy,
                                         Tensor* dw, Tensor* db, bool accumulate) {
+  OpScope scope(this, "conv2d_bwd_weights");
   const auto& p = static_cast<const ConvPlan&>(plan);
   const Conv2dDesc& d = p.d;
   CheckF32(x, "conv2d x");
@@ -606,6 +612,7 @@ std::shared_ptr<OpPlan> CudaBackend::PrepareLinear(const LinearDesc& d) {
 
 void CudaBackend::LinearForward(const OpPlan& plan, const Tensor& x, const Tensor& w,
                                 const Tensor* b, Tensor* y) {
+  OpScope scope(this, "linear_fwd");
   const auto& p = static_cast<const LinearPlan&>(plan);
   const LinearDesc& d = p.d;
   CheckF32(x, "linear x");
@@ -634,6 +641,7 @@ void CudaBackend::LinearForward(const OpPlan& plan, const Tensor& x, const Tenso
 
 void CudaBackend::LinearBackwardData(const OpPlan& plan, const Tensor& dy, const Tensor& w,
                                      Tensor* dx) {
+  OpScope scope(this, "linear_bwd_data");
   const auto& p = static_cast<const LinearPlan&>(plan);
   const LinearDesc& d = p.d;
   CheckF32(dy, "linear dy");
@@ -656,6 +664,7 @@ void CudaBackend::LinearBackwardData(const OpPlan& plan, const Tensor& dy, const
 
 void CudaBackend::LinearBackwardWeights(const OpPlan& plan, const Tensor& x, const Tensor& dy,
                                         Tensor* dw, Tensor* db, bool accumulate) {
+  OpScope scope(this, "linear_bwd_weights");
   const auto& p = static_cast<const LinearPlan&>(plan);
   const LinearDesc& d = p.d;
   CheckF32(x, "linear x");
@@ -701,6 +710,7 @@ std::shared_ptr<OpPlan> CudaBackend::PreparePool(const PoolDesc& d) {
 }
 
 void CudaBackend::PoolForward(const OpPlan& plan, const Tensor& x, Tensor* y, Tensor* ws) {
+  OpScope scope(this, "pool_fwd");
   const auto& p = static_cast<const PoolPlan&>(plan);
   CheckF32(x, "pool x");
   CheckF32(*y, "pool y");
@@ -720,6 +730,7 @@ void CudaBackend::PoolForward(const OpPlan& plan, const Tensor& x, Tensor* y, Te
 }
 
 void CudaBackend::PoolBackward(const OpPlan& plan, const Tensor& dy, const Tensor* ws, Tensor* dx) {
+  OpScope scope(this, "pool_bwd");
   const auto& p = static_cast<const PoolPlan&>(plan);
   CheckF32(dy, "pool dy");
   CheckF32(*dx, "pool dx");
@@ -738,6 +749,7 @@ void CudaBackend::PoolBackward(const OpPlan& plan, const Tensor& dy, const Tenso
 // ---- elementwise --------------------------------------------------------------------------------
 
 void CudaBackend::ReluForward(const Tensor& x, Tensor* y) {
+  OpScope scope(this, "relu_fwd");
   CheckF32(x, "relu x");
   CheckF32(*y, "relu y");
   CheckSame(x, *y, "relu");
@@ -745,6 +757,7 @@ void CudaBackend::ReluForward(const Tensor& x, Tensor* y) {
 }
 
 void CudaBackend::ReluBackward(const Tensor& y, const Tensor& dy, Tensor* dx) {
+  OpScope scope(this, "relu_bwd");
   CheckF32(y, "relu y");
   CheckF32(dy, "relu dy");
   CheckF32(*dx, "relu dx");
@@ -754,6 +767,7 @@ void CudaBackend::ReluBackward(const Tensor& y, const Tensor& dy, Tensor* dx) {
 }
 
 void CudaBackend::Add(const Tensor& a, const Tensor& b, Tensor* y) {
+  OpScope scope(this, "add");
   CheckF32(a, "add a");
   CheckF32(b, "add b");
   CheckF32(*y, "add y");
@@ -763,11 +777,13 @@ void CudaBackend::Add(const Tensor& a, const Tensor& b, Tensor* y) {
 }
 
 void CudaBackend::Scale(Tensor* t, float alpha) {
+  OpScope scope(this, "scale");
   CheckF32(*t, "scale");
   kernels::Scale(t->data<float>(), t->numel(), alpha, stream_);
 }
 
 void CudaBackend::DropoutForward(const Tensor& x, float p, uint64_t seed, Tensor* y) {
+  OpScope scope(this, "dropout");
   CheckF32(x, "dropout x");
   CheckF32(*y, "dropout y");
   CheckSame(x, *y, "dropout");
@@ -799,6 +815,7 @@ void CudaBackend::BatchNormForwardTraining(const BatchNormArgs& a, const Tensor&
                                            const Tensor& gamma, const Tensor& beta,
                                            Tensor* running_mean, Tensor* running_var, Tensor* y,
                                            Tensor* save_mean, Tensor* save_invstd) {
+  OpScope scope(this, "batchnorm_fwd");
   CheckF32(x, "batch norm x");
   CheckF32(*y, "batch norm y");
   CheckSame(x, *y, "batch norm");
@@ -819,6 +836,7 @@ void CudaBackend::BatchNormForwardInference(const BatchNormArgs& a, const Tensor
                                             const Tensor& gamma, const Tensor& beta,
                                             const Tensor& running_mean, const Tensor& running_var,
                                             Tensor* y) {
+  OpScope scope(this, "batchnorm_infer");
   CheckF32(x, "batch norm x");
   CheckF32(*y, "batch norm y");
   CheckSame(x, *y, "batch norm");
@@ -834,6 +852,7 @@ void CudaBackend::BatchNormForwardInference(const BatchNormArgs& a, const Tensor
 void CudaBackend::BatchNormBackward(const Tensor& x, const Tensor& dy, const Tensor& gamma,
                                     const Tensor& save_mean, const Tensor& save_invstd, Tensor* dx,
                                     Tensor* dgamma, Tensor* dbeta, bool accumulate) {
+  OpScope scope(this, "batchnorm_bwd");
   CheckF32(x, "batch norm x");
   CheckF32(dy, "batch norm dy");
   CheckF32(*dx, "batch norm dx");
@@ -853,6 +872,7 @@ void CudaBackend::BatchNormBackward(const Tensor& x, const Tensor& dy, const Ten
 
 void CudaBackend::SoftmaxCrossEntropy(const Tensor& logits, const Tensor& labels, Tensor* probs,
                                       Tensor* loss_sum, Tensor* correct) {
+  OpScope scope(this, "softmax_xent");
   CheckF32(logits, "softmax logits");
   DPT_CHECK(logits.shape().rank() == 2) << "logits " << logits.shape().ToString();
   const int64_t n = logits.shape()[0], k = logits.shape()[1];
@@ -891,6 +911,7 @@ void CudaBackend::SoftmaxCrossEntropy(const Tensor& logits, const Tensor& labels
 
 void CudaBackend::SoftmaxCrossEntropyBackward(const Tensor& probs, const Tensor& labels,
                                               float scale, Tensor* dlogits) {
+  OpScope scope(this, "softmax_xent_bwd");
   CheckF32(probs, "softmax probs");
   DPT_CHECK(probs.shape().rank() == 2) << "probs " << probs.shape().ToString();
   const int64_t n = probs.shape()[0], k = probs.shape()[1];
@@ -903,6 +924,7 @@ void CudaBackend::SoftmaxCrossEntropyBackward(const Tensor& probs, const Tensor&
 }
 
 void CudaBackend::MseLoss(const Tensor& y, const Tensor& t, Tensor* loss_sum) {
+  OpScope scope(this, "mse");
   CheckF32(y, "mse y");
   CheckF32(t, "mse t");
   CheckF32(*loss_sum, "mse loss_sum");
@@ -912,6 +934,7 @@ void CudaBackend::MseLoss(const Tensor& y, const Tensor& t, Tensor* loss_sum) {
 }
 
 void CudaBackend::MseBackward(const Tensor& y, const Tensor& t, float scale, Tensor* dy) {
+  OpScope scope(this, "mse_bwd");
   CheckF32(y, "mse y");
   CheckF32(t, "mse t");
   CheckF32(*dy, "mse dy");
@@ -925,6 +948,7 @@ void CudaBackend::MseBackward(const Tensor& y, const Tensor& t, float scale, Ten
 
 void CudaBackend::SgdStep(const ew::SgdHyper& h, Tensor* param, const Tensor& grad,
                           Tensor* momentum) {
+  OpScope scope(this, "sgd");
   CheckF32(*param, "sgd param");
   CheckF32(grad, "sgd grad");
   CheckSame(*param, grad, "sgd");
@@ -940,6 +964,7 @@ void CudaBackend::SgdStep(const ew::SgdHyper& h, Tensor* param, const Tensor& gr
 
 void CudaBackend::AdamWStep(const ew::AdamWHyper& h, Tensor* param, const Tensor& grad, Tensor* m,
                             Tensor* v) {
+  OpScope scope(this, "adamw");
   CheckF32(*param, "adamw param");
   CheckF32(grad, "adamw grad");
   CheckF32(*m, "adamw m");
