@@ -6,6 +6,8 @@
 #include <chrono>
 #include <sstream>
 
+#include "core/error.h"
+
 namespace dptrain {
 
 const char* PrecisionName(Precision p) {
@@ -65,6 +67,11 @@ std::vector<OpStat> Backend::Profile() const {
   std::sort(out.begin(), out.end(),
             [](const OpStat& a, const OpStat& b) { return a.seconds > b.seconds; });
   return out;
+}
+
+BatchNormDims BatchNormShape(const Shape& x) {
+  DPT_CHECK(x.rank() == 2 || x.rank() == 4) << "batch norm input " << x.ToString();
+  return {x[0], x[1], x.rank() == 4 ? x[2] * x[3] : 1};
 }
 
 std::string Conv2dDesc::ToString() const {

@@ -83,6 +83,13 @@ struct BatchNormArgs {
   double eps = 1e-5;
 };
 
+// How batch norm sees its input x, (N, C) or (N, C, H, W): per channel c, n samples of hw
+// positions each (hw = 1 for (N, C)). Throws InternalError for any other rank.
+struct BatchNormDims {
+  int64_t n, c, hw;
+};
+BatchNormDims BatchNormShape(const Shape& x);
+
 class Backend {
  public:
   virtual ~Backend() = default;

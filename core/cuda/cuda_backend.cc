@@ -797,14 +797,6 @@ void CudaBackend::DropoutBackward(const Tensor& dy, float p, uint64_t seed, Tens
 // ---- batch norm ---------------------------------------------------------------------------------
 
 namespace {
-struct BnDims {
-  int64_t n, c, hw;
-};
-BnDims BnShape(const Tensor& x) {
-  const Shape& s = x.shape();
-  DPT_CHECK(s.rank() == 2 || s.rank() == 4) << "batch norm input " << s.ToString();
-  return {s[0], s[1], s.rank() == 4 ? s[2] * s[3] : 1};
-}
 void CheckChannels(const Tensor& t, int64_t c, const char* what) {
   CheckF32(t, what);
   DPT_CHECK(t.numel() == c) << what << " " << t.shape().ToString() << " for " << c << " channels";
@@ -819,7 +811,7 @@ void CudaBackend::BatchNormForwardTraining(const BatchNormArgs& a, const Tensor&
   CheckF32(x, "batch norm x");
   CheckF32(*y, "batch norm y");
   CheckSame(x, *y, "batch norm");
-  const BnDims d = BnShape(x);
+  const BatchNormDims d = BatchNormShape(x.shape());
   for (const Tensor* t :
        {&gamma, &beta, static_cast<const Tensor*>(running_mean),
         static_cast<const Tensor*>(running_var), static_cast<const Tensor*>(save_mean),
@@ -840,7 +832,7 @@ void CudaBackend::BatchNormForwardInference(const BatchNormArgs& a, const Tensor
   CheckF32(x, "batch norm x");
   CheckF32(*y, "batch norm y");
   CheckSame(x, *y, "batch norm");
-  const BnDims d = BnShape(x);
+  const BatchNormDims d = BatchNormShape(x.shape());
   for (const Tensor* t : {&gamma, &beta, &running_mean, &running_var}) {
     CheckChannels(*t, d.c, "batch norm per-channel tensor");
   }
@@ -858,7 +850,7 @@ void CudaBackend::BatchNormBackward(const Tensor& x, const Tensor& dy, const Ten
   CheckF32(*dx, "batch norm dx");
   CheckSame(x, dy, "batch norm backward");
   CheckSame(x, *dx, "batch norm backward");
-  const BnDims d = BnShape(x);
+  const BatchNormDims d = BatchNormShape(x.shape());
   for (const Tensor* t : {&gamma, &save_mean, &save_invstd, static_cast<const Tensor*>(dgamma),
                           static_cast<const Tensor*>(dbeta)}) {
     CheckChannels(*t, d.c, "batch norm per-channel tensor");
