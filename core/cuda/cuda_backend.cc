@@ -89,6 +89,15 @@ class CudaRawAllocator final : public RawAllocator {
   size_t capacity_ = 0;
 };
 
+// Slots of the 64-byte device scalars buffer (CudaBackend::scalars_), each 8-byte aligned: the
+// count of CountNonFinite, the sum of SumSquares, the first bad label row of SoftmaxCrossEntropy.
+constexpr size_t kCountSlot = 0, kSumSlot = 8, kBadRowSlot = 16;
+template <class T>
+T* ScalarSlot(const Tensor& scalars, size_t offset) {
+  static_assert(alignof(T) <= 8, "scalar slots are 8-byte aligned");
+  return static_cast<T*>(static_cast<void*>(static_cast<char*>(scalars.raw()) + offset));
+}
+
 std::unique_ptr<CachingAllocator> MakeAllocator(int ordinal) {
   return std::make_unique<CachingAllocator>(std::make_unique<CudaRawAllocator>(ordinal));
 }
@@ -879,7 +888,7 @@ void CudaBackend::SoftmaxCrossEntropy(const Tensor& logits, const Tensor& labels
   // come from the caching allocator; stream order makes their reuse safe.
   Tensor row_loss = Empty(Shape{std::max<int64_t>(n, 1) * 8}, DType::kU8, "softmax row losses");
   Tensor row_hit = Empty(Shape{std::max<int64_t>(n, 1) * 4}, DType::kU8, "softmax row hits");
-  auto* bad_row = reinterpret_cast<int32_t*>(static_cast<char*>(scalars_.raw()) + 16);
+  auto* bad_row = ScalarSlot<int32_t>(scalars_, kBadRowSlot);
   constexpr int32_t kNoBadRow = 0x7f7f7f7f;  // the memset pattern below
   DPT_CUDA_CHECK(cudaMemsetAsync(bad_row, 0x7f, sizeof(int32_t), stream_));
   kernels::SoftmaxXent(n, k, logits.data<float>(), labels.data<int32_t>(), probs->data<float>(),
@@ -973,7 +982,7 @@ void CudaBackend::AdamWStep(const ew::AdamWHyper& h, Tensor* param, const Tensor
 int64_t CudaBackend::CountNonFinite(const Tensor& t) {
   MakeCurrent();
   CheckF32(t, "CountNonFinite");
-  auto* out = static_cast<unsigned long long*>(scalars_.raw());
+  auto* out = ScalarSlot<unsigned long long>(scalars_, kCountSlot);
   kernels::CountNonFinite(t.data<float>(), t.numel(), partials_.data<unsigned long long>(), out,
                           stream_);
   unsigned long long host = 0;
@@ -985,7 +994,7 @@ int64_t CudaBackend::CountNonFinite(const Tensor& t) {
 double CudaBackend::SumSquares(const Tensor& t) {
   MakeCurrent();
   CheckF32(t, "SumSquares");
-  auto* out = reinterpret_cast<double*>(static_cast<char*>(scalars_.raw()) + 8);
+  auto* out = ScalarSlot<double>(scalars_, kSumSlot);
   kernels::SumSquares(t.data<float>(), t.numel(), partials_.data<double>(), out, stream_);
   double host = 0;
   DPT_CUDA_CHECK(cudaMemcpyAsync(&host, out, sizeof host, cudaMemcpyDeviceToHost, stream_));
