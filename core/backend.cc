@@ -6,6 +6,8 @@
 #include <chrono>
 #include <sstream>
 
+#include "core/error.h"
+
 namespace dptrain {
 
 const char* PrecisionName(Precision p) {
@@ -44,8 +46,15 @@ Backend::OpScope::OpScope(Backend* be, const char* name) : be_(be), name_(name) 
 }
 
 Backend::OpScope::~OpScope() {
-  if (!be_->profiling_) return;
-  be_->Synchronize();
+  if (!be_->profiling_) return;  // the hot path: no clock, no synchronisation
+  // While profiling, wait for the op so the wall time covers its device work. A failing
+  // synchronisation (a sticky CUDA error) must not escape a destructor: the sample is dropped and
+  // the next checked call reports the error.
+  try {
+    be_->Synchronize();
+  } catch (...) {
+    return;
+  }
   OpStat& s = be_->stats_[name_];
   s.name = name_;
   ++s.calls;
@@ -58,6 +67,11 @@ std::vector<OpStat> Backend::Profile() const {
   std::sort(out.begin(), out.end(),
             [](const OpStat& a, const OpStat& b) { return a.seconds > b.seconds; });
   return out;
+}
+
+BatchNormDims BatchNormShape(const Shape& x) {
+  DPT_CHECK(x.rank() == 2 || x.rank() == 4) << "batch norm input " << x.ToString();
+  return {x[0], x[1], x.rank() == 4 ? x[2] * x[3] : 1};
 }
 
 std::string Conv2dDesc::ToString() const {

@@ -83,6 +83,13 @@ struct BatchNormArgs {
   double eps = 1e-5;
 };
 
+// How batch norm sees its input x, (N, C) or (N, C, H, W): per channel c, n samples of hw
+// positions each (hw = 1 for (N, C)). Throws InternalError for any other rank.
+struct BatchNormDims {
+  int64_t n, c, hw;
+};
+BatchNormDims BatchNormShape(const Shape& x);
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -110,9 +117,12 @@ class Backend {
   virtual void Synchronize() = 0;
 
   // ---- support queries: an unsupported descriptor is an error at setup, never a fallback ----
-  virtual bool Supports(const Conv2dDesc&) const { return true; }
-  virtual bool Supports(const LinearDesc&) const { return true; }
-  virtual bool Supports(const PoolDesc&) const { return true; }
+  // Pure virtual on purpose: every backend states what it can run (shape limits, precisions
+  // the hardware or library offers) instead of inheriting a "yes" it may not mean. A layer's
+  // Setup throws UnsupportedError when the answer is false; conformance tests skip the case.
+  virtual bool Supports(const Conv2dDesc& d) const = 0;
+  virtual bool Supports(const LinearDesc& d) const = 0;
+  virtual bool Supports(const PoolDesc& d) const = 0;
 
   // ---- conv2d: x (N,C,H,W), w (K,C,R,S), b (K), y (N,K,P,Q) ----
   virtual std::shared_ptr<OpPlan> PrepareConv2d(const Conv2dDesc& d) = 0;

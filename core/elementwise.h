@@ -44,6 +44,48 @@ DPT_HD uint64_t ShiftSeed(uint64_t seed, uint64_t offset) {
 DPT_HD float DropoutScale(uint64_t seed, uint64_t index, float p) {
   return Uniform01(seed, index) >= p ? 1.0f / (1.0f - p) : 0.0f;
 }
+// Element `index` of dropout's output (forward) or input gradient (backward: the same mask).
+DPT_HD float Dropout(float x, uint64_t seed, uint64_t index, float p) {
+  return x * DropoutScale(seed, index, p);
+}
+
+// ---- batch norm, per channel over m = N*H*W elements; statistics in double -----------------
+// The reductions (sums over the channel) stay in each backend (OpenMP loops, block sums); what
+// they feed is written here once so the CPU reference and the CUDA kernels agree to the bit.
+DPT_HD double BnInvStd(double var, double eps) { return 1.0 / sqrt(var + eps); }
+// y = x * scale + shift folds normalisation and the affine transform (f32, as both backends).
+struct BnAffine {
+  float scale;
+  float shift;
+};
+DPT_HD BnAffine BnFold(float gamma, float beta, float mean, double invstd) {
+  const float scale = gamma * static_cast<float>(invstd);
+  return {scale, beta - mean * scale};
+}
+DPT_HD float BnApply(float x, BnAffine a) { return x * a.scale + a.shift; }
+// Running statistics (PyTorch): running = (1 - momentum) * running + momentum * batch, with the
+// unbiased (m - 1) batch variance.
+DPT_HD double BnUnbiasedVar(double var, int64_t m) {
+  return m > 1 ? var * static_cast<double>(m) / static_cast<double>(m - 1) : var;
+}
+DPT_HD float BnRunning(float running, double batch, double momentum) {
+  return static_cast<float>((1 - momentum) * running + momentum * batch);
+}
+// Backward: one term of sum(dy * xhat), and
+//   dx = gamma * invstd / m * (m * dy - sum(dy) - xhat * sum(dy * xhat))  with k = gamma*invstd/m.
+DPT_HD double BnDyXhat(float dy, float x, double mean, double invstd) {
+  return dy * (x - mean) * invstd;
+}
+DPT_HD double BnGradScale(float gamma, double invstd, double m) { return gamma * invstd / m; }
+DPT_HD float BnDx(float dy, float x, double mean, double invstd, double k, double m, double sum_dy,
+                  double sum_dy_xhat) {
+  const double xhat = (x - mean) * invstd;
+  return static_cast<float>(k * (m * dy - sum_dy - xhat * sum_dy_xhat));
+}
+// dgamma = sum(dy * xhat), dbeta = sum(dy), added to the old value when accumulating.
+DPT_HD float BnParamGrad(double sum, float old, bool accumulate) {
+  return static_cast<float>(sum) + (accumulate ? old : 0.f);
+}
 
 // ---- losses ------------------------------------------------------------------------------
 // Squared error of one element and its gradient for a mean over `count` elements.

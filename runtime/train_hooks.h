@@ -8,15 +8,9 @@
 
 #include <cstdint>
 
-namespace dptrain {
+#include "core/hdf5/checkpoint_file.h"  // CheckpointPauseHook
 
-// Pauses the checkpoint writer once half of the temporary file is written and synced, printing
-// "test hook: pausing <s> s while writing <tmp> (pid N)" to stderr first: makes "kill the writer
-// mid-file" tests certain.
-struct CheckpointPauseHook {
-  double seconds = 0;  // 0 = never pause
-  int64_t step = -1;   // only in the write of this step; -1 = in every write
-};
+namespace dptrain {
 
 struct TrainHooks {
   bool quiet = false;  // no output, no run_dir files, no checkpoint reads or writes

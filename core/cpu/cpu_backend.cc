@@ -325,13 +325,49 @@ void CpuBackend::Fill(Tensor* t, float value) {
 
 // ---- support -----------------------------------------------------------------------------
 
-bool CpuBackend::Supports(const Conv2dDesc& d) const {
-  return d.n > 0 && d.c > 0 && d.k > 0 && d.r > 0 && d.s > 0 && d.stride > 0 && d.pad >= 0 &&
-         d.out_h() > 0 && d.out_w() > 0;
+namespace {
+// oneDNN runs bf16 convolutions and inner products only on CPUs with AVX-512 (avx512_core and
+// newer); elsewhere creating the primitive fails with "unimplemented". Probe once with the
+// smallest shapes instead of guessing from ISA names.
+bool OneDnnHasBf16() {
+  static const bool ok = [] {
+    try {
+      const dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+      const memory::desc x({1, 1, 1, 1}, Dt::bf16, Tag::any), w({1, 1, 1, 1}, Dt::bf16, Tag::any),
+          y({1, 1, 1, 1}, Dt::bf16, Tag::any);
+      const auto conv = dnnl::convolution_forward::primitive_desc(
+          dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training,
+                                          dnnl::algorithm::convolution_direct, x, w, y, {1, 1},
+                                          {0, 0}, {0, 0}),
+          eng);
+      const memory::desc xi({1, 1}, Dt::bf16, Tag::any), wi({1, 1}, Dt::bf16, Tag::any),
+          yi({1, 1}, Dt::bf16, Tag::any);
+      const auto ip = dnnl::inner_product_forward::primitive_desc(
+          dnnl::inner_product_forward::desc(dnnl::prop_kind::forward_training, xi, wi, yi), eng);
+      (void)conv;
+      (void)ip;
+      return true;
+    } catch (const dnnl::error&) {
+      return false;
+    }
+  }();
+  return ok;
 }
-bool CpuBackend::Supports(const LinearDesc& d) const { return d.n > 0 && d.in > 0 && d.out > 0; }
+bool PrecisionOk(Precision p) { return p != Precision::kBF16 || OneDnnHasBf16(); }
+}  // namespace
+
+// fp32 runs natively, fp16 is emulated (operands and results rounded to fp16, see Staged), bf16
+// needs oneDNN's bf16 kernels.
+bool CpuBackend::Supports(const Conv2dDesc& d) const {
+  return d.n > 0 && d.c > 0 && d.h > 0 && d.w > 0 && d.k > 0 && d.r > 0 && d.s > 0 &&
+         d.stride > 0 && d.pad >= 0 && d.out_h() > 0 && d.out_w() > 0 && PrecisionOk(d.precision);
+}
+bool CpuBackend::Supports(const LinearDesc& d) const {
+  return d.n > 0 && d.in > 0 && d.out > 0 && PrecisionOk(d.precision);
+}
+// oneDNN pooling needs the padding within half the window (as PyTorch does).
 bool CpuBackend::Supports(const PoolDesc& d) const {
-  return d.n > 0 && d.c > 0 && d.kernel > 0 && d.stride > 0 && d.pad >= 0 &&
+  return d.n > 0 && d.c > 0 && d.h > 0 && d.w > 0 && d.kernel > 0 && d.stride > 0 && d.pad >= 0 &&
          d.pad * 2 <= d.kernel && d.out_h() > 0 && d.out_w() > 0;
 }
 
@@ -577,7 +613,7 @@ void CpuBackend::DropoutForward(const Tensor& x, float p, uint64_t seed, Tensor*
   float* out = y->data<float>();
   const int64_t n = x.numel();
 #pragma omp parallel for if (n > kParallelMin)
-  for (int64_t i = 0; i < n; ++i) out[i] = in[i] * ew::DropoutScale(seed, i, p);
+  for (int64_t i = 0; i < n; ++i) out[i] = ew::Dropout(in[i], seed, static_cast<uint64_t>(i), p);
 }
 
 void CpuBackend::DropoutBackward(const Tensor& dy, float p, uint64_t seed, Tensor* dx) {
@@ -586,23 +622,12 @@ void CpuBackend::DropoutBackward(const Tensor& dy, float p, uint64_t seed, Tenso
 
 // ---- batch norm --------------------------------------------------------------------------
 
-namespace {
-struct BnDims {
-  int64_t n, c, hw;
-};
-BnDims BnShape(const Tensor& x) {
-  const Shape& s = x.shape();
-  DPT_CHECK(s.rank() == 2 || s.rank() == 4) << "batch norm input " << s.ToString();
-  return {s[0], s[1], s.rank() == 4 ? s[2] * s[3] : 1};
-}
-}  // namespace
-
 void CpuBackend::BatchNormForwardTraining(const BatchNormArgs& a, const Tensor& x,
                                           const Tensor& gamma, const Tensor& beta,
                                           Tensor* running_mean, Tensor* running_var, Tensor* y,
                                           Tensor* save_mean, Tensor* save_invstd) {
   OpScope scope(this, "batchnorm_fwd");
-  const BnDims d = BnShape(x);
+  const BatchNormDims d = BatchNormShape(x.shape());
   const float* in = x.data<float>();
   float* out = y->data<float>();
   const int64_t m = d.n * d.hw;
@@ -619,21 +644,20 @@ void CpuBackend::BatchNormForwardTraining(const BatchNormArgs& a, const Tensor& 
       for (int64_t j = 0; j < d.hw; ++j) sq += (p[j] - mean) * (p[j] - mean);
     }
     const double var = sq / static_cast<double>(m);
-    const double invstd = 1.0 / std::sqrt(var + a.eps);
-    const float g = gamma.data<float>()[c] * static_cast<float>(invstd);
-    const float shift = beta.data<float>()[c] - static_cast<float>(mean) * g;
+    const double invstd = ew::BnInvStd(var, a.eps);
+    const ew::BnAffine affine =
+        ew::BnFold(gamma.data<float>()[c], beta.data<float>()[c], static_cast<float>(mean), invstd);
     for (int64_t i = 0; i < d.n; ++i) {
       const float* p = in + (i * d.c + c) * d.hw;
       float* q = out + (i * d.c + c) * d.hw;
-      for (int64_t j = 0; j < d.hw; ++j) q[j] = p[j] * g + shift;
+      for (int64_t j = 0; j < d.hw; ++j) q[j] = ew::BnApply(p[j], affine);
     }
     save_mean->data<float>()[c] = static_cast<float>(mean);
     save_invstd->data<float>()[c] = static_cast<float>(invstd);
-    const double unbiased = m > 1 ? var * static_cast<double>(m) / static_cast<double>(m - 1) : var;
     float& rm = running_mean->data<float>()[c];
     float& rv = running_var->data<float>()[c];
-    rm = static_cast<float>((1 - a.momentum) * rm + a.momentum * mean);
-    rv = static_cast<float>((1 - a.momentum) * rv + a.momentum * unbiased);
+    rm = ew::BnRunning(rm, mean, a.momentum);
+    rv = ew::BnRunning(rv, ew::BnUnbiasedVar(var, m), a.momentum);
   }
 }
 
@@ -642,19 +666,18 @@ void CpuBackend::BatchNormForwardInference(const BatchNormArgs& a, const Tensor&
                                            const Tensor& running_mean, const Tensor& running_var,
                                            Tensor* y) {
   OpScope scope(this, "batchnorm_infer");
-  const BnDims d = BnShape(x);
+  const BatchNormDims d = BatchNormShape(x.shape());
   const float* in = x.data<float>();
   float* out = y->data<float>();
 #pragma omp parallel for if (d.n * d.c * d.hw > kParallelMin)
   for (int64_t c = 0; c < d.c; ++c) {
-    const double invstd =
-        1.0 / std::sqrt(static_cast<double>(running_var.data<float>()[c]) + a.eps);
-    const float g = gamma.data<float>()[c] * static_cast<float>(invstd);
-    const float shift = beta.data<float>()[c] - running_mean.data<float>()[c] * g;
+    const double invstd = ew::BnInvStd(running_var.data<float>()[c], a.eps);
+    const ew::BnAffine affine = ew::BnFold(gamma.data<float>()[c], beta.data<float>()[c],
+                                           running_mean.data<float>()[c], invstd);
     for (int64_t i = 0; i < d.n; ++i) {
       const float* p = in + (i * d.c + c) * d.hw;
       float* q = out + (i * d.c + c) * d.hw;
-      for (int64_t j = 0; j < d.hw; ++j) q[j] = p[j] * g + shift;
+      for (int64_t j = 0; j < d.hw; ++j) q[j] = ew::BnApply(p[j], affine);
     }
   }
 }
@@ -663,7 +686,7 @@ void CpuBackend::BatchNormBackward(const Tensor& x, const Tensor& dy, const Tens
                                    const Tensor& save_mean, const Tensor& save_invstd, Tensor* dx,
                                    Tensor* dgamma, Tensor* dbeta, bool accumulate) {
   OpScope scope(this, "batchnorm_bwd");
-  const BnDims d = BnShape(x);
+  const BatchNormDims d = BatchNormShape(x.shape());
   const float* in = x.data<float>();
   const float* g = dy.data<float>();
   float* out = dx->data<float>();
@@ -677,22 +700,20 @@ void CpuBackend::BatchNormBackward(const Tensor& x, const Tensor& dy, const Tens
       const int64_t off = (i * d.c + c) * d.hw;
       for (int64_t j = 0; j < d.hw; ++j) {
         sum_dy += g[off + j];
-        sum_dy_xhat += g[off + j] * (in[off + j] - mean) * invstd;
+        sum_dy_xhat += ew::BnDyXhat(g[off + j], in[off + j], mean, invstd);
       }
     }
-    // dx = gamma * invstd / m * (m * dy - sum(dy) - xhat * sum(dy * xhat))
-    const double k = gamma.data<float>()[c] * invstd / m;
+    const double k = ew::BnGradScale(gamma.data<float>()[c], invstd, m);
     for (int64_t i = 0; i < d.n; ++i) {
       const int64_t off = (i * d.c + c) * d.hw;
       for (int64_t j = 0; j < d.hw; ++j) {
-        const double xhat = (in[off + j] - mean) * invstd;
-        out[off + j] = static_cast<float>(k * (m * g[off + j] - sum_dy - xhat * sum_dy_xhat));
+        out[off + j] = ew::BnDx(g[off + j], in[off + j], mean, invstd, k, m, sum_dy, sum_dy_xhat);
       }
     }
     float& dgc = dgamma->data<float>()[c];
     float& dbc = dbeta->data<float>()[c];
-    dgc = static_cast<float>(sum_dy_xhat) + (accumulate ? dgc : 0.f);
-    dbc = static_cast<float>(sum_dy) + (accumulate ? dbc : 0.f);
+    dgc = ew::BnParamGrad(sum_dy_xhat, dgc, accumulate);
+    dbc = ew::BnParamGrad(sum_dy, dbc, accumulate);
   }
 }
 

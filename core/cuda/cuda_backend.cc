@@ -89,6 +89,15 @@ class CudaRawAllocator final : public RawAllocator {
   size_t capacity_ = 0;
 };
 
+// Slots of the 64-byte device scalars buffer (CudaBackend::scalars_), each 8-byte aligned: the
+// count of CountNonFinite, the sum of SumSquares, the first bad label row of SoftmaxCrossEntropy.
+constexpr size_t kCountSlot = 0, kSumSlot = 8, kBadRowSlot = 16;
+template <class T>
+T* ScalarSlot(const Tensor& scalars, size_t offset) {
+  static_assert(alignof(T) <= 8, "scalar slots are 8-byte aligned");
+  return static_cast<T*>(static_cast<void*>(static_cast<char*>(scalars.raw()) + offset));
+}
+
 std::unique_ptr<CachingAllocator> MakeAllocator(int ordinal) {
   return std::make_unique<CachingAllocator>(std::make_unique<CudaRawAllocator>(ordinal));
 }
@@ -280,6 +289,7 @@ void CudaBackend::ReserveWorkspace(size_t bytes) {
 // ---- memory and copies --------------------------------------------------------------------------
 
 void CudaBackend::CopyFromHost(const void* src, Tensor* dst) {
+  OpScope scope(this, "copy_h2d");
   MakeCurrent();
   CheckDev(*dst, "CopyFromHost");
   if (dst->bytes() == 0) return;
@@ -290,6 +300,7 @@ void CudaBackend::CopyFromHost(const void* src, Tensor* dst) {
 }
 
 void CudaBackend::CopyToHost(const Tensor& src, void* dst) {
+  OpScope scope(this, "copy_d2h");
   MakeCurrent();
   CheckDev(src, "CopyToHost");
   if (src.bytes() == 0) return;
@@ -298,6 +309,7 @@ void CudaBackend::CopyToHost(const Tensor& src, void* dst) {
 }
 
 void CudaBackend::Copy(const Tensor& src, Tensor* dst) {
+  OpScope scope(this, "copy");
   MakeCurrent();
   CheckDev(src, "Copy src");
   CheckDev(*dst, "Copy dst");
@@ -328,13 +340,26 @@ void CudaBackend::Synchronize() {
 
 // ---- support ------------------------------------------------------------------------------------
 
+// cuDNN's descriptor API and cuBLAS take int dimensions, and a 4-d tensor descriptor's strides
+// are ints too, so every element count of a conv operand must fit. bf16 tensor-core math needs
+// compute capability 8.0; fp16 runs on every architecture this binary is built for (7.5+).
 bool CudaBackend::Supports(const Conv2dDesc& d) const {
-  const bool shape = d.n > 0 && d.c > 0 && d.k > 0 && d.r > 0 && d.s > 0 && d.stride > 0 &&
-                     d.pad >= 0 && d.out_h() > 0 && d.out_w() > 0;
+  const bool shape = d.n > 0 && d.c > 0 && d.h > 0 && d.w > 0 && d.k > 0 && d.r > 0 && d.s > 0 &&
+                     d.stride > 0 && d.pad >= 0 && d.out_h() > 0 && d.out_w() > 0;
+  if (!shape) return false;
   const bool ints = FitsInt(d.n) && FitsInt(d.c) && FitsInt(d.h) && FitsInt(d.w) && FitsInt(d.k) &&
                     FitsInt(d.r) && FitsInt(d.s) && FitsInt(d.stride) && FitsInt(d.pad);
+  if (!ints) return false;
+  // Products in double: they cannot overflow, and int range is far inside double's exact range.
+  const auto numel = [](int64_t a, int64_t b, int64_t c, int64_t e) {
+    return static_cast<double>(a) * static_cast<double>(b) * static_cast<double>(c) *
+           static_cast<double>(e);
+  };
+  const bool counts = numel(d.n, d.c, d.h, d.w) <= INT_MAX &&
+                      numel(d.n, d.k, d.out_h(), d.out_w()) <= INT_MAX &&
+                      numel(d.k, d.c, d.r, d.s) <= INT_MAX;
   const bool precision = d.precision != Precision::kBF16 || identity_.cc_major >= 8;
-  return shape && ints && precision;
+  return counts && precision;
 }
 
 bool CudaBackend::Supports(const LinearDesc& d) const {
@@ -342,9 +367,12 @@ bool CudaBackend::Supports(const LinearDesc& d) const {
          (d.precision != Precision::kBF16 || identity_.cc_major >= 8);
 }
 
+// Own kernels (kernels.cu): 64-bit indexing, but max pooling stores each window's argmax as an
+// int32 position within its H x W plane.
 bool CudaBackend::Supports(const PoolDesc& d) const {
-  return d.n > 0 && d.c > 0 && d.kernel > 0 && d.stride > 0 && d.pad >= 0 &&
-         d.pad * 2 <= d.kernel && d.out_h() > 0 && d.out_w() > 0 && d.h * d.w <= INT_MAX;
+  return d.n > 0 && d.c > 0 && d.h > 0 && d.w > 0 && d.kernel > 0 && d.stride > 0 && d.pad >= 0 &&
+         d.pad * 2 <= d.kernel && d.out_h() > 0 && d.out_w() > 0 &&
+         static_cast<double>(d.h) * static_cast<double>(d.w) <= INT_MAX;
 }
 
 // ---- conv2d -------------------------------------------------------------------------------------
@@ -453,6 +481,7 @@ std::shared_ptr<OpPlan> CudaBackend::PrepareConv2d(const Conv2dDesc& d) {
 
 void CudaBackend::Conv2dForward(const OpPlan& plan, const Tensor& x, const Tensor& w,
                                 const Tensor* b, Tensor* y) {
+  OpScope scope(this, "conv2d_fwd");
   const auto& p = static_cast<const ConvPlan&>(plan);
   const Conv2dDesc& d = p.d;
   CheckF32(x, "conv2d x");
@@ -485,6 +514,7 @@ void CudaBackend::Conv2dForward(const OpPlan& plan, const Tensor& x, const Tenso
 
 void CudaBackend::Conv2dBackwardData(const OpPlan& plan, const Tensor& dy, const Tensor& w,
                                      Tensor* dx) {
+  OpScope scope(this, "conv2d_bwd_data");
   const auto& p = static_cast<const ConvPlan&>(plan);
   const Conv2dDesc& d = p.d;
   CheckF32(dy, "conv2d dy");
@@ -512,6 +542,7 @@ void CudaBackend::Conv2dBackwardData(const OpPlan& plan, const Tensor& dy, const
 
 void CudaBackend::Conv2dBackwardWeights(const OpPlan& plan, const Tensor& x, const Tensor& dy,
                                         Tensor* dw, Tensor* db, bool accumulate) {
+  OpScope scope(this, "conv2d_bwd_weights");
   const auto& p = static_cast<const ConvPlan&>(plan);
   const Conv2dDesc& d = p.d;
   CheckF32(x, "conv2d x");
@@ -590,6 +621,7 @@ std::shared_ptr<OpPlan> CudaBackend::PrepareLinear(const LinearDesc& d) {
 
 void CudaBackend::LinearForward(const OpPlan& plan, const Tensor& x, const Tensor& w,
                                 const Tensor* b, Tensor* y) {
+  OpScope scope(this, "linear_fwd");
   const auto& p = static_cast<const LinearPlan&>(plan);
   const LinearDesc& d = p.d;
   CheckF32(x, "linear x");
@@ -618,6 +650,7 @@ void CudaBackend::LinearForward(const OpPlan& plan, const Tensor& x, const Tenso
 
 void CudaBackend::LinearBackwardData(const OpPlan& plan, const Tensor& dy, const Tensor& w,
                                      Tensor* dx) {
+  OpScope scope(this, "linear_bwd_data");
   const auto& p = static_cast<const LinearPlan&>(plan);
   const LinearDesc& d = p.d;
   CheckF32(dy, "linear dy");
@@ -640,6 +673,7 @@ void CudaBackend::LinearBackwardData(const OpPlan& plan, const Tensor& dy, const
 
 void CudaBackend::LinearBackwardWeights(const OpPlan& plan, const Tensor& x, const Tensor& dy,
                                         Tensor* dw, Tensor* db, bool accumulate) {
+  OpScope scope(this, "linear_bwd_weights");
   const auto& p = static_cast<const LinearPlan&>(plan);
   const LinearDesc& d = p.d;
   CheckF32(x, "linear x");
@@ -685,6 +719,7 @@ std::shared_ptr<OpPlan> CudaBackend::PreparePool(const PoolDesc& d) {
 }
 
 void CudaBackend::PoolForward(const OpPlan& plan, const Tensor& x, Tensor* y, Tensor* ws) {
+  OpScope scope(this, "pool_fwd");
   const auto& p = static_cast<const PoolPlan&>(plan);
   CheckF32(x, "pool x");
   CheckF32(*y, "pool y");
@@ -704,6 +739,7 @@ void CudaBackend::PoolForward(const OpPlan& plan, const Tensor& x, Tensor* y, Te
 }
 
 void CudaBackend::PoolBackward(const OpPlan& plan, const Tensor& dy, const Tensor* ws, Tensor* dx) {
+  OpScope scope(this, "pool_bwd");
   const auto& p = static_cast<const PoolPlan&>(plan);
   CheckF32(dy, "pool dy");
   CheckF32(*dx, "pool dx");
@@ -722,6 +758,7 @@ void CudaBackend::PoolBackward(const OpPlan& plan, const Tensor& dy, const Tenso
 // ---- elementwise --------------------------------------------------------------------------------
 
 void CudaBackend::ReluForward(const Tensor& x, Tensor* y) {
+  OpScope scope(this, "relu_fwd");
   CheckF32(x, "relu x");
   CheckF32(*y, "relu y");
   CheckSame(x, *y, "relu");
@@ -729,6 +766,7 @@ void CudaBackend::ReluForward(const Tensor& x, Tensor* y) {
 }
 
 void CudaBackend::ReluBackward(const Tensor& y, const Tensor& dy, Tensor* dx) {
+  OpScope scope(this, "relu_bwd");
   CheckF32(y, "relu y");
   CheckF32(dy, "relu dy");
   CheckF32(*dx, "relu dx");
@@ -738,6 +776,7 @@ void CudaBackend::ReluBackward(const Tensor& y, const Tensor& dy, Tensor* dx) {
 }
 
 void CudaBackend::Add(const Tensor& a, const Tensor& b, Tensor* y) {
+  OpScope scope(this, "add");
   CheckF32(a, "add a");
   CheckF32(b, "add b");
   CheckF32(*y, "add y");
@@ -747,11 +786,13 @@ void CudaBackend::Add(const Tensor& a, const Tensor& b, Tensor* y) {
 }
 
 void CudaBackend::Scale(Tensor* t, float alpha) {
+  OpScope scope(this, "scale");
   CheckF32(*t, "scale");
   kernels::Scale(t->data<float>(), t->numel(), alpha, stream_);
 }
 
 void CudaBackend::DropoutForward(const Tensor& x, float p, uint64_t seed, Tensor* y) {
+  OpScope scope(this, "dropout");
   CheckF32(x, "dropout x");
   CheckF32(*y, "dropout y");
   CheckSame(x, *y, "dropout");
@@ -765,14 +806,6 @@ void CudaBackend::DropoutBackward(const Tensor& dy, float p, uint64_t seed, Tens
 // ---- batch norm ---------------------------------------------------------------------------------
 
 namespace {
-struct BnDims {
-  int64_t n, c, hw;
-};
-BnDims BnShape(const Tensor& x) {
-  const Shape& s = x.shape();
-  DPT_CHECK(s.rank() == 2 || s.rank() == 4) << "batch norm input " << s.ToString();
-  return {s[0], s[1], s.rank() == 4 ? s[2] * s[3] : 1};
-}
 void CheckChannels(const Tensor& t, int64_t c, const char* what) {
   CheckF32(t, what);
   DPT_CHECK(t.numel() == c) << what << " " << t.shape().ToString() << " for " << c << " channels";
@@ -783,10 +816,11 @@ void CudaBackend::BatchNormForwardTraining(const BatchNormArgs& a, const Tensor&
                                            const Tensor& gamma, const Tensor& beta,
                                            Tensor* running_mean, Tensor* running_var, Tensor* y,
                                            Tensor* save_mean, Tensor* save_invstd) {
+  OpScope scope(this, "batchnorm_fwd");
   CheckF32(x, "batch norm x");
   CheckF32(*y, "batch norm y");
   CheckSame(x, *y, "batch norm");
-  const BnDims d = BnShape(x);
+  const BatchNormDims d = BatchNormShape(x.shape());
   for (const Tensor* t :
        {&gamma, &beta, static_cast<const Tensor*>(running_mean),
         static_cast<const Tensor*>(running_var), static_cast<const Tensor*>(save_mean),
@@ -803,10 +837,11 @@ void CudaBackend::BatchNormForwardInference(const BatchNormArgs& a, const Tensor
                                             const Tensor& gamma, const Tensor& beta,
                                             const Tensor& running_mean, const Tensor& running_var,
                                             Tensor* y) {
+  OpScope scope(this, "batchnorm_infer");
   CheckF32(x, "batch norm x");
   CheckF32(*y, "batch norm y");
   CheckSame(x, *y, "batch norm");
-  const BnDims d = BnShape(x);
+  const BatchNormDims d = BatchNormShape(x.shape());
   for (const Tensor* t : {&gamma, &beta, &running_mean, &running_var}) {
     CheckChannels(*t, d.c, "batch norm per-channel tensor");
   }
@@ -818,12 +853,13 @@ void CudaBackend::BatchNormForwardInference(const BatchNormArgs& a, const Tensor
 void CudaBackend::BatchNormBackward(const Tensor& x, const Tensor& dy, const Tensor& gamma,
                                     const Tensor& save_mean, const Tensor& save_invstd, Tensor* dx,
                                     Tensor* dgamma, Tensor* dbeta, bool accumulate) {
+  OpScope scope(this, "batchnorm_bwd");
   CheckF32(x, "batch norm x");
   CheckF32(dy, "batch norm dy");
   CheckF32(*dx, "batch norm dx");
   CheckSame(x, dy, "batch norm backward");
   CheckSame(x, *dx, "batch norm backward");
-  const BnDims d = BnShape(x);
+  const BatchNormDims d = BatchNormShape(x.shape());
   for (const Tensor* t : {&gamma, &save_mean, &save_invstd, static_cast<const Tensor*>(dgamma),
                           static_cast<const Tensor*>(dbeta)}) {
     CheckChannels(*t, d.c, "batch norm per-channel tensor");
@@ -837,6 +873,7 @@ void CudaBackend::BatchNormBackward(const Tensor& x, const Tensor& dy, const Ten
 
 void CudaBackend::SoftmaxCrossEntropy(const Tensor& logits, const Tensor& labels, Tensor* probs,
                                       Tensor* loss_sum, Tensor* correct) {
+  OpScope scope(this, "softmax_xent");
   CheckF32(logits, "softmax logits");
   DPT_CHECK(logits.shape().rank() == 2) << "logits " << logits.shape().ToString();
   const int64_t n = logits.shape()[0], k = logits.shape()[1];
@@ -851,7 +888,7 @@ void CudaBackend::SoftmaxCrossEntropy(const Tensor& logits, const Tensor& labels
   // come from the caching allocator; stream order makes their reuse safe.
   Tensor row_loss = Empty(Shape{std::max<int64_t>(n, 1) * 8}, DType::kU8, "softmax row losses");
   Tensor row_hit = Empty(Shape{std::max<int64_t>(n, 1) * 4}, DType::kU8, "softmax row hits");
-  auto* bad_row = reinterpret_cast<int32_t*>(static_cast<char*>(scalars_.raw()) + 16);
+  auto* bad_row = ScalarSlot<int32_t>(scalars_, kBadRowSlot);
   constexpr int32_t kNoBadRow = 0x7f7f7f7f;  // the memset pattern below
   DPT_CUDA_CHECK(cudaMemsetAsync(bad_row, 0x7f, sizeof(int32_t), stream_));
   kernels::SoftmaxXent(n, k, logits.data<float>(), labels.data<int32_t>(), probs->data<float>(),
@@ -875,6 +912,7 @@ void CudaBackend::SoftmaxCrossEntropy(const Tensor& logits, const Tensor& labels
 
 void CudaBackend::SoftmaxCrossEntropyBackward(const Tensor& probs, const Tensor& labels,
                                               float scale, Tensor* dlogits) {
+  OpScope scope(this, "softmax_xent_bwd");
   CheckF32(probs, "softmax probs");
   DPT_CHECK(probs.shape().rank() == 2) << "probs " << probs.shape().ToString();
   const int64_t n = probs.shape()[0], k = probs.shape()[1];
@@ -887,6 +925,7 @@ void CudaBackend::SoftmaxCrossEntropyBackward(const Tensor& probs, const Tensor&
 }
 
 void CudaBackend::MseLoss(const Tensor& y, const Tensor& t, Tensor* loss_sum) {
+  OpScope scope(this, "mse");
   CheckF32(y, "mse y");
   CheckF32(t, "mse t");
   CheckF32(*loss_sum, "mse loss_sum");
@@ -896,6 +935,7 @@ void CudaBackend::MseLoss(const Tensor& y, const Tensor& t, Tensor* loss_sum) {
 }
 
 void CudaBackend::MseBackward(const Tensor& y, const Tensor& t, float scale, Tensor* dy) {
+  OpScope scope(this, "mse_bwd");
   CheckF32(y, "mse y");
   CheckF32(t, "mse t");
   CheckF32(*dy, "mse dy");
@@ -909,6 +949,7 @@ void CudaBackend::MseBackward(const Tensor& y, const Tensor& t, float scale, Ten
 
 void CudaBackend::SgdStep(const ew::SgdHyper& h, Tensor* param, const Tensor& grad,
                           Tensor* momentum) {
+  OpScope scope(this, "sgd");
   CheckF32(*param, "sgd param");
   CheckF32(grad, "sgd grad");
   CheckSame(*param, grad, "sgd");
@@ -924,6 +965,7 @@ void CudaBackend::SgdStep(const ew::SgdHyper& h, Tensor* param, const Tensor& gr
 
 void CudaBackend::AdamWStep(const ew::AdamWHyper& h, Tensor* param, const Tensor& grad, Tensor* m,
                             Tensor* v) {
+  OpScope scope(this, "adamw");
   CheckF32(*param, "adamw param");
   CheckF32(grad, "adamw grad");
   CheckF32(*m, "adamw m");
@@ -940,7 +982,7 @@ void CudaBackend::AdamWStep(const ew::AdamWHyper& h, Tensor* param, const Tensor
 int64_t CudaBackend::CountNonFinite(const Tensor& t) {
   MakeCurrent();
   CheckF32(t, "CountNonFinite");
-  auto* out = static_cast<unsigned long long*>(scalars_.raw());
+  auto* out = ScalarSlot<unsigned long long>(scalars_, kCountSlot);
   kernels::CountNonFinite(t.data<float>(), t.numel(), partials_.data<unsigned long long>(), out,
                           stream_);
   unsigned long long host = 0;
@@ -952,7 +994,7 @@ int64_t CudaBackend::CountNonFinite(const Tensor& t) {
 double CudaBackend::SumSquares(const Tensor& t) {
   MakeCurrent();
   CheckF32(t, "SumSquares");
-  auto* out = reinterpret_cast<double*>(static_cast<char*>(scalars_.raw()) + 8);
+  auto* out = ScalarSlot<double>(scalars_, kSumSlot);
   kernels::SumSquares(t.data<float>(), t.numel(), partials_.data<double>(), out, stream_);
   double host = 0;
   DPT_CUDA_CHECK(cudaMemcpyAsync(&host, out, sizeof host, cudaMemcpyDeviceToHost, stream_));

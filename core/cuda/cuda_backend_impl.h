@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// The CUDA backend class, for code inside runtime/ that needs its stream or device (the NCCL
-// communicator). Includes CUDA, cuDNN and cuBLAS headers: never include it from a public header.
+// The CUDA backend class. Private to core/cuda/ (scripts/check-floors.sh enforces it): code
+// elsewhere that needs the backend's stream or device (the NCCL communicator) uses
+// core/cuda/cuda_interop.h. Includes CUDA, cuDNN and cuBLAS headers.
 //
 // Stream model: every op runs on one non-blocking compute stream per backend, so ops are ordered
 // among themselves and asynchronous to the host; calls that return values to the host

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // What CUDA-compiled code outside core/ (the NCCL communicator in runtime/comm/) may know of a
 // CUDA backend: its device ordinal and its compute stream. Includes the CUDA runtime header, so
-// only CUDA-built sources include it; the backend class itself (cuda_backend_impl.h) stays
-// private to core/cuda/.
+// only CUDA-built sources include it. The backend class itself (cuda_backend_impl.h) is for
+// core/cuda/ alone; this header is the public way in.
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -83,7 +83,7 @@ __global__ void AddIntoKernel(const float* x, float* y, int64_t n) {
   DPT_GRID_LOOP(i, n) y[i] += x[i];
 }
 __global__ void DropoutKernel(const float* x, float* y, int64_t n, float p, uint64_t seed) {
-  DPT_GRID_LOOP(i, n) y[i] = x[i] * ew::DropoutScale(seed, static_cast<uint64_t>(i), p);
+  DPT_GRID_LOOP(i, n) y[i] = ew::Dropout(x[i], seed, static_cast<uint64_t>(i), p);
 }
 
 __global__ void F32ToBf16Kernel(const float* x, uint16_t* y, int64_t n) {
@@ -228,20 +228,18 @@ __global__ void BatchNormTrainingKernel(int64_t n, int64_t c, int64_t hw, double
     sq += d * d;
   }
   const double var = BlockSum(sq) / static_cast<double>(m);
-  const double invstd = 1.0 / sqrt(var + eps);
-  // The CPU backend's formula, in the same precisions.
-  const float g = gamma[ch] * static_cast<float>(invstd);
-  const float shift = beta[ch] - static_cast<float>(mean) * g;
+  const double invstd = ew::BnInvStd(var, eps);
+  // The CPU backend's arithmetic (core/elementwise.h), in the same precisions.
+  const ew::BnAffine affine = ew::BnFold(gamma[ch], beta[ch], static_cast<float>(mean), invstd);
   for (int64_t e = threadIdx.x; e < m; e += blockDim.x) {
     const int64_t i = BnIndex(e, c, hw, ch);
-    y[i] = x[i] * g + shift;
+    y[i] = ew::BnApply(x[i], affine);
   }
   if (threadIdx.x == 0) {
     save_mean[ch] = static_cast<float>(mean);
     save_invstd[ch] = static_cast<float>(invstd);
-    const double unbiased = m > 1 ? var * static_cast<double>(m) / static_cast<double>(m - 1) : var;
-    running_mean[ch] = static_cast<float>((1 - momentum) * running_mean[ch] + momentum * mean);
-    running_var[ch] = static_cast<float>((1 - momentum) * running_var[ch] + momentum * unbiased);
+    running_mean[ch] = ew::BnRunning(running_mean[ch], mean, momentum);
+    running_var[ch] = ew::BnRunning(running_var[ch], ew::BnUnbiasedVar(var, m), momentum);
   }
 }
 
@@ -250,13 +248,12 @@ __global__ void BatchNormInferenceKernel(int64_t n, int64_t c, int64_t hw, doubl
                                          const float* running_mean, const float* running_var,
                                          float* y) {
   const int64_t ch = blockIdx.x, m = n * hw;
-  const double invstd = 1.0 / sqrt(static_cast<double>(running_var[ch]) + eps);
-  const float g = gamma[ch] * static_cast<float>(invstd);
-  const float shift = beta[ch] - running_mean[ch] * g;
+  const double invstd = ew::BnInvStd(running_var[ch], eps);
+  const ew::BnAffine affine = ew::BnFold(gamma[ch], beta[ch], running_mean[ch], invstd);
   for (int64_t e = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x; e < m;
        e += static_cast<int64_t>(gridDim.y) * blockDim.x) {
     const int64_t i = BnIndex(e, c, hw, ch);
-    y[i] = x[i] * g + shift;
+    y[i] = ew::BnApply(x[i], affine);
   }
 }
 
@@ -270,21 +267,19 @@ __global__ void BatchNormBackwardKernel(int64_t n, int64_t c, int64_t hw, const 
   for (int64_t e = threadIdx.x; e < m; e += blockDim.x) {
     const int64_t i = BnIndex(e, c, hw, ch);
     s_dy += dy[i];
-    s_dy_xhat += dy[i] * (x[i] - mean) * invstd;
+    s_dy_xhat += ew::BnDyXhat(dy[i], x[i], mean, invstd);
   }
   s_dy = BlockSum(s_dy);
   s_dy_xhat = BlockSum(s_dy_xhat);
-  // dx = gamma * invstd / m * (m * dy - sum(dy) - xhat * sum(dy * xhat))
   const double dm = static_cast<double>(m);
-  const double k = gamma[ch] * invstd / dm;
+  const double k = ew::BnGradScale(gamma[ch], invstd, dm);
   for (int64_t e = threadIdx.x; e < m; e += blockDim.x) {
     const int64_t i = BnIndex(e, c, hw, ch);
-    const double xhat = (x[i] - mean) * invstd;
-    dx[i] = static_cast<float>(k * (dm * dy[i] - s_dy - xhat * s_dy_xhat));
+    dx[i] = ew::BnDx(dy[i], x[i], mean, invstd, k, dm, s_dy, s_dy_xhat);
   }
   if (threadIdx.x == 0) {
-    dgamma[ch] = static_cast<float>(s_dy_xhat) + (accumulate ? dgamma[ch] : 0.f);
-    dbeta[ch] = static_cast<float>(s_dy) + (accumulate ? dbeta[ch] : 0.f);
+    dgamma[ch] = ew::BnParamGrad(s_dy_xhat, dgamma[ch], accumulate);
+    dbeta[ch] = ew::BnParamGrad(s_dy, dbeta[ch], accumulate);
   }
 }
 

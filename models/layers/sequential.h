@@ -1,7 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Composite layers: Sequential (a chain, like torch.nn.Sequential; children's parameter names are
-// prefixed with the child's name) and Residual (y = main(x) + shortcut(x), shortcut = identity
-// when empty), the building block of ResNets.
+// Sequential: a chain of layers, like torch.nn.Sequential; children's parameter names are
+// prefixed with the child's name (PrefixNames, also used by Residual).
 #pragma once
 
 #include <memory>
@@ -42,26 +41,6 @@ class Sequential final : public Layer {
  private:
   std::vector<std::unique_ptr<Layer>> children_;
   std::vector<Shape> shapes_;  // input shape of each child
-};
-
-class Residual final : public Layer {
- public:
-  Residual(Backend& be, std::string name, std::unique_ptr<Sequential> main,
-           std::unique_ptr<Sequential> shortcut);
-  std::string type() const override { return "residual"; }
-  Shape Setup(const Shape& in, const SetupOptions& opts) override;
-  void ListParams(std::vector<ParamRef>* out) override;
-  void ListBuffers(std::vector<ParamRef>* out) override;
-  const Tensor& Forward(const Tensor& x, const ForwardContext& ctx) override;
-  const Tensor& Backward(const Tensor& dy, bool accumulate) override;
-  int64_t ActivationBytesPerSample() const override;
-  void ListPlans(std::vector<const OpPlan*>* out) const override;
-
- private:
-  std::unique_ptr<Sequential> main_, shortcut_;
-  bool need_dx_ = true;
-  int64_t per_sample_ = 0;
-  Tensor out_, dx_buf_, y_, dx_;
 };
 
 // Prefixes the names of the entries appended to `out` since index `from` with "prefix.".

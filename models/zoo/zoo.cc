@@ -3,11 +3,14 @@
 #include "models/zoo/zoo.h"
 
 #include "core/error.h"
-#include "models/layers/activation.h"
 #include "models/layers/batch_norm.h"
 #include "models/layers/conv2d.h"
+#include "models/layers/dropout.h"
+#include "models/layers/flatten.h"
 #include "models/layers/linear.h"
 #include "models/layers/pool.h"
+#include "models/layers/relu.h"
+#include "models/layers/residual.h"
 
 namespace dptrain {
 namespace {

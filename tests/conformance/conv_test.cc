@@ -14,6 +14,7 @@
 #include "tests/testing/backends.h"
 #include "tests/testing/reference_ops.h"
 #include "tests/testing/tolerances.h"
+#include "tests/testing/weighted_op_checks.h"
 
 namespace dptrain::testing {
 namespace {
@@ -42,95 +43,58 @@ std::vector<Conv2dDesc> Cases(Precision p) {
   };
 }
 
-struct ConvData {
-  std::vector<float> x, w, b;
-};
-
-ConvData MakeData(const Conv2dDesc& d, uint32_t seed) {
-  return {RandomUniform(static_cast<size_t>(d.n * d.c * d.h * d.w), seed),
-          RandomUniform(static_cast<size_t>(d.k * d.c * d.r * d.s), seed + 1),
-          RandomUniform(static_cast<size_t>(d.k), seed + 2)};
-}
-
 Shape XShape(const Conv2dDesc& d) { return {d.n, d.c, d.h, d.w}; }
 Shape WShape(const Conv2dDesc& d) { return {d.k, d.c, d.r, d.s}; }
 Shape YShape(const Conv2dDesc& d) { return {d.n, d.k, d.out_h(), d.out_w()}; }
 
-// Runs forward on `be` and compares with the reference.
-void CheckForward(Backend& be, const Conv2dDesc& d, uint32_t seed) {
-  SCOPED_TRACE(d.ToString());
-  const ConvData data = MakeData(d, seed);
-  auto plan = be.PrepareConv2d(d);
-  Tensor x = ToDevice(be, data.x, XShape(d));
-  Tensor w = ToDevice(be, data.w, WShape(d));
-  Tensor b = ToDevice(be, data.b, {d.k});
-  Tensor y = be.Empty(YShape(d), DType::kF32, "y");
-  be.Conv2dForward(*plan, x, w, d.bias ? &b : nullptr, &y);
+}  // namespace
 
-  std::vector<double> ref_y;
-  const std::vector<double> ref_b = ToDouble(data.b);
-  ref::Conv2dForward(d, ToDouble(data.x), ToDouble(data.w), d.bias ? &ref_b : nullptr, &ref_y);
-  EXPECT_TRUE(AllClose(ToHost(be, y), ref_y, ForReduction(d.precision, d.c * d.r * d.s + 1)));
-}
-
-void CheckBackwardData(Backend& be, const Conv2dDesc& d, uint32_t seed) {
-  SCOPED_TRACE(d.ToString());
-  const ConvData data = MakeData(d, seed);
-  const std::vector<float> dy = RandomUniform(static_cast<size_t>(YShape(d).numel()), seed + 3);
-  auto plan = be.PrepareConv2d(d);
-  Tensor dy_t = ToDevice(be, dy, YShape(d));
-  Tensor w = ToDevice(be, data.w, WShape(d));
-  Tensor dx = ToDevice(be, RandomUniform(static_cast<size_t>(XShape(d).numel()), 99), XShape(d));
-  be.Conv2dBackwardData(*plan, dy_t, w, &dx);  // dx starts as garbage: must be overwritten
-
-  std::vector<double> ref_dx;
-  ref::Conv2dBackwardData(d, ToDouble(dy), ToDouble(data.w), &ref_dx);
-  EXPECT_TRUE(AllClose(ToHost(be, dx), ref_dx, ForReduction(d.precision, d.k * d.r * d.s)));
-}
-
-void CheckBackwardWeights(Backend& be, const Conv2dDesc& d, uint32_t seed, bool accumulate) {
-  SCOPED_TRACE(d.ToString() + (accumulate ? " accumulate" : " overwrite"));
-  const ConvData data = MakeData(d, seed);
-  const std::vector<float> dy = RandomUniform(static_cast<size_t>(YShape(d).numel()), seed + 3);
-  // Existing gradient values: added to when accumulating, garbage to overwrite otherwise.
-  const std::vector<float> dw0 = RandomUniform(static_cast<size_t>(WShape(d).numel()), seed + 4);
-  const std::vector<float> db0 = RandomUniform(static_cast<size_t>(d.k), seed + 5);
-  auto plan = be.PrepareConv2d(d);
-  Tensor x = ToDevice(be, data.x, XShape(d));
-  Tensor dy_t = ToDevice(be, dy, YShape(d));
-  Tensor dw = ToDevice(be, dw0, WShape(d));
-  Tensor db = ToDevice(be, db0, {d.k});
-  be.Conv2dBackwardWeights(*plan, x, dy_t, &dw, d.bias ? &db : nullptr, accumulate);
-
-  std::vector<double> ref_dw = ToDouble(dw0), ref_db = ToDouble(db0);
-  ref::Conv2dBackwardWeights(d, ToDouble(data.x), ToDouble(dy), &ref_dw, d.bias ? &ref_db : nullptr,
-                             accumulate);
-  const int64_t terms = d.n * d.out_h() * d.out_w() + (accumulate ? 1 : 0);
-  EXPECT_TRUE(AllClose(ToHost(be, dw), ref_dw, ForReduction(d.precision, terms))) << "dw";
-  if (d.bias) {
-    EXPECT_TRUE(AllClose(ToHost(be, db), ref_db, ForReduction(d.precision, terms))) << "db";
-  } else {
-    EXPECT_TRUE(AllClose(ToHost(be, db), ToDouble(db0), kExactTol)) << "db written without bias";
+// Conv2d plugged into the shared weighted-op checks (tests/testing/weighted_op_checks.h).
+template <>
+struct WeightedOp<Conv2dDesc> {
+  using D = Conv2dDesc;
+  static Shape X(const D& d) { return XShape(d); }
+  static Shape W(const D& d) { return WShape(d); }
+  static Shape Y(const D& d) { return YShape(d); }
+  static int64_t Bias(const D& d) { return d.k; }
+  static int64_t ForwardTerms(const D& d) { return d.c * d.r * d.s + 1; }
+  static int64_t DataTerms(const D& d) { return d.k * d.r * d.s; }
+  static int64_t WeightTerms(const D& d) { return d.n * d.out_h() * d.out_w(); }
+  static std::shared_ptr<OpPlan> Prepare(Backend& be, const D& d) { return be.PrepareConv2d(d); }
+  static void Forward(Backend& be, const OpPlan& p, const Tensor& x, const Tensor& w,
+                      const Tensor* b, Tensor* y) {
+    be.Conv2dForward(p, x, w, b, y);
   }
-}
+  static void BackwardData(Backend& be, const OpPlan& p, const Tensor& dy, const Tensor& w,
+                           Tensor* dx) {
+    be.Conv2dBackwardData(p, dy, w, dx);
+  }
+  static void BackwardWeights(Backend& be, const OpPlan& p, const Tensor& x, const Tensor& dy,
+                              Tensor* dw, Tensor* db, bool accumulate) {
+    be.Conv2dBackwardWeights(p, x, dy, dw, db, accumulate);
+  }
+  static void RefForward(const D& d, const std::vector<double>& x, const std::vector<double>& w,
+                         const std::vector<double>* b, std::vector<double>* y) {
+    ref::Conv2dForward(d, x, w, b, y);
+  }
+  static void RefBackwardData(const D& d, const std::vector<double>& dy,
+                              const std::vector<double>& w, std::vector<double>* dx) {
+    ref::Conv2dBackwardData(d, dy, w, dx);
+  }
+  static void RefBackwardWeights(const D& d, const std::vector<double>& x,
+                                 const std::vector<double>& dy, std::vector<double>* dw,
+                                 std::vector<double>* db, bool accumulate) {
+    ref::Conv2dBackwardWeights(d, x, dy, dw, db, accumulate);
+  }
+};
+
+namespace {
 
 class ConvTest : public BackendTest {
  protected:
-  // Runs `check` on every case of precision `p`; cases the backend does not support are listed
-  // in one skip message at the end (the supported ones still run and can fail).
   template <class F>
   void ForEachCase(Precision p, F check) {
-    std::string unsupported;
-    uint32_t seed = 1000;
-    for (const Conv2dDesc& d : Cases(p)) {
-      seed += 10;
-      if (!backend().Supports(d)) {
-        unsupported += " [" + d.ToString() + "]";
-        continue;
-      }
-      check(d, seed);
-    }
-    if (!unsupported.empty()) GTEST_SKIP() << backend().name() << ": unsupported" << unsupported;
+    ForEachSupportedCase(backend(), Cases(p), 1000, check);
   }
 };
 
@@ -162,7 +126,7 @@ TEST_P(ConvTest, PlanReuseIsStateless) {
   Backend& be = backend();
   const Conv2dDesc d = MakeConv(2, 3, 7, 5, 4, 3, 3, 1, 1, true);
   DPT_SKIP_UNLESS_SUPPORTED(be, d);
-  const ConvData data = MakeData(d, 7);
+  const WeightedData data = MakeWeightedData(d, 7);
   const std::vector<float> dy = RandomUniform(static_cast<size_t>(YShape(d).numel()), 8);
   auto plan = be.PrepareConv2d(d);
   Tensor x = ToDevice(be, data.x, XShape(d));
@@ -227,7 +191,7 @@ TEST_P(ConvTest, F16ResultsAreHalfValuesAndOverflowToInfinity) {
   Backend& be = backend();
   const Conv2dDesc d = MakeConv(2, 3, 6, 6, 4, 3, 3, 1, 1, false, Precision::kF16);
   DPT_SKIP_UNLESS_SUPPORTED(be, d);
-  const ConvData data = MakeData(d, 31);
+  const WeightedData data = MakeWeightedData(d, 31);
   auto plan = be.PrepareConv2d(d);
   Tensor x = ToDevice(be, data.x, XShape(d));
   Tensor w = ToDevice(be, data.w, WShape(d));

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "core/backend.h"
@@ -173,6 +174,36 @@ TEST_P(ElementwiseTest, DropoutStatistics) {
   // Two independent masks disagree with probability q = 2 p (1 - p).
   const double q = 2 * p * (1 - p);
   EXPECT_NEAR(static_cast<double>(differ) / dn, q, kStatSigmas * std::sqrt(q * (1 - q) / dn));
+}
+
+// Profiling (Backend::EnableProfiling) counts every op on every backend: each op opens an
+// OpScope, so Profile() lists it by kind with its call count. Off, nothing is recorded.
+TEST_P(ElementwiseTest, ProfileCountsOps) {
+  Backend& be = backend();
+  const int64_t n = 1009;
+  Tensor x = ToDevice(be, RandomDistinct(static_cast<size_t>(n), 51), {n});
+  Tensor y = be.Empty({n}, DType::kF32, "y");
+  be.ResetProfile();
+  be.ReluForward(x, &y);
+  EXPECT_TRUE(be.Profile().empty()) << "recorded with profiling off";
+  be.EnableProfiling(true);
+  be.ReluForward(x, &y);
+  be.ReluForward(x, &y);
+  be.Add(x, y, &y);
+  be.DropoutForward(x, 0.5f, 7, &y);
+  be.EnableProfiling(false);
+  const std::vector<OpStat> stats = be.Profile();
+  be.ResetProfile();
+  auto calls = [&](const std::string& name) {
+    for (const OpStat& s : stats) {
+      if (s.name == name) return s.calls;
+    }
+    return int64_t{0};
+  };
+  EXPECT_EQ(calls("relu_fwd"), 2);
+  EXPECT_EQ(calls("add"), 1);
+  EXPECT_EQ(calls("dropout"), 1);
+  for (const OpStat& s : stats) EXPECT_GE(s.seconds, 0.0) << s.name;
 }
 
 INSTANTIATE_TEST_SUITE_P(All, ElementwiseTest, ::testing::ValuesIn(TestBackends()),

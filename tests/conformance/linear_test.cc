@@ -4,6 +4,7 @@
 // and without bias, in f32, bf16 and f16.
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -11,6 +12,7 @@
 #include "tests/testing/backends.h"
 #include "tests/testing/reference_ops.h"
 #include "tests/testing/tolerances.h"
+#include "tests/testing/weighted_op_checks.h"
 
 namespace dptrain::testing {
 namespace {
@@ -35,87 +37,54 @@ std::vector<LinearDesc> Cases(Precision p) {
   };
 }
 
-struct LinearData {
-  std::vector<float> x, w, b;
+}  // namespace
+
+// Linear plugged into the shared weighted-op checks (tests/testing/weighted_op_checks.h).
+template <>
+struct WeightedOp<LinearDesc> {
+  using D = LinearDesc;
+  static Shape X(const D& d) { return {d.n, d.in}; }
+  static Shape W(const D& d) { return {d.out, d.in}; }
+  static Shape Y(const D& d) { return {d.n, d.out}; }
+  static int64_t Bias(const D& d) { return d.out; }
+  static int64_t ForwardTerms(const D& d) { return d.in + 1; }
+  static int64_t DataTerms(const D& d) { return d.out; }
+  static int64_t WeightTerms(const D& d) { return d.n; }
+  static std::shared_ptr<OpPlan> Prepare(Backend& be, const D& d) { return be.PrepareLinear(d); }
+  static void Forward(Backend& be, const OpPlan& p, const Tensor& x, const Tensor& w,
+                      const Tensor* b, Tensor* y) {
+    be.LinearForward(p, x, w, b, y);
+  }
+  static void BackwardData(Backend& be, const OpPlan& p, const Tensor& dy, const Tensor& w,
+                           Tensor* dx) {
+    be.LinearBackwardData(p, dy, w, dx);
+  }
+  static void BackwardWeights(Backend& be, const OpPlan& p, const Tensor& x, const Tensor& dy,
+                              Tensor* dw, Tensor* db, bool accumulate) {
+    be.LinearBackwardWeights(p, x, dy, dw, db, accumulate);
+  }
+  static void RefForward(const D& d, const std::vector<double>& x, const std::vector<double>& w,
+                         const std::vector<double>* b, std::vector<double>* y) {
+    ref::LinearForward(d, x, w, b, y);
+  }
+  static void RefBackwardData(const D& d, const std::vector<double>& dy,
+                              const std::vector<double>& w, std::vector<double>* dx) {
+    ref::LinearBackwardData(d, dy, w, dx);
+  }
+  static void RefBackwardWeights(const D& d, const std::vector<double>& x,
+                                 const std::vector<double>& dy, std::vector<double>* dw,
+                                 std::vector<double>* db, bool accumulate) {
+    ref::LinearBackwardWeights(d, x, dy, dw, db, accumulate);
+  }
 };
 
-LinearData MakeData(const LinearDesc& d, uint32_t seed) {
-  return {RandomUniform(static_cast<size_t>(d.n * d.in), seed),
-          RandomUniform(static_cast<size_t>(d.out * d.in), seed + 1),
-          RandomUniform(static_cast<size_t>(d.out), seed + 2)};
-}
-
-void CheckForward(Backend& be, const LinearDesc& d, uint32_t seed) {
-  SCOPED_TRACE(d.ToString());
-  const LinearData data = MakeData(d, seed);
-  auto plan = be.PrepareLinear(d);
-  Tensor x = ToDevice(be, data.x, {d.n, d.in});
-  Tensor w = ToDevice(be, data.w, {d.out, d.in});
-  Tensor b = ToDevice(be, data.b, {d.out});
-  Tensor y = be.Empty({d.n, d.out}, DType::kF32, "y");
-  be.LinearForward(*plan, x, w, d.bias ? &b : nullptr, &y);
-
-  std::vector<double> ref_y;
-  const std::vector<double> ref_b = ToDouble(data.b);
-  ref::LinearForward(d, ToDouble(data.x), ToDouble(data.w), d.bias ? &ref_b : nullptr, &ref_y);
-  EXPECT_TRUE(AllClose(ToHost(be, y), ref_y, ForReduction(d.precision, d.in + 1)));
-}
-
-void CheckBackwardData(Backend& be, const LinearDesc& d, uint32_t seed) {
-  SCOPED_TRACE(d.ToString());
-  const LinearData data = MakeData(d, seed);
-  const std::vector<float> dy = RandomUniform(static_cast<size_t>(d.n * d.out), seed + 3);
-  auto plan = be.PrepareLinear(d);
-  Tensor dy_t = ToDevice(be, dy, {d.n, d.out});
-  Tensor w = ToDevice(be, data.w, {d.out, d.in});
-  Tensor dx = ToDevice(be, RandomUniform(static_cast<size_t>(d.n * d.in), 99), {d.n, d.in});
-  be.LinearBackwardData(*plan, dy_t, w, &dx);
-
-  std::vector<double> ref_dx;
-  ref::LinearBackwardData(d, ToDouble(dy), ToDouble(data.w), &ref_dx);
-  EXPECT_TRUE(AllClose(ToHost(be, dx), ref_dx, ForReduction(d.precision, d.out)));
-}
-
-void CheckBackwardWeights(Backend& be, const LinearDesc& d, uint32_t seed, bool accumulate) {
-  SCOPED_TRACE(d.ToString() + (accumulate ? " accumulate" : " overwrite"));
-  const LinearData data = MakeData(d, seed);
-  const std::vector<float> dy = RandomUniform(static_cast<size_t>(d.n * d.out), seed + 3);
-  const std::vector<float> dw0 = RandomUniform(static_cast<size_t>(d.out * d.in), seed + 4);
-  const std::vector<float> db0 = RandomUniform(static_cast<size_t>(d.out), seed + 5);
-  auto plan = be.PrepareLinear(d);
-  Tensor x = ToDevice(be, data.x, {d.n, d.in});
-  Tensor dy_t = ToDevice(be, dy, {d.n, d.out});
-  Tensor dw = ToDevice(be, dw0, {d.out, d.in});
-  Tensor db = ToDevice(be, db0, {d.out});
-  be.LinearBackwardWeights(*plan, x, dy_t, &dw, d.bias ? &db : nullptr, accumulate);
-
-  std::vector<double> ref_dw = ToDouble(dw0), ref_db = ToDouble(db0);
-  ref::LinearBackwardWeights(d, ToDouble(data.x), ToDouble(dy), &ref_dw, d.bias ? &ref_db : nullptr,
-                             accumulate);
-  const Tolerance tol = ForReduction(d.precision, d.n + (accumulate ? 1 : 0));
-  EXPECT_TRUE(AllClose(ToHost(be, dw), ref_dw, tol)) << "dw";
-  if (d.bias) {
-    EXPECT_TRUE(AllClose(ToHost(be, db), ref_db, tol)) << "db";
-  } else {
-    EXPECT_TRUE(AllClose(ToHost(be, db), ToDouble(db0), kExactTol)) << "db written without bias";
-  }
-}
+namespace {
 
 class LinearTest : public BackendTest {
  protected:
   template <class F>
   void ForEachCase(Precision p, F check) {
-    std::string unsupported;
-    uint32_t seed = 2000;
-    for (const LinearDesc& d : Cases(p)) {
-      seed += 10;
-      if (!backend().Supports(d)) {
-        unsupported += " [" + d.ToString() + "]";
-        continue;
-      }
-      check(d, seed);
-    }
-    if (!unsupported.empty()) GTEST_SKIP() << backend().name() << ": unsupported" << unsupported;
+    ForEachSupportedCase(backend(), Cases(p), 2000, check);
   }
 };
 
@@ -148,7 +117,7 @@ TEST_P(LinearTest, SmallerBatchView) {
   const LinearDesc big = MakeLinear(8, 5, 3, true);
   const LinearDesc small = MakeLinear(3, 5, 3, true);
   DPT_SKIP_UNLESS_SUPPORTED(be, small);
-  const LinearData data = MakeData(big, 77);
+  const WeightedData data = MakeWeightedData(big, 77);
   Tensor x = ToDevice(be, data.x, {big.n, big.in});
   Tensor w = ToDevice(be, data.w, {big.out, big.in});
   Tensor b = ToDevice(be, data.b, {big.out});

@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "core/backend.h"
+#include "core/error.h"
 #include "tests/testing/backends.h"
 
 namespace dptrain::testing {
@@ -89,6 +90,24 @@ TEST_P(PlanCacheTest, Pool) {
     if (!be.Supports(b)) continue;
     EXPECT_NE(be.PreparePool(b).get(), p1.get()) << "different descriptor, same plan";
   }
+}
+
+// Supports answers honestly: empty or impossible shapes are refused (and Prepare* throws
+// UnsupportedError for them rather than handing a broken plan to a layer).
+TEST_P(PlanCacheTest, RefusesImpossibleShapes) {
+  Backend& be = backend();
+  Conv2dDesc conv = SomeConv();
+  conv.h = 0;  // padding alone would give a non-empty output
+  EXPECT_FALSE(be.Supports(conv)) << conv.ToString();
+  EXPECT_THROW(be.PrepareConv2d(conv), UnsupportedError);
+  LinearDesc linear = SomeLinear();
+  linear.in = 0;
+  EXPECT_FALSE(be.Supports(linear)) << linear.ToString();
+  EXPECT_THROW(be.PrepareLinear(linear), UnsupportedError);
+  PoolDesc pool = SomePool();
+  pool.pad = 2;  // more than half the 3-wide window
+  EXPECT_FALSE(be.Supports(pool)) << pool.ToString();
+  EXPECT_THROW(be.PreparePool(pool), UnsupportedError);
 }
 
 INSTANTIATE_TEST_SUITE_P(All, PlanCacheTest, ::testing::ValuesIn(TestBackends()), BackendParamName);

@@ -9,11 +9,14 @@
 #include <functional>
 
 #include "core/backend_registry.h"
-#include "models/layers/activation.h"
 #include "models/layers/batch_norm.h"
 #include "models/layers/conv2d.h"
+#include "models/layers/dropout.h"
+#include "models/layers/flatten.h"
 #include "models/layers/linear.h"
 #include "models/layers/pool.h"
+#include "models/layers/relu.h"
+#include "models/layers/residual.h"
 #include "models/layers/sequential.h"
 #include "models/loss.h"
 #include "models/model.h"

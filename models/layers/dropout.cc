@@ -1,49 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
-// ReLU, Flatten and Dropout layers.
-#include "models/layers/activation.h"
+// Dropout layer.
+#include "models/layers/dropout.h"
 
 #include <functional>
+#include <string>
 
+#include "core/elementwise.h"
 #include "core/error.h"
 
 namespace dptrain {
-
-Shape Relu::Setup(const Shape& in, const SetupOptions& opts) {
-  per_sample_ = in.numel() / in[0];
-  out_ = backend_.Empty(in, DType::kF32, label() + " output");
-  if (opts.need_dx) dx_buf_ = backend_.Empty(in, DType::kF32, label() + " input gradient");
-  return in;
-}
-
-const Tensor& Relu::Forward(const Tensor& x, const ForwardContext& /*ctx*/) {
-  y_ = out_.Batch(x.shape()[0]);
-  backend_.ReluForward(x, &y_);
-  return y_;
-}
-
-const Tensor& Relu::Backward(const Tensor& dy, bool /*accumulate*/) {
-  if (dx_buf_.defined()) {
-    dx_ = dx_buf_.Batch(y_.shape()[0]);
-    backend_.ReluBackward(y_, dy, &dx_);
-  }
-  return dx_;
-}
-
-Shape Flatten::Setup(const Shape& in, const SetupOptions& /*opts*/) {
-  in_ = in;
-  return Shape{in[0], in.numel() / in[0]};
-}
-
-const Tensor& Flatten::Forward(const Tensor& x, const ForwardContext& /*ctx*/) {
-  const int64_t n = x.shape()[0];
-  y_ = x.View(Shape{n, x.numel() / n});
-  return y_;
-}
-
-const Tensor& Flatten::Backward(const Tensor& dy, bool /*accumulate*/) {
-  dx_ = dy.View(in_.WithBatch(dy.shape()[0]));
-  return dx_;
-}
 
 Shape Dropout::Setup(const Shape& in, const SetupOptions& opts) {
   DPT_CHECK_AS(ConfigError, p_ >= 0.f && p_ < 1.f)

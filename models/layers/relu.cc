@@ -1,0 +1,28 @@
+// SPDX-License-Identifier: Apache-2.0
+// ReLU layer.
+#include "models/layers/relu.h"
+
+namespace dptrain {
+
+Shape Relu::Setup(const Shape& in, const SetupOptions& opts) {
+  per_sample_ = in.numel() / in[0];
+  out_ = backend_.Empty(in, DType::kF32, label() + " output");
+  if (opts.need_dx) dx_buf_ = backend_.Empty(in, DType::kF32, label() + " input gradient");
+  return in;
+}
+
+const Tensor& Relu::Forward(const Tensor& x, const ForwardContext& /*ctx*/) {
+  y_ = out_.Batch(x.shape()[0]);
+  backend_.ReluForward(x, &y_);
+  return y_;
+}
+
+const Tensor& Relu::Backward(const Tensor& dy, bool /*accumulate*/) {
+  if (dx_buf_.defined()) {
+    dx_ = dx_buf_.Batch(y_.shape()[0]);
+    backend_.ReluBackward(y_, dy, &dx_);
+  }
+  return dx_;
+}
+
+}  // namespace dptrain

@@ -1,0 +1,23 @@
+// SPDX-License-Identifier: Apache-2.0
+// ReLU: y = max(x, 0); backward gates the gradient by the saved output (y > 0 <=> x > 0).
+#pragma once
+
+#include "models/layer.h"
+
+namespace dptrain {
+
+class Relu final : public Layer {
+ public:
+  Relu(Backend& be, std::string name) : Layer(be, std::move(name)) {}
+  std::string type() const override { return "relu"; }
+  Shape Setup(const Shape& in, const SetupOptions& opts) override;
+  const Tensor& Forward(const Tensor& x, const ForwardContext& ctx) override;
+  const Tensor& Backward(const Tensor& dy, bool accumulate) override;
+  int64_t ActivationBytesPerSample() const override { return 4 * 2 * per_sample_; }
+
+ private:
+  int64_t per_sample_ = 0;
+  Tensor out_, dx_buf_, y_, dx_;
+};
+
+}  // namespace dptrain
