@@ -38,26 +38,13 @@ namespace {
 
 // Before MPI_Init we only know our rank from the launcher's variables; print pre-MPI errors
 // (bad command line, bad config: identical on every rank) once, from world rank 0.
-bool IsWorldRankZeroByEnv() {
-  for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"}) {
-    if (const char* s = std::getenv(v)) return std::atoi(s) == 0;
-  }
-  return true;
-}
-
-// Started by mpirun, srun or another PMI launcher (as opposed to a plain single process).
-bool UnderLauncher() {
-  for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"}) {
-    if (std::getenv(v) != nullptr) return true;
-  }
-  return false;
-}
+bool PrintsPreMpiErrors() { return IsWorldRankZeroByEnv(SystemGetEnv()); }
 
 // Exit code of a command-line error found before MPI_Init. The error is the same on every rank
 // (same argv) and world rank 0 prints it; the other ranks wait a moment before exiting, because
 // mpirun kills the whole job at the first non-zero exit, which could be before rank 0 printed.
 int UsageExit(int code) {
-  if (!IsWorldRankZeroByEnv()) std::this_thread::sleep_for(std::chrono::seconds(3));
+  if (!PrintsPreMpiErrors()) std::this_thread::sleep_for(std::chrono::seconds(3));
   return code;
 }
 
@@ -66,17 +53,9 @@ int UsageExit(int code) {
 void SetProcessContextFromEnv() {
   ProcessContext ctx;
   ctx.host = HostName();
-  for (const auto& [rank, size] :
-       {std::pair{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
-        std::pair{"PMI_RANK", "PMI_SIZE"}, std::pair{"PMIX_RANK", "PMIX_SIZE"},
-        std::pair{"SLURM_PROCID", "SLURM_NTASKS"}}) {
-    const char* r = std::getenv(rank);
-    const char* n = std::getenv(size);
-    if (r != nullptr && n != nullptr && std::atoi(n) > 0) {
-      ctx.rank = std::atoi(r);
-      ctx.world = std::atoi(n);
-      break;
-    }
+  if (const auto launched = LauncherRankAndWorld(SystemGetEnv())) {
+    ctx.rank = launched->rank;
+    ctx.world = launched->world;
   }
   SetProcessContext(ctx);
 }
@@ -101,7 +80,8 @@ int CmdRun(const RunArgs& args, int* argc, char*** argv) {
   const std::vector<std::string>& sets = args.sets;
   const bool eval = args.eval;
   // Launcher variables are read before MPI_Init (and before anything touches a GPU).
-  const LauncherVars vars = ReadLauncherVars([](const char* n) { return std::getenv(n); });
+  const GetEnvFn getenv_fn = SystemGetEnv();
+  const LauncherVars vars = ReadLauncherVars(getenv_fn);
   TrainConfig cfg;
   // A bad config is held until MPI is up and then agreed on like any other error: rank 0 prints
   // the message of the lowest failing rank and every rank exits with its code. Returning before
@@ -111,7 +91,7 @@ int CmdRun(const RunArgs& args, int* argc, char*** argv) {
   try {
     cfg = LoadConfig(config_path, sets);
   } catch (const Error& e) {
-    if (!UnderLauncher()) {  // a single process: nothing to agree with
+    if (!UnderLauncher(getenv_fn)) {  // a single process: nothing to agree with
       PrintError(e.what());
       return e.exit_code();
     }
@@ -121,7 +101,6 @@ int CmdRun(const RunArgs& args, int* argc, char*** argv) {
 
   // Device binding before MPI_Init and before any CUDA call (DESIGN.md section 4): CUDA reads
   // CUDA_VISIBLE_DEVICES once, and a CUDA-aware MPI may initialise CUDA inside MPI_Init.
-  const GetEnvFn getenv_fn = [](const char* n) { return std::getenv(n); };
   GpuBinder binder(cfg.dist, getenv_fn);
   if (vars.local_rank && !config_error) {
     binder.BindEarly(*vars.local_rank, vars.local_size.value_or(0));
@@ -262,7 +241,7 @@ int CmdRun(const RunArgs& args, int* argc, char*** argv) {
 
 int CmdInfo(const DistConfig& dist) {
   fmt::print("dptrain {}\n", DPTRAIN_VERSION);
-  const GetEnvFn getenv_fn = [](const char* n) { return std::getenv(n); };
+  const GetEnvFn getenv_fn = SystemGetEnv();
   const LauncherVars vars = ReadLauncherVars(getenv_fn);
   fmt::print("host {}: {} cores in the affinity mask", HostName(), AffinityCores());
   if (vars.local_rank) {
@@ -299,7 +278,7 @@ int RunCommandLine(int argc, char** argv, const TrainHooks& hooks) {
   if (argc > 1 && argv[1][0] != '-' &&
       std::none_of(std::begin(kCommands), std::end(kCommands),
                    [&](const char* c) { return std::strcmp(c, argv[1]) == 0; })) {
-    if (IsWorldRankZeroByEnv()) {
+    if (PrintsPreMpiErrors()) {
       PrintError(std::string("unknown command '") + argv[1] +
                  "' (commands: train, eval, convert, inspect, info, plan); run 'dptrain --help'");
     }
@@ -362,7 +341,7 @@ int RunCommandLine(int argc, char** argv, const TrainHooks& hooks) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);
-    if (IsWorldRankZeroByEnv()) {
+    if (PrintsPreMpiErrors()) {
       app.exit(e);
       std::fprintf(stderr, "run 'dptrain --help' or 'dptrain <command> --help' for usage\n");
     }

@@ -33,6 +33,7 @@
 #include <string_view>
 #include <vector>
 
+#include "launcher/process_env.h"
 #include "runtime/comm/communicator.h"
 #include "runtime/run_config.h"
 
@@ -123,9 +124,6 @@ std::string FormatBindingTable(const std::vector<BoundDevice>& rows);
 std::string ExchangeBindings(Communicator& comm, const BoundDevice& mine, bool allow_sharing);
 
 // ---- the launcher's binding step --------------------------------------------------------------
-
-// Environment access, injectable for tests.
-using GetEnvFn = std::function<const char*(const char*)>;
 
 // DPTRAIN_ALLOW_GPU_SHARING=1|true|yes: more local ranks than GPUs shares GPUs instead of failing.
 bool AllowGpuSharing(const GetEnvFn& getenv);
