@@ -4,6 +4,8 @@
 // test-only binary tests/testing/dptrain_hooked_main.cc calls it with the hooks tests inject.
 #pragma once
 
+#include <string>
+
 #include "runtime/train_hooks.h"
 
 namespace dptrain {
@@ -11,5 +13,8 @@ namespace dptrain {
 // Collective under a launcher: every rank calls it with the same argv. May call MPI_Abort (a
 // failure on some ranks only) and never returns then.
 int RunCommandLine(int argc, char** argv, const TrainHooks& hooks);
+
+// How every subcommand reports an error on stderr: "dptrain: error: <what>", flushed.
+void PrintError(const std::string& what);
 
 }  // namespace dptrain

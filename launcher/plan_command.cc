@@ -1,33 +1,19 @@
 // SPDX-License-Identifier: Apache-2.0
-// `dptrain plan`.
+// `dptrain plan`: builds the model without data and prints its memory plan for one rank.
 #include "launcher/plan_command.h"
 
 #include <fmt/format.h>
 
-#include <cstdlib>
-
 #include "core/backend_registry.h"
 #include "core/error.h"
+#include "launcher/process_env.h"
 #include "models/memory_plan.h"
 #include "models/zoo/zoo.h"
 
 namespace dptrain {
-namespace {
-
-int WorldFromEnv() {
-  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"}) {
-    if (const char* s = std::getenv(v)) {
-      const int n = std::atoi(s);
-      if (n > 0) return n;
-    }
-  }
-  return 1;
-}
-
-}  // namespace
 
 int RunPlanCommand(const TrainConfig& cfg, int ranks, bool json) {
-  const int world = ranks > 0 ? ranks : WorldFromEnv();
+  const int world = ranks > 0 ? ranks : LauncherWorldSize(SystemGetEnv());
   const int64_t g = cfg.train.global_batch;
   DPT_CHECK_AS(ConfigError, g % world == 0)
       << "train.global_batch = " << g << " is not divisible by the " << world << " ranks";

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Process environment discovery.
+// Process environment discovery: the launcher's variables (strictly parsed), compute threads,
+// host name and the rank table.
 #include "launcher/process_env.h"
 
 #include <sched.h>
@@ -8,27 +9,45 @@
 #include <charconv>
 #include <cstdlib>
 #include <sstream>
+#include <utility>
 
 #include "core/error.h"
 
 namespace dptrain {
 namespace {
 
-std::optional<int> ParseInt(const char* name, const char* value) {
-  if (value == nullptr) return std::nullopt;
+// `value` as a non-negative integer (the whole text, no sign, no spaces); nullopt when it is
+// anything else.
+std::optional<int> TryParseInt(const char* value) {
   int v = -1;
   const char* end = value + std::char_traits<char>::length(value);
   auto [p, ec] = std::from_chars(value, end, v);
-  if (ec != std::errc() || p != end || v < 0) {
+  if (ec != std::errc() || p != end || v < 0) return std::nullopt;
+  return v;
+}
+
+// As TryParseInt, but unset is nullopt and malformed is a ConfigError naming the variable.
+std::optional<int> ParseInt(const char* name, const char* value) {
+  if (value == nullptr) return std::nullopt;
+  const std::optional<int> v = TryParseInt(value);
+  if (!v) {
     DPT_THROW(ConfigError) << "launcher environment: " << name << "='" << value
                            << "' is not a non-negative integer";
   }
   return v;
 }
 
+// The variables that carry the world rank, in precedence order.
+constexpr const char* kWorldRankVars[] = {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK",
+                                          "SLURM_PROCID"};
+
 }  // namespace
 
-LauncherVars ReadLauncherVars(const std::function<const char*(const char*)>& getenv) {
+GetEnvFn SystemGetEnv() {
+  return [](const char* name) -> const char* { return std::getenv(name); };
+}
+
+LauncherVars ReadLauncherVars(const GetEnvFn& getenv) {
   struct Source {
     const char* rank;
     const char* size;
@@ -52,6 +71,47 @@ LauncherVars ReadLauncherVars(const std::function<const char*(const char*)>& get
     break;
   }
   return v;
+}
+
+bool UnderLauncher(const GetEnvFn& getenv) {
+  for (const char* v : kWorldRankVars) {
+    if (getenv(v) != nullptr) return true;
+  }
+  return false;
+}
+
+bool IsWorldRankZeroByEnv(const GetEnvFn& getenv) {
+  for (const char* v : kWorldRankVars) {
+    if (const char* s = getenv(v)) return TryParseInt(s).value_or(0) == 0;
+  }
+  return true;
+}
+
+std::optional<LauncherRank> LauncherRankAndWorld(const GetEnvFn& getenv) {
+  static const std::pair<const char*, const char*> kPairs[] = {
+      {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
+      {"PMI_RANK", "PMI_SIZE"},
+      {"PMIX_RANK", "PMIX_SIZE"},
+      {"SLURM_PROCID", "SLURM_NTASKS"}};
+  for (const auto& [rank_var, size_var] : kPairs) {
+    const char* r = getenv(rank_var);
+    const char* n = getenv(size_var);
+    if (r == nullptr || n == nullptr) continue;
+    const std::optional<int> rank = TryParseInt(r);
+    const std::optional<int> size = TryParseInt(n);
+    if (rank && size && *size > 0) return LauncherRank{*rank, *size};
+  }
+  return std::nullopt;
+}
+
+int LauncherWorldSize(const GetEnvFn& getenv) {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"}) {
+    if (const char* s = getenv(v)) {
+      const std::optional<int> n = TryParseInt(s);
+      if (n && *n > 0) return *n;
+    }
+  }
+  return 1;
 }
 
 int ChooseThreads(int64_t configured, const char* omp_num_threads, int affinity_cores,

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Who this process is: rank and world from MPI, local rank and local size from
 // MPI_Comm_split_type(SHARED), cross-checked against the launcher's environment variables (read
-// before MPI_Init, before any CUDA call), host name, and compute threads.
+// before MPI_Init, before any CUDA call), host name, and compute threads. The one place that
+// reads the launcher's variables (OMPI_*, PMI_*, PMIX_*, SLURM_*, MPI_LOCAL*, MV2_*).
 #pragma once
 
 #include <functional>
@@ -11,6 +12,10 @@
 #include "runtime/comm/communicator.h"
 
 namespace dptrain {
+
+// Environment access, injectable for tests; SystemGetEnv() is std::getenv.
+using GetEnvFn = std::function<const char*(const char*)>;
+GetEnvFn SystemGetEnv();
 
 // What the launcher told us through the environment. Pure: `getenv` is injected for tests.
 struct LauncherVars {
@@ -23,7 +28,33 @@ struct LauncherVars {
 // Precedence (DESIGN.md section 4): OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID,
 // MV2_COMM_WORLD_LOCAL_RANK, PMI_LOCAL_RANK; SLURM_LOCALID only when none of those exists
 // (under mpirun inside an allocation it is 0 on every rank). Malformed values -> ConfigError.
-LauncherVars ReadLauncherVars(const std::function<const char*(const char*)>& getenv);
+LauncherVars ReadLauncherVars(const GetEnvFn& getenv);
+
+// ---- world rank and size before MPI_Init ------------------------------------------------------
+// MPI's answer replaces these as soon as it is up. None of them throws: a value that is not a
+// non-negative integer counts as absent (except in IsWorldRankZeroByEnv, below).
+
+// Started by mpirun, srun or another PMI launcher (as opposed to a plain single process): one of
+// OMPI_COMM_WORLD_RANK, PMI_RANK, PMIX_RANK, SLURM_PROCID is set, whatever its value.
+bool UnderLauncher(const GetEnvFn& getenv);
+
+// Whether this process is world rank 0 by the first of OMPI_COMM_WORLD_RANK, PMI_RANK,
+// PMIX_RANK, SLURM_PROCID that is set; true when none is set (a single process) and when that
+// variable is malformed (an error printed twice beats an error printed by no rank).
+bool IsWorldRankZeroByEnv(const GetEnvFn& getenv);
+
+struct LauncherRank {
+  int rank = 0;
+  int world = 1;
+};
+// Rank and world from the first pair (OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE), (PMI_RANK,
+// PMI_SIZE), (PMIX_RANK, PMIX_SIZE), (SLURM_PROCID, SLURM_NTASKS) whose two values are
+// well-formed and whose size is > 0; nullopt when there is none.
+std::optional<LauncherRank> LauncherRankAndWorld(const GetEnvFn& getenv);
+
+// The job's world size from the first of OMPI_COMM_WORLD_SIZE, PMI_SIZE, SLURM_NTASKS that is a
+// well-formed integer > 0; 1 when there is none (a single process).
+int LauncherWorldSize(const GetEnvFn& getenv);
 
 // Compute threads for this rank: dist.threads when > 0; else OMP_NUM_THREADS when set; else,
 // when the launcher pinned the process to a subset of the node (affinity < online cores), the

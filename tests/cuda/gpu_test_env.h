@@ -10,8 +10,9 @@
 #include <vector>
 
 #include "core/backend_registry.h"
+#include "launcher/binding_policy.h"
 #include "launcher/config.h"
-#include "launcher/device_binding.h"
+#include "launcher/nvml_probe.h"
 #include "launcher/process_env.h"
 #include "runtime/comm/communicator.h"
 

@@ -4,8 +4,6 @@
 // CUDA_VISIBLE_DEVICES), both policies, more local ranks than GPUs (error, or shared when
 // allowed), unset vs empty vs "-1" lists, malformed entries and whitespace; then the
 // after-binding uniqueness check and the table rank 0 prints.
-#include "launcher/device_binding.h"
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -14,7 +12,10 @@
 #include <vector>
 
 #include "core/error.h"
+#include "launcher/binding_policy.h"
 #include "launcher/config.h"
+#include "launcher/gpu_binder.h"
+#include "launcher/nvml_probe.h"
 
 namespace dptrain {
 namespace {

@@ -1,9 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// Device binding: NVML inventory through dlopen, the pure choice of a device per local rank, the
-// environment changes that apply it, and the after-binding uniqueness check.
-#include "launcher/device_binding.h"
-
-#include <dlfcn.h>
+// The device binding decision, pure: device lists parsed and checked, the device each local rank
+// takes, the request built from config, environment and inventory, and the descriptions of it.
+#include "launcher/binding_policy.h"
 
 #include <algorithm>
 #include <cctype>
@@ -12,30 +10,11 @@
 #include <map>
 #include <sstream>
 
-#include "core/backend_registry.h"
 #include "core/error.h"
-#include "core/memory/caching_allocator.h"
 #include "core/util/strings.h"
-#include "launcher/config.h"
 
 namespace dptrain {
 namespace {
-
-// ---- NVML ABI (nvml.h is not installed here; these are the documented C declarations) ----------
-using NvmlReturn = int;  // nvmlReturn_t; NVML_SUCCESS = 0
-using NvmlDevice = struct NvmlDeviceSt*;
-constexpr NvmlReturn kNvmlSuccess = 0;
-constexpr unsigned kNvmlNameBuffer = 96;  // NVML_DEVICE_NAME_V2_BUFFER_SIZE
-constexpr unsigned kNvmlUuidBuffer = 96;  // >= NVML_DEVICE_UUID_V2_BUFFER_SIZE (96)
-constexpr unsigned kNvmlDriverBuffer = 80;
-struct NvmlPciInfoV3 {  // nvmlPciInfo_t as filled by nvmlDeviceGetPciInfo_v3
-  char bus_id_legacy[16];
-  unsigned domain, bus, device, pci_device_id, pci_subsystem_id;
-  char bus_id[32];
-};
-struct NvmlMemory {  // nvmlMemory_t (v1)
-  unsigned long long total, free, used;
-};
 
 enum class EntryKind { kIndex, kUuid, kMig, kHide, kBad };
 
@@ -117,98 +96,16 @@ bool Truthy(const char* v) {
   return s == "1" || s == "true" || s == "yes" || s == "on";
 }
 
-}  // namespace
-
-// ---- NVML inventory ---------------------------------------------------------------------------
-
-GpuInventory ProbeGpus() {
-  GpuInventory inv;
-  void* lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (lib == nullptr) {
-    const char* err = dlerror();
-    inv.why =
-        std::string("no NVIDIA driver (") + (err != nullptr ? err : "libnvidia-ml.so.1") + ")";
-    return inv;
-  }
-  auto sym = [&](const char* name) { return dlsym(lib, name); };
-  using InitFn = NvmlReturn (*)();
-  using ErrFn = const char* (*)(NvmlReturn);
-  using CountFn = NvmlReturn (*)(unsigned*);
-  using HandleFn = NvmlReturn (*)(unsigned, NvmlDevice*);
-  using StrFn = NvmlReturn (*)(NvmlDevice, char*, unsigned);
-  using PciFn = NvmlReturn (*)(NvmlDevice, NvmlPciInfoV3*);
-  using MemFn = NvmlReturn (*)(NvmlDevice, NvmlMemory*);
-  using DrvFn = NvmlReturn (*)(char*, unsigned);
-  using CudaDrvFn = NvmlReturn (*)(int*);
-  auto init = reinterpret_cast<InitFn>(sym("nvmlInit_v2"));
-  auto shutdown = reinterpret_cast<InitFn>(sym("nvmlShutdown"));
-  auto error_string = reinterpret_cast<ErrFn>(sym("nvmlErrorString"));
-  auto count_fn = reinterpret_cast<CountFn>(sym("nvmlDeviceGetCount_v2"));
-  auto handle_fn = reinterpret_cast<HandleFn>(sym("nvmlDeviceGetHandleByIndex_v2"));
-  auto name_fn = reinterpret_cast<StrFn>(sym("nvmlDeviceGetName"));
-  auto uuid_fn = reinterpret_cast<StrFn>(sym("nvmlDeviceGetUUID"));
-  auto pci_fn = reinterpret_cast<PciFn>(sym("nvmlDeviceGetPciInfo_v3"));
-  auto mem_fn = reinterpret_cast<MemFn>(sym("nvmlDeviceGetMemoryInfo"));
-  auto drv_fn = reinterpret_cast<DrvFn>(sym("nvmlSystemGetDriverVersion"));
-  auto cuda_drv_fn = reinterpret_cast<CudaDrvFn>(sym("nvmlSystemGetCudaDriverVersion_v2"));
-  if (cuda_drv_fn == nullptr) {
-    cuda_drv_fn = reinterpret_cast<CudaDrvFn>(sym("nvmlSystemGetCudaDriverVersion"));
-  }
-  auto describe = [&](NvmlReturn rc) {
-    return error_string != nullptr ? std::string(error_string(rc))
-                                   : "NVML error " + std::to_string(rc);
-  };
-  if (init == nullptr || shutdown == nullptr || count_fn == nullptr || handle_fn == nullptr) {
-    inv.why = "libnvidia-ml.so.1 lacks the NVML functions dptrain needs (driver too old?)";
-    dlclose(lib);
-    return inv;
-  }
-  if (const NvmlReturn rc = init(); rc != kNvmlSuccess) {
-    inv.why = "NVML cannot start: " + describe(rc);
-    dlclose(lib);
-    return inv;
-  }
-  unsigned count = 0;
-  if (const NvmlReturn rc = count_fn(&count); rc != kNvmlSuccess) {
-    inv.why = "NVML cannot count the GPUs: " + describe(rc);
-  } else {
-    inv.available = true;
-    char buf[kNvmlDriverBuffer] = {0};
-    if (drv_fn != nullptr && drv_fn(buf, sizeof buf) == kNvmlSuccess) inv.driver_version = buf;
-    int v = 0;
-    if (cuda_drv_fn != nullptr && cuda_drv_fn(&v) == kNvmlSuccess) inv.cuda_driver_version = v;
-    for (unsigned i = 0; i < count; ++i) {
-      GpuInfo g;
-      g.index = static_cast<int>(i);
-      NvmlDevice dev = nullptr;
-      if (handle_fn(i, &dev) != kNvmlSuccess) {
-        g.name = "(not accessible)";
-        inv.gpus.push_back(g);
-        continue;
-      }
-      char name[kNvmlNameBuffer] = {0};
-      if (name_fn != nullptr && name_fn(dev, name, sizeof name) == kNvmlSuccess) g.name = name;
-      char uuid[kNvmlUuidBuffer] = {0};
-      if (uuid_fn != nullptr && uuid_fn(dev, uuid, sizeof uuid) == kNvmlSuccess) g.uuid = uuid;
-      NvmlPciInfoV3 pci{};
-      if (pci_fn != nullptr && pci_fn(dev, &pci) == kNvmlSuccess) {
-        pci.bus_id[sizeof pci.bus_id - 1] = '\0';
-        g.pci_bus_id = pci.bus_id;
-      }
-      NvmlMemory mem{};
-      if (mem_fn != nullptr && mem_fn(dev, &mem) == kNvmlSuccess) {
-        g.memory_total = mem.total;
-        g.memory_used = mem.used;
-      }
-      inv.gpus.push_back(g);
-    }
-  }
-  shutdown();
-  dlclose(lib);
-  return inv;
+// An error's message without the "[rank 0/1] file.cc:12: " prefix (info prints for one process).
+std::string Bare(const Error& e) {
+  std::string s = e.what();
+  if (s.empty() || s[0] != '[') return s;
+  const size_t tag = s.find("] ");
+  const size_t where = tag == std::string::npos ? tag : s.find(": ", tag + 2);
+  return where == std::string::npos ? s : s.substr(where + 2);
 }
 
-// ---- the pure decision ------------------------------------------------------------------------
+}  // namespace
 
 BindingPolicy ParseBindingPolicy(std::string_view text) {
   if (text == "remap") return BindingPolicy::kRemap;
@@ -360,8 +257,6 @@ DeviceBinding ChooseDevice(const BindingRequest& r) {
   return b;
 }
 
-// ---- uniqueness after binding -----------------------------------------------------------------
-
 std::string FindSharedGpu(const std::vector<BoundDevice>& rows) {
   std::map<std::string, size_t> seen;
   for (size_t i = 0; i < rows.size(); ++i) {
@@ -397,41 +292,6 @@ std::string FormatBindingTable(const std::vector<BoundDevice>& rows) {
   return os.str();
 }
 
-std::string ExchangeBindings(Communicator& comm, const BoundDevice& mine, bool allow_sharing) {
-  auto clean = [](std::string s) {
-    std::replace(s.begin(), s.end(), '\t', ' ');
-    return s;
-  };
-  std::ostringstream row;
-  row << mine.rank << '\t' << clean(mine.host) << '\t' << mine.local_rank << '\t'
-      << clean(mine.entry) << '\t' << clean(mine.name) << '\t' << clean(mine.uuid) << '\t'
-      << clean(mine.pci_bus_id);
-  std::vector<BoundDevice> rows;
-  for (const auto& r : comm.AllGatherStrings(row.str())) {
-    std::istringstream is(r);
-    BoundDevice d;
-    std::string rank, local;
-    std::getline(is, rank, '\t');
-    std::getline(is, d.host, '\t');
-    std::getline(is, local, '\t');
-    std::getline(is, d.entry, '\t');
-    std::getline(is, d.name, '\t');
-    std::getline(is, d.uuid, '\t');
-    std::getline(is, d.pci_bus_id, '\t');
-    d.rank = std::atoi(rank.c_str());
-    d.local_rank = std::atoi(local.c_str());
-    rows.push_back(d);
-  }
-  // Every rank holds the same rows, so every rank reaches the same verdict.
-  if (!allow_sharing) {
-    const std::string shared = FindSharedGpu(rows);
-    if (!shared.empty()) DPT_THROW(ConfigError) << shared;
-  }
-  return comm.rank() == 0 ? FormatBindingTable(rows) : "";
-}
-
-// ---- the launcher's binding step --------------------------------------------------------------
-
 bool AllowGpuSharing(const GetEnvFn& getenv) { return Truthy(getenv("DPTRAIN_ALLOW_GPU_SHARING")); }
 
 BindingRequest MakeBindingRequest(const DistConfig& dist, int local_rank, int local_size,
@@ -461,115 +321,21 @@ std::string ResolveDeviceKind(const std::string& configured, bool cuda_built,
   return gpus ? "cuda" : "cpu";
 }
 
-void ApplyBinding(const DeviceBinding& b) {
-  // CUDA numbers devices fastest-first unless told otherwise; nvidia-smi, NVML and Slurm number
-  // them by PCI bus. Make CUDA agree, so "GPU 2" means the same thing everywhere.
-  if (std::getenv("CUDA_DEVICE_ORDER") == nullptr) setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID", 1);
-  if (b.set_visible) setenv("CUDA_VISIBLE_DEVICES", b.set_visible->c_str(), 1);
-}
-
-// ---- GpuBinder ----------------------------------------------------------------------------------
-
-GpuBinder::GpuBinder(const DistConfig& dist, GetEnvFn getenv)
-    : dist_(dist), getenv_(std::move(getenv)) {
-  if (const char* v = getenv_("CUDA_VISIBLE_DEVICES")) visible_ = v;
-}
-
-const GpuInventory& GpuBinder::inventory() {
-  if (!inventory_) inventory_ = ProbeGpus();
-  return *inventory_;
-}
-
-std::string GpuBinder::Resolve() {
-  if (dist_.device == DeviceChoice::kCpu) return "cpu";
-  const auto built = BuiltBackends();
-  const bool cuda_built = std::find(built.begin(), built.end(), "cuda") != built.end();
-  return ResolveDeviceKind(ConfigName(dist_.device), cuda_built, inventory(), visible_);
-}
-
-BindingRequest GpuBinder::Request(int local_rank, int local_size) {
-  BindingRequest r = MakeBindingRequest(dist_, local_rank, local_size, inventory(), getenv_);
-  r.cuda_visible_devices = visible_;  // not what an earlier ApplyBinding set
-  return r;
-}
-
-void GpuBinder::BindEarly(int local_rank, int local_size) noexcept {
-  try {
-    if (Resolve() != "cuda") return;
-    const auto built = BuiltBackends();
-    if (std::find(built.begin(), built.end(), "cuda") == built.end()) return;
-    DeviceBinding b = ChooseDevice(Request(local_rank, local_size));
-    ApplyBinding(b);
-    early_ = std::move(b);
-  } catch (const std::exception&) {
-    // Bind() decides again once MPI can tell every rank about it.
-  }
-}
-
-std::string GpuBinder::Bind(int local_rank, int local_size) {
-  std::string kind = Resolve();
-  if (kind != "cuda") return kind;
-  // Not built: GetBackend("cuda") explains that.
-  const auto built = BuiltBackends();
-  if (std::find(built.begin(), built.end(), "cuda") == built.end()) return kind;
-  DeviceBinding b = ChooseDevice(Request(local_rank, local_size));
-  if (early_ && early_->entry != b.entry) {
-    DPT_THROW(ConfigError) << "device binding: the launcher's environment gave local rank "
-                           << local_rank << " GPU " << early_->entry << " before MPI started, "
-                           << "but MPI's local rank and size give GPU " << b.entry
-                           << "; launch with one tool (mpirun or srun), not both";
-  }
-  if (!early_) ApplyBinding(b);
-  binding_ = std::move(b);
-  return kind;
-}
-
-// ---- dptrain info -------------------------------------------------------------------------------
-
-std::string DescribeGpus(const GpuInventory& inv) {
-  std::ostringstream os;
-  if (!inv.available) {
-    os << "GPUs: none visible to NVML: " << inv.why << "\n";
-    return os.str();
-  }
-  os << "GPUs (NVML";
-  if (!inv.driver_version.empty()) os << ", driver " << inv.driver_version;
-  if (inv.cuda_driver_version > 0) {
-    os << ", CUDA " << inv.cuda_driver_version / 1000 << "." << inv.cuda_driver_version % 1000 / 10;
-  }
-  os << "): " << inv.gpus.size() << "\n";
-  if (inv.gpus.empty()) return os.str();
-  char line[512];
-  std::snprintf(line, sizeof line, "  %-4s %-28s %-41s %-17s %s\n", "idx", "name", "uuid", "bus id",
-                "memory used / total");
-  os << line;
-  for (const auto& g : inv.gpus) {
-    const std::string mem = FormatBytes(g.memory_used) + " / " + FormatBytes(g.memory_total);
-    std::snprintf(line, sizeof line, "  %-4d %-28s %-41s %-17s %s\n", g.index, g.name.c_str(),
-                  g.uuid.c_str(), g.pci_bus_id.c_str(), mem.c_str());
-    os << line;
-  }
-  return os.str();
-}
-
-// An error's message without the "[rank 0/1] file.cc:12: " prefix (info prints for one process).
-std::string Bare(const Error& e) {
-  std::string s = e.what();
-  if (s.empty() || s[0] != '[') return s;
-  const size_t tag = s.find("] ");
-  const size_t where = tag == std::string::npos ? tag : s.find(": ", tag + 2);
-  return where == std::string::npos ? s : s.substr(where + 2);
-}
-
 std::string DescribeBindings(const DistConfig& dist, const GpuInventory& inventory,
                              const GetEnvFn& getenv, int local_size) {
   std::ostringstream os;
   const char* visible = getenv("CUDA_VISIBLE_DEVICES");
   const char* order = getenv("CUDA_DEVICE_ORDER");
+  // Streamed piece by piece: "'" + std::string(visible) + "'" trips GCC 12's false -Wrestrict
+  // at -O3 (GCC bug 105329) once this function is compiled next to the inlined helpers above.
   os << "binding (dist.device_binding=" << ConfigName(dist.device_binding) << ", dist.gpus='"
-     << dist.gpus
-     << "', CUDA_VISIBLE_DEVICES=" << (visible ? "'" + std::string(visible) + "'" : "<unset>")
-     << ", CUDA_DEVICE_ORDER=" << (order ? order : "<unset: PCI_BUS_ID will be set>")
+     << dist.gpus << "', CUDA_VISIBLE_DEVICES=";
+  if (visible != nullptr) {
+    os << "'" << visible << "'";
+  } else {
+    os << "<unset>";
+  }
+  os << ", CUDA_DEVICE_ORDER=" << (order ? order : "<unset: PCI_BUS_ID will be set>")
      << (AllowGpuSharing(getenv) ? ", sharing allowed" : "") << "):\n";
   try {
     int n = local_size;

@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
-// Which GPU each rank uses (DESIGN.md section 4, "Device binding"). A pure function decides from
-// the launcher's local rank and size, CUDA_VISIBLE_DEVICES (unset is not the same as empty),
-// dist.gpus, dist.device_binding and the GPU count that NVML reports; the launcher applies the
-// decision to the environment before any CUDA call, and after the backend exists the ranks
-// exchange (host, GPU UUID, PCI bus id) and refuse to run two ranks on one GPU.
+// Which GPU each rank uses (DESIGN.md section 4, "Device binding"), the pure decision: from the
+// launcher's local rank and size, CUDA_VISIBLE_DEVICES (unset is not the same as empty),
+// dist.gpus, dist.device_binding and the GPU count that NVML reports (launcher/nvml_probe.h).
+// launcher/gpu_binder.h applies the decision to the environment before any CUDA call, and after
+// the backend exists the ranks exchange (host, GPU UUID, PCI bus id) and refuse to run two ranks
+// on one GPU (FindSharedGpu, below).
 //
 // The rules, in order:
 //  1. Candidates. CUDA_VISIBLE_DEVICES set: its entries (indices, GPU-<uuid>, MIG-<uuid>; spaces
@@ -26,43 +27,16 @@
 //     sites where NCCL's intra-node peer-to-peer needs every GPU visible).
 #pragma once
 
-#include <cstdint>
-#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
-#include "runtime/comm/communicator.h"
+#include "launcher/nvml_probe.h"
+#include "launcher/process_env.h"
 #include "runtime/run_config.h"
 
 namespace dptrain {
-
-struct DistConfig;
-
-// ---- GPUs as NVML sees them (no CUDA context is created) --------------------------------------
-
-struct GpuInfo {
-  int index = -1;                              // NVML index = nvidia-smi index (PCI bus order)
-  std::string name;                            // "NVIDIA H100 80GB HBM3"
-  std::string uuid;                            // "GPU-8f6c1a2e-..."
-  std::string pci_bus_id;                      // "00000000:1B:00.0"
-  uint64_t memory_total = 0, memory_used = 0;  // bytes
-};
-
-struct GpuInventory {
-  bool available = false;       // NVML answered
-  std::string why;              // when not: "no NVIDIA driver (libnvidia-ml.so.1: ...)"
-  std::string driver_version;   // "570.86.15"; empty when unknown
-  int cuda_driver_version = 0;  // 12080 = 12.8; 0 when unknown
-  std::vector<GpuInfo> gpus;
-};
-
-// Loads libnvidia-ml.so.1 with dlopen (no link-time dependency: the binary runs on machines
-// without a driver) and lists the GPUs. Never throws; failures land in `why`.
-GpuInventory ProbeGpus();
-
-// ---- the binding decision (pure) --------------------------------------------------------------
 
 // "remap" | "set-device"; anything else is a ConfigError.
 BindingPolicy ParseBindingPolicy(std::string_view text);
@@ -117,15 +91,7 @@ std::string FindSharedGpu(const std::vector<BoundDevice>& rows);
 // The table rank 0 prints: rank, host, local rank, entry, name, UUID, bus id. Pure.
 std::string FormatBindingTable(const std::vector<BoundDevice>& rows);
 
-// Collective: gathers every rank's BoundDevice over `comm`; every rank throws the same
-// ConfigError when two ranks share a GPU (unless `allow_sharing`). Returns the table on rank 0
-// and "" elsewhere.
-std::string ExchangeBindings(Communicator& comm, const BoundDevice& mine, bool allow_sharing);
-
-// ---- the launcher's binding step --------------------------------------------------------------
-
-// Environment access, injectable for tests.
-using GetEnvFn = std::function<const char*(const char*)>;
+// ---- from the config and the environment ------------------------------------------------------
 
 // DPTRAIN_ALLOW_GPU_SHARING=1|true|yes: more local ranks than GPUs shares GPUs instead of failing.
 bool AllowGpuSharing(const GetEnvFn& getenv);
@@ -141,50 +107,8 @@ std::string ResolveDeviceKind(const std::string& configured, bool cuda_built,
                               const GpuInventory& inventory,
                               const std::optional<std::string>& cuda_visible_devices);
 
-// Applies a binding to this process's environment (setenv): CUDA_VISIBLE_DEVICES under remap,
-// and CUDA_DEVICE_ORDER=PCI_BUS_ID when unset. Must run before the first CUDA call.
-void ApplyBinding(const DeviceBinding& b);
-
-// The launcher's binding step (CmdTrain). Typical use:
-//   GpuBinder binder(cfg.dist, getenv);                      // before MPI_Init
-//   if (vars.local_rank) binder.BindEarly(*vars.local_rank, vars.local_size.value_or(0));
-//   MpiSession mpi(...);                                     // may initialise CUDA (CUDA-aware
-//   MPI) RunAgreed(comm, [&] { kind = binder.Bind(local_rank, local_size); ... GetBackend(kind);
-//   });
-// BindEarly applies the binding from the launcher's local rank before MPI_Init (a CUDA-aware MPI
-// may initialise CUDA inside MPI_Init, after which CUDA_VISIBLE_DEVICES no longer matters); Bind
-// decides again with MPI's local rank and size, applies the binding if BindEarly could not, and
-// throws ConfigError when the two disagree or the binding is impossible.
-class GpuBinder {
- public:
-  GpuBinder(const DistConfig& dist, GetEnvFn getenv);
-
-  // Never throws: a failure here is reported by Bind().
-  void BindEarly(int local_rank, int local_size) noexcept;
-  // "cpu" or "cuda" (dist.device resolved; see ResolveDeviceKind). For "cuda" the binding is
-  // applied and binding() holds it.
-  std::string Bind(int local_rank, int local_size);
-
-  const std::optional<DeviceBinding>& binding() const { return binding_; }
-  bool allow_sharing() const { return AllowGpuSharing(getenv_); }
-  const GpuInventory& inventory();  // probed once, on first use
-
- private:
-  std::string Resolve();
-  BindingRequest Request(int local_rank, int local_size);
-
-  const DistConfig& dist_;
-  GetEnvFn getenv_;
-  std::optional<std::string> visible_;  // CUDA_VISIBLE_DEVICES as the process started with it
-  std::optional<GpuInventory> inventory_;
-  std::optional<DeviceBinding> early_, binding_;
-};
-
 // ---- `dptrain info` -----------------------------------------------------------------------------
 
-// The GPU table, like nvidia-smi: index, name, UUID, bus id, memory used / total; or why there
-// is none ("no NVIDIA driver (...)").
-std::string DescribeGpus(const GpuInventory& inventory);
 // The device each local rank 0..local_size-1 would get under the current environment and `dist`
 // (or the error it would get). local_size 0: the launcher's OMPI_COMM_WORLD_LOCAL_SIZE etc. is
 // not known, so one rank per candidate device is assumed.
