@@ -5,7 +5,7 @@
 //
 // Ordering rule: CUDA reads CUDA_VISIBLE_DEVICES once, when the driver initialises (the first
 // CUDA call of the process, DeviceAvailable included). The launcher therefore binds the device
-// (launcher/device_binding.h) before calling anything here.
+// (launcher/gpu_binder.h) before calling anything here.
 #pragma once
 
 #include <cstddef>
