@@ -24,9 +24,16 @@ if(NOT DPTRAIN_WITH_CUDA STREQUAL "OFF")
     if(NOT CUDNN_FOUND)
       list(APPEND _missing "cuDNN 9")
     endif()
-    find_package(NCCL 2 QUIET)
+    # 2.14: ncclCommInitRankConfig with ncclConfig_t.blocking = 0 (the non-blocking communicator
+    # the collective timeout relies on) and ncclCommFinalize. An older NCCL would fail to
+    # compile; say so at configure time instead.
+    find_package(NCCL 2.14 QUIET)
     if(NOT NCCL_FOUND)
-      list(APPEND _missing "NCCL 2")
+      if(NCCL_VERSION)
+        list(APPEND _missing "NCCL >= 2.14 (found ${NCCL_VERSION} in ${NCCL_INCLUDE_DIR})")
+      else()
+        list(APPEND _missing "NCCL >= 2.14")
+      endif()
     endif()
   endif()
   if(_missing)

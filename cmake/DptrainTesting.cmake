@@ -1,9 +1,11 @@
 # Test helpers.
-#   dptrain_add_gtest(NAME LABEL label SOURCES ...): a GoogleTest executable, one ctest per test.
+#   dptrain_add_gtest(NAME LABEL label [RESOURCE_LOCK lock] SOURCES ...): a GoogleTest
+#     executable, one ctest per test (RESOURCE_LOCK: tests that must not run beside each other,
+#     e.g. dptrain_gpus for everything that opens a GPU).
 #   dptrain_add_mpi_test(NAME name NP n SOURCES ...): runs under mpiexec with n ranks; flags for
 #     containers / root (--oversubscribe, --allow-run-as-root) come from MPIEXEC_PREFLAGS.
 function(dptrain_add_gtest name)
-  cmake_parse_arguments(A "" "LABEL" "SOURCES" ${ARGN})
+  cmake_parse_arguments(A "" "LABEL;RESOURCE_LOCK" "SOURCES" ${ARGN})
   if(NOT A_SOURCES)
     return()
   endif()
@@ -11,8 +13,12 @@ function(dptrain_add_gtest name)
   target_link_libraries(${name} PRIVATE dptrain_testing GTest::gtest_main dptrain::warnings)
   # One compute thread per test process: ctest runs tests side by side on few cores, and
   # OpenMP teams that outnumber the cores spin-wait on each other.
+  set(_lock)
+  if(A_RESOURCE_LOCK)
+    set(_lock RESOURCE_LOCK ${A_RESOURCE_LOCK})
+  endif()
   gtest_discover_tests(${name} DISCOVERY_MODE PRE_TEST PROPERTIES LABELS ${A_LABEL} TIMEOUT 300
-                       ENVIRONMENT "OMP_NUM_THREADS=1;OMP_WAIT_POLICY=passive")
+                       ENVIRONMENT "OMP_NUM_THREADS=1;OMP_WAIT_POLICY=passive" ${_lock})
 endfunction()
 
 function(dptrain_add_mpi_test)

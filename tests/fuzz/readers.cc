@@ -12,7 +12,7 @@
 namespace dptrain::fuzz {
 namespace {
 
-void OpenAndRead(const std::string& path, const char* cache) {
+void OpenAndRead(const std::string& path, CacheMode cache) {
   OpenOptions opts;
   opts.cache = cache;
   opts.chunk_cache_bytes = size_t(1) << 16;  // a small LRU: evictions happen
@@ -41,8 +41,8 @@ void OpenAndRead(const std::string& path, const char* cache) {
 }  // namespace
 
 void ExerciseDatasetFile(const std::string& path) {
-  OpenAndRead(path, "ram");
-  OpenAndRead(path, "chunks");
+  OpenAndRead(path, CacheMode::kRam);
+  OpenAndRead(path, CacheMode::kChunks);
 }
 
 void ExerciseCheckpointFile(const std::string& path) {
