@@ -12,8 +12,10 @@
 
 #include "core/backend.h"
 #include "core/error.h"
+#include "runtime/agreement.h"  // AgreedError, RunAgreed: what Train's callers catch and use
 #include "runtime/comm/communicator.h"
 #include "runtime/run_config.h"
+#include "runtime/signals.h"  // InstallStopSignalHandlers
 #include "runtime/train_hooks.h"
 
 namespace dptrain {
@@ -61,16 +63,6 @@ struct TrainResult {
 // signal handlers (InstallStopSignalHandlers).
 TrainResult Train(const TrainConfig& cfg, const TrainEnv& env);
 
-// Takes over SIGTERM and SIGUSR1: they only set a flag. They are blocked in the calling thread
-// (and so in every thread it creates later) and received by a dedicated thread with sigwait; a
-// handler that only sets the flag catches them in threads created earlier. Call it first thing
-// in main, before MPI_Init and before any other thread exists. At each step boundary the ranks
-// agree (one small allreduce) on whether any rank saw a signal; if so, all stop after the same
-// step, rank 0 writes a checkpoint and Train returns with TrainResult::stop_signal set. Further
-// signals change nothing (a write in progress completes). Idempotent; Train calls it too; from
-// then on these signals never terminate the process.
-void InstallStopSignalHandlers();
-
 struct EvalResult {
   double test_loss = -1;
   double test_accuracy = -1;  // -1 for regression models
@@ -84,40 +76,5 @@ struct EvalResult {
 // bad or mismatching checkpoint (agreed: every rank throws AgreedError with exit code 6).
 EvalResult EvaluateCheckpoint(const TrainConfig& cfg, const TrainEnv& env,
                               const std::string& checkpoint);
-
-// An error that every rank has agreed on: all ranks throw it, only rank 0 should print it, and
-// the process can exit with its code without MPI_Abort.
-class AgreedError : public Error {
- public:
-  AgreedError(const std::string& msg, int code) : Error(msg, code) {}
-};
-
-// Runs fn on every rank; if it throws on any rank, every rank throws AgreedError carrying the
-// message and exit code of the lowest failing rank. fn must not call collectives.
-template <class F>
-void RunAgreed(Communicator& comm, F&& fn);
-
-namespace detail {
-void AgreeOnFailure(Communicator& comm, const std::string& msg, int code, bool failed);
-}
-
-template <class F>
-void RunAgreed(Communicator& comm, F&& fn) {
-  std::string msg;
-  int code = 0;
-  bool failed = false;
-  try {
-    fn();
-  } catch (const Error& e) {
-    msg = e.what();
-    code = e.exit_code();
-    failed = true;
-  } catch (const std::exception& e) {
-    msg = e.what();
-    code = kExitInternal;
-    failed = true;
-  }
-  detail::AgreeOnFailure(comm, msg, code, failed);
-}
 
 }  // namespace dptrain

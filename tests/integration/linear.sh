@@ -2,7 +2,9 @@
 # SPDX-License-Identifier: Apache-2.0
 # The first data-parallel example end to end: configs/linear.toml (Linear(10 -> 1) on synthetic
 # regression data) recovers its teacher (final eval test_loss < 1e-4) as one process and as
-# 2 ranks, and writes the resolved config.toml and metrics.jsonl to run_dir.
+# 2 ranks, and writes the resolved config.toml and metrics.jsonl to run_dir. `dptrain eval` of
+# the final checkpoint scores it as the run's own final evaluation did (the regression targets
+# of generated data come from the teacher there too, not from the all-zero labels).
 # shellcheck source=lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -37,5 +39,15 @@ CASE="linear.toml, 2 ranks"
 expect_ok -- "${MPI2[@]}" "$DPTRAIN" train --config "$DPTRAIN_SRC/configs/linear.toml" \
   --set "run_dir=$TMP/run2"
 check_run "$TMP/run2" "2 ranks"
+
+CASE="dptrain eval of the 2-rank run's final checkpoint"
+ckpt=$(ls "$TMP"/run2/checkpoints/ckpt-*.h5 | tail -n 1)
+expect_ok -- "${MPI2[@]}" "$DPTRAIN" eval --config "$DPTRAIN_SRC/configs/linear.toml" \
+  --set "run_dir=$TMP/run2" --checkpoint "$ckpt"
+eval_loss=$(sed -n 's/^eval .*test_loss \([0-9.eE+-]*\) over.*/\1/p' "$TMP/last.out")
+train_loss=$(python3 -c "import json,sys; print([j for j in map(json.loads, open(sys.argv[1])) if j.get('kind') == 'eval'][-1]['test_loss'])" "$TMP/run2/metrics.jsonl")
+echo "eval test_loss $eval_loss, training's final eval $train_loss"
+check "eval test_loss $eval_loss matches the training run's final eval $train_loss" \
+  python3 -c "import sys; a, b = float('$eval_loss'), float('$train_loss'); sys.exit(0 if abs(a - b) <= 1e-6 + 1e-4 * b else 1)"
 
 finish

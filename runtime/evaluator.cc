@@ -1,0 +1,134 @@
+// SPDX-License-Identifier: Apache-2.0
+// Evaluation (runtime/trainer_impl.h): one loop over the test set, split exactly once over the
+// ranks, used by training's periodic evaluations and by `dptrain eval` (EvaluateCheckpoint).
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "runtime/agreement.h"
+#include "runtime/trainer_impl.h"
+
+namespace dptrain {
+
+Trainer::EvalSums Trainer::RunTestSet() {
+  const auto [begin, end] = EvalShard(test_->info().size, static_cast<int>(world_), comm_.rank());
+  LoaderOptions o = loader_opts_;
+  o.augment = Augment::kNone;
+  EvalLoader loader(*test_, begin, end, micro_, o);
+  HostBatch b;
+  double sums[3] = {0, 0, 0};  // loss, correct, samples
+  ForwardContext ctx;
+  ctx.training = false;
+  while (loader.Next(&b)) {
+    UploadBatch(b, 0, b.n, test_teacher_targets_);
+    const Tensor x = x_dev_.Batch(b.n);
+    const Tensor y = y_dev_.Batch(b.n);
+    const Tensor& out = model_->Forward(x, ctx);
+    loss_->Forward(out, y);
+    float l = 0, c = 0;
+    be_.CopyToHost(loss_->loss_sum(), &l);
+    be_.CopyToHost(loss_->correct(), &c);
+    const int64_t outputs_per_sample = out.numel() / b.n;
+    sums[0] += regression_ ? l / static_cast<double>(outputs_per_sample) : l;
+    sums[1] += c;
+    sums[2] += static_cast<double>(b.n);
+  }
+  // Exact-once: every test sample is counted on exactly one rank.
+  comm_.AllReduceHost(sums, 3, ReduceOp::kSum);
+  return {sums[0], sums[1], sums[2]};
+}
+
+void Trainer::Evaluate(int64_t epoch) {
+  if (!test_) return;
+  last_eval_step_ = step_;
+  const auto t0 = Clock::now();
+  const EvalSums sums = RunTestSet();
+  result_.test_loss = sums.loss / std::max(sums.samples, 1.0);
+  result_.test_accuracy = regression_ ? -1 : sums.correct / std::max(sums.samples, 1.0);
+  if (is_root()) {
+    if (env_.interactive) fmt::print("\n");
+    if (regression_) {
+      fmt::print("eval epoch {} step {}: test_loss {:.6f} over {} samples ({:.1f}s)\n", epoch + 1,
+                 step_, result_.test_loss, static_cast<int64_t>(sums.samples), Since(t0));
+    } else {
+      fmt::print(
+          "eval epoch {} step {}: test_loss {:.4f} test_accuracy {:.4f} over {} samples "
+          "({:.1f}s)\n",
+          epoch + 1, step_, result_.test_loss, result_.test_accuracy,
+          static_cast<int64_t>(sums.samples), Since(t0));
+    }
+    std::fflush(stdout);
+    nlohmann::json j{{"kind", "eval"},
+                     {"step", step_},
+                     {"epoch", epoch + 1},
+                     {"time_s", RunTime()},
+                     {"test_loss", result_.test_loss},
+                     {"test_samples", static_cast<int64_t>(sums.samples)}};
+    if (!regression_) j["test_accuracy"] = result_.test_accuracy;
+    WriteMetrics(j);
+  }
+}
+
+EvalResult Trainer::RunEval(const std::string& checkpoint) {
+  eval_only_ = true;
+  RunAgreed(comm_, [&] {
+    SetupData();
+    SetupModel();
+  });
+  {
+    int64_t v[2] = {test_->info().size, -test_->info().size};
+    comm_.AllReduceHost(v, 2, ReduceOp::kMax);
+    DPT_CHECK_AS(DataError, v[0] == -v[1])
+        << "the ranks see test sets of different sizes; every rank must read the same files";
+  }
+  int64_t info[2] = {-1, 0};  // step, epoch of the checkpoint
+  RunAgreed(comm_, [&] {
+    if (comm_.rank() != 0) return;
+    const Checkpoint c = ReadCheckpoint(checkpoint);
+    for (const std::string& n : c.notices) {
+      fmt::print("dptrain: notice: {}\n", n);
+    }
+    MatchCheckpoint(checkpoint, c, ParamSpecs(), nullptr);
+    LoadTensors(c, false);
+    if (c.has_state) {
+      info[0] = c.state.step;
+      info[1] = c.state.epoch;
+    }
+  });
+  comm_.BroadcastHost(info, sizeof info, 0);
+  comm_.Broadcast(&model_->params(), 0);
+  comm_.Broadcast(&model_->buffers(), 0);
+  const auto t0 = Clock::now();
+  const EvalSums sums = RunTestSet();
+  EvalResult r;
+  r.samples = static_cast<int64_t>(sums.samples);
+  r.step = info[0];
+  r.test_loss = sums.loss / std::max(sums.samples, 1.0);
+  r.test_accuracy = regression_ ? -1 : sums.correct / std::max(sums.samples, 1.0);
+  if (comm_.rank() == 0 && !env_.hooks.quiet) {
+    const std::string where =
+        r.step >= 0 ? fmt::format(" (step {}, epoch {})", r.step, info[1]) : "";
+    if (regression_) {
+      fmt::print("eval {}{}: test_loss {:.6f} over {} samples on {} rank{} ({:.1f}s)\n", checkpoint,
+                 where, r.test_loss, r.samples, world_, world_ == 1 ? "" : "s", Since(t0));
+    } else {
+      fmt::print(
+          "eval {}{}: test_loss {:.6f} test_accuracy {:.4f} over {} samples on {} rank{} "
+          "({:.1f}s)\n",
+          checkpoint, where, r.test_loss, r.test_accuracy, r.samples, world_,
+          world_ == 1 ? "" : "s", Since(t0));
+    }
+    std::fflush(stdout);
+  }
+  return r;
+}
+
+EvalResult EvaluateCheckpoint(const TrainConfig& cfg, const TrainEnv& env,
+                              const std::string& checkpoint) {
+  DPT_CHECK(env.comm != nullptr && env.backend != nullptr);
+  Trainer t(cfg, env);
+  return t.RunEval(checkpoint);
+}
+
+}  // namespace dptrain

@@ -1,0 +1,289 @@
+// SPDX-License-Identifier: Apache-2.0
+// Trainer setup (runtime/trainer_impl.h): the datasets (files or generated), sampler and loader;
+// the model, loss, optimizer, schedule and reducer; the out-of-memory micro-batch search of
+// memory.auto_microbatch; run_dir and its outputs.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <optional>
+
+#include "core/error.h"
+#include "datasets/synthetic.h"
+#include "models/memory_plan.h"
+#include "models/zoo/zoo.h"
+#include "runtime/agreement.h"
+#include "runtime/trainer_impl.h"
+
+namespace dptrain {
+
+bool Trainer::IsRegression() const { return ResolveLoss(cfg_.model) == LossKind::kMse; }
+
+std::unique_ptr<Dataset> Trainer::OpenData(const std::string& path, const Shape& synthetic_shape,
+                                           int64_t synthetic_samples, uint64_t seed) const {
+  const auto& m = cfg_.model;
+  if (path == "synthetic") {
+    return MakeSynthetic(synthetic_shape, synthetic_samples, m.classes, regression_, seed);
+  }
+  OpenOptions o;
+  o.classes = regression_ ? -1 : m.classes;
+  o.cache = cfg_.data.cache;
+  return OpenHdf5Dataset(path, o);
+}
+
+std::unique_ptr<Sequential> Trainer::BuildNet() const {
+  const auto& m = cfg_.model;
+  return m.name.empty() ? BuildFromLayers(be_, m.layers) : BuildZooModel(be_, m.name, m.classes);
+}
+
+void Trainer::SetupData() {
+  const auto& d = cfg_.data;
+  regression_ = IsRegression();
+  const uint64_t seed = static_cast<uint64_t>(cfg_.seed);
+  DPT_CHECK_AS(ConfigError, !eval_only_ || !d.test.empty())
+      << "dptrain eval needs a test set: data.test is empty in " << cfg_.source
+      << " (set it, e.g. --set data.test=data/fmnist/test.h5)";
+  if (!eval_only_) {
+    train_ = OpenData(d.train, DefaultSampleShape(cfg_.model), d.synthetic_samples, seed);
+  }
+  // Generated test samples take the training samples' shape.
+  if (!d.test.empty()) {
+    test_ = OpenData(d.test, train_ ? train_->info().sample_shape : DefaultSampleShape(cfg_.model),
+                     std::max<int64_t>(d.synthetic_samples / 4, 1), seed + 1);
+    DPT_CHECK_AS(DataError, !train_ || test_->info().sample_shape == train_->info().sample_shape)
+        << "data.test " << d.test << " has samples of shape "
+        << test_->info().sample_shape.ToString() << " but data.train " << d.train << " has "
+        << train_->info().sample_shape.ToString();
+  }
+  const Dataset& first = train_ ? *train_ : *test_;
+  sample_shape_ = first.info().sample_shape;
+  // Regression targets: the fixed teacher on generated data, the label's value on a file.
+  train_teacher_targets_ = d.train == "synthetic";
+  test_teacher_targets_ = d.test == "synthetic";
+  if (regression_) teacher_ = TeacherWeights(sample_shape_.numel(), seed);
+
+  loader_opts_.workers = static_cast<int>(d.workers);
+  loader_opts_.prefetch = std::max(2, 2 * static_cast<int>(d.workers));
+  for (double v : d.mean) loader_opts_.mean.push_back(static_cast<float>(v));
+  for (double v : d.std) loader_opts_.std.push_back(static_cast<float>(v));
+  if (loader_opts_.mean.empty() && !first.info().mean.empty()) {
+    loader_opts_.mean = first.info().mean;
+    loader_opts_.std = first.info().std;
+  }
+  loader_opts_.augment = d.augment;
+  loader_opts_.seed = seed;
+
+  world_ = comm_.size();
+  const int64_t g = cfg_.train.global_batch;
+  if (eval_only_) {
+    local_batch_ = std::max<int64_t>(1, g / world_);
+    micro_ = local_batch_;
+    return;
+  }
+  accumulate_ = cfg_.train.accumulate;
+  // The sampler checks that the global batch divides over the ranks and fits the dataset.
+  sampler_ = std::make_unique<Sampler>(train_->info().size, g, static_cast<int>(world_),
+                                       comm_.rank(), seed, d.shuffle);
+  local_batch_ = sampler_->local_batch();
+  DPT_CHECK_AS(ConfigError, local_batch_ % accumulate_ == 0)
+      << "train.accumulate = " << accumulate_ << " does not divide the per-rank batch "
+      << local_batch_ << " (train.global_batch " << g << " / " << world_ << " ranks)";
+  micro_ = local_batch_ / accumulate_;
+  steps_per_epoch_ = sampler_->steps_per_epoch();
+  const int64_t by_epochs = cfg_.train.epochs * steps_per_epoch_;
+  total_steps_ = cfg_.train.max_steps > 0
+                     ? (cfg_.train.epochs > 0 ? std::min(cfg_.train.max_steps, by_epochs)
+                                              : cfg_.train.max_steps)
+                     : by_epochs;
+  loader_ = std::make_unique<TrainLoader>(*train_, *sampler_, loader_opts_);
+}
+
+void Trainer::ReleaseModel() {
+  reducer_.reset();
+  opt_.reset();
+  loss_.reset();
+  model_.reset();
+  x_dev_ = Tensor();
+  y_dev_ = Tensor();
+  be_.ReleasePlans();
+  be_.allocator().EmptyCache();
+}
+
+int64_t Trainer::LargestMicroBatchThatFits(int64_t tried) {
+  const int64_t budget = cfg_.memory.limit_bytes > 0
+                             ? static_cast<int64_t>(cfg_.memory.limit_bytes)
+                             : static_cast<int64_t>(be_.allocator().Capacity());
+  if (budget <= 0) return 0;
+  // As `dptrain plan` does: set the model up with memory.limit lifted (it is only a number) and
+  // extrapolate its fixed and per-sample bytes to the budget. Micro-batch 1 first (small, and
+  // conservative: constant workspaces count as per-sample there); then, when that predicts at
+  // most 4x the budget for the micro-batch that failed, that micro-batch (`dptrain plan`'s
+  // number). A device that is really full keeps the first estimate.
+  const size_t limit = be_.allocator().budget();
+  be_.allocator().set_budget(0);
+  const auto plan_at = [&](int64_t micro) -> std::optional<MemoryPlan> {
+    std::optional<MemoryPlan> plan;
+    try {
+      Model model(be_, BuildNet(), sample_shape_);
+      model.Setup(micro, cfg_.train.precision);
+      plan = PlanMemory(model, StateSlots(cfg_.train.optimizer, cfg_.train.momentum),
+                        regression_ ? LossKind::kMse : LossKind::kCrossEntropy, budget);
+    } catch (const OutOfMemory&) {
+    }
+    be_.ReleasePlans();
+    be_.allocator().EmptyCache();
+    return plan;
+  };
+  int64_t fits = 0;
+  if (const auto one = plan_at(1)) {
+    fits = one->max_micro_batch;
+    if (one->fixed + one->per_sample * tried <= 4 * budget) {
+      if (const auto at_tried = plan_at(tried)) fits = at_tried->max_micro_batch;
+    }
+  }
+  be_.allocator().set_budget(limit);
+  return fits;
+}
+
+void Trainer::SetupModelThatFits() {
+  for (;;) {
+    std::string oom;
+    RunAgreed(comm_, [&] {
+      try {
+        SetupModel();
+      } catch (const OutOfMemory& e) {
+        oom = e.what();
+      }
+    });
+    int64_t failed_rank = oom.empty() ? comm_.size() : comm_.rank();
+    comm_.AllReduceHost(&failed_rank, 1, ReduceOp::kMin);
+    if (failed_rank == comm_.size()) break;
+    const int64_t tried = micro_;
+    // The next micro-batch: the largest divisor of the per-rank batch at most half this one.
+    int64_t next = 0;
+    for (int64_t d = tried / 2; d >= 1; --d) {
+      if (local_batch_ % d == 0) {
+        next = d;
+        break;
+      }
+    }
+    if (!cfg_.memory.auto_microbatch || next == 0) {
+      ReleaseModel();
+      // Concrete advice: the micro-batch `dptrain plan` estimates to fit, as a divisor of the
+      // per-rank batch, and the train.accumulate that keeps the global batch.
+      const int64_t fits = LargestMicroBatchThatFits(tried);
+      int64_t micro = 0;
+      for (int64_t d = std::min(fits, tried - 1); d >= 1 && micro == 0; --d) {
+        if (local_batch_ % d == 0) micro = d;
+      }
+      const std::string plan_cmd =
+          fmt::format("dptrain plan --config {} --ranks {}",
+                      cfg_.source.empty() ? std::string("FILE") : cfg_.source, world_);
+      const std::string other_ways =
+          fmt::format("use train.precision = \"bf16\" or \"fp16\"{}",
+                      cfg_.memory.limit_bytes > 0 ? ", or raise memory.limit" : "");
+      const std::string advice =
+          micro > 0
+              ? fmt::format(
+                    "\nhint: micro-batch {} per rank does not fit; micro-batch {} should fit "
+                    "(estimate of `{}`): set train.accumulate = {} (the global batch and the "
+                    "maths stay the same), or set memory.auto_microbatch = true to let dptrain "
+                    "find it, or {}",
+                    tried, micro, plan_cmd, local_batch_ / micro, other_ways)
+              : fmt::format(
+                    "\nhint: micro-batch {} per rank does not fit, and by the estimate of `{}` "
+                    "not even micro-batch 1 does: {}, or use a smaller model",
+                    tried, plan_cmd, other_ways);
+      detail::AgreeOnFailure(comm_, oom + advice, kExitOom, !oom.empty());
+    }
+    ReleaseModel();
+    // AgreeOnFailure above threw when no smaller micro-batch exists, so next >= 1 here.
+    micro_ = std::max<int64_t>(next, 1);
+    accumulate_ = local_batch_ / micro_;
+    Say(
+        fmt::format("memory.auto_microbatch: micro-batch {} ran out of memory on rank {}; trying "
+                    "{} x {} micro-steps per step (global batch {} unchanged)",
+                    tried, failed_rank, micro_, accumulate_, cfg_.train.global_batch));
+  }
+  if (accumulate_ != cfg_.train.accumulate) {
+    Say(fmt::format("memory.auto_microbatch: training with micro-batch {} x {} micro-steps", micro_,
+                    accumulate_));
+  }
+}
+
+void Trainer::SetupModel() {
+  const auto& m = cfg_.model;
+  model_ = std::make_unique<Model>(be_, BuildNet(), sample_shape_);
+  model_->Setup(micro_, cfg_.train.precision);
+  model_->InitParams(static_cast<uint64_t>(cfg_.seed));
+  const LossKind kind = regression_ ? LossKind::kMse : LossKind::kCrossEntropy;
+  if (kind == LossKind::kMse) {
+    DPT_CHECK_AS(ConfigError, model_->output_shape().numel() == micro_)
+        << "model.loss = \"mse\" regresses one value per sample, but the model outputs "
+        << model_->output_shape().ToString() << "; end the model with a linear layer of out = 1";
+  }
+  if (kind == LossKind::kCrossEntropy) {
+    DPT_CHECK_AS(ConfigError,
+                 model_->output_shape().rank() == 2 && model_->output_shape()[1] == m.classes)
+        << "the model's output " << model_->output_shape().ToString() << " does not match "
+        << "model.classes = " << m.classes;
+  }
+  loss_ = std::make_unique<Loss>(be_, kind, model_->output_shape());
+  Shape xs = model_->input_shape();
+  std::vector<int64_t> dims{micro_};
+  for (int64_t v : xs.dims()) dims.push_back(v);
+  x_dev_ = be_.Empty(Shape(dims), DType::kF32, "input batch");
+  if (regression_) {
+    y_dev_ = be_.Empty(model_->output_shape().WithBatch(micro_), DType::kF32, "target batch");
+  } else {
+    y_dev_ = be_.Empty(Shape{micro_}, DType::kI32, "label batch");
+  }
+  if (eval_only_) return;
+
+  OptimizerConfig oc;
+  oc.kind = cfg_.train.optimizer;
+  oc.momentum = cfg_.train.momentum;
+  oc.nesterov = cfg_.train.nesterov;
+  oc.weight_decay = cfg_.train.weight_decay;
+  oc.beta1 = cfg_.train.beta1;
+  oc.beta2 = cfg_.train.beta2;
+  oc.eps = cfg_.train.eps;
+  opt_ = std::make_unique<Optimizer>(be_, oc, model_->params());
+  sched_.kind = cfg_.train.schedule;
+  sched_.base_lr = cfg_.train.lr;
+  sched_.warmup_steps = cfg_.train.warmup_steps;
+  sched_.total_steps = std::max<int64_t>(total_steps_, 1);
+  sched_.step_size =
+      cfg_.train.step_size > 0 ? cfg_.train.step_size : std::max<int64_t>(steps_per_epoch_, 1);
+  sched_.gamma = cfg_.train.gamma;
+  if (world_ > 1) {
+    reducer_ = std::make_unique<Reducer>(comm_, model_->grads(),
+                                         static_cast<size_t>(cfg_.dist.bucket_mb) << 20);
+  }
+  scaler_ = std::make_unique<LossScaler>(cfg_.train.precision == Precision::kF16 ||
+                                         env_.hooks.loss_scaling);
+}
+
+void Trainer::SetupRunDir() {
+  if (!is_root()) return;
+  std::error_code ec;
+  std::filesystem::create_directories(cfg_.run_dir, ec);
+  DPT_CHECK_AS(IoError, !ec) << "run_dir '" << cfg_.run_dir
+                             << "' cannot be created: " << ec.message();
+}
+
+// After SetupRunDir and SetupCheckpointDir: a run that cannot checkpoint changes no file.
+void Trainer::SetupOutputs() {
+  if (!is_root()) return;
+  {
+    std::ofstream f(cfg_.run_dir + "/config.toml");
+    f << env_.resolved_toml;
+    DPT_CHECK_AS(IoError, f.good()) << "cannot write " << cfg_.run_dir << "/config.toml";
+  }
+  // A resumed run continues its metrics; a fresh one starts them over.
+  metrics_.open(cfg_.run_dir + "/metrics.jsonl",
+                start_.kind == kResumed ? std::ios::app : std::ios::trunc);
+  DPT_CHECK_AS(IoError, metrics_.good()) << "cannot write " << cfg_.run_dir << "/metrics.jsonl";
+}
+
+}  // namespace dptrain

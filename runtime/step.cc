@@ -1,0 +1,160 @@
+// SPDX-License-Identifier: Apache-2.0
+// One optimizer step (runtime/trainer_impl.h): `accumulate` micro-steps over slices of this rank's
+// share of the global batch, the last one's backward overlapped with the bucketed gradient
+// reduction; the agreed non-finite check (loss scaling skips, fp32 stops); the optimizer; the
+// periodic replica check; the test hooks of runtime/train_hooks.h.
+#include <fmt/format.h>
+
+#include <cmath>
+#include <limits>
+
+#include "core/error.h"
+#include "datasets/synthetic.h"
+#include "runtime/agreement.h"
+#include "runtime/comm/replica_check.h"
+#include "runtime/comm/watchdog.h"
+#include "runtime/trainer_impl.h"
+
+namespace dptrain {
+
+void Trainer::UploadBatch(const HostBatch& b, int64_t begin, int64_t n, bool teacher_targets) {
+  const int64_t per = model_->input_shape().numel();
+  Tensor x = x_dev_.Batch(n);
+  be_.CopyFromHost(b.images.data() + begin * per, &x);
+  if (regression_ && !teacher_targets) {
+    // Regression on a dataset file: the integer label is the target value.
+    targets_host_.assign(static_cast<size_t>(n), 0.f);
+    for (int64_t i = 0; i < n; ++i) {
+      targets_host_[static_cast<size_t>(i)] =
+          static_cast<float>(b.labels[static_cast<size_t>(begin + i)]);
+    }
+    Tensor y = y_dev_.Batch(n);
+    be_.CopyFromHost(targets_host_.data(), &y);
+  } else if (regression_) {
+    // Targets from the fixed teacher of the synthetic regression task.
+    targets_host_.assign(static_cast<size_t>(n), 0.f);
+    for (int64_t i = 0; i < n; ++i) {
+      targets_host_[static_cast<size_t>(i)] =
+          TeacherTarget(teacher_, b.images.data() + (begin + i) * per, per);
+    }
+    Tensor y = y_dev_.Batch(n);
+    be_.CopyFromHost(targets_host_.data(), &y);
+  } else {
+    Tensor y = y_dev_.Batch(n);
+    be_.CopyFromHost(b.labels.data() + begin, &y);
+  }
+}
+
+void Trainer::TrainStep(const HostBatch& batch) {
+  Watchdog::SetStep(step_);
+  for (int64_t m = 0; m < accumulate_; ++m) {
+    auto t0 = Clock::now();
+    UploadBatch(batch, m * micro_, micro_, train_teacher_targets_);
+    ForwardContext ctx;
+    ctx.training = true;
+    ctx.seed = static_cast<uint64_t>(cfg_.seed);
+    ctx.step = step_;
+    ctx.sample_offset = comm_.rank() * local_batch_ + m * micro_;
+    const Tensor x = x_dev_.Batch(micro_);
+    const Tensor y = y_dev_.Batch(micro_);
+    const Tensor& out = model_->Forward(x, ctx);
+    loss_->Forward(out, y);
+    float loss_sum = 0;
+    be_.CopyToHost(loss_->loss_sum(), &loss_sum);
+    const int64_t outputs_per_sample = out.numel() / micro_;  // regression: mean over outputs
+    win_loss_ += regression_ ? loss_sum / static_cast<double>(outputs_per_sample) : loss_sum;
+    const Tensor& dout = loss_->Backward(out, y, micro_, scaler_->scale());
+    fwd_s_ += Since(t0);
+    t0 = Clock::now();
+    const bool last = m == accumulate_ - 1;
+    if (last && reducer_) {
+      reducer_->Begin();
+      model_->Backward(dout, m > 0, [this](int64_t n) { reducer_->OnReady(n); });
+      bwd_s_ += Since(t0);
+      t0 = Clock::now();
+      reducer_->Finish();
+      comm_s_ += Since(t0);
+    } else {
+      model_->Backward(dout, m > 0);
+      bwd_s_ += Since(t0);
+    }
+  }
+  auto t0 = Clock::now();
+  lr_ = LearningRate(sched_, step_);
+  if (step_ == env_.hooks.inf_grad_step && comm_.rank() == env_.hooks.inf_grad_rank) {
+    // Test hook: an overflow in one rank's gradients.
+    const float inf = std::numeric_limits<float>::infinity();
+    Tensor first = model_->grads().View(Shape{1});
+    be_.CopyFromHost(&inf, &first);
+  }
+  if (!CheckGradients()) {
+    ++skipped_steps_;  // every rank skips this step together (loss scaling)
+  } else {
+    opt_->Step(&model_->params(), model_->grads(), static_cast<float>(lr_),
+               1.f / (static_cast<float>(world_ * accumulate_) * scaler_->scale()));
+  }
+  be_.Synchronize();
+  opt_s_ += Since(t0);
+  ++step_;
+  if (step_ == env_.hooks.flip_param_step && comm_.rank() == env_.hooks.flip_param_rank) {
+    // Test hook: silent corruption of one parameter on one rank.
+    Tensor first = model_->params().View(Shape{1});
+    float v = 0;
+    be_.CopyToHost(first, &v);
+    v = std::nextafter(v, 1e30f);
+    be_.CopyFromHost(&v, &first);
+  }
+  const int64_t every = cfg_.dist.check_replicas_every;
+  if (every > 0 && world_ > 1 && step_ % every == 0) {
+    try {
+      CheckReplicasIdentical(comm_, be_, model_->params(), step_);
+    } catch (const InternalError& e) {
+      throw AgreedError(e.what(), kExitInternal);  // every rank saw the same checksums
+    }
+  }
+  win_samples_ += local_batch_;
+  ++win_steps_;
+}
+
+bool Trainer::CheckGradients() {
+  int64_t bad = be_.CountNonFinite(model_->grads()) > 0 ? 1 : 0;
+  comm_.AllReduceHost(&bad, 1, ReduceOp::kMax);
+  if (scaler_->enabled()) {
+    const double before = scaler_->scale();
+    const bool skip = scaler_->Update(bad != 0);
+    if (skip) {
+      Say(
+          fmt::format("loss scaling: non-finite gradients at step {}; step skipped on every rank, "
+                      "scale {} -> {}",
+                      step_, before, static_cast<double>(scaler_->scale())));
+    }
+    return !skip;
+  }
+  if (bad == 0) return true;
+  // fp32: the first layer (in forward order) whose gradient is not finite, on this rank.
+  std::string first;
+  for (const auto& g : model_->named_grads()) {
+    if (be_.CountNonFinite(g.tensor) > 0) {
+      first = g.name;
+      break;
+    }
+  }
+  const auto names = comm_.AllGatherStrings(first);
+  std::string where;
+  for (const auto& n : names) {
+    if (!n.empty()) {
+      where = n;
+      break;
+    }
+  }
+  throw AgreedError(
+      RankTag() + fmt::format("non-finite gradient at step {} (first in {}); the parameters were "
+                              "not updated. Last good checkpoint: {}. hint: lower train.lr, add "
+                              "train.warmup_steps, check the data for NaN/Inf",
+                              step_, where.empty() ? "an unknown layer" : where,
+                              result_.last_checkpoint.empty() ? std::string("none")
+                                                              : result_.last_checkpoint),
+      kExitData);
+}
+
+}  // namespace dptrain

@@ -1,0 +1,183 @@
+// SPDX-License-Identifier: Apache-2.0
+// The Trainer behind Train and EvaluateCheckpoint (runtime/trainer.h), private to runtime/. One
+// class holds a run's state; its members are implemented by concern, one file each:
+//   trainer.cc    the loop (Run), agreement to stop at step boundaries
+//   setup.cc      data, model and optimizer; the out-of-memory micro-batch search; run_dir
+//   step.cc       one optimizer step: micro-steps, gradient check, replica check, test hooks
+//   evaluator.cc  the test-set loop for training's evaluations and `dptrain eval`
+//   state.cc      checkpoints: resume / init, snapshots, background writes
+//   metrics.cc    progress lines, metrics.jsonl, peak memory, the final summary
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "datasets/dataset.h"
+#include "datasets/loader.h"
+#include "datasets/sampler.h"
+#include "models/loss.h"
+#include "models/model.h"
+#include "runtime/amp/loss_scaler.h"
+#include "runtime/checkpoint/checkpoint.h"
+#include "runtime/comm/reducer.h"
+#include "runtime/optim/optimizer.h"
+#include "runtime/trainer.h"
+
+namespace dptrain {
+
+using Clock = std::chrono::steady_clock;
+inline double Since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// "1h02m", "3m05s", "42s"; "?" when not finite.
+std::string FormatDuration(double s);
+
+// Where a run starts: fresh, from checkpoint.init (parameters only) or resumed. Rank 0 decides
+// and broadcasts it as raw bytes, so plain fields only.
+constexpr int64_t kFresh = 0, kInit = 1, kResumed = 2;
+struct StartPoint {
+  int64_t kind = kFresh;  // kFresh, kInit, kResumed
+  int64_t step = 0, epoch = 0, in_epoch = 0, optimizer_steps = 0, last_eval_step = -1;
+  double elapsed_s = 0, lr = 0;
+  double loss_scale = 0;
+  int64_t loss_scale_good_steps = 0, skipped_steps = 0;
+};
+
+class Trainer {
+ public:
+  Trainer(const TrainConfig& cfg, const TrainEnv& env)
+      : cfg_(cfg), env_(env), comm_(*env.comm), be_(*env.backend) {}
+
+  TrainResult Run();
+  EvalResult RunEval(const std::string& checkpoint);
+
+ private:
+  struct EvalSums {
+    double loss = 0, correct = 0, samples = 0;
+  };
+
+  // ---- setup.cc ----
+  // The datasets, sampler, loader and batch sizes; with eval_only_ the test set alone (the batch
+  // is this rank's share of train.global_batch).
+  void SetupData();
+  bool IsRegression() const;  // model.loss resolves to "mse"
+  // data.train / data.test: generated ("synthetic") or an HDF5 file, checked against the model.
+  std::unique_ptr<Dataset> OpenData(const std::string& path, const Shape& synthetic_shape,
+                                    int64_t synthetic_samples, uint64_t seed) const;
+  std::unique_ptr<Sequential> BuildNet() const;  // model.name or model.layers
+  void SetupModel();
+  void SetupRunDir();
+  void SetupOutputs();
+  // SetupModel on every rank; when a rank runs out of memory, all ranks agree on it before any
+  // collective, and with memory.auto_microbatch halve the micro-batch (doubling accumulate, so
+  // the global batch and the maths stay the same) until it fits or is 1; otherwise the OOM
+  // report with advice, on every rank (exit 4).
+  void SetupModelThatFits();
+  int64_t LargestMicroBatchThatFits(int64_t tried);
+  void ReleaseModel();
+
+  // ---- step.cc ----
+  void TrainStep(const HostBatch& batch);
+  // After the gradient allreduce: do the gradients hold a non-finite value on any rank (the
+  // ranks agree)? With loss scaling that skips the step and lowers the scale; without, it stops
+  // the run naming the first layer with a non-finite gradient. Returns true to apply the step.
+  bool CheckGradients();
+  // Samples [begin, begin + n) of `b` into x_dev_ / y_dev_. Regression targets: the teacher's
+  // on generated data (`teacher_targets`), the integer label's value on a file.
+  void UploadBatch(const HostBatch& b, int64_t begin, int64_t n, bool teacher_targets);
+
+  // ---- evaluator.cc: one loop over the test set for training and `dptrain eval` ----
+  EvalSums RunTestSet();
+  void Evaluate(int64_t epoch);
+
+  // ---- metrics.cc ----
+  void LogStep(int64_t epoch, bool force);
+  void WriteMetrics(const nlohmann::json& j);
+  void ReducePeakMemory();  // collective
+  void PrintSummary(bool stopped, int64_t session_steps, double total_s);
+  bool is_root() const { return comm_.rank() == 0 && !env_.hooks.quiet; }
+  double RunTime() const { return elapsed_offset_ + Since(run_start_); }
+
+  // ---- state.cc: checkpoints (resume, init, snapshots, background writes) ----
+  void SetupCheckpointDir();
+  std::vector<TensorSpec> ParamSpecs() const;
+  std::vector<TensorSpec> OptimizerSpecs() const;
+  void LoadStartState();  // rank 0: resume / init per cfg_.checkpoint
+  void Resume(const std::string& path, const Checkpoint& c);
+  void LoadFlat(const std::vector<NamedTensor>& named, Tensor* flat, const Checkpoint& c,
+                const std::string& suffix, bool optimizer_group);
+  void LoadTensors(const Checkpoint& c, bool with_optimizer);
+  Checkpoint Snapshot();
+  void SaveCheckpoint();
+  void ReportWrites();
+
+  // ---- trainer.cc ----
+  bool AgreeToStop();
+  void CheckRanksSeeSameData();
+  void StartFrom();  // step counters, optimizer and loss-scale state from start_
+  void Say(const std::string& line) const;   // rank 0 (not quiet): stdout
+  void Warn(const std::string& line) const;  // rank 0 (not quiet): stderr
+
+  const TrainConfig& cfg_;
+  const TrainEnv& env_;
+  Communicator& comm_;
+  Backend& be_;
+
+  bool regression_ = false;
+  bool eval_only_ = false;
+  std::vector<float> teacher_;
+  std::unique_ptr<Dataset> train_, test_;
+  Shape sample_shape_;
+  std::unique_ptr<Sampler> sampler_;
+  std::unique_ptr<TrainLoader> loader_;
+  LoaderOptions loader_opts_;
+  int64_t world_ = 1, local_batch_ = 0, micro_ = 0, accumulate_ = 1;
+  int64_t steps_per_epoch_ = 0, total_steps_ = 0;
+
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<Loss> loss_;
+  std::unique_ptr<Optimizer> opt_;
+  std::unique_ptr<Reducer> reducer_;
+  // Regression targets from the teacher: the training / test set is generated ("synthetic").
+  bool train_teacher_targets_ = false, test_teacher_targets_ = false;
+  // fp16: dynamic loss scaling (TrainHooks::loss_scaling enables it in fp32 for tests).
+  std::unique_ptr<LossScaler> scaler_;
+  int64_t skipped_steps_ = 0;
+  double peak_min_ = 0, peak_mean_ = 0, peak_max_ = 0;  // bytes, over ranks (at the last log)
+  ScheduleConfig sched_;
+  Tensor x_dev_, y_dev_;
+  std::vector<float> targets_host_;
+
+  int64_t step_ = 0;      // optimizer steps done
+  int64_t epoch_ = 0;     // 0-based epoch in progress (= completed epochs)
+  int64_t in_epoch_ = 0;  // steps done within epoch_
+  int64_t session_start_step_ = 0;
+  int64_t last_eval_step_ = -1;
+  double lr_ = 0;
+  double elapsed_offset_ = 0;  // training time of earlier sessions (from the checkpoint)
+  // Logging window (local sums; reduced over ranks when logged).
+  double win_loss_ = 0;
+  int64_t win_samples_ = 0, win_steps_ = 0;
+  Clock::time_point win_start_, run_start_;
+  double data_wait_s_ = 0, fwd_s_ = 0, bwd_s_ = 0, comm_s_ = 0, opt_s_ = 0;
+  TrainResult result_;
+  std::ofstream metrics_;
+
+  // Checkpoints. ckpt_io_: this rank reads and writes checkpoint files (rank 0).
+  bool ckpt_io_ = false;
+  std::string ckpt_dir_;
+  StartPoint start_;
+  std::unique_ptr<CheckpointWriter> writer_;
+  int64_t last_ckpt_step_ = -1;
+  std::map<int64_t, double> copy_s_;  // step -> seconds of its host copy, until reported
+  int stop_signal_ = 0;
+};
+
+}  // namespace dptrain
