@@ -12,7 +12,7 @@
 
 namespace dptrain {
 
-std::string ExchangeBindings(Communicator& comm, const BoundDevice& mine, bool allow_sharing) {
+std::string ExchangeBindings(ControlPlane& comm, const BoundDevice& mine, bool allow_sharing) {
   auto clean = [](std::string s) {
     std::replace(s.begin(), s.end(), '\t', ' ');
     return s;

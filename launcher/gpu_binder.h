@@ -18,7 +18,7 @@ namespace dptrain {
 // Collective: gathers every rank's BoundDevice over `comm`; every rank throws the same
 // ConfigError when two ranks share a GPU (unless `allow_sharing`). Returns the table on rank 0
 // and "" elsewhere.
-std::string ExchangeBindings(Communicator& comm, const BoundDevice& mine, bool allow_sharing);
+std::string ExchangeBindings(ControlPlane& comm, const BoundDevice& mine, bool allow_sharing);
 
 // Applies a binding to this process's environment (setenv): CUDA_VISIBLE_DEVICES under remap,
 // and CUDA_DEVICE_ORDER=PCI_BUS_ID when unset. Must run before the first CUDA call.

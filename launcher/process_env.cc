@@ -160,7 +160,7 @@ std::string HostName() {
   return buf;
 }
 
-std::string RankTable(Communicator& comm, const ProcessEnv& env, const std::string& device,
+std::string RankTable(ControlPlane& comm, const ProcessEnv& env, const std::string& device,
                       int threads) {
   std::ostringstream row;
   row << env.rank << "\t" << env.host << "\t" << env.local_rank << "/" << env.local_size << "\t"

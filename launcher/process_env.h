@@ -79,7 +79,7 @@ std::string HostName();
 
 // Rank 0 formats the table of every rank (host, local rank, device, threads) from the rows each
 // rank contributes; collective.
-std::string RankTable(Communicator& comm, const ProcessEnv& env, const std::string& device,
+std::string RankTable(ControlPlane& comm, const ProcessEnv& env, const std::string& device,
                       int threads);
 
 }  // namespace dptrain

@@ -20,7 +20,6 @@
 #include "launcher/process_env.h"
 #include "runtime/comm/device_communicator.h"
 #include "runtime/comm/mpi_communicator.h"
-#include "runtime/comm/routing_communicator.h"
 #include "runtime/comm/watchdog.h"
 #include "runtime/trainer.h"
 
@@ -61,7 +60,7 @@ int RunTrainOrEval(const RunArgs& args, int* argc, char*** argv) {
   // unblocked signal mask (InstallStopSignalHandlers).
   if (!eval && !config_error) InstallStopSignalHandlers();
   MpiSession mpi(argc, argv);
-  std::unique_ptr<Communicator> comm;
+  std::unique_ptr<MpiCommunicator> comm;
   try {
     comm = mpi.World();
     RunAgreed(*comm, [&] {
@@ -127,8 +126,8 @@ int RunTrainOrEval(const RunArgs& args, int* argc, char*** argv) {
       }
     }
 
-    // Device tensors (gradient buckets, parameter broadcasts) go over NCCL, host values
-    // (agreements, metrics) over MPI; the trainer sees one communicator that routes by device.
+    // MPI for agreements (the control plane), NCCL or MPI for gradients: on GPUs the tensor
+    // collectives (gradient buckets, parameter broadcasts) go over NCCL, on the CPU over MPI.
     const bool on_gpu = backend->device() != Device::kCpu;
     RunAgreed(*comm, [&] {
       DPT_CHECK_AS(ConfigError, !(on_gpu && cfg.dist.backend == CommBackend::kMpi))
@@ -138,14 +137,14 @@ int RunTrainOrEval(const RunArgs& args, int* argc, char*** argv) {
           << "dist.backend = \"nccl\" needs GPUs, but this run uses the CPU (dist.device = \""
           << ConfigName(cfg.dist.device) << "\" resolved to \"" << device << "\")";
     });
-    std::unique_ptr<Communicator> device_comm, routed;
+    std::unique_ptr<Communicator> device_comm;
     if (on_gpu) {
       device_comm = CreateDeviceCommunicator(*backend, *comm, cfg.dist.collective_timeout_s);
-      routed = std::make_unique<RoutingCommunicator>(*comm, *device_comm);
     }
 
     TrainEnv tenv;
-    tenv.comm = routed != nullptr ? routed.get() : comm.get();
+    tenv.control = comm.get();
+    tenv.comm = device_comm != nullptr ? device_comm.get() : comm.get();
     tenv.backend = backend;
     tenv.local_rank = env.local_rank;
     tenv.local_size = env.local_size;

@@ -8,7 +8,7 @@
 namespace dptrain {
 
 namespace detail {
-void AgreeOnFailure(Communicator& comm, const std::string& msg, int code, bool failed) {
+void AgreeOnFailure(ControlPlane& comm, const std::string& msg, int code, bool failed) {
   int64_t first = failed ? comm.rank() : comm.size();
   comm.AllReduceHost(&first, 1, ReduceOp::kMin);
   if (first == comm.size()) return;

@@ -22,13 +22,13 @@ class AgreedError : public Error {
 namespace detail {
 // Collective: when `failed` on any rank, every rank throws AgreedError with the message and exit
 // code of the lowest failing rank; otherwise returns.
-void AgreeOnFailure(Communicator& comm, const std::string& msg, int code, bool failed);
+void AgreeOnFailure(ControlPlane& comm, const std::string& msg, int code, bool failed);
 }  // namespace detail
 
 // Runs fn on every rank; if it throws on any rank, every rank throws AgreedError carrying the
 // message and exit code of the lowest failing rank. fn must not call collectives.
 template <class F>
-void RunAgreed(Communicator& comm, F&& fn) {
+void RunAgreed(ControlPlane& comm, F&& fn) {
   std::string msg;
   int code = 0;
   bool failed = false;

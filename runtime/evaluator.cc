@@ -35,7 +35,7 @@ Trainer::EvalSums Trainer::RunTestSet() {
     sums[2] += static_cast<double>(b.n);
   }
   // Exact-once: every test sample is counted on exactly one rank.
-  comm_.AllReduceHost(sums, 3, ReduceOp::kSum);
+  control_.AllReduceHost(sums, 3, ReduceOp::kSum);
   return {sums[0], sums[1], sums[2]};
 }
 
@@ -72,18 +72,18 @@ void Trainer::Evaluate(int64_t epoch) {
 
 EvalResult Trainer::RunEval(const std::string& checkpoint) {
   eval_only_ = true;
-  RunAgreed(comm_, [&] {
+  RunAgreed(control_, [&] {
     SetupData();
     SetupModel();
   });
   {
     int64_t v[2] = {test_->info().size, -test_->info().size};
-    comm_.AllReduceHost(v, 2, ReduceOp::kMax);
+    control_.AllReduceHost(v, 2, ReduceOp::kMax);
     DPT_CHECK_AS(DataError, v[0] == -v[1])
         << "the ranks see test sets of different sizes; every rank must read the same files";
   }
   int64_t info[2] = {-1, 0};  // step, epoch of the checkpoint
-  RunAgreed(comm_, [&] {
+  RunAgreed(control_, [&] {
     if (comm_.rank() != 0) return;
     const Checkpoint c = ReadCheckpoint(checkpoint);
     for (const std::string& n : c.notices) {
@@ -96,7 +96,7 @@ EvalResult Trainer::RunEval(const std::string& checkpoint) {
       info[1] = c.state.epoch;
     }
   });
-  comm_.BroadcastHost(info, sizeof info, 0);
+  control_.BroadcastHost(info, sizeof info, 0);
   comm_.Broadcast(&model_->params(), 0);
   comm_.Broadcast(&model_->buffers(), 0);
   const auto t0 = Clock::now();
@@ -126,7 +126,7 @@ EvalResult Trainer::RunEval(const std::string& checkpoint) {
 
 EvalResult EvaluateCheckpoint(const TrainConfig& cfg, const TrainEnv& env,
                               const std::string& checkpoint) {
-  DPT_CHECK(env.comm != nullptr && env.backend != nullptr);
+  DPT_CHECK(env.control != nullptr && env.comm != nullptr && env.backend != nullptr);
   Trainer t(cfg, env);
   return t.RunEval(checkpoint);
 }

@@ -31,8 +31,8 @@ void Trainer::ReducePeakMemory() {
   // Peak device memory of each rank since the start: min, mean and max over ranks.
   const double peak = static_cast<double>(be_.allocator().stats().peak_in_use);
   double v[3] = {peak, -peak, peak};
-  comm_.AllReduceHost(v, 2, ReduceOp::kMax);
-  comm_.AllReduceHost(v + 2, 1, ReduceOp::kSum);
+  control_.AllReduceHost(v, 2, ReduceOp::kMax);
+  control_.AllReduceHost(v + 2, 1, ReduceOp::kSum);
   peak_max_ = v[0];
   peak_min_ = -v[1];
   peak_mean_ = v[2] / static_cast<double>(world_);
@@ -42,7 +42,7 @@ void Trainer::LogStep(int64_t epoch, bool force) {
   if (win_steps_ == 0) return;
   if (!force && step_ % cfg_.train.log_every_steps != 0) return;
   double sums[2] = {win_loss_, static_cast<double>(win_samples_)};
-  comm_.AllReduceHost(sums, 2, ReduceOp::kSum);
+  control_.AllReduceHost(sums, 2, ReduceOp::kSum);
   ReducePeakMemory();
   const double loss = sums[0] / std::max(sums[1], 1.0);
   const double dt = Since(win_start_);

@@ -148,7 +148,7 @@ int64_t Trainer::LargestMicroBatchThatFits(int64_t tried) {
 void Trainer::SetupModelThatFits() {
   for (;;) {
     std::string oom;
-    RunAgreed(comm_, [&] {
+    RunAgreed(control_, [&] {
       try {
         SetupModel();
       } catch (const OutOfMemory& e) {
@@ -156,7 +156,7 @@ void Trainer::SetupModelThatFits() {
       }
     });
     int64_t failed_rank = oom.empty() ? comm_.size() : comm_.rank();
-    comm_.AllReduceHost(&failed_rank, 1, ReduceOp::kMin);
+    control_.AllReduceHost(&failed_rank, 1, ReduceOp::kMin);
     if (failed_rank == comm_.size()) break;
     const int64_t tried = micro_;
     // The next micro-batch: the largest divisor of the per-rank batch at most half this one.
@@ -194,7 +194,7 @@ void Trainer::SetupModelThatFits() {
                     "\nhint: micro-batch {} per rank does not fit, and by the estimate of `{}` "
                     "not even micro-batch 1 does: {}, or use a smaller model",
                     tried, plan_cmd, other_ways);
-      detail::AgreeOnFailure(comm_, oom + advice, kExitOom, !oom.empty());
+      detail::AgreeOnFailure(control_, oom + advice, kExitOom, !oom.empty());
     }
     ReleaseModel();
     // AgreeOnFailure above threw when no smaller micro-batch exists, so next >= 1 here.

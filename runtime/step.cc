@@ -107,7 +107,7 @@ void Trainer::TrainStep(const HostBatch& batch) {
   const int64_t every = cfg_.dist.check_replicas_every;
   if (every > 0 && world_ > 1 && step_ % every == 0) {
     try {
-      CheckReplicasIdentical(comm_, be_, model_->params(), step_);
+      CheckReplicasIdentical(control_, be_, model_->params(), step_);
     } catch (const InternalError& e) {
       throw AgreedError(e.what(), kExitInternal);  // every rank saw the same checksums
     }
@@ -118,7 +118,7 @@ void Trainer::TrainStep(const HostBatch& batch) {
 
 bool Trainer::CheckGradients() {
   int64_t bad = be_.CountNonFinite(model_->grads()) > 0 ? 1 : 0;
-  comm_.AllReduceHost(&bad, 1, ReduceOp::kMax);
+  control_.AllReduceHost(&bad, 1, ReduceOp::kMax);
   if (scaler_->enabled()) {
     const double before = scaler_->scale();
     const bool skip = scaler_->Update(bad != 0);
@@ -139,7 +139,7 @@ bool Trainer::CheckGradients() {
       break;
     }
   }
-  const auto names = comm_.AllGatherStrings(first);
+  const auto names = control_.AllGatherStrings(first);
   std::string where;
   for (const auto& n : names) {
     if (!n.empty()) {

@@ -41,10 +41,10 @@ bool Trainer::AgreeToStop() {
       comm_.rank() == comm_.size() - 1) {
     v[0] = SIGUSR1;
   }
-  comm_.AllReduceHost(v, 2, ReduceOp::kMax);
+  control_.AllReduceHost(v, 2, ReduceOp::kMax);
   if (v[1] != 0) {
     // Rank 0 rethrows the write error; every rank leaves with it (exit 6).
-    RunAgreed(comm_, [&] {
+    RunAgreed(control_, [&] {
       if (writer_ != nullptr) writer_->Wait();
     });
   }
@@ -67,9 +67,9 @@ void Trainer::CheckRanksSeeSameData() {
                   test_ ? -test_->info().size : 1,
                   shape,
                   -shape};
-  comm_.AllReduceHost(v, 6, ReduceOp::kMax);
+  control_.AllReduceHost(v, 6, ReduceOp::kMax);
   // Every rank holds the same reduced values, so every rank reaches the same verdict.
-  RunAgreed(comm_, [&] {
+  RunAgreed(control_, [&] {
     DPT_CHECK_AS(DataError, v[0] == -v[1] && v[2] == -v[3] && v[4] == -v[5])
         << "the ranks see different datasets (train samples " << -v[1] << ".." << v[0]
         << ", test samples " << -v[3] << ".." << v[2] << ", values per sample " << -v[5] << ".."
@@ -97,18 +97,18 @@ void Trainer::StartFrom() {
 }
 
 TrainResult Trainer::Run() {
-  RunAgreed(comm_, [&] { SetupData(); });
+  RunAgreed(control_, [&] { SetupData(); });
   SetupModelThatFits();
   CheckRanksSeeSameData();
   InstallStopSignalHandlers();
   ckpt_dir_ = cfg_.run_dir + "/checkpoints";
   ckpt_io_ = comm_.rank() == 0 && (!env_.hooks.quiet || env_.hooks.quiet_checkpoints);
   // Rank 0 reads what to start from (a failure is agreed: exit 6 everywhere, nothing written).
-  RunAgreed(comm_, [&] {
+  RunAgreed(control_, [&] {
     if (ckpt_io_) LoadStartState();
   });
-  comm_.BroadcastHost(&start_, sizeof start_, 0);
-  RunAgreed(comm_, [&] {
+  control_.BroadcastHost(&start_, sizeof start_, 0);
+  RunAgreed(control_, [&] {
     SetupRunDir();
     SetupCheckpointDir();
     SetupOutputs();
@@ -191,7 +191,7 @@ TrainResult Trainer::Run() {
   // The end-of-training (or preemption) checkpoint; every rank waits until rank 0 has written
   // it and agrees on whether that worked.
   SaveCheckpoint();
-  RunAgreed(comm_, [&] {
+  RunAgreed(control_, [&] {
     if (writer_ != nullptr) writer_->Wait();
   });
   ReportWrites();
@@ -219,7 +219,7 @@ TrainResult Trainer::Run() {
 }
 
 TrainResult Train(const TrainConfig& cfg, const TrainEnv& env) {
-  DPT_CHECK(env.comm != nullptr && env.backend != nullptr);
+  DPT_CHECK(env.control != nullptr && env.comm != nullptr && env.backend != nullptr);
   Trainer t(cfg, env);
   return t.Run();
 }

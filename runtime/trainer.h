@@ -22,7 +22,8 @@ namespace dptrain {
 
 // Everything the launcher discovered about this process.
 struct TrainEnv {
-  Communicator* comm = nullptr;  // control plane and gradients (MPI)
+  ControlPlane* control = nullptr;  // agreements between ranks: MPI
+  Communicator* comm = nullptr;     // gradients and parameter broadcasts: MPI or NCCL
   Backend* backend = nullptr;
   int local_rank = 0;
   int local_size = 1;

@@ -53,7 +53,7 @@ struct StartPoint {
 class Trainer {
  public:
   Trainer(const TrainConfig& cfg, const TrainEnv& env)
-      : cfg_(cfg), env_(env), comm_(*env.comm), be_(*env.backend) {}
+      : cfg_(cfg), env_(env), control_(*env.control), comm_(*env.comm), be_(*env.backend) {}
 
   TrainResult Run();
   EvalResult RunEval(const std::string& checkpoint);
@@ -127,7 +127,8 @@ class Trainer {
 
   const TrainConfig& cfg_;
   const TrainEnv& env_;
-  Communicator& comm_;
+  ControlPlane& control_;  // agreements, metrics (MPI)
+  Communicator& comm_;     // gradients, parameter broadcasts (MPI or NCCL)
   Backend& be_;
 
   bool regression_ = false;

@@ -4,7 +4,7 @@
 
 namespace dptrain {
 
-bool Communicator::AllTrue(bool ok) {
+bool ControlPlane::AllTrue(bool ok) {
   int64_t v = ok ? 1 : 0;
   AllReduceHost(&v, 1, ReduceOp::kMin);
   return v == 1;

@@ -1,8 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// The Communicator seam: collectives over the ranks of a job. The MPI implementation works on
-// host buffers (and is the control plane: every agreement between ranks goes over it); a NCCL
-// implementation works on device buffers. Every rank must call every collective in the same
-// order with the same sizes; calls block unless named *Async.
+// The communication seams, in one place: MPI for agreements (ControlPlane), NCCL or MPI for
+// gradients (Communicator). Every rank must call every collective in the same order with the
+// same sizes; calls block unless named *Async.
 #pragma once
 
 #include <cstdint>
@@ -25,6 +24,27 @@ class CommHandle {
   virtual bool Test() = 0;
 };
 
+// The control plane: agreements between ranks on small host values (failures, stop signals,
+// metrics, bootstrap data). Always MPI (MpiCommunicator), whatever carries the gradients.
+class ControlPlane {
+ public:
+  virtual ~ControlPlane() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual void AllReduceHost(double* values, int count, ReduceOp op) = 0;
+  virtual void AllReduceHost(int64_t* values, int count, ReduceOp op) = 0;
+  virtual void BroadcastHost(void* data, size_t bytes, int root) = 0;
+  // Every rank's string, indexed by rank.
+  virtual std::vector<std::string> AllGatherStrings(const std::string& mine) = 0;
+  virtual void Barrier() = 0;
+
+  // Convenience: true on every rank iff `ok` on every rank.
+  bool AllTrue(bool ok);
+};
+
+// Tensor collectives (gradient buckets, parameter broadcasts) on the backend's memory: MPI on
+// host memory for the CPU backend, NCCL on device memory for the CUDA backend
+// (runtime/comm/device_communicator.h picks).
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -38,21 +58,21 @@ class Communicator {
   virtual void Broadcast(Tensor* t, int root) = 0;
   // out has size() times in's elements; rank r's data lands at r * in.numel().
   virtual void AllGather(const Tensor& in, Tensor* out) = 0;
-  virtual void Barrier() = 0;
-
-  // ---- host-side control plane (small values; always MPI) ----
-  virtual void AllReduceHost(double* values, int count, ReduceOp op) = 0;
-  virtual void AllReduceHost(int64_t* values, int count, ReduceOp op) = 0;
-  virtual void BroadcastHost(void* data, size_t bytes, int root) = 0;
-  // Every rank's string, indexed by rank.
-  virtual std::vector<std::string> AllGatherStrings(const std::string& mine) = 0;
 
   // A communicator over the ranks that pass the same `color` (ordered by rank); nullptr for
   // ranks that pass a negative color. Collective over this communicator.
   virtual std::unique_ptr<Communicator> Split(int color) = 0;
+};
 
-  // Convenience: true on every rank iff `ok` on every rank.
-  bool AllTrue(bool ok);
+// MPI carries both planes: the control plane always, and the tensor collectives on host memory.
+// What MpiSession::World (runtime/comm/mpi_communicator.h) returns.
+class MpiCommunicator : public ControlPlane, public Communicator {
+ public:
+  int rank() const override = 0;
+  int size() const override = 0;
+  // Split of both planes; nullptr for a negative color. Collective.
+  virtual std::unique_ptr<MpiCommunicator> SplitMpi(int color) = 0;
+  std::unique_ptr<Communicator> Split(int color) final { return SplitMpi(color); }
 };
 
 }  // namespace dptrain

@@ -10,7 +10,7 @@
 
 namespace dptrain {
 
-std::unique_ptr<Communicator> CreateDeviceCommunicator(Backend& backend, Communicator& control,
+std::unique_ptr<Communicator> CreateDeviceCommunicator(Backend& backend, MpiCommunicator& control,
                                                        double timeout_s) {
 #if DPTRAIN_HAS_CUDA
   if (backend.device() == Device::kCuda) {

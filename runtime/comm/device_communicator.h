@@ -15,7 +15,7 @@ namespace dptrain {
 // (runtime/comm/nccl_communicator.h), collectives bounded by `timeout_s`. nullptr for "cpu":
 // there `control` (MPI on host memory) is the device communicator. Collective over `control`,
 // which must outlive the result.
-std::unique_ptr<Communicator> CreateDeviceCommunicator(Backend& backend, Communicator& control,
+std::unique_ptr<Communicator> CreateDeviceCommunicator(Backend& backend, MpiCommunicator& control,
                                                        double timeout_s);
 
 // Aborts every device communicator of this process (main's error path, before MPI_Abort, so

@@ -96,15 +96,15 @@ class MpiHandle final : public CommHandle {
   int size_;
 };
 
-class MpiCommunicator final : public Communicator {
+class MpiComm final : public MpiCommunicator {
  public:
   // Takes ownership of `comm` (freed on destruction).
-  explicit MpiCommunicator(MPI_Comm comm) : comm_(comm) {
+  explicit MpiComm(MPI_Comm comm) : comm_(comm) {
     DPT_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
     DPT_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
     DPT_MPI_CHECK(MPI_Comm_size(comm_, &size_));
   }
-  ~MpiCommunicator() override {
+  ~MpiComm() override {
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (!finalized) MPI_Comm_free(&comm_);
@@ -151,11 +151,11 @@ class MpiCommunicator final : public Communicator {
     DPT_MPI_CHECK(MPI_Barrier(comm_));
   }
 
-  std::unique_ptr<Communicator> Split(int color) override {
+  std::unique_ptr<MpiCommunicator> SplitMpi(int color) override {
     MPI_Comm sub = MPI_COMM_NULL;
     DPT_MPI_CHECK(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, rank_, &sub));
     if (sub == MPI_COMM_NULL) return nullptr;
-    return std::make_unique<MpiCommunicator>(sub);
+    return std::make_unique<MpiComm>(sub);
   }
 
   void AllReduceHost(double* values, int count, ReduceOp op) override {
@@ -227,10 +227,10 @@ MpiSession::~MpiSession() {
   if (!finalized) MPI_Finalize();
 }
 
-std::unique_ptr<Communicator> MpiSession::World() {
+std::unique_ptr<MpiCommunicator> MpiSession::World() {
   MPI_Comm comm = MPI_COMM_NULL;
   DPT_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &comm));
-  return std::make_unique<MpiCommunicator>(comm);
+  return std::make_unique<MpiComm>(comm);
 }
 
 void MpiSession::LocalRankAndSize(int* local_rank, int* local_size) const {

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// MPI implementation of the Communicator, on host memory, and the process-wide MPI session.
+// The MPI implementation of both seams (ControlPlane; Communicator on host memory) and the
+// process-wide MPI session.
 // This header hides every MPI type so the trainer never includes <mpi.h>.
 #pragma once
 
@@ -20,7 +21,7 @@ class MpiSession {
   MpiSession(const MpiSession&) = delete;
   MpiSession& operator=(const MpiSession&) = delete;
   // A communicator over MPI_COMM_WORLD (a duplicate, so user traffic never mixes with ours).
-  std::unique_ptr<Communicator> World();
+  std::unique_ptr<MpiCommunicator> World();
   // MPI_Comm_split_type(SHARED): this process's rank and the size of its node-local group.
   void LocalRankAndSize(int* local_rank, int* local_size) const;
   static bool Initialized();

@@ -90,7 +90,7 @@ class NcclCommunicator final : public Communicator {
  public:
   // Collective over `control`. `owned` (may be null) is the control communicator when this
   // communicator owns it (Split).
-  NcclCommunicator(Backend& be, Communicator& control, std::unique_ptr<Communicator> owned,
+  NcclCommunicator(Backend& be, MpiCommunicator& control, std::unique_ptr<MpiCommunicator> owned,
                    double timeout_s);
   ~NcclCommunicator() override;
   NcclCommunicator(const NcclCommunicator&) = delete;
@@ -104,20 +104,6 @@ class NcclCommunicator final : public Communicator {
   std::unique_ptr<CommHandle> AllReduceAsync(Tensor* t, ReduceOp op) override;
   void Broadcast(Tensor* t, int root) override;
   void AllGather(const Tensor& in, Tensor* out) override;
-  void Barrier() override { control_.Barrier(); }
-
-  void AllReduceHost(double* values, int count, ReduceOp op) override {
-    control_.AllReduceHost(values, count, op);
-  }
-  void AllReduceHost(int64_t* values, int count, ReduceOp op) override {
-    control_.AllReduceHost(values, count, op);
-  }
-  void BroadcastHost(void* data, size_t bytes, int root) override {
-    control_.BroadcastHost(data, bytes, root);
-  }
-  std::vector<std::string> AllGatherStrings(const std::string& mine) override {
-    return control_.AllGatherStrings(mine);
-  }
   std::unique_ptr<Communicator> Split(int color) override;
 
   // ---- for handles ----
@@ -143,8 +129,8 @@ class NcclCommunicator final : public Communicator {
   cudaEvent_t RecordDone();
 
   Backend& be_;
-  Communicator& control_;
-  std::unique_ptr<Communicator> owned_;
+  MpiCommunicator& control_;  // bootstrap (device check, unique id) and Split
+  std::unique_ptr<MpiCommunicator> owned_;
   double timeout_s_;
   int rank_ = 0, size_ = 1;
   ncclComm_t comm_ = nullptr;
@@ -189,8 +175,8 @@ class NcclHandle final : public CommHandle {
   bool waited_ = false;
 };
 
-NcclCommunicator::NcclCommunicator(Backend& be, Communicator& control,
-                                   std::unique_ptr<Communicator> owned, double timeout_s)
+NcclCommunicator::NcclCommunicator(Backend& be, MpiCommunicator& control,
+                                   std::unique_ptr<MpiCommunicator> owned, double timeout_s)
     : be_(be),
       control_(control),
       owned_(std::move(owned)),
@@ -465,15 +451,15 @@ void NcclCommunicator::AllGather(const Tensor& in, Tensor* out) {
 }
 
 std::unique_ptr<Communicator> NcclCommunicator::Split(int color) {
-  std::unique_ptr<Communicator> sub = control_.Split(color);
+  std::unique_ptr<MpiCommunicator> sub = control_.SplitMpi(color);
   if (sub == nullptr) return nullptr;
-  Communicator& ref = *sub;
+  MpiCommunicator& ref = *sub;
   return std::make_unique<NcclCommunicator>(be_, ref, std::move(sub), timeout_s_);
 }
 
 }  // namespace
 
-std::unique_ptr<Communicator> CreateNcclCommunicator(Backend& backend, Communicator& control,
+std::unique_ptr<Communicator> CreateNcclCommunicator(Backend& backend, MpiCommunicator& control,
                                                      double timeout_s) {
   DPT_CHECK(cuda::IsCudaBackend(backend))
       << "the NCCL communicator needs the cuda backend, got '" << backend.name() << "'";

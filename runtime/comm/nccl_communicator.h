@@ -18,8 +18,8 @@
 //    same way before returning.
 //  - The communicator is non-blocking (NCCL config blocking = 0), so its creation and the first
 //    collectives (which connect peers) are bounded by the same timeout.
-//  - Host-side control-plane calls (AllReduceHost, BroadcastHost, AllGatherStrings, Barrier, and
-//    Split's bootstrap) go to the MPI communicator it was created over.
+//  - It carries tensors only: agreements between ranks stay on the MPI control plane it was
+//    created over, which it also uses for its own bootstrap and for Split.
 #pragma once
 
 #include <memory>
@@ -33,7 +33,7 @@ namespace dptrain {
 // device (one clear error naming the ranks that do not, instead of a hang inside NCCL), then rank
 // 0 creates the ncclUniqueId, broadcasts it over `control`, and all ranks initialise NCCL.
 // `backend` must be the CUDA backend; `control` must outlive the communicator.
-std::unique_ptr<Communicator> CreateNcclCommunicator(Backend& backend, Communicator& control,
+std::unique_ptr<Communicator> CreateNcclCommunicator(Backend& backend, MpiCommunicator& control,
                                                      double timeout_s);
 
 // ncclCommAbort on every live NCCL communicator of this process: main's error path, before

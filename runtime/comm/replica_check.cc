@@ -22,7 +22,7 @@ uint64_t TensorChecksum(Backend& be, const Tensor& t) {
   return h;
 }
 
-void CheckReplicasIdentical(Communicator& comm, Backend& be, const Tensor& params, int64_t step) {
+void CheckReplicasIdentical(ControlPlane& comm, Backend& be, const Tensor& params, int64_t step) {
   const uint64_t mine = TensorChecksum(be, params);
   const auto all = comm.AllGatherStrings(std::to_string(mine));
   std::map<std::string, std::vector<int>> groups;

@@ -16,6 +16,6 @@ uint64_t TensorChecksum(Backend& be, const Tensor& t);
 
 // All ranks call it with their parameters; throws InternalError (the same message on every
 // rank) when the checksums differ.
-void CheckReplicasIdentical(Communicator& comm, Backend& be, const Tensor& params, int64_t step);
+void CheckReplicasIdentical(ControlPlane& comm, Backend& be, const Tensor& params, int64_t step);
 
 }  // namespace dptrain

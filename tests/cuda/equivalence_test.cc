@@ -74,7 +74,7 @@ std::vector<float> TrainRefCnn(Backend& be, Communicator* reducer_comm, int64_t 
 }
 
 TEST(CudaEquivalenceTest, TwoGpusTrainLikeOne) {
-  Communicator& world = WorldComm();
+  MpiCommunicator& world = WorldComm();
   const GpuRank gpu = BindGpuForTest(world);
   if (gpu.backend == nullptr) GTEST_SKIP() << gpu.why_not;
   Backend& be = *gpu.backend;

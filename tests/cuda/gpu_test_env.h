@@ -24,7 +24,7 @@ struct GpuRank {
 };
 
 // Collective over `comm`; call before anything touches CUDA.
-inline GpuRank BindGpuForTest(Communicator& comm) {
+inline GpuRank BindGpuForTest(ControlPlane& comm) {
   GpuRank out;
   std::string why;
   try {

@@ -23,7 +23,7 @@ float Val(int r, int64_t i) { return static_cast<float>((r + 1) * 1000 + i % 97)
 class CollectiveSizeTest : public ::testing::TestWithParam<int64_t> {};
 
 TEST_P(CollectiveSizeTest, AllReduceSumAvgMax) {
-  Communicator& comm = WorldComm();
+  MpiCommunicator& comm = WorldComm();
   Backend& be = GetBackend("cpu");
   const int64_t n = GetParam();
   const int w = comm.size(), r = comm.rank();
@@ -46,7 +46,7 @@ TEST_P(CollectiveSizeTest, AllReduceSumAvgMax) {
 }
 
 TEST_P(CollectiveSizeTest, AsyncAllReduceAndBroadcast) {
-  Communicator& comm = WorldComm();
+  MpiCommunicator& comm = WorldComm();
   Backend& be = GetBackend("cpu");
   const int64_t n = GetParam();
   Tensor t = be.Empty(Shape{n}, DType::kF32, "t");
@@ -70,7 +70,7 @@ TEST_P(CollectiveSizeTest, AsyncAllReduceAndBroadcast) {
 }
 
 TEST_P(CollectiveSizeTest, AllGather) {
-  Communicator& comm = WorldComm();
+  MpiCommunicator& comm = WorldComm();
   Backend& be = GetBackend("cpu");
   const int64_t n = GetParam();
   Tensor in = be.Empty(Shape{n}, DType::kF32, "in");
@@ -89,7 +89,7 @@ INSTANTIATE_TEST_SUITE_P(Sizes, CollectiveSizeTest,
                          ::testing::Values(0, 1, 2, 7, 13, 97, 1021, 65537, 1000003));
 
 TEST(ReducerTest, BucketsSumLikeOneAllReduce) {
-  Communicator& comm = WorldComm();
+  MpiCommunicator& comm = WorldComm();
   Backend& be = GetBackend("cpu");
   for (size_t bucket_bytes : {size_t{4}, size_t{4096}, size_t{40000}, size_t{1} << 26}) {
     // One float per bucket is one collective per float: keep that case small.
@@ -115,7 +115,7 @@ TEST(ReducerTest, BucketsSumLikeOneAllReduce) {
 }
 
 TEST(CommTest, SplitAndHostHelpers) {
-  Communicator& comm = WorldComm();
+  MpiCommunicator& comm = WorldComm();
   auto evens = comm.Split(comm.rank() % 2 == 0 ? 0 : -1);
   bool ok = (comm.rank() % 2 == 0) == (evens != nullptr);
   if (evens) ok = ok && evens->size() == (comm.size() + 1) / 2 && evens->rank() == comm.rank() / 2;

@@ -16,13 +16,13 @@
 #include "tests/testing/mpi_testing.h"
 
 namespace {
-std::unique_ptr<dptrain::Communicator> g_world;
+std::unique_ptr<dptrain::MpiCommunicator> g_world;
 }  // namespace
 
 volatile int dptrain_hang = 1;
 
 namespace dptrain::testing {
-Communicator& WorldComm() { return *g_world; }
+MpiCommunicator& WorldComm() { return *g_world; }
 }  // namespace dptrain::testing
 
 int main(int argc, char** argv) {

@@ -10,10 +10,10 @@
 namespace dptrain::testing {
 
 // The world communicator of the test process (valid inside tests).
-Communicator& WorldComm();
+MpiCommunicator& WorldComm();
 
 // True on every rank iff `ok` on every rank. Call on all ranks before asserting, so no rank
 // returns early while another waits in a collective.
-inline bool AllRanksOk(Communicator& comm, bool ok) { return comm.AllTrue(ok); }
+inline bool AllRanksOk(ControlPlane& comm, bool ok) { return comm.AllTrue(ok); }
 
 }  // namespace dptrain::testing

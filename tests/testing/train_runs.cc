@@ -8,12 +8,13 @@
 
 namespace dptrain::testing {
 
-RunOutcome TrainOnFirstRanks(Communicator& comm, int world, const TrainConfig& cfg,
+RunOutcome TrainOnFirstRanks(MpiCommunicator& comm, int world, const TrainConfig& cfg,
                              const RunOptions& options) {
-  auto sub = comm.Split(comm.rank() < world ? 0 : -1);
+  auto sub = comm.SplitMpi(comm.rank() < world ? 0 : -1);
   RunOutcome out;
   if (sub) {
     TrainEnv env;
+    env.control = sub.get();
     env.comm = sub.get();
     env.backend = &GetBackend("cpu");
     env.threads = 1;

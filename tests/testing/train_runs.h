@@ -31,7 +31,7 @@ struct RunOptions {
 
 // Trains `cfg` quietly on the CPU backend (1 thread per rank) over ranks [0, world) of `comm`;
 // the other ranks return an empty outcome. Collective over `comm`: every rank calls it.
-RunOutcome TrainOnFirstRanks(Communicator& comm, int world, const TrainConfig& cfg,
+RunOutcome TrainOnFirstRanks(MpiCommunicator& comm, int world, const TrainConfig& cfg,
                              const RunOptions& options = {});
 
 // Worst relative L2 difference between same-named tensors of a and b (1 when the counts

@@ -386,18 +386,12 @@ TEST(DeviceBindingTest, BindingTableListsEveryRank) {
                        HasSubstr("00000000:43:00.0")));
 }
 
-// A communicator whose AllGatherStrings returns preset rows (the other ranks' contributions).
-class FakeComm final : public Communicator {
+// A control plane whose AllGatherStrings returns preset rows (the other ranks' contributions).
+class FakeComm final : public ControlPlane {
  public:
   FakeComm(int rank, std::vector<std::string> others) : rank_(rank), others_(std::move(others)) {}
   int rank() const override { return rank_; }
   int size() const override { return static_cast<int>(others_.size()); }
-  std::string name() const override { return "fake"; }
-  void AllReduce(Tensor*, ReduceOp) override {}
-  std::unique_ptr<CommHandle> AllReduceAsync(Tensor*, ReduceOp) override { return nullptr; }
-  void Broadcast(Tensor*, int) override {}
-  void AllGather(const Tensor&, Tensor*) override {}
-  void Barrier() override {}
   void AllReduceHost(double*, int, ReduceOp) override {}
   void AllReduceHost(int64_t*, int, ReduceOp) override {}
   void BroadcastHost(void*, size_t, int) override {}
@@ -406,7 +400,7 @@ class FakeComm final : public Communicator {
     out[static_cast<size_t>(rank_)] = mine;
     return out;
   }
-  std::unique_ptr<Communicator> Split(int) override { return nullptr; }
+  void Barrier() override {}
 
  private:
   int rank_;
