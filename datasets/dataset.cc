@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The in-memory dataset (synthetic data and tests). The HDF5 dataset is in hdf5_dataset.cc.
+// The in-memory dataset (synthetic data and tests). The HDF5 dataset is in hdf5_dataset*.cc.
 #include "datasets/dataset.h"
 
 #include <algorithm>

@@ -1,41 +1,24 @@
 // SPDX-License-Identifier: Apache-2.0
-// The HDF5 dataset: validation at open, a RAM copy or an LRU of whole decoded chunks for reads,
-// and the dataset writer. Whole-chunk reads matter: a random 64-sample hyperslab read through
-// HDF5's default 1 MiB chunk cache decodes each touched chunk again per sample (~15x slower).
-#include <fcntl.h>
-#include <unistd.h>
-
+// The HDF5 dataset: opening a dataset file and validating it (/images dtype and shape, /labels,
+// the classes / mean / std attributes, sizes against the file's), choosing the cache mode and
+// block size, and OpenHdf5Dataset. Reads are in hdf5_dataset_read.cc, writing in
+// hdf5_dataset_write.cc.
 #include <algorithm>
-#include <array>
 #include <cmath>
-#include <cstring>
+#include <cstdint>
 #include <filesystem>
 #include <limits>
-#include <list>
-#include <mutex>
 #include <string>
 #include <system_error>
-#include <unordered_map>
+#include <vector>
 
 #include "core/error.h"
 #include "core/hdf5/hdf5_util.h"
 #include "datasets/dataset.h"
-#include "datasets/hdf5_writer.h"
+#include "datasets/hdf5_dataset_impl.h"
 
 namespace dptrain {
 namespace {
-
-constexpr size_t kTargetBlockBytes = size_t(1) << 20;  // ~1 MiB per chunk (writer and reader)
-
-// x / 255 for every uint8 value: exact division, same result as a per-pixel divide.
-const std::array<float, 256>& U8ToFloat() {
-  static const std::array<float, 256> table = [] {
-    std::array<float, 256> t{};
-    for (int i = 0; i < 256; ++i) t[static_cast<size_t>(i)] = static_cast<float>(i) / 255.0f;
-    return t;
-  }();
-  return table;
-}
 
 // HDF5 reads storage that was never written as fill values, so a small (or truncated, or forged)
 // file can declare a dataset of terabytes, and validation would size its buffers by the declared
@@ -66,44 +49,7 @@ void CheckSizeAgainstFile(const std::string& path, hid_t dset, const char* name,
   }
 }
 
-class Hdf5Dataset final : public Dataset {
- public:
-  Hdf5Dataset(const std::string& path, const OpenOptions& opts);
-  const DatasetInfo& info() const override { return info_; }
-  void Read(const int64_t* indices, int64_t count, float* images, int32_t* labels) override;
-
- private:
-  using Block = std::shared_ptr<const std::vector<uint8_t>>;
-
-  void OpenImages();
-  void OpenLabels(const OpenOptions& opts);
-  void ReadAttributes();
-  void CheckFinite(const uint8_t* block, int64_t first_sample, int64_t rows) const;
-  // Reads rows [first, first + rows) of /images in the stored element type.
-  void ReadRows(int64_t first, int64_t rows, uint8_t* out) const;
-  Block GetBlock(int64_t b);
-  void Convert(const uint8_t* sample, float* out) const;
-
-  DatasetInfo info_;
-  h5::Id file_;
-  h5::Id images_;
-  int64_t sample_numel_ = 0;
-  size_t elem_bytes_ = 1;    // stored bytes per pixel: 1 (uint8) or 4 (float32)
-  size_t sample_bytes_ = 0;  // stored bytes per sample
-  std::vector<int32_t> labels_;
-
-  bool in_ram_ = false;
-  std::vector<uint8_t> ram_;  // all of /images in stored type (ram mode)
-
-  // chunks mode: block b = rows [b * block_rows_, min(N, (b + 1) * block_rows_)), a whole number
-  // of HDF5 chunks along N. LRU of decoded blocks; shared_ptr keeps a block alive for a reader
-  // while another thread evicts it.
-  int64_t block_rows_ = 1;
-  size_t max_blocks_ = 2;
-  std::mutex mu_;
-  std::list<int64_t> lru_;  // most recent first
-  std::unordered_map<int64_t, std::pair<Block, std::list<int64_t>::iterator>> blocks_;
-};
+}  // namespace
 
 Hdf5Dataset::Hdf5Dataset(const std::string& path, const OpenOptions& opts) {
   h5::ScopedSilence silence;
@@ -304,200 +250,8 @@ void Hdf5Dataset::ReadAttributes() {
   }
 }
 
-void Hdf5Dataset::ReadRows(int64_t first, int64_t rows, uint8_t* out) const {
-  h5::Id fspace = h5::Space(H5Dget_space(images_.get()));
-  std::vector<hsize_t> start(static_cast<size_t>(H5Sget_simple_extent_ndims(fspace.get())), 0);
-  std::vector<hsize_t> count(start.size());
-  H5Sget_simple_extent_dims(fspace.get(), count.data(), nullptr);
-  start[0] = static_cast<hsize_t>(first);
-  count[0] = static_cast<hsize_t>(rows);
-  // The memory space has the selection's shape: with a flat 1-D memory space HDF5 falls back
-  // to element-wise span iteration (~50 ms per 1 MiB chunk instead of well under 1 ms).
-  h5::Id mspace =
-      h5::Space(H5Screate_simple(static_cast<int>(count.size()), count.data(), nullptr));
-  const hid_t mtype = info_.image_dtype == DType::kU8 ? H5T_NATIVE_UINT8 : H5T_NATIVE_FLOAT;
-  if (H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, start.data(), nullptr, count.data(),
-                          nullptr) < 0 ||
-      H5Dread(images_.get(), mtype, mspace.get(), fspace.get(), H5P_DEFAULT, out) < 0) {
-    DPT_THROW(DataError) << info_.path << ": /images: cannot read samples [" << first << ", "
-                         << first + rows << "): " << h5::ErrorStackString();
-  }
-}
-
-void Hdf5Dataset::CheckFinite(const uint8_t* block, int64_t first_sample, int64_t rows) const {
-  const int64_t total = rows * sample_numel_;
-  for (int64_t i = 0; i < total; ++i) {
-    float v;
-    std::memcpy(&v, block + i * 4, sizeof(v));  // the bytes came from H5Dread as native floats
-    if (!std::isfinite(v)) {
-      const int64_t s = first_sample + i / sample_numel_;
-      DPT_THROW(DataError) << info_.path << ": /images: non-finite pixel " << v << " in sample "
-                           << s << " at element " << i % sample_numel_ << " of "
-                           << info_.sample_shape.ToString();
-    }
-  }
-}
-
-Hdf5Dataset::Block Hdf5Dataset::GetBlock(int64_t b) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = blocks_.find(b);
-    if (it != blocks_.end()) {
-      lru_.splice(lru_.begin(), lru_, it->second.second);
-      return it->second.first;
-    }
-  }
-  // Miss: read outside our lock (a thread-safe HDF5 serialises internally); two threads missing
-  // the same block both read it, and the second insert is dropped. An HDF5 built without
-  // thread safety gets one process-wide lock around the read instead.
-  const int64_t first = b * block_rows_;
-  const int64_t rows = std::min(block_rows_, info_.size - first);
-  auto data = std::make_shared<std::vector<uint8_t>>(static_cast<size_t>(rows) * sample_bytes_);
-  {
-    static std::mutex unsafe_library_mu;
-    static const bool threadsafe = [] {
-      hbool_t ts = 0;
-      return H5is_library_threadsafe(&ts) >= 0 && ts > 0;
-    }();
-    std::unique_lock<std::mutex> serial(unsafe_library_mu, std::defer_lock);
-    if (!threadsafe) serial.lock();
-    h5::ScopedSilence silence;
-    ReadRows(first, rows, data->data());
-  }
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = blocks_.find(b);
-  if (it != blocks_.end()) return it->second.first;
-  lru_.push_front(b);
-  blocks_.emplace(b, std::make_pair(Block(data), lru_.begin()));
-  while (blocks_.size() > max_blocks_) {
-    blocks_.erase(lru_.back());
-    lru_.pop_back();
-  }
-  return data;
-}
-
-void Hdf5Dataset::Convert(const uint8_t* sample, float* out) const {
-  if (info_.image_dtype == DType::kU8) {
-    const auto& table = U8ToFloat();
-    for (int64_t i = 0; i < sample_numel_; ++i) out[i] = table[sample[i]];
-  } else {
-    std::memcpy(out, sample, sample_bytes_);
-  }
-}
-
-void Hdf5Dataset::Read(const int64_t* indices, int64_t count, float* images, int32_t* labels) {
-  for (int64_t i = 0; i < count; ++i) {
-    DPT_CHECK(indices[i] >= 0 && indices[i] < info_.size)
-        << info_.path << ": sample index " << indices[i] << " outside [0, " << info_.size << ")";
-    labels[i] = labels_[static_cast<size_t>(indices[i])];
-  }
-  if (in_ram_) {
-    for (int64_t i = 0; i < count; ++i) {
-      Convert(ram_.data() + static_cast<size_t>(indices[i]) * sample_bytes_,
-              images + i * sample_numel_);
-    }
-    return;
-  }
-  // Group the requested samples by block so each needed block is fetched once per call.
-  std::vector<std::pair<int64_t, int64_t>> order(static_cast<size_t>(count));  // (block, i)
-  for (int64_t i = 0; i < count; ++i) order[static_cast<size_t>(i)] = {indices[i] / block_rows_, i};
-  std::sort(order.begin(), order.end());
-  size_t k = 0;
-  while (k < order.size()) {
-    const int64_t b = order[k].first;
-    const Block block = GetBlock(b);
-    for (; k < order.size() && order[k].first == b; ++k) {
-      const int64_t i = order[k].second;
-      const int64_t row = indices[i] - b * block_rows_;
-      Convert(block->data() + static_cast<size_t>(row) * sample_bytes_, images + i * sample_numel_);
-    }
-  }
-}
-
-void Fsync(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd < 0) return;  // best effort: the rename below still publishes a complete file
-  ::fsync(fd);
-  ::close(fd);
-}
-
-void WriteDataset(const std::string& path, H5Elem elem, const void* images,
-                  const Shape& images_shape, const int32_t* labels, int64_t classes,
-                  const std::vector<float>& mean, const std::vector<float>& std) {
-  DPT_CHECK_AS(DataError, images_shape.rank() == 4)
-      << path << ": /images shape " << images_shape.ToString() << " is not [N, C, H, W]";
-  const int64_t n = images_shape[0];
-  DPT_CHECK_AS(DataError, n > 0) << path << ": /images: no samples to write (N = 0)";
-  for (int i = 1; i < 4; ++i) {
-    DPT_CHECK_AS(DataError, images_shape[i] > 0)
-        << path << ": /images: empty sample shape " << images_shape.ToString();
-  }
-  const int64_t sample_numel = images_shape.numel() / n;
-  for (int64_t i = 0; i < n; ++i) {
-    const int32_t v = labels[i];
-    if (v < 0 || (classes > 0 && v >= classes)) {
-      DPT_THROW(DataError) << path << ": /labels: label " << v << " at index " << i
-                           << " is outside [0, " << classes << ")";
-    }
-  }
-  if (elem == H5Elem::kF32) {
-    const float* p = static_cast<const float*>(images);
-    for (int64_t i = 0; i < n * sample_numel; ++i) {
-      if (!std::isfinite(p[i])) {
-        DPT_THROW(DataError) << path << ": /images: non-finite pixel " << p[i] << " in sample "
-                             << i / sample_numel;
-      }
-    }
-  }
-  for (const auto* v : {&mean, &std}) {
-    DPT_CHECK_AS(DataError,
-                 v->empty() || v->size() == 1 || static_cast<int64_t>(v->size()) == images_shape[1])
-        << path << ": mean/std need 1 or C = " << images_shape[1] << " values, got " << v->size();
-  }
-  const size_t sample_bytes = static_cast<size_t>(sample_numel) * (elem == H5Elem::kU8 ? 1 : 4);
-  const int64_t chunk_rows = std::min<int64_t>(
-      n, std::max<int64_t>(1, static_cast<int64_t>(kTargetBlockBytes / sample_bytes)));
-
-  const std::string tmp = path + ".tmp";
-  std::error_code ec;
-  std::filesystem::remove(tmp, ec);
-  try {
-    Hdf5Writer w(tmp);
-    w.WriteArray("/images", elem, images_shape.dims(), images, chunk_rows);
-    w.WriteArray("/labels", H5Elem::kI32, {n}, labels, 0);
-    if (classes > 0) w.SetIntAttr("/", "classes", classes);
-    if (!mean.empty()) w.SetFloatsAttr("/", "mean", mean);
-    if (!std.empty()) w.SetFloatsAttr("/", "std", std);
-    w.Close();
-  } catch (...) {
-    std::filesystem::remove(tmp, ec);
-    throw;
-  }
-  Fsync(tmp);
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    const std::string why = ec.message();
-    std::filesystem::remove(tmp, ec);
-    DPT_THROW(IoError) << path << ": cannot rename " << tmp << " to it: " << why;
-  }
-}
-
-}  // namespace
-
 std::unique_ptr<Dataset> OpenHdf5Dataset(const std::string& path, const OpenOptions& opts) {
   return std::make_unique<Hdf5Dataset>(path, opts);
-}
-
-void WriteHdf5Dataset(const std::string& path, const uint8_t* images, const Shape& images_shape,
-                      const int32_t* labels, int64_t classes, const std::vector<float>& mean,
-                      const std::vector<float>& std) {
-  WriteDataset(path, H5Elem::kU8, images, images_shape, labels, classes, mean, std);
-}
-
-void WriteHdf5Dataset(const std::string& path, const float* images, const Shape& images_shape,
-                      const int32_t* labels, int64_t classes, const std::vector<float>& mean,
-                      const std::vector<float>& std) {
-  WriteDataset(path, H5Elem::kF32, images, images_shape, labels, classes, mean, std);
 }
 
 }  // namespace dptrain

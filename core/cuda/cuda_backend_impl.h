@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// The CUDA backend class. Private to core/cuda/ (scripts/check-floors.sh enforces it): code
+// The CUDA backend class and the helpers its .cc files share (argument checks, precision
+// helpers, device scalar slots). Private to core/cuda/ (scripts/check-floors.sh enforces it): code
 // elsewhere that needs the backend's stream or device (the NCCL communicator) uses
 // core/cuda/cuda_interop.h. Includes CUDA, cuDNN and cuBLAS headers.
 //
@@ -23,7 +24,11 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #include <cudnn.h>
+#include <driver_types.h>
 
+#include <climits>
+#include <cstddef>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -32,6 +37,8 @@
 
 #include "core/backend.h"
 #include "core/cuda/cuda_backend.h"
+#include "core/cuda/kernels.h"
+#include "core/error.h"
 
 namespace dptrain::cuda {
 
@@ -147,5 +154,43 @@ class CudaBackend final : public Backend {
            std::shared_ptr<OpPlan>>
       pool_plans_;
 };
+
+// ---- helpers shared by the backend's .cc files (one per op family) ------------------------------
+
+// Slots of the 64-byte device scalars buffer (CudaBackend::scalars_), each 8-byte aligned: the
+// count of CountNonFinite, the sum of SumSquares, the first bad label row of SoftmaxCrossEntropy.
+inline constexpr size_t kCountSlot = 0, kSumSlot = 8, kBadRowSlot = 16;
+template <class T>
+inline T* ScalarSlot(const Tensor& scalars, size_t offset) {
+  static_assert(alignof(T) <= 8, "scalar slots are 8-byte aligned");
+  return static_cast<T*>(static_cast<void*>(static_cast<char*>(scalars.raw()) + offset));
+}
+
+inline void CheckDev(const Tensor& t, const char* what) {
+  DPT_CHECK(t.defined() && t.device() == Device::kCuda) << what << ": expected a cuda tensor";
+}
+inline void CheckF32(const Tensor& t, const char* what) {
+  CheckDev(t, what);
+  DPT_CHECK(t.dtype() == DType::kF32) << what << ": expected f32, got " << DTypeName(t.dtype());
+}
+inline void CheckSame(const Tensor& a, const Tensor& b, const char* what) {
+  DPT_CHECK(a.numel() == b.numel())
+      << what << ": " << a.shape().ToString() << " vs " << b.shape().ToString();
+}
+inline void CheckNumel(const Tensor& t, int64_t want, const char* what, const std::string& desc) {
+  DPT_CHECK(t.numel() == want) << what << " " << t.shape().ToString() << " for " << desc;
+}
+
+inline bool FitsInt(int64_t v) { return v >= 0 && v <= INT_MAX; }
+
+inline bool IsHalf(Precision p) { return p != Precision::kF32; }
+inline kernels::Half HalfKind(Precision p) {
+  return p == Precision::kBF16 ? kernels::Half::kBF16 : kernels::Half::kF16;
+}
+inline DType HalfDType(Precision p) { return p == Precision::kBF16 ? DType::kBF16 : DType::kF16; }
+
+// The identity of device `ordinal` whose properties are `prop` (cuda_identity.cc): name, UUID as
+// nvidia-smi prints it, PCI bus id, memory, compute capability.
+DeviceIdentity ReadIdentity(int ordinal, const cudaDeviceProp& prop);
 
 }  // namespace dptrain::cuda

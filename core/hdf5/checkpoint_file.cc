@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // The checkpoint file format, writing side (DESIGN.md sections 4 and 5): atomic writes (the HDF5
 // file built in memory, written to a temporary name, fsynced, renamed, the directory fsynced),
-// retention, listing and the find-latest / stale-temporary housekeeping. No model knowledge.
-// Reading and verifying is checkpoint_read.cc.
+// retention, and the small helpers of checkpoint_file.h (names, CRC-32, lookups). No model
+// knowledge. Reading and verifying is checkpoint_read.cc; listing, find-latest and stale-temporary
+// housekeeping are checkpoint_dir.cc.
 #include "core/hdf5/checkpoint_file.h"
 
 #include <fcntl.h>
@@ -18,7 +19,6 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
-#include <regex>
 #include <thread>
 
 #include "core/error.h"
@@ -276,13 +276,6 @@ const CheckpointTensor* Find(const std::vector<CheckpointTensor>& v, const std::
   return it != v.end() && it->name == name ? &*it : nullptr;
 }
 
-int64_t StepOf(const std::string& file_name) {
-  static const std::regex kName(R"(ckpt-(\d{8,})\.h5)");
-  std::smatch m;
-  if (!std::regex_match(file_name, m, kName)) return -1;
-  return std::stoll(m[1].str());
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -368,51 +361,6 @@ CheckpointWriteStats WriteCheckpoint(const std::string& dir, const Checkpoint& c
   }
   stats.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return stats;
-}
-
-std::vector<std::string> ListCheckpoints(const std::string& dir) {
-  std::vector<std::pair<int64_t, std::string>> found;
-  std::error_code ec;
-  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    const std::string file = it->path().filename().string();
-    const int64_t step = StepOf(file);
-    if (step >= 0 && it->is_regular_file(ec)) found.emplace_back(step, it->path().string());
-  }
-  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a > b; });
-  std::vector<std::string> out;
-  out.reserve(found.size());
-  for (auto& f : found) out.push_back(std::move(f.second));
-  return out;
-}
-
-std::optional<FoundCheckpoint> FindLatestCheckpoint(const std::string& dir,
-                                                    std::vector<std::string>* skipped) {
-  for (const std::string& path : ListCheckpoints(dir)) {
-    try {
-      Checkpoint c = ReadCheckpoint(path);
-      if (!c.has_state) {
-        DPT_THROW(CheckpointError) << "checkpoint " << path << ": no /state group";
-      }
-      return FoundCheckpoint{path, std::move(c)};
-    } catch (const CheckpointError& e) {
-      skipped->push_back(e.what());
-    }
-  }
-  return std::nullopt;
-}
-
-std::vector<std::string> RemoveStaleTemporaries(const std::string& dir) {
-  static const std::regex kTmp(R"(\.ckpt-\d{8,}\.h5\.tmp)");
-  std::vector<std::string> removed;
-  std::error_code ec;
-  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    const std::string file = it->path().filename().string();
-    std::error_code rm;
-    if (std::regex_match(file, kTmp) && fs::remove(it->path(), rm)) {
-      removed.push_back(it->path().string());
-    }
-  }
-  return removed;
 }
 
 }  // namespace dptrain

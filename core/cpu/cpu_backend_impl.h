@@ -1,0 +1,183 @@
+// SPDX-License-Identifier: Apache-2.0
+// The CPU backend's internals, private to core/cpu/ (scripts/check-floors.sh): the oneDNN error
+// macro, the staging of operands between the caller's layouts and a primitive's own, the plan
+// types and their cache keys, and CpuBackend::Impl (engine, stream, plan caches, scratchpad). The
+// backend's member functions live in one .cc per op family; this header is what they share.
+#pragma once
+
+#include <cstdint>
+#include <dnnl.hpp>
+#include <initializer_list>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <tuple>
+
+#include "core/cpu/cpu_backend.h"
+#include "core/error.h"
+
+namespace dptrain::cpu {
+
+using dnnl::memory;
+using Dt = memory::data_type;
+using Tag = memory::format_tag;
+
+// oneDNN reports failures with dnnl::error; rethrow at the backend edge as DnnlError.
+#define DPT_DNNL(expr)                                                    \
+  [&]() {                                                                 \
+    try {                                                                 \
+      return expr;                                                        \
+    } catch (const dnnl::error& e) {                                      \
+      DPT_THROW(::dptrain::DnnlError)                                     \
+          << #expr << ": " << e.what() << " (status " << e.status << ")"; \
+    }                                                                     \
+  }()
+
+constexpr int64_t kParallelMin = 1 << 14;  // below this an OpenMP region costs more than it saves
+
+// The argument checks of the ops.
+inline void CheckF32(const Tensor& t, const char* what) {
+  DPT_CHECK(t.defined() && t.dtype() == DType::kF32 && t.device() == Device::kCpu)
+      << what << ": expected a cpu f32 tensor";
+}
+inline void CheckSame(const Tensor& a, const Tensor& b, const char* what) {
+  DPT_CHECK(a.numel() == b.numel())
+      << what << ": " << a.shape().ToString() << " vs " << b.shape().ToString();
+}
+
+// oneDNN primitive attributes with a user-managed scratchpad (execution allocates nothing).
+dnnl::primitive_attr MakeAttr();
+
+// A tensor in the caller's layout (f32, NCHW / OIHW / NC) seen by a primitive that wants its own
+// layout (blocked formats such as nChw16c, and bf16 for bf16 precision): the primitive's memory
+// is either the caller's tensor itself (same descriptor) or a staging buffer filled / drained by
+// a reorder. Staging buffers belong to the plan; plans run one call at a time.
+//
+// fp16 precision (oneDNN has no fp16 kernels for this CPU) is computed as the CUDA backend's
+// fp16 mode computes it: operands rounded to fp16, products accumulated in f32, results rounded
+// to fp16 (a gradient beyond 65504 becomes infinity, which fp16 loss scaling detects). `half`
+// marks such a tensor: inputs are rounded into `rounded` first, outputs are rounded in place.
+struct Staged {
+  memory::desc user, inner;
+  bool same = true;
+  bool half = false;
+  Tensor buf, rounded;
+  dnnl::reorder to_inner, to_user;
+
+  void Init(CpuBackend& be, const dnnl::engine& eng, const memory::desc& user_md,
+            const memory::desc& inner_md, const std::string& label, bool round_half = false,
+            bool is_input = false);
+  // The primitive's input memory holding t's values (rounded to fp16 when `half`).
+  memory In(const dnnl::engine& eng, dnnl::stream& st, const Tensor& t) const;
+  // The primitive's output memory for t; call Out() after the primitive ran.
+  memory OutMem(const dnnl::engine& eng, const Tensor& t) const;
+  void Out(const dnnl::engine& eng, dnnl::stream& st, const Tensor& t) const;
+};
+
+// The bytes a plan holds in staging buffers and other tensors (OpPlan::held_bytes).
+size_t HeldBytes(std::initializer_list<const Staged*> staged,
+                 std::initializer_list<const Tensor*> tensors);
+
+inline Dt ComputeType(Precision p) { return p == Precision::kBF16 ? Dt::bf16 : Dt::f32; }
+
+// Conv2d and linear run the same three primitives on the same staged operands: forward
+// (x, w -> y), backward data (dy, w -> dx) and backward weights (x, dy -> dw and db).
+struct WeightedPlan : OpPlan {
+  bool bias = false;
+  memory::desc b_md, fwd_scratch, data_scratch, weights_scratch;
+  dnnl::primitive fwd, bwd_data, bwd_w;
+  // forward: x, w in; y out. backward data: dy, w in; dx out. backward weights: x, dy in; dw out.
+  Staged f_x, f_w, f_y, d_dy, d_w, d_dx, w_x, w_dy, w_dw;
+  Tensor acc_w, acc_b;  // accumulate = true computes here first, then adds
+};
+
+struct ConvPlan final : WeightedPlan {
+  Conv2dDesc d;
+};
+
+struct LinearPlan final : WeightedPlan {
+  LinearDesc d;
+};
+
+struct PoolPlan final : OpPlan {
+  PoolDesc d;
+  memory::desc x_md, y_md;
+  dnnl::pooling_forward::primitive_desc train_pd, infer_pd;
+  dnnl::pooling_backward::primitive_desc bwd_pd;
+  dnnl::pooling_forward train, infer;
+  dnnl::pooling_backward bwd;
+};
+
+// Plan-cache keys: every field of the descriptor that changes the primitives.
+inline auto ConvKey(const Conv2dDesc& d) {
+  return std::make_tuple(d.n, d.c, d.h, d.w, d.k, d.r, d.s, d.stride, d.pad, d.bias,
+                         static_cast<int>(d.precision));
+}
+inline auto LinearKey(const LinearDesc& d) {
+  return std::make_tuple(d.n, d.in, d.out, d.bias, static_cast<int>(d.precision));
+}
+inline auto PoolKey(const PoolDesc& d) {
+  return std::make_tuple(static_cast<int>(d.kind), d.n, d.c, d.h, d.w, d.kernel, d.stride, d.pad);
+}
+
+struct CpuBackend::Impl {
+  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
+  dnnl::stream stream{engine};
+  std::mutex mu;  // guards the caches (Prepare may be called from several threads in tests)
+  std::map<decltype(ConvKey({})), std::shared_ptr<ConvPlan>> conv;
+  std::map<decltype(LinearKey({})), std::shared_ptr<LinearPlan>> linear;
+  std::map<decltype(PoolKey({})), std::shared_ptr<PoolPlan>> pool;
+  // One scratchpad shared by all primitives (they run one at a time on one stream).
+  Tensor scratchpad;
+
+  void Reserve(CpuBackend& be, const memory::desc& md);
+  memory Mem(const memory::desc& md, const Tensor& t) const { return memory(md, engine, t.raw()); }
+  memory Scratch(const memory::desc& md) const {
+    return memory(md, engine, scratchpad.defined() ? scratchpad.raw() : nullptr);
+  }
+
+  // Completes a conv2d / linear plan from its three primitive descriptors: the primitives, the
+  // staging between the caller's f32 layouts (x_user, w_user, y_user) and the primitives' own,
+  // the scratchpad, the weight-gradient accumulators. `op` names the buffers ("conv2d").
+  template <class FwdPd, class DataPd, class WeightsPd>
+  void Finish(CpuBackend& be, WeightedPlan* p, const std::string& op, bool half, const FwdPd& fwd,
+              const DataPd& data, const WeightsPd& weights, const memory::desc& x_user,
+              const memory::desc& w_user, const memory::desc& y_user, const Shape& w_shape) {
+    p->fwd = dnnl::primitive(fwd);
+    p->bwd_data = dnnl::primitive(data);
+    p->bwd_w = dnnl::primitive(weights);
+    p->fwd_scratch = fwd.scratchpad_desc();
+    p->data_scratch = data.scratchpad_desc();
+    p->weights_scratch = weights.scratchpad_desc();
+    const bool in = true;
+    p->f_x.Init(be, engine, x_user, fwd.src_desc(), op + " staged input", half, in);
+    p->f_w.Init(be, engine, w_user, fwd.weights_desc(), op + " staged weight", half, in);
+    p->f_y.Init(be, engine, y_user, fwd.dst_desc(), op + " staged output", half);
+    p->d_dy.Init(be, engine, y_user, data.diff_dst_desc(), op + " staged dy", half, in);
+    p->d_w.Init(be, engine, w_user, data.weights_desc(), op + " staged weight", half, in);
+    p->d_dx.Init(be, engine, x_user, data.diff_src_desc(), op + " staged dx", half);
+    p->w_x.Init(be, engine, x_user, weights.src_desc(), op + " staged input", half, in);
+    p->w_dy.Init(be, engine, y_user, weights.diff_dst_desc(), op + " staged dy", half, in);
+    p->w_dw.Init(be, engine, w_user, weights.diff_weights_desc(), op + " staged dw", half);
+    Reserve(be, p->fwd_scratch);
+    Reserve(be, p->data_scratch);
+    Reserve(be, p->weights_scratch);
+    p->acc_w = be.Empty(w_shape, DType::kF32, op + " weight-grad accumulator");
+    if (p->bias) p->acc_b = be.Empty(Shape{w_shape[0]}, DType::kF32, op + " bias-grad accumulator");
+    p->held_bytes = HeldBytes(
+        {&p->f_x, &p->f_w, &p->f_y, &p->d_dy, &p->d_w, &p->d_dx, &p->w_x, &p->w_dy, &p->w_dw},
+        {&p->acc_w, &p->acc_b});
+  }
+
+  void Forward(const WeightedPlan& p, const Tensor& x, const Tensor& w, const Tensor* b, Tensor* y);
+  void BackwardData(const WeightedPlan& p, const Tensor& dy, const Tensor& w, Tensor* dx);
+  void BackwardWeights(const WeightedPlan& p, const Tensor& x, const Tensor& dy, Tensor* dw,
+                       Tensor* db, bool accumulate);
+};
+
+// True when `p` can run here: fp32 and emulated fp16 always, bf16 when oneDNN has bf16 kernels
+// for this CPU (probed once).
+bool PrecisionOk(Precision p);
+
+}  // namespace dptrain::cpu

@@ -1,0 +1,76 @@
+// SPDX-License-Identifier: Apache-2.0
+// CPU backend: conv2d on oneDNN convolution primitives (forward, backward data, backward
+// weights), planned once per shape and precision and cached.
+#include <dnnl.hpp>
+#include <memory>
+#include <mutex>
+
+#include "core/cpu/cpu_backend.h"
+#include "core/cpu/cpu_backend_impl.h"
+#include "core/error.h"
+
+namespace dptrain::cpu {
+
+std::shared_ptr<OpPlan> CpuBackend::PrepareConv2d(const Conv2dDesc& d) {
+  if (!Supports(d)) DPT_THROW(UnsupportedError) << "cpu: conv2d " << d.ToString();
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  auto& slot = impl_->conv[ConvKey(d)];
+  if (slot) return slot;
+  auto p = std::make_shared<ConvPlan>();
+  p->d = d;
+  p->bias = d.bias;
+  const auto& eng = impl_->engine;
+  const memory::dims strides{d.stride, d.stride}, pad{d.pad, d.pad};
+  const memory::dims xs{d.n, d.c, d.h, d.w}, ws{d.k, d.c, d.r, d.s},
+      ys{d.n, d.k, d.out_h(), d.out_w()};
+  const memory::desc x_user(xs, Dt::f32, Tag::nchw), w_user(ws, Dt::f32, Tag::oihw),
+      y_user(ys, Dt::f32, Tag::nchw);
+  // Let oneDNN pick its fastest (blocked) layouts; we reorder at the edges. bf16 runs the
+  // convolution on bf16 data with f32 accumulation and f32 weight gradients.
+  const Dt ct = ComputeType(d.precision);
+  const memory::desc x_any(xs, ct, Tag::any), w_any(ws, ct, Tag::any), y_any(ys, ct, Tag::any),
+      dw_any(ws, Dt::f32, Tag::any);
+  p->b_md = d.bias ? memory::desc({d.k}, Dt::f32, Tag::x) : memory::desc();
+  const auto attr = MakeAttr();
+  const auto alg = dnnl::algorithm::convolution_direct;
+  const auto fwd = DPT_DNNL(dnnl::convolution_forward::primitive_desc(
+      dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, alg, x_any, w_any, p->b_md,
+                                      y_any, strides, pad, pad),
+      attr, eng));
+  const auto data = DPT_DNNL(dnnl::convolution_backward_data::primitive_desc(
+      dnnl::convolution_backward_data::desc(alg, x_any, w_any, y_any, strides, pad, pad), attr, eng,
+      fwd));
+  const auto weights = DPT_DNNL(dnnl::convolution_backward_weights::primitive_desc(
+      dnnl::convolution_backward_weights::desc(alg, x_any, dw_any, p->b_md, y_any, strides, pad,
+                                               pad),
+      attr, eng, fwd));
+  impl_->Finish(*this, p.get(), "conv2d", d.precision == Precision::kF16, fwd, data, weights,
+                x_user, w_user, y_user, Shape{d.k, d.c, d.r, d.s});
+  slot = p;
+  return p;
+}
+
+void CpuBackend::Conv2dForward(const OpPlan& plan, const Tensor& x, const Tensor& w,
+                               const Tensor* b, Tensor* y) {
+  OpScope scope(this, "conv2d_fwd");
+  const auto& p = static_cast<const ConvPlan&>(plan);
+  CheckF32(x, "conv2d x");
+  DPT_CHECK(x.numel() == p.d.n * p.d.c * p.d.h * p.d.w)
+      << x.shape().ToString() << " for " << p.d.ToString();
+  DPT_CHECK(!p.d.bias || b != nullptr) << "conv2d with bias needs a bias tensor";
+  impl_->Forward(p, x, w, b, y);
+}
+
+void CpuBackend::Conv2dBackwardData(const OpPlan& plan, const Tensor& dy, const Tensor& w,
+                                    Tensor* dx) {
+  OpScope scope(this, "conv2d_bwd_data");
+  impl_->BackwardData(static_cast<const ConvPlan&>(plan), dy, w, dx);
+}
+
+void CpuBackend::Conv2dBackwardWeights(const OpPlan& plan, const Tensor& x, const Tensor& dy,
+                                       Tensor* dw, Tensor* db, bool accumulate) {
+  OpScope scope(this, "conv2d_bwd_weights");
+  impl_->BackwardWeights(static_cast<const ConvPlan&>(plan), x, dy, dw, db, accumulate);
+}
+
+}  // namespace dptrain::cpu

@@ -1,0 +1,196 @@
+// SPDX-License-Identifier: Apache-2.0
+// CPU backend: the per-channel and per-row reductions: batch norm (training, inference,
+// backward, statistics accumulated in double) and the losses (softmax cross-entropy, MSE).
+#include <cmath>
+#include <cstdint>
+
+#include "core/cpu/cpu_backend.h"
+#include "core/cpu/cpu_backend_impl.h"
+#include "core/elementwise.h"
+#include "core/error.h"
+
+namespace dptrain::cpu {
+
+// ---- batch norm --------------------------------------------------------------------------
+
+void CpuBackend::BatchNormForwardTraining(const BatchNormArgs& a, const Tensor& x,
+                                          const Tensor& gamma, const Tensor& beta,
+                                          Tensor* running_mean, Tensor* running_var, Tensor* y,
+                                          Tensor* save_mean, Tensor* save_invstd) {
+  OpScope scope(this, "batchnorm_fwd");
+  const BatchNormDims d = BatchNormShape(x.shape());
+  const float* in = x.data<float>();
+  float* out = y->data<float>();
+  const int64_t m = d.n * d.hw;
+#pragma omp parallel for if (m * d.c > kParallelMin)
+  for (int64_t c = 0; c < d.c; ++c) {
+    double sum = 0, sq = 0;
+    for (int64_t i = 0; i < d.n; ++i) {
+      const float* p = in + (i * d.c + c) * d.hw;
+      for (int64_t j = 0; j < d.hw; ++j) sum += p[j];
+    }
+    const double mean = sum / static_cast<double>(m);
+    for (int64_t i = 0; i < d.n; ++i) {
+      const float* p = in + (i * d.c + c) * d.hw;
+      for (int64_t j = 0; j < d.hw; ++j) sq += (p[j] - mean) * (p[j] - mean);
+    }
+    const double var = sq / static_cast<double>(m);
+    const double invstd = ew::BnInvStd(var, a.eps);
+    const ew::BnAffine affine =
+        ew::BnFold(gamma.data<float>()[c], beta.data<float>()[c], static_cast<float>(mean), invstd);
+    for (int64_t i = 0; i < d.n; ++i) {
+      const float* p = in + (i * d.c + c) * d.hw;
+      float* q = out + (i * d.c + c) * d.hw;
+      for (int64_t j = 0; j < d.hw; ++j) q[j] = ew::BnApply(p[j], affine);
+    }
+    save_mean->data<float>()[c] = static_cast<float>(mean);
+    save_invstd->data<float>()[c] = static_cast<float>(invstd);
+    float& rm = running_mean->data<float>()[c];
+    float& rv = running_var->data<float>()[c];
+    rm = ew::BnRunning(rm, mean, a.momentum);
+    rv = ew::BnRunning(rv, ew::BnUnbiasedVar(var, m), a.momentum);
+  }
+}
+
+void CpuBackend::BatchNormForwardInference(const BatchNormArgs& a, const Tensor& x,
+                                           const Tensor& gamma, const Tensor& beta,
+                                           const Tensor& running_mean, const Tensor& running_var,
+                                           Tensor* y) {
+  OpScope scope(this, "batchnorm_infer");
+  const BatchNormDims d = BatchNormShape(x.shape());
+  const float* in = x.data<float>();
+  float* out = y->data<float>();
+#pragma omp parallel for if (d.n * d.c * d.hw > kParallelMin)
+  for (int64_t c = 0; c < d.c; ++c) {
+    const double invstd = ew::BnInvStd(running_var.data<float>()[c], a.eps);
+    const ew::BnAffine affine = ew::BnFold(gamma.data<float>()[c], beta.data<float>()[c],
+                                           running_mean.data<float>()[c], invstd);
+    for (int64_t i = 0; i < d.n; ++i) {
+      const float* p = in + (i * d.c + c) * d.hw;
+      float* q = out + (i * d.c + c) * d.hw;
+      for (int64_t j = 0; j < d.hw; ++j) q[j] = ew::BnApply(p[j], affine);
+    }
+  }
+}
+
+void CpuBackend::BatchNormBackward(const Tensor& x, const Tensor& dy, const Tensor& gamma,
+                                   const Tensor& save_mean, const Tensor& save_invstd, Tensor* dx,
+                                   Tensor* dgamma, Tensor* dbeta, bool accumulate) {
+  OpScope scope(this, "batchnorm_bwd");
+  const BatchNormDims d = BatchNormShape(x.shape());
+  const float* in = x.data<float>();
+  const float* g = dy.data<float>();
+  float* out = dx->data<float>();
+  const double m = static_cast<double>(d.n * d.hw);
+#pragma omp parallel for if (d.n * d.c * d.hw > kParallelMin)
+  for (int64_t c = 0; c < d.c; ++c) {
+    const double mean = save_mean.data<float>()[c];
+    const double invstd = save_invstd.data<float>()[c];
+    double sum_dy = 0, sum_dy_xhat = 0;
+    for (int64_t i = 0; i < d.n; ++i) {
+      const int64_t off = (i * d.c + c) * d.hw;
+      for (int64_t j = 0; j < d.hw; ++j) {
+        sum_dy += g[off + j];
+        sum_dy_xhat += ew::BnDyXhat(g[off + j], in[off + j], mean, invstd);
+      }
+    }
+    const double k = ew::BnGradScale(gamma.data<float>()[c], invstd, m);
+    for (int64_t i = 0; i < d.n; ++i) {
+      const int64_t off = (i * d.c + c) * d.hw;
+      for (int64_t j = 0; j < d.hw; ++j) {
+        out[off + j] = ew::BnDx(g[off + j], in[off + j], mean, invstd, k, m, sum_dy, sum_dy_xhat);
+      }
+    }
+    float& dgc = dgamma->data<float>()[c];
+    float& dbc = dbeta->data<float>()[c];
+    dgc = ew::BnParamGrad(sum_dy_xhat, dgc, accumulate);
+    dbc = ew::BnParamGrad(sum_dy, dbc, accumulate);
+  }
+}
+
+// ---- losses ------------------------------------------------------------------------------
+
+void CpuBackend::SoftmaxCrossEntropy(const Tensor& logits, const Tensor& labels, Tensor* probs,
+                                     Tensor* loss_sum, Tensor* correct) {
+  OpScope scope(this, "softmax_xent");
+  DPT_CHECK(logits.shape().rank() == 2) << "logits " << logits.shape().ToString();
+  const int64_t n = logits.shape()[0], k = logits.shape()[1];
+  DPT_CHECK(labels.numel() == n && labels.dtype() == DType::kI32) << "labels for " << n;
+  const float* x = logits.data<float>();
+  const int32_t* y = labels.data<int32_t>();
+  float* pr = probs->data<float>();
+  double loss = 0;
+  int64_t hits = 0, bad = -1;
+#pragma omp parallel for reduction(+ : loss, hits) if (n * k > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) {
+    const float* row = x + i * k;
+    float mx = row[0];
+    int64_t arg = 0;
+    for (int64_t j = 1; j < k; ++j) {
+      if (row[j] > mx) {
+        mx = row[j];
+        arg = j;
+      }
+    }
+    double sum = 0;
+    for (int64_t j = 0; j < k; ++j) sum += std::exp(static_cast<double>(row[j] - mx));
+    const double inv = 1.0 / sum;
+    for (int64_t j = 0; j < k; ++j) {
+      pr[i * k + j] = static_cast<float>(std::exp(static_cast<double>(row[j] - mx)) * inv);
+    }
+    const int32_t t = y[i];
+    if (t < 0 || t >= k) {
+#pragma omp critical
+      bad = i;
+      continue;
+    }
+    loss += std::log(sum) - static_cast<double>(row[t] - mx);
+    hits += arg == t ? 1 : 0;
+  }
+  if (bad >= 0) {
+    DPT_THROW(DataError) << "label " << y[bad] << " of sample " << bad
+                         << " in the batch is outside [0, " << k << ")";
+  }
+  loss_sum->data<float>()[0] = static_cast<float>(loss);
+  if (correct != nullptr) correct->data<float>()[0] = static_cast<float>(hits);
+}
+
+void CpuBackend::SoftmaxCrossEntropyBackward(const Tensor& probs, const Tensor& labels, float scale,
+                                             Tensor* dlogits) {
+  OpScope scope(this, "softmax_xent_bwd");
+  const int64_t n = probs.shape()[0], k = probs.shape()[1];
+  const float* pr = probs.data<float>();
+  const int32_t* y = labels.data<int32_t>();
+  float* out = dlogits->data<float>();
+#pragma omp parallel for if (n * k > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t j = 0; j < k; ++j) {
+      out[i * k + j] = ew::SoftmaxXentGrad(pr[i * k + j], j == y[i], scale);
+    }
+  }
+}
+
+void CpuBackend::MseLoss(const Tensor& y, const Tensor& t, Tensor* loss_sum) {
+  OpScope scope(this, "mse");
+  CheckSame(y, t, "mse");
+  const float* a = y.data<float>();
+  const float* b = t.data<float>();
+  const int64_t n = y.numel();
+  double sum = 0;
+#pragma omp parallel for reduction(+ : sum) if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) sum += ew::SquaredError(a[i], b[i]);
+  loss_sum->data<float>()[0] = static_cast<float>(sum);
+}
+
+void CpuBackend::MseBackward(const Tensor& y, const Tensor& t, float scale, Tensor* dy) {
+  OpScope scope(this, "mse_bwd");
+  CheckSame(y, t, "mse backward");
+  const float* a = y.data<float>();
+  const float* b = t.data<float>();
+  float* out = dy->data<float>();
+  const int64_t n = y.numel();
+#pragma omp parallel for simd if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) out[i] = ew::MseGrad(a[i], b[i], scale);
+}
+
+}  // namespace dptrain::cpu

@@ -1,0 +1,167 @@
+// SPDX-License-Identifier: Apache-2.0
+// The CPU backend's oneDNN plumbing shared by conv2d and linear: staging operands between the
+// caller's f32 layouts and a primitive's own (with fp16 emulation), the shared scratchpad, the
+// three primitives' execution, and the bf16 support probe.
+#include <algorithm>
+#include <cstdint>
+#include <dnnl.hpp>
+#include <unordered_map>
+
+#include "core/cpu/cpu_backend_impl.h"
+#include "core/elementwise.h"
+#include "core/error.h"
+
+namespace dptrain::cpu {
+namespace {
+
+// Rounds n floats to the nearest fp16 values (ew::RoundToHalf), from x into y (may alias).
+void RoundToHalf(const float* x, float* y, int64_t n) {
+#pragma omp parallel for simd if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) y[i] = ew::RoundToHalf(x[i]);
+}
+
+// y[i] += x[i]
+void AddInto(const float* x, float* y, int64_t n) {
+#pragma omp parallel for simd if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+}
+
+}  // namespace
+
+dnnl::primitive_attr MakeAttr() {
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  return attr;
+}
+
+void Staged::Init(CpuBackend& be, const dnnl::engine& eng, const memory::desc& user_md,
+                  const memory::desc& inner_md, const std::string& label, bool round_half,
+                  bool is_input) {
+  user = user_md;
+  inner = inner_md;
+  same = user_md == inner_md;
+  half = round_half;
+  if (half && is_input) {
+    rounded = be.Empty(Shape{static_cast<int64_t>(user_md.get_size() / sizeof(float))}, DType::kF32,
+                       label + " (fp16 values)");
+  }
+  if (same) return;
+  buf = be.Empty(Shape{static_cast<int64_t>(inner_md.get_size())}, DType::kU8, label);
+  to_inner = dnnl::reorder(memory(user_md, eng, nullptr), memory(inner_md, eng, nullptr));
+  to_user = dnnl::reorder(memory(inner_md, eng, nullptr), memory(user_md, eng, nullptr));
+}
+
+memory Staged::In(const dnnl::engine& eng, dnnl::stream& st, const Tensor& t) const {
+  void* src_ptr = t.raw();
+  if (half) {
+    RoundToHalf(t.data<float>(), rounded.data<float>(), rounded.numel());
+    src_ptr = rounded.raw();
+  }
+  if (same) return memory(user, eng, src_ptr);
+  memory src(user, eng, src_ptr);
+  memory in(inner, eng, buf.raw());
+  to_inner.execute(st, src, in);
+  return in;
+}
+
+memory Staged::OutMem(const dnnl::engine& eng, const Tensor& t) const {
+  return same ? memory(user, eng, t.raw()) : memory(inner, eng, buf.raw());
+}
+
+void Staged::Out(const dnnl::engine& eng, dnnl::stream& st, const Tensor& t) const {
+  if (!same) {
+    memory src(inner, eng, buf.raw());
+    memory dst(user, eng, t.raw());
+    to_user.execute(st, src, dst);
+  }
+  if (half) RoundToHalf(t.data<float>(), t.data<float>(), t.numel());
+}
+
+size_t HeldBytes(std::initializer_list<const Staged*> staged,
+                 std::initializer_list<const Tensor*> tensors) {
+  size_t n = 0;
+  for (const Staged* st : staged) {
+    n += st->buf.defined() ? st->buf.bytes() : 0;
+    n += st->rounded.defined() ? st->rounded.bytes() : 0;
+  }
+  for (const Tensor* t : tensors) n += t->defined() ? t->bytes() : 0;
+  return n;
+}
+
+void CpuBackend::Impl::Reserve(CpuBackend& be, const memory::desc& md) {
+  const size_t need = md.get_size();
+  if (!scratchpad.defined() || scratchpad.bytes() < need) {
+    scratchpad = be.Empty(Shape{static_cast<int64_t>(std::max<size_t>(need, 1))}, DType::kU8,
+                          "onednn scratchpad");
+  }
+}
+
+void CpuBackend::Impl::Forward(const WeightedPlan& p, const Tensor& x, const Tensor& w,
+                               const Tensor* b, Tensor* y) {
+  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, p.f_x.In(engine, stream, x)},
+                                       {DNNL_ARG_WEIGHTS, p.f_w.In(engine, stream, w)},
+                                       {DNNL_ARG_DST, p.f_y.OutMem(engine, *y)},
+                                       {DNNL_ARG_SCRATCHPAD, Scratch(p.fwd_scratch)}};
+  if (p.bias) args.emplace(DNNL_ARG_BIAS, Mem(p.b_md, *b));
+  DPT_DNNL(p.fwd.execute(stream, args));
+  p.f_y.Out(engine, stream, *y);
+}
+
+void CpuBackend::Impl::BackwardData(const WeightedPlan& p, const Tensor& dy, const Tensor& w,
+                                    Tensor* dx) {
+  DPT_DNNL(p.bwd_data.execute(stream, {{DNNL_ARG_DIFF_DST, p.d_dy.In(engine, stream, dy)},
+                                       {DNNL_ARG_WEIGHTS, p.d_w.In(engine, stream, w)},
+                                       {DNNL_ARG_DIFF_SRC, p.d_dx.OutMem(engine, *dx)},
+                                       {DNNL_ARG_SCRATCHPAD, Scratch(p.data_scratch)}}));
+  p.d_dx.Out(engine, stream, *dx);
+}
+
+void CpuBackend::Impl::BackwardWeights(const WeightedPlan& p, const Tensor& x, const Tensor& dy,
+                                       Tensor* dw, Tensor* db, bool accumulate) {
+  Tensor w_out = accumulate ? p.acc_w : *dw;
+  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, p.w_x.In(engine, stream, x)},
+                                       {DNNL_ARG_DIFF_DST, p.w_dy.In(engine, stream, dy)},
+                                       {DNNL_ARG_DIFF_WEIGHTS, p.w_dw.OutMem(engine, w_out)},
+                                       {DNNL_ARG_SCRATCHPAD, Scratch(p.weights_scratch)}};
+  if (p.bias) args.emplace(DNNL_ARG_DIFF_BIAS, Mem(p.b_md, accumulate ? p.acc_b : *db));
+  DPT_DNNL(p.bwd_w.execute(stream, args));
+  p.w_dw.Out(engine, stream, w_out);
+  if (accumulate) {
+    AddInto(p.acc_w.data<float>(), dw->data<float>(), dw->numel());
+    if (p.bias) AddInto(p.acc_b.data<float>(), db->data<float>(), db->numel());
+  }
+}
+
+namespace {
+// oneDNN runs bf16 convolutions and inner products only on CPUs with AVX-512 (avx512_core and
+// newer); elsewhere creating the primitive fails with "unimplemented". Probe once with the
+// smallest shapes instead of guessing from ISA names.
+bool OneDnnHasBf16() {
+  static const bool ok = [] {
+    try {
+      const dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+      const memory::desc x({1, 1, 1, 1}, Dt::bf16, Tag::any), w({1, 1, 1, 1}, Dt::bf16, Tag::any),
+          y({1, 1, 1, 1}, Dt::bf16, Tag::any);
+      const auto conv = dnnl::convolution_forward::primitive_desc(
+          dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training,
+                                          dnnl::algorithm::convolution_direct, x, w, y, {1, 1},
+                                          {0, 0}, {0, 0}),
+          eng);
+      const memory::desc xi({1, 1}, Dt::bf16, Tag::any), wi({1, 1}, Dt::bf16, Tag::any),
+          yi({1, 1}, Dt::bf16, Tag::any);
+      const auto ip = dnnl::inner_product_forward::primitive_desc(
+          dnnl::inner_product_forward::desc(dnnl::prop_kind::forward_training, xi, wi, yi), eng);
+      (void)conv;
+      (void)ip;
+      return true;
+    } catch (const dnnl::error&) {
+      return false;
+    }
+  }();
+  return ok;
+}
+}  // namespace
+
+bool PrecisionOk(Precision p) { return p != Precision::kBF16 || OneDnnHasBf16(); }
+
+}  // namespace dptrain::cpu

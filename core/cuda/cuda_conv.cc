@@ -1,0 +1,174 @@
+// SPDX-License-Identifier: Apache-2.0
+// CUDA backend: conv2d on cuDNN's descriptor ("legacy") API, planned once per shape and
+// precision (descriptors, algorithms, workspace, 16-bit staging) and cached; bias add and bias
+// gradient on cuDNN too. The algorithm search is in cuda_conv_algo.cc.
+#include <cudnn.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <tuple>
+
+#include "core/cuda/cuda_backend_impl.h"
+#include "core/cuda/cuda_check.h"
+#include "core/cuda/cuda_conv_impl.h"
+#include "core/cuda/kernels.h"
+#include "core/error.h"
+
+namespace dptrain::cuda {
+
+std::shared_ptr<OpPlan> CudaBackend::PrepareConv2d(const Conv2dDesc& d) {
+  if (!Supports(d)) DPT_THROW(UnsupportedError) << "cuda: conv2d " << d.ToString();
+  std::lock_guard<std::mutex> lock(mu_);
+  auto& slot = conv_plans_[std::make_tuple(d.n, d.c, d.h, d.w, d.k, d.r, d.s, d.stride, d.pad,
+                                           d.bias, static_cast<int>(d.precision))];
+  if (slot) return slot;
+  MakeCurrent();
+  auto p = std::make_shared<ConvPlan>();
+  p->d = d;
+  p->half = IsHalf(d.precision);
+  p->kind = HalfKind(d.precision);
+  const cudnnDataType_t dt = !p->half                          ? CUDNN_DATA_FLOAT
+                             : d.precision == Precision::kBF16 ? CUDNN_DATA_BFLOAT16
+                                                               : CUDNN_DATA_HALF;
+  const int64_t P = d.out_h(), Q = d.out_w();
+  p->x.Set(dt, d.n, d.c, d.h, d.w);
+  p->y.Set(dt, d.n, d.k, P, Q);
+  p->y32.Set(CUDNN_DATA_FLOAT, d.n, d.k, P, Q);
+  p->b32.Set(CUDNN_DATA_FLOAT, 1, d.k, 1, 1);
+  DPT_CUDNN_CHECK(cudnnSetFilter4dDescriptor(p->w.d, dt, CUDNN_TENSOR_NCHW, static_cast<int>(d.k),
+                                             static_cast<int>(d.c), static_cast<int>(d.r),
+                                             static_cast<int>(d.s)));
+  // Cross-correlation (no kernel flip), as PyTorch's Conv2d; f32 accumulation in every precision.
+  // fp32: FMA-only kernels (CUDNN_DEFAULT_MATH would allow TF32 on Ampere and newer).
+  const cudnnMathType_t math = p->half ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH;
+  for (ConvDesc* c : {&p->fwd, &p->bwd_data, &p->bwd_filter}) {
+    DPT_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(
+        c->d, static_cast<int>(d.pad), static_cast<int>(d.pad), static_cast<int>(d.stride),
+        static_cast<int>(d.stride), 1, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+    DPT_CUDNN_CHECK(cudnnSetConvolutionMathType(c->d, math));
+  }
+  int on = 0, oc = 0, oh = 0, ow = 0;
+  DPT_CUDNN_CHECK(
+      cudnnGetConvolution2dForwardOutputDim(p->fwd.d, p->x.d, p->w.d, &on, &oc, &oh, &ow));
+  DPT_CHECK(on == d.n && oc == d.k && oh == P && ow == Q)
+      << "cuDNN computes output (" << on << "," << oc << "," << oh << "," << ow << ") for "
+      << d.ToString();
+
+  // Algorithms: cuDNN's heuristics, deterministic backward ones (cuda_conv_algo.cc).
+  const size_t cap = std::min<size_t>(size_t{1} << 30, identity_.memory_total / 8);
+  ChooseConvAlgorithms(cudnn_, p.get(), math, cap);
+  ReserveWorkspace(std::max({p->fwd_ws, p->data_ws, p->filter_ws}));
+  if (p->half) {
+    const DType ht = HalfDType(d.precision);
+    p->x16 = Empty(Shape{d.n * d.c * d.h * d.w}, ht, "conv2d 16-bit x/dx");
+    p->y16 = Empty(Shape{d.n * d.k * P * Q}, ht, "conv2d 16-bit y/dy");
+    p->w16 = Empty(Shape{d.k * d.c * d.r * d.s}, ht, "conv2d 16-bit w/dw");
+  }
+  slot = p;
+  return p;
+}
+
+void CudaBackend::Conv2dForward(const OpPlan& plan, const Tensor& x, const Tensor& w,
+                                const Tensor* b, Tensor* y) {
+  OpScope scope(this, "conv2d_fwd");
+  const auto& p = static_cast<const ConvPlan&>(plan);
+  const Conv2dDesc& d = p.d;
+  CheckF32(x, "conv2d x");
+  CheckF32(w, "conv2d w");
+  CheckF32(*y, "conv2d y");
+  CheckNumel(x, d.n * d.c * d.h * d.w, "conv2d x", d.ToString());
+  CheckNumel(w, d.k * d.c * d.r * d.s, "conv2d w", d.ToString());
+  CheckNumel(*y, d.n * d.k * d.out_h() * d.out_w(), "conv2d y", d.ToString());
+  DPT_CHECK(!d.bias || b != nullptr) << "conv2d with bias needs a bias tensor";
+  const float one = 1.f, zero = 0.f;
+  const void* xin = x.raw();
+  const void* win = w.raw();
+  void* yout = y->raw();
+  if (p.half) {
+    kernels::F32ToHalf(p.kind, x.data<float>(), p.x16.raw(), x.numel(), stream_);
+    kernels::F32ToHalf(p.kind, w.data<float>(), p.w16.raw(), w.numel(), stream_);
+    xin = p.x16.raw();
+    win = p.w16.raw();
+    yout = p.y16.raw();
+  }
+  DPT_CUDNN_CHECK(cudnnConvolutionForward(cudnn_, &one, p.x.d, xin, p.w.d, win, p.fwd.d, p.fwd_algo,
+                                          Workspace(), p.fwd_ws, &zero, p.y.d, yout));
+  if (p.half) kernels::HalfToF32(p.kind, p.y16.raw(), y->data<float>(), y->numel(), false, stream_);
+  if (d.bias) {
+    CheckF32(*b, "conv2d b");
+    CheckNumel(*b, d.k, "conv2d b", d.ToString());
+    DPT_CUDNN_CHECK(cudnnAddTensor(cudnn_, &one, p.b32.d, b->raw(), &one, p.y32.d, y->raw()));
+  }
+}
+
+void CudaBackend::Conv2dBackwardData(const OpPlan& plan, const Tensor& dy, const Tensor& w,
+                                     Tensor* dx) {
+  OpScope scope(this, "conv2d_bwd_data");
+  const auto& p = static_cast<const ConvPlan&>(plan);
+  const Conv2dDesc& d = p.d;
+  CheckF32(dy, "conv2d dy");
+  CheckF32(w, "conv2d w");
+  CheckF32(*dx, "conv2d dx");
+  CheckNumel(dy, d.n * d.k * d.out_h() * d.out_w(), "conv2d dy", d.ToString());
+  CheckNumel(*dx, d.n * d.c * d.h * d.w, "conv2d dx", d.ToString());
+  const float one = 1.f, zero = 0.f;
+  const void* dyin = dy.raw();
+  const void* win = w.raw();
+  void* dxout = dx->raw();
+  if (p.half) {
+    kernels::F32ToHalf(p.kind, dy.data<float>(), p.y16.raw(), dy.numel(), stream_);
+    kernels::F32ToHalf(p.kind, w.data<float>(), p.w16.raw(), w.numel(), stream_);
+    dyin = p.y16.raw();
+    win = p.w16.raw();
+    dxout = p.x16.raw();
+  }
+  DPT_CUDNN_CHECK(cudnnConvolutionBackwardData(cudnn_, &one, p.w.d, win, p.y.d, dyin, p.bwd_data.d,
+                                               p.data_algo, Workspace(), p.data_ws, &zero, p.x.d,
+                                               dxout));
+  if (p.half)
+    kernels::HalfToF32(p.kind, p.x16.raw(), dx->data<float>(), dx->numel(), false, stream_);
+}
+
+void CudaBackend::Conv2dBackwardWeights(const OpPlan& plan, const Tensor& x, const Tensor& dy,
+                                        Tensor* dw, Tensor* db, bool accumulate) {
+  OpScope scope(this, "conv2d_bwd_weights");
+  const auto& p = static_cast<const ConvPlan&>(plan);
+  const Conv2dDesc& d = p.d;
+  CheckF32(x, "conv2d x");
+  CheckF32(dy, "conv2d dy");
+  CheckF32(*dw, "conv2d dw");
+  CheckNumel(x, d.n * d.c * d.h * d.w, "conv2d x", d.ToString());
+  CheckNumel(dy, d.n * d.k * d.out_h() * d.out_w(), "conv2d dy", d.ToString());
+  CheckNumel(*dw, d.k * d.c * d.r * d.s, "conv2d dw", d.ToString());
+  const float one = 1.f, zero = 0.f;
+  const void* xin = x.raw();
+  const void* dyin = dy.raw();
+  void* dwout = dw->raw();
+  // beta = 1 adds into the existing gradient (accumulation); 16-bit results are added when
+  // widened instead, so cuDNN never reads the 16-bit staging buffer.
+  const float* beta = accumulate && !p.half ? &one : &zero;
+  if (p.half) {
+    kernels::F32ToHalf(p.kind, x.data<float>(), p.x16.raw(), x.numel(), stream_);
+    kernels::F32ToHalf(p.kind, dy.data<float>(), p.y16.raw(), dy.numel(), stream_);
+    xin = p.x16.raw();
+    dyin = p.y16.raw();
+    dwout = p.w16.raw();
+  }
+  DPT_CUDNN_CHECK(cudnnConvolutionBackwardFilter(cudnn_, &one, p.x.d, xin, p.y.d, dyin,
+                                                 p.bwd_filter.d, p.filter_algo, Workspace(),
+                                                 p.filter_ws, beta, p.w.d, dwout));
+  if (p.half) {
+    kernels::HalfToF32(p.kind, p.w16.raw(), dw->data<float>(), dw->numel(), accumulate, stream_);
+  }
+  if (d.bias) {
+    DPT_CHECK(db != nullptr) << "conv2d with bias needs a bias gradient";
+    CheckF32(*db, "conv2d db");
+    CheckNumel(*db, d.k, "conv2d db", d.ToString());
+    DPT_CUDNN_CHECK(cudnnConvolutionBackwardBias(cudnn_, &one, p.y32.d, dy.raw(),
+                                                 accumulate ? &one : &zero, p.b32.d, db->raw()));
+  }
+}
+
+}  // namespace dptrain::cuda

@@ -1,0 +1,72 @@
+// SPDX-License-Identifier: Apache-2.0
+// The CUDA backend's conv2d plan: RAII cuDNN descriptors and ConvPlan, shared by cuda_conv.cc
+// (planning and running) and cuda_conv_algo.cc (the algorithm search). Private to core/cuda/.
+#pragma once
+
+#include <cudnn.h>
+
+#include <cstddef>
+
+#include "core/backend.h"
+#include "core/cuda/cuda_check.h"
+#include "core/cuda/kernels.h"
+
+namespace dptrain::cuda {
+
+// ---- cuDNN descriptors (RAII) -------------------------------------------------------------------
+
+struct TensorDesc {
+  cudnnTensorDescriptor_t d = nullptr;
+  TensorDesc() { DPT_CUDNN_CHECK(cudnnCreateTensorDescriptor(&d)); }
+  ~TensorDesc() { cudnnDestroyTensorDescriptor(d); }
+  TensorDesc(const TensorDesc&) = delete;
+  TensorDesc& operator=(const TensorDesc&) = delete;
+  void Set(cudnnDataType_t t, int64_t n, int64_t c, int64_t h, int64_t w) {
+    DPT_CUDNN_CHECK(cudnnSetTensor4dDescriptor(d, CUDNN_TENSOR_NCHW, t, static_cast<int>(n),
+                                               static_cast<int>(c), static_cast<int>(h),
+                                               static_cast<int>(w)));
+  }
+};
+
+struct FilterDesc {
+  cudnnFilterDescriptor_t d = nullptr;
+  FilterDesc() { DPT_CUDNN_CHECK(cudnnCreateFilterDescriptor(&d)); }
+  ~FilterDesc() { cudnnDestroyFilterDescriptor(d); }
+  FilterDesc(const FilterDesc&) = delete;
+  FilterDesc& operator=(const FilterDesc&) = delete;
+};
+
+struct ConvDesc {
+  cudnnConvolutionDescriptor_t d = nullptr;
+  ConvDesc() { DPT_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&d)); }
+  ~ConvDesc() { cudnnDestroyConvolutionDescriptor(d); }
+  ConvDesc(const ConvDesc&) = delete;
+  ConvDesc& operator=(const ConvDesc&) = delete;
+};
+
+struct ConvPlan final : OpPlan {
+  Conv2dDesc d;
+  bool half = false;
+  kernels::Half kind = kernels::Half::kBF16;
+  TensorDesc x, y;                     // in the compute data type
+  TensorDesc y32;                      // the f32 output, for the bias add and the bias gradient
+  TensorDesc b32;                      // (1, K, 1, 1) f32
+  FilterDesc w;                        // in the compute data type
+  ConvDesc fwd, bwd_data, bwd_filter;  // one per op: each carries its algorithm's math type
+  cudnnConvolutionFwdAlgo_t fwd_algo{};
+  cudnnConvolutionBwdDataAlgo_t data_algo{};
+  cudnnConvolutionBwdFilterAlgo_t filter_algo{};
+  size_t fwd_ws = 0, data_ws = 0, filter_ws = 0;
+  // bf16/fp16 staging, reused across the three ops (one stream: one op at a time):
+  // x16 holds x or dx, y16 holds y or dy, w16 holds w or dw.
+  Tensor x16, y16, w16;
+};
+
+// Chooses p's forward, backward-data and backward-filter algorithms with cuDNN's heuristics (no
+// benchmarking, so every rank picks the same ones; deterministic backward algorithms so reruns
+// and ranks agree bit for bit), sets each descriptor's math type to match (`math` for fp32) and
+// records each workspace size. `cap` bounds the workspace where an algorithm allows. Throws
+// UnsupportedError when cuDNN offers no usable algorithm for an op.
+void ChooseConvAlgorithms(cudnnHandle_t cudnn, ConvPlan* p, cudnnMathType_t math, size_t cap);
+
+}  // namespace dptrain::cuda

@@ -1,0 +1,161 @@
+// SPDX-License-Identifier: Apache-2.0
+// CUDA backend: batch norm (training, inference, backward) and the losses (softmax
+// cross-entropy with its label check, MSE), with per-channel / per-row results reduced in a
+// fixed order (deterministic).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+
+#include "core/cuda/cuda_backend_impl.h"
+#include "core/cuda/cuda_check.h"
+#include "core/cuda/kernels.h"
+#include "core/error.h"
+
+namespace dptrain::cuda {
+namespace {
+
+void CheckChannels(const Tensor& t, int64_t c, const char* what) {
+  CheckF32(t, what);
+  DPT_CHECK(t.numel() == c) << what << " " << t.shape().ToString() << " for " << c << " channels";
+}
+
+}  // namespace
+
+// ---- batch norm ---------------------------------------------------------------------------------
+
+void CudaBackend::BatchNormForwardTraining(const BatchNormArgs& a, const Tensor& x,
+                                           const Tensor& gamma, const Tensor& beta,
+                                           Tensor* running_mean, Tensor* running_var, Tensor* y,
+                                           Tensor* save_mean, Tensor* save_invstd) {
+  OpScope scope(this, "batchnorm_fwd");
+  CheckF32(x, "batch norm x");
+  CheckF32(*y, "batch norm y");
+  CheckSame(x, *y, "batch norm");
+  const BatchNormDims d = BatchNormShape(x.shape());
+  for (const Tensor* t :
+       {&gamma, &beta, static_cast<const Tensor*>(running_mean),
+        static_cast<const Tensor*>(running_var), static_cast<const Tensor*>(save_mean),
+        static_cast<const Tensor*>(save_invstd)}) {
+    CheckChannels(*t, d.c, "batch norm per-channel tensor");
+  }
+  kernels::BatchNormTraining(d.n, d.c, d.hw, a.momentum, a.eps, x.data<float>(),
+                             gamma.data<float>(), beta.data<float>(), running_mean->data<float>(),
+                             running_var->data<float>(), y->data<float>(), save_mean->data<float>(),
+                             save_invstd->data<float>(), stream_);
+}
+
+void CudaBackend::BatchNormForwardInference(const BatchNormArgs& a, const Tensor& x,
+                                            const Tensor& gamma, const Tensor& beta,
+                                            const Tensor& running_mean, const Tensor& running_var,
+                                            Tensor* y) {
+  OpScope scope(this, "batchnorm_infer");
+  CheckF32(x, "batch norm x");
+  CheckF32(*y, "batch norm y");
+  CheckSame(x, *y, "batch norm");
+  const BatchNormDims d = BatchNormShape(x.shape());
+  for (const Tensor* t : {&gamma, &beta, &running_mean, &running_var}) {
+    CheckChannels(*t, d.c, "batch norm per-channel tensor");
+  }
+  kernels::BatchNormInference(d.n, d.c, d.hw, a.eps, x.data<float>(), gamma.data<float>(),
+                              beta.data<float>(), running_mean.data<float>(),
+                              running_var.data<float>(), y->data<float>(), stream_);
+}
+
+void CudaBackend::BatchNormBackward(const Tensor& x, const Tensor& dy, const Tensor& gamma,
+                                    const Tensor& save_mean, const Tensor& save_invstd, Tensor* dx,
+                                    Tensor* dgamma, Tensor* dbeta, bool accumulate) {
+  OpScope scope(this, "batchnorm_bwd");
+  CheckF32(x, "batch norm x");
+  CheckF32(dy, "batch norm dy");
+  CheckF32(*dx, "batch norm dx");
+  CheckSame(x, dy, "batch norm backward");
+  CheckSame(x, *dx, "batch norm backward");
+  const BatchNormDims d = BatchNormShape(x.shape());
+  for (const Tensor* t : {&gamma, &save_mean, &save_invstd, static_cast<const Tensor*>(dgamma),
+                          static_cast<const Tensor*>(dbeta)}) {
+    CheckChannels(*t, d.c, "batch norm per-channel tensor");
+  }
+  kernels::BatchNormBackward(d.n, d.c, d.hw, x.data<float>(), dy.data<float>(), gamma.data<float>(),
+                             save_mean.data<float>(), save_invstd.data<float>(), dx->data<float>(),
+                             dgamma->data<float>(), dbeta->data<float>(), accumulate, stream_);
+}
+
+// ---- losses -------------------------------------------------------------------------------------
+
+void CudaBackend::SoftmaxCrossEntropy(const Tensor& logits, const Tensor& labels, Tensor* probs,
+                                      Tensor* loss_sum, Tensor* correct) {
+  OpScope scope(this, "softmax_xent");
+  CheckF32(logits, "softmax logits");
+  DPT_CHECK(logits.shape().rank() == 2) << "logits " << logits.shape().ToString();
+  const int64_t n = logits.shape()[0], k = logits.shape()[1];
+  CheckDev(labels, "softmax labels");
+  DPT_CHECK(labels.numel() == n && labels.dtype() == DType::kI32) << "labels for " << n;
+  DPT_CHECK(n < INT_MAX) << "batch of " << n << " rows";
+  CheckF32(*probs, "softmax probs");
+  CheckSame(logits, *probs, "softmax probs");
+  CheckF32(*loss_sum, "softmax loss_sum");
+  if (correct != nullptr) CheckF32(*correct, "softmax correct");
+  // Per-row results, summed in a fixed order by a second kernel (deterministic). Temporaries
+  // come from the caching allocator; stream order makes their reuse safe.
+  Tensor row_loss = Empty(Shape{std::max<int64_t>(n, 1) * 8}, DType::kU8, "softmax row losses");
+  Tensor row_hit = Empty(Shape{std::max<int64_t>(n, 1) * 4}, DType::kU8, "softmax row hits");
+  auto* bad_row = ScalarSlot<int32_t>(scalars_, kBadRowSlot);
+  constexpr int32_t kNoBadRow = 0x7f7f7f7f;  // the memset pattern below
+  DPT_CUDA_CHECK(cudaMemsetAsync(bad_row, 0x7f, sizeof(int32_t), stream_));
+  kernels::SoftmaxXent(n, k, logits.data<float>(), labels.data<int32_t>(), probs->data<float>(),
+                       row_loss.data<double>(), row_hit.data<int32_t>(), bad_row, stream_);
+  kernels::SumRows(n, row_loss.data<double>(), row_hit.data<int32_t>(), loss_sum->data<float>(),
+                   correct != nullptr ? correct->data<float>() : nullptr, stream_);
+  // A label outside [0, k) is a data error, as on the CPU; finding out costs one synchronisation
+  // (the caller reads the loss right after anyway).
+  int32_t bad = kNoBadRow;
+  DPT_CUDA_CHECK(cudaMemcpyAsync(&bad, bad_row, sizeof bad, cudaMemcpyDeviceToHost, stream_));
+  DPT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  if (bad != kNoBadRow) {
+    int32_t label = 0;
+    DPT_CUDA_CHECK(cudaMemcpyAsync(&label, labels.data<int32_t>() + bad, sizeof label,
+                                   cudaMemcpyDeviceToHost, stream_));
+    DPT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    DPT_THROW(DataError) << "label " << label << " of sample " << bad
+                         << " in the batch is outside [0, " << k << ")";
+  }
+}
+
+void CudaBackend::SoftmaxCrossEntropyBackward(const Tensor& probs, const Tensor& labels,
+                                              float scale, Tensor* dlogits) {
+  OpScope scope(this, "softmax_xent_bwd");
+  CheckF32(probs, "softmax probs");
+  DPT_CHECK(probs.shape().rank() == 2) << "probs " << probs.shape().ToString();
+  const int64_t n = probs.shape()[0], k = probs.shape()[1];
+  CheckDev(labels, "softmax labels");
+  DPT_CHECK(labels.numel() == n && labels.dtype() == DType::kI32) << "labels for " << n;
+  CheckF32(*dlogits, "softmax dlogits");
+  CheckSame(probs, *dlogits, "softmax backward");
+  kernels::SoftmaxXentBackward(n, k, probs.data<float>(), labels.data<int32_t>(), scale,
+                               dlogits->data<float>(), stream_);
+}
+
+void CudaBackend::MseLoss(const Tensor& y, const Tensor& t, Tensor* loss_sum) {
+  OpScope scope(this, "mse");
+  CheckF32(y, "mse y");
+  CheckF32(t, "mse t");
+  CheckF32(*loss_sum, "mse loss_sum");
+  CheckSame(y, t, "mse");
+  kernels::SquaredErrorSum(y.data<float>(), t.data<float>(), y.numel(), partials_.data<double>(),
+                           loss_sum->data<float>(), stream_);
+}
+
+void CudaBackend::MseBackward(const Tensor& y, const Tensor& t, float scale, Tensor* dy) {
+  OpScope scope(this, "mse_bwd");
+  CheckF32(y, "mse y");
+  CheckF32(t, "mse t");
+  CheckF32(*dy, "mse dy");
+  CheckSame(y, t, "mse backward");
+  CheckSame(y, *dy, "mse backward");
+  kernels::MseBackward(y.data<float>(), t.data<float>(), scale, dy->data<float>(), y.numel(),
+                       stream_);
+}
+
+}  // namespace dptrain::cuda
