@@ -137,14 +137,16 @@ int RunTrainOrEval(const RunArgs& args, int* argc, char*** argv) {
           << "dist.backend = \"nccl\" needs GPUs, but this run uses the CPU (dist.device = \""
           << ConfigName(cfg.dist.device) << "\" resolved to \"" << device << "\")";
     });
-    std::unique_ptr<Communicator> device_comm;
-    if (on_gpu) {
-      device_comm = CreateDeviceCommunicator(*backend, *comm, cfg.dist.collective_timeout_s);
-    }
+    // The guard aborts the device communicator when an exception unwinds past it, instead of
+    // finalizing it gracefully (which waits for every peer): the catch below must print the
+    // error and MPI_Abort at once, not after dist.collective_timeout_s.
+    DeviceCommunicatorGuard device_comm(
+        on_gpu ? CreateDeviceCommunicator(*backend, *comm, cfg.dist.collective_timeout_s)
+               : nullptr);
 
     TrainEnv tenv;
     tenv.control = comm.get();
-    tenv.comm = device_comm != nullptr ? device_comm.get() : comm.get();
+    tenv.comm = device_comm.get() != nullptr ? device_comm.get() : comm.get();
     tenv.backend = backend;
     tenv.local_rank = env.local_rank;
     tenv.local_size = env.local_size;
@@ -177,6 +179,8 @@ int RunTrainOrEval(const RunArgs& args, int* argc, char*** argv) {
     comm.reset();
     return e.exit_code();
   } catch (const Error& e) {
+    // Unwinding has already aborted (not finalized) the device communicators, so nothing waited
+    // for peers before this line: print first, then abort whatever is left and end every rank.
     PrintError(e.what());
     AbortDeviceCommunicators();
     MpiSession::Abort(e.exit_code());

@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <exception>
 #include <mutex>
 #include <set>
 #include <sstream>
@@ -137,6 +138,9 @@ class NcclCommunicator final : public Communicator {
   bool aborted_ = false;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t ready_ = nullptr;
+  // Exceptions in flight when this communicator was made: more at destruction means stack
+  // unwinding (see the destructor).
+  int uncaught_at_start_ = std::uncaught_exceptions();
 };
 
 class NcclHandle final : public CommHandle {
@@ -248,6 +252,13 @@ NcclCommunicator::~NcclCommunicator() {
   {
     std::lock_guard<std::mutex> lock(g_live_mu);
     Live().erase(this);
+  }
+  if (std::uncaught_exceptions() > uncaught_at_start_) {
+    // Destroyed by stack unwinding: an error is on its way to the launcher, usually on this rank
+    // only. ncclCommFinalize completes only when every rank is quiescent, and the peers are
+    // blocked in the next collective waiting for this rank, so a graceful end would hold the
+    // error (and its message) for dist.collective_timeout_s. ncclCommAbort waits for no peer.
+    Abort();
   }
   if (comm_ != nullptr && !aborted_) {
     // Let queued collectives finish (bounded), then finalize (flushes, waits for peers; bounded)
