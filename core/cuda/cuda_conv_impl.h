@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The CUDA backend's conv2d plan: RAII cuDNN descriptors and ConvPlan, shared by cuda_conv.cc
-// (planning and running) and cuda_conv_algo.cc (the algorithm search). Private to core/cuda/.
+// (planning and running) and cuda_conv_algo.cc (the algorithm search); private to core/cuda/
+// (scripts/check-floors.sh).
 #pragma once
 
 #include <cudnn.h>

@@ -1,4 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
+// The HDF5 edit engine of hdf5_edits.h: EditHdf5 (one fuzz-chosen edit after another: delete,
+// move, retype, reshape or poke objects and attributes) and FixCrc32Attributes. Over 400 lines on
+// purpose: one switch over the edit kinds and the helpers only it uses, which read together.
 #include "tests/fuzz/hdf5_edits.h"
 
 #include <hdf5.h>

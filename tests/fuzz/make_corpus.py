@@ -110,8 +110,8 @@ def hdf5_dataset():
         dataset_file(u8, lab, classes=np.array([3.5, 2.0]), libver="latest"))
     put("hdf5_dataset", "bad_truncated.h5", valid[: len(valid) * 2 // 3])
 
-    # Regression (tests/unit/hdf5_dataset_test.cc reads these too): shapes far larger than the
-    # file. HDF5 reads never-written storage as fill values, so a 2 KiB file can declare
+    # Regression (tests/unit/hdf5_dataset_errors_test.cc reads these too): shapes far larger than
+    # the file. HDF5 reads never-written storage as fill values, so a 2 KiB file can declare
     # terabytes; validation used to size its buffers by the declared shape.
     def sparse(f, img_shape, lab_shape, chunks=None, compression=None):
         f.create_dataset("images", shape=img_shape, dtype=np.uint8, chunks=chunks,

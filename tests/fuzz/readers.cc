@@ -1,4 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
+// The HDF5 fuzz targets' readers (readers.h): a dataset file opened in both cache modes and a few
+// samples read; a checkpoint file read, matched against a small model and described. A
+// dptrain::Error is the only accepted failure.
 #include "tests/fuzz/readers.h"
 
 #include <cstdint>

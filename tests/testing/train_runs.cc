@@ -1,4 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
+// Training runs for multi-rank tests (train_runs.h): a config run on the first `world` ranks
+// while the others wait, and the comparison of the parameters two runs end with.
 #include "tests/testing/train_runs.h"
 
 #include <algorithm>
