@@ -24,12 +24,26 @@ Trainer::EvalSums Trainer::RunTestSet() {
     UploadBatch(b, 0, b.n, test_teacher_targets_);
     const Tensor x = x_dev_.Batch(b.n);
     const Tensor y = y_dev_.Batch(b.n);
-    const Tensor& out = model_->Forward(x, ctx);
-    loss_->Forward(out, y);
+    // A batch smaller than the micro-batch (the shard's last) needs backend plans of its own,
+    // which may not fit beside the training step's: then the cached plans are dropped (they are
+    // rebuilt on demand, identically) and the batch runs again. Rank-local: no collective runs
+    // inside this loop, so no other rank is kept waiting.
+    const Tensor* out = nullptr;
+    for (int attempt = 0; out == nullptr; ++attempt) {
+      try {
+        out = &model_->Forward(x, ctx);
+        loss_->Forward(*out, y);
+      } catch (const OutOfMemory&) {
+        if (attempt > 0) throw;
+        out = nullptr;
+        be_.ReleasePlans();
+        be_.allocator().EmptyCache();
+      }
+    }
     float l = 0, c = 0;
     be_.CopyToHost(loss_->loss_sum(), &l);
     be_.CopyToHost(loss_->correct(), &c);
-    const int64_t outputs_per_sample = out.numel() / b.n;
+    const int64_t outputs_per_sample = out->numel() / b.n;
     sums[0] += regression_ ? l / static_cast<double>(outputs_per_sample) : l;
     sums[1] += c;
     sums[2] += static_cast<double>(b.n);

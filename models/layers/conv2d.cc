@@ -45,7 +45,12 @@ void Conv2d::ListParams(std::vector<ParamRef>* out) {
 }
 
 void Conv2d::PrepareFor(int64_t n) {
-  if (n == desc_.n) return;
+  if (plan_ != nullptr && n == desc_.n) return;
+  // The old plan goes first: once the backend's cache was released to make room (an evaluation
+  // batch that ran out of memory), this layer holds its last reference, and the new batch
+  // size's plan may only fit without it. After a throw the layer has no plan and prepares one
+  // on its next call.
+  plan_.reset();
   desc_.n = n;
   plan_ = backend_.PrepareConv2d(desc_);
 }

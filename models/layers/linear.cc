@@ -36,7 +36,8 @@ void Linear::ListParams(std::vector<ParamRef>* out) {
 
 const Tensor& Linear::Forward(const Tensor& x, const ForwardContext& /*ctx*/) {
   const int64_t n = x.shape()[0];
-  if (n != desc_.n) {
+  if (plan_ == nullptr || n != desc_.n) {
+    plan_.reset();  // as in Conv2d::PrepareFor: the old plan may have to go for the new to fit
     desc_.n = n;
     plan_ = backend_.PrepareLinear(desc_);
   }
