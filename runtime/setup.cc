@@ -98,7 +98,61 @@ void Trainer::SetupData() {
   loader_ = std::make_unique<TrainLoader>(*train_, *sampler_, loader_opts_);
 }
 
+int64_t Trainer::NextMicroBatch(int64_t tried) const {
+  for (int64_t d = tried / 2; d >= 1; --d) {
+    if (local_batch_ % d == 0) return d;
+  }
+  return 0;
+}
+
+void Trainer::ShrinkMicroBatchMidRun(const std::string& oom) {
+  const int64_t tried = micro_;
+  const int64_t next = NextMicroBatch(tried);
+  int64_t failed_rank = oom.empty() ? comm_.size() : comm_.rank();
+  control_.AllReduceHost(&failed_rank, 1, ReduceOp::kMin);
+  if (next == 0) {
+    detail::AgreeOnFailure(
+        control_,
+        oom + fmt::format("\nhint: memory.auto_microbatch cannot go below micro-batch {}: use "
+                          "train.precision = \"bf16\" or \"fp16\", or a smaller model",
+                          tried),
+        kExitOom, !oom.empty());
+  }
+  // The state the step started from, on the host: parameters, buffers (as they were before the
+  // failed micro-steps), the optimizer's slots and counters, the loss scale.
+  const auto host = [&](const Tensor& flat) {
+    std::vector<float> v(static_cast<size_t>(flat.numel()));
+    if (!v.empty()) be_.CopyToHost(flat, v.data());
+    return v;
+  };
+  const std::vector<float> params = host(model_->params());
+  const std::vector<float> buffers =
+      host(buffers_at_step_.defined() ? buffers_at_step_ : model_->buffers());
+  std::vector<std::vector<float>> slots;
+  for (const Tensor& slot : opt_->slots()) slots.push_back(host(slot));
+  const int64_t optimizer_steps = opt_->steps();
+  const LossScalerState scale = scaler_->state();
+  ReleaseModel();
+  micro_ = next;
+  accumulate_ = local_batch_ / micro_;
+  Say(fmt::format(
+      "memory.auto_microbatch: micro-batch {} ran out of memory on rank {} at step {}; going on "
+      "with {} x {} micro-steps per step (global batch {} unchanged, the step runs again)",
+      tried, failed_rank, step_, micro_, accumulate_, cfg_.train.global_batch));
+  SetupModelThatFits();
+  const auto restore = [&](const std::vector<float>& v, Tensor* flat) {
+    DPT_CHECK(static_cast<int64_t>(v.size()) == flat->numel());
+    if (!v.empty()) be_.CopyFromHost(v.data(), flat);
+  };
+  restore(params, &model_->params());
+  restore(buffers, &model_->buffers());
+  for (size_t k = 0; k < slots.size(); ++k) restore(slots[k], &opt_->slots()[k]);
+  opt_->set_steps(optimizer_steps);
+  scaler_->set_state(scale);
+}
+
 void Trainer::ReleaseModel() {
+  buffers_at_step_ = Tensor();
   reducer_.reset();
   opt_.reset();
   loss_.reset();
@@ -159,14 +213,7 @@ void Trainer::SetupModelThatFits() {
     control_.AllReduceHost(&failed_rank, 1, ReduceOp::kMin);
     if (failed_rank == comm_.size()) break;
     const int64_t tried = micro_;
-    // The next micro-batch: the largest divisor of the per-rank batch at most half this one.
-    int64_t next = 0;
-    for (int64_t d = tried / 2; d >= 1; --d) {
-      if (local_batch_ % d == 0) {
-        next = d;
-        break;
-      }
-    }
+    const int64_t next = NextMicroBatch(tried);
     if (!cfg_.memory.auto_microbatch || next == 0) {
       ReleaseModel();
       // Concrete advice: the micro-batch `dptrain plan` estimates to fit, as a divisor of the
@@ -262,6 +309,10 @@ void Trainer::SetupModel() {
   }
   scaler_ = std::make_unique<LossScaler>(cfg_.train.precision == Precision::kF16 ||
                                          env_.hooks.loss_scaling);
+  if (cfg_.memory.auto_microbatch && model_->buffers().numel() > 0) {
+    buffers_at_step_ = be_.Empty(model_->buffers().shape(), model_->buffers().dtype(),
+                                 "buffers at step start (memory.auto_microbatch)");
+  }
 }
 
 void Trainer::SetupRunDir() {

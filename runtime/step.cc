@@ -47,37 +47,13 @@ void Trainer::UploadBatch(const HostBatch& b, int64_t begin, int64_t n, bool tea
 
 void Trainer::TrainStep(const HostBatch& batch) {
   Watchdog::SetStep(step_);
-  for (int64_t m = 0; m < accumulate_; ++m) {
-    auto t0 = Clock::now();
-    UploadBatch(batch, m * micro_, micro_, train_teacher_targets_);
-    ForwardContext ctx;
-    ctx.training = true;
-    ctx.seed = static_cast<uint64_t>(cfg_.seed);
-    ctx.step = step_;
-    ctx.sample_offset = comm_.rank() * local_batch_ + m * micro_;
-    const Tensor x = x_dev_.Batch(micro_);
-    const Tensor y = y_dev_.Batch(micro_);
-    const Tensor& out = model_->Forward(x, ctx);
-    loss_->Forward(out, y);
-    float loss_sum = 0;
-    be_.CopyToHost(loss_->loss_sum(), &loss_sum);
-    const int64_t outputs_per_sample = out.numel() / micro_;  // regression: mean over outputs
-    win_loss_ += regression_ ? loss_sum / static_cast<double>(outputs_per_sample) : loss_sum;
-    const Tensor& dout = loss_->Backward(out, y, micro_, scaler_->scale());
-    fwd_s_ += Since(t0);
-    t0 = Clock::now();
-    const bool last = m == accumulate_ - 1;
-    if (last && reducer_) {
-      reducer_->Begin();
-      model_->Backward(dout, m > 0, [this](int64_t n) { reducer_->OnReady(n); });
-      bwd_s_ += Since(t0);
-      t0 = Clock::now();
-      reducer_->Finish();
-      comm_s_ += Since(t0);
-    } else {
-      model_->Backward(dout, m > 0);
-      bwd_s_ += Since(t0);
-    }
+  if (buffers_at_step_.defined()) be_.Copy(model_->buffers(), &buffers_at_step_);
+  const double loss_before = win_loss_;
+  std::string oom;
+  while (!RunMicroSteps(batch, &oom)) {
+    win_loss_ = loss_before;
+    ShrinkMicroBatchMidRun(oom);
+    oom.clear();
   }
   auto t0 = Clock::now();
   lr_ = LearningRate(sched_, step_);
@@ -114,6 +90,66 @@ void Trainer::TrainStep(const HostBatch& batch) {
   }
   win_samples_ += local_batch_;
   ++win_steps_;
+}
+
+bool Trainer::RunMicroSteps(const HostBatch& batch, std::string* oom) {
+  const bool recover = cfg_.memory.auto_microbatch;
+  for (int64_t m = 0; m < accumulate_; ++m) {
+    const bool last = m == accumulate_ - 1;
+    // Only the last backward communicates (with more than one rank); everything before it is
+    // local to this rank, so a rank that ran out of memory can skip to the agreement below.
+    const bool communicates = last && reducer_ != nullptr;
+    const Tensor* dout = nullptr;
+    auto t0 = Clock::now();
+    if (oom->empty()) {
+      try {
+        if (m == 0 && step_ == env_.hooks.oom_step && comm_.rank() == env_.hooks.oom_rank &&
+            !oom_hook_fired_) {
+          oom_hook_fired_ = true;
+          throw OutOfMemory(RankTag() + fmt::format("out of memory (test hook) at step {}", step_));
+        }
+        UploadBatch(batch, m * micro_, micro_, train_teacher_targets_);
+        ForwardContext ctx;
+        ctx.training = true;
+        ctx.seed = static_cast<uint64_t>(cfg_.seed);
+        ctx.step = step_;
+        ctx.sample_offset = comm_.rank() * local_batch_ + m * micro_;
+        const Tensor x = x_dev_.Batch(micro_);
+        const Tensor y = y_dev_.Batch(micro_);
+        const Tensor& out = model_->Forward(x, ctx);
+        loss_->Forward(out, y);
+        float loss_sum = 0;
+        be_.CopyToHost(loss_->loss_sum(), &loss_sum);
+        const int64_t outputs_per_sample = out.numel() / micro_;  // regression: mean over outputs
+        win_loss_ += regression_ ? loss_sum / static_cast<double>(outputs_per_sample) : loss_sum;
+        dout = &loss_->Backward(out, y, micro_, scaler_->scale());
+        fwd_s_ += Since(t0);
+        t0 = Clock::now();
+        if (!communicates) {
+          model_->Backward(*dout, m > 0);
+          bwd_s_ += Since(t0);
+        }
+      } catch (const OutOfMemory& e) {
+        if (!recover) throw;
+        *oom = e.what();
+      }
+    }
+    if (recover && last) {
+      int64_t failed = oom->empty() ? 0 : 1;
+      control_.AllReduceHost(&failed, 1, ReduceOp::kMax);
+      if (failed != 0) return false;
+    }
+    if (communicates) {
+      t0 = Clock::now();
+      reducer_->Begin();
+      model_->Backward(*dout, m > 0, [this](int64_t n) { reducer_->OnReady(n); });
+      bwd_s_ += Since(t0);
+      t0 = Clock::now();
+      reducer_->Finish();
+      comm_s_ += Since(t0);
+    }
+  }
+  return true;
 }
 
 bool Trainer::CheckGradients() {

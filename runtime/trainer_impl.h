@@ -82,9 +82,20 @@ class Trainer {
   void SetupModelThatFits();
   int64_t LargestMicroBatchThatFits(int64_t tried);
   void ReleaseModel();
+  // After RunMicroSteps failed on every rank: the next smaller micro-batch (agreed exit 4 when
+  // there is none), the model rebuilt for it with the parameters, buffers and optimizer state
+  // the step started from. The caller runs the same step again.
+  void ShrinkMicroBatchMidRun(const std::string& oom);
+  // The largest divisor of the per-rank batch at most half of `tried` (0: none).
+  int64_t NextMicroBatch(int64_t tried) const;
 
   // ---- step.cc ----
   void TrainStep(const HostBatch& batch);
+  // The step's micro-steps: forward, loss, backward; the last backward overlapped with the
+  // gradient reduction. With memory.auto_microbatch an out-of-memory before that reduction is
+  // agreed on by every rank (one small allreduce per step) and returns false with nothing
+  // communicated; `oom` holds this rank's report ("" when another rank failed).
+  bool RunMicroSteps(const HostBatch& batch, std::string* oom);
   // After the gradient allreduce: do the gradients hold a non-finite value on any rank (the
   // ranks agree)? With loss scaling that skips the step and lowers the scale; without, it stops
   // the run naming the first layer with a non-finite gradient. Returns true to apply the step.
@@ -154,6 +165,10 @@ class Trainer {
   double peak_min_ = 0, peak_mean_ = 0, peak_max_ = 0;  // bytes, over ranks (at the last log)
   ScheduleConfig sched_;
   Tensor x_dev_, y_dev_;
+  // memory.auto_microbatch: the model's buffers (batch-norm running statistics) as the step in
+  // progress found them, so a step that runs out of memory can run again unchanged.
+  Tensor buffers_at_step_;
+  bool oom_hook_fired_ = false;
   std::vector<float> targets_host_;
 
   int64_t step_ = 0;      // optimizer steps done

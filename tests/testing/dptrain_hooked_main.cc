@@ -5,6 +5,7 @@
 //   DPTRAIN_TEST_LOSS_SCALING=1                   dynamic loss scaling in fp32 too
 //   DPTRAIN_TEST_INF_GRAD=RANK:STEP               an infinite gradient on RANK before step STEP
 //   DPTRAIN_TEST_FLIP_PARAM=RANK:STEP             one parameter of RANK nudged after step STEP
+//   DPTRAIN_TEST_OOM=RANK:STEP                    an out-of-memory on RANK in step STEP (once)
 //   DPTRAIN_TEST_CHECKPOINT_PAUSE_S=SECONDS       the checkpoint writer pauses mid-file
 //   DPTRAIN_TEST_CHECKPOINT_PAUSE_STEP=STEP       ... only in the write of that step
 #include <cstdio>
@@ -33,6 +34,7 @@ int main(int argc, char** argv) {
   if (const char* v = std::getenv("DPTRAIN_TEST_LOSS_SCALING")) hooks.loss_scaling = v[0] == '1';
   RankStep("DPTRAIN_TEST_INF_GRAD", &hooks.inf_grad_rank, &hooks.inf_grad_step);
   RankStep("DPTRAIN_TEST_FLIP_PARAM", &hooks.flip_param_rank, &hooks.flip_param_step);
+  RankStep("DPTRAIN_TEST_OOM", &hooks.oom_rank, &hooks.oom_step);
   if (const char* v = std::getenv("DPTRAIN_TEST_CHECKPOINT_PAUSE_S"); v != nullptr && *v != 0) {
     hooks.checkpoint_pause.seconds = std::atof(v);
   }
