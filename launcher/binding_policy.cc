@@ -221,8 +221,26 @@ DeviceBinding ChooseDevice(const BindingRequest& r) {
 
   const int n = static_cast<int>(b.candidates.size());
   const int ranks = r.local_size > 0 ? r.local_size : r.local_rank + 1;
+  // srun narrowed CUDA_VISIBLE_DEVICES to this task's own GPUs (--gpus-per-task=N implies
+  // --gpu-bind=per_task:N): the list has fewer entries than the step holds on this node. Without
+  // SLURM_STEP_GPUS, a list exactly --gpus-per-task long with several tasks on the node says the
+  // same (with --gpu-bind=none every task would see all local_size * N of them).
+  b.per_task =
+      visible_set && r.gpus.empty() && n > 1 &&
+      (r.slurm_step_gpus ? *r.slurm_step_gpus > n : r.slurm_gpus_per_task == n && ranks > 1);
   if (n == 1) {
     b.slot = 0;  // one visible device: every rank uses it (the uniqueness check catches sharing)
+  } else if (b.per_task) {
+    b.slot = 0;
+    b.source = "this task's own " + visible_what + " (srun";
+    if (r.slurm_gpus_per_task) b.source += " --gpus-per-task=" + std::to_string(n);
+    b.source += ")";
+    b.warning = "srun gave each task " + std::to_string(n) + " GPUs (" + visible_what +
+                " on local rank " + std::to_string(r.local_rank) +
+                "); dptrain runs one process per GPU and uses the first of each task's list, so " +
+                std::to_string(n - 1) + " GPU" + (n == 2 ? "" : "s") +
+                " per task stay idle. Ask for --gpus-per-task=1 and " + std::to_string(n) +
+                " times the tasks to use them all";
   } else if (ranks > n) {
     if (!r.allow_sharing) {
       DPT_THROW(ConfigError) << (r.local_size > 0
@@ -303,6 +321,9 @@ BindingRequest MakeBindingRequest(const DistConfig& dist, int local_rank, int lo
   r.gpus = Trim(dist.gpus);
   r.policy = dist.device_binding;
   r.allow_sharing = AllowGpuSharing(getenv);
+  const LauncherVars vars = ReadLauncherVars(getenv);
+  r.slurm_step_gpus = vars.slurm_step_gpus;
+  r.slurm_gpus_per_task = vars.slurm_gpus_per_task;
   if (inventory.available) {
     r.device_count = static_cast<int>(inventory.gpus.size());
     for (const auto& g : inventory.gpus) r.device_uuids.push_back(g.uuid);
@@ -322,7 +343,8 @@ std::string ResolveDeviceKind(const std::string& configured, bool cuda_built,
 }
 
 std::string DescribeBindings(const DistConfig& dist, const GpuInventory& inventory,
-                             const GetEnvFn& getenv, int local_size) {
+                             const GetEnvFn& getenv, int local_size,
+                             std::optional<int> own_local_rank) {
   std::ostringstream os;
   const char* visible = getenv("CUDA_VISIBLE_DEVICES");
   const char* order = getenv("CUDA_DEVICE_ORDER");
@@ -342,14 +364,23 @@ std::string DescribeBindings(const DistConfig& dist, const GpuInventory& invento
     if (n <= 0)
       n = static_cast<int>(
           ChooseDevice(MakeBindingRequest(dist, 0, 0, inventory, getenv)).candidates.size());
-    for (int r = 0; r < n; ++r) {
+    std::string warning;
+    int first = 0, last = n - 1;
+    if (own_local_rank && *own_local_rank < n &&
+        ChooseDevice(MakeBindingRequest(dist, *own_local_rank, n, inventory, getenv)).per_task) {
+      first = last = *own_local_rank;  // the list is this task's own: other tasks see theirs
+    }
+    for (int r = first; r <= last; ++r) {
       os << "  local rank " << r << " of " << n << ": ";
       try {
-        os << ChooseDevice(MakeBindingRequest(dist, r, n, inventory, getenv)).Describe() << "\n";
+        const DeviceBinding b = ChooseDevice(MakeBindingRequest(dist, r, n, inventory, getenv));
+        os << b.Describe() << "\n";
+        if (warning.empty()) warning = b.warning;
       } catch (const Error& e) {
         os << "error: " << Bare(e) << "\n";
       }
     }
+    if (!warning.empty()) os << "  warning: " << warning << "\n";
   } catch (const Error& e) {
     os << "  no GPU binding possible: " << Bare(e) << "\n";
   }
