@@ -107,6 +107,11 @@ std::string Bare(const Error& e) {
 
 }  // namespace
 
+const char* const kNoGpuSharing =
+    "DPTRAIN_ALLOW_GPU_SHARING=1 cannot help on GPUs: gradients go over NCCL, which refuses two "
+    "ranks on one GPU (ncclInvalidUsage, \"Duplicate GPU detected\"), and the MPI communicator "
+    "reduces host memory only";
+
 BindingPolicy ParseBindingPolicy(std::string_view text) {
   if (text == "remap") return BindingPolicy::kRemap;
   if (text == "set-device") return BindingPolicy::kSetDevice;
@@ -124,7 +129,7 @@ bool VisibleDevicesHideAll(const std::optional<std::string>& v) {
 
 std::string DeviceBinding::Describe() const {
   std::ostringstream os;
-  os << entry << " (candidate " << slot << " of " << source << (shared ? ", shared" : "") << ")";
+  os << entry << " (candidate " << slot << " of " << source << ")";
   if (set_visible) {
     os << ", CUDA_VISIBLE_DEVICES=" << *set_visible;
   } else {
@@ -242,20 +247,19 @@ DeviceBinding ChooseDevice(const BindingRequest& r) {
                 " per task stay idle. Ask for --gpus-per-task=1 and " + std::to_string(n) +
                 " times the tasks to use them all";
   } else if (ranks > n) {
-    if (!r.allow_sharing) {
-      DPT_THROW(ConfigError) << (r.local_size > 0
-                                     ? "this host runs " + std::to_string(r.local_size) + " ranks"
-                                     : "local rank " + std::to_string(r.local_rank) +
-                                           " needs a GPU")
-                             << " but only " << n << " GPUs are available (" << b.source << " = "
-                             << Join(b.candidates, ",") << "); start at most " << n
-                             << " ranks per host (mpirun --npernode " << n
-                             << ", srun --ntasks-per-node=" << n
-                             << "), or set DPTRAIN_ALLOW_GPU_SHARING=1 to share "
-                             << "GPUs (and memory.limit to split their memory)";
-    }
-    b.slot = r.local_rank % n;
-    b.shared = true;
+    // Two ranks on one GPU cannot train: every GPU run reduces gradients with NCCL (dist.backend
+    // "mpi" is refused for GPU memory: the MPI communicator has no host staging), and NCCL
+    // rejects two ranks of a communicator on one device ("Duplicate GPU detected",
+    // ncclInvalidUsage). So no hint offers sharing, and DPTRAIN_ALLOW_GPU_SHARING is explained.
+    DPT_THROW(ConfigError) << (r.local_size > 0
+                                   ? "this host runs " + std::to_string(r.local_size) + " ranks"
+                                   : "local rank " + std::to_string(r.local_rank) + " needs a GPU")
+                           << " but only " << n << " GPUs are available (" << b.source << " = "
+                           << Join(b.candidates, ",") << "); start at most " << n
+                           << " ranks per host (mpirun --npernode " << n
+                           << ", srun --ntasks-per-node=" << n
+                           << "), or train on the CPU with dist.device=cpu"
+                           << (r.allow_sharing ? "; " + std::string(kNoGpuSharing) : "");
   } else {
     b.slot = r.local_rank;
   }
@@ -289,8 +293,8 @@ std::string FindSharedGpu(const std::vector<BoundDevice>& rows) {
        << (d.uuid.empty() ? d.pci_bus_id : d.uuid) << " (" << d.name << ", host " << d.host
        << ", local ranks " << a.local_rank << " and " << d.local_rank << ", devices '" << a.entry
        << "' and '" << d.entry << "'); every rank needs its own GPU. Check CUDA_VISIBLE_DEVICES "
-       << "and dist.gpus (dptrain info shows the binding each local rank gets), start fewer "
-       << "ranks per host, or set DPTRAIN_ALLOW_GPU_SHARING=1 to share on purpose";
+       << "and dist.gpus (dptrain info shows the binding each local rank gets), or start fewer "
+       << "ranks per host";
     return os.str();
   }
   return "";
@@ -358,7 +362,10 @@ std::string DescribeBindings(const DistConfig& dist, const GpuInventory& invento
     os << "<unset>";
   }
   os << ", CUDA_DEVICE_ORDER=" << (order ? order : "<unset: PCI_BUS_ID will be set>")
-     << (AllowGpuSharing(getenv) ? ", sharing allowed" : "") << "):\n";
+     << (AllowGpuSharing(getenv)
+             ? ", DPTRAIN_ALLOW_GPU_SHARING set: no effect, NCCL needs a GPU per rank"
+             : "")
+     << "):\n";
   try {
     int n = local_size;
     if (n <= 0)

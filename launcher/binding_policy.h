@@ -22,8 +22,10 @@
 //     (CUDA_VISIBLE_DEVICES with fewer entries than the step's GPUs on this node, as
 //     --gpus-per-task=N>1 gives; see ReadLauncherVars): every rank takes the first entry of its
 //     own list, with a warning that the others stay idle. Otherwise local rank r takes
-//     candidate r, and more local ranks than candidates is an error unless sharing is allowed
-//     (then rank r takes candidate r mod n).
+//     candidate r, and more local ranks than candidates is an error. GPUs are never shared:
+//     gradients of a GPU run go over NCCL, which refuses two ranks on one GPU, and the MPI
+//     communicator has no host staging for device memory (DPTRAIN_ALLOW_GPU_SHARING=1 only
+//     changes the message to say so).
 //  3. Policy. "remap": CUDA_VISIBLE_DEVICES becomes the chosen entry, so the process sees exactly
 //     one GPU as device 0 and never creates a context on another. "set-device": the environment
 //     stays as it is and the process calls cudaSetDevice on the chosen entry's CUDA ordinal (for
@@ -50,7 +52,7 @@ struct BindingRequest {
   std::optional<std::string> cuda_visible_devices;  // nullopt = unset; "" = set but empty
   std::string gpus;                                 // dist.gpus / --gpus; empty = not given
   BindingPolicy policy = BindingPolicy::kRemap;
-  bool allow_sharing = false;             // more local ranks than GPUs: share instead of failing
+  bool allow_sharing = false;             // DPTRAIN_ALLOW_GPU_SHARING: only explained in errors
   std::optional<int> device_count;        // GPUs NVML counts; nullopt = unknown (no NVML)
   std::string device_count_why;           // why the count is unknown, for messages
   std::vector<std::string> device_uuids;  // by NVML index, when known (UUIDs under set-device)
@@ -65,7 +67,6 @@ struct DeviceBinding {
   std::vector<std::string> candidates;  // the list it was chosen from
   std::string source;                   // where the candidates came from, for messages
   int slot = 0;                         // entry == candidates[slot]
-  bool shared = false;                  // more local ranks than candidates, sharing allowed
   bool per_task = false;                // candidates are this srun task's own list
   std::string warning;                  // non-empty: GPUs of this task's list left idle
   // remap: the value CUDA_VISIBLE_DEVICES must get; nullopt: leave the environment alone.
@@ -102,8 +103,11 @@ std::string FormatBindingTable(const std::vector<BoundDevice>& rows);
 
 // ---- from the config and the environment ------------------------------------------------------
 
-// DPTRAIN_ALLOW_GPU_SHARING=1|true|yes: more local ranks than GPUs shares GPUs instead of failing.
+// DPTRAIN_ALLOW_GPU_SHARING=1|true|yes. It once let two ranks share a GPU; NCCL refuses that
+// ("Duplicate GPU detected"), so now it only makes the errors say why sharing is impossible.
 bool AllowGpuSharing(const GetEnvFn& getenv);
+// The explanation appended to those errors.
+extern const char* const kNoGpuSharing;
 
 // The request for this process from the config, the environment and the inventory.
 BindingRequest MakeBindingRequest(const DistConfig& dist, int local_rank, int local_size,

@@ -125,7 +125,7 @@ int RunTrainOrEval(const RunArgs& args, int* argc, char*** argv) {
                        gpu->name, gpu->uuid, gpu->pci_bus_id};
       std::string bindings;
       try {
-        bindings = ExchangeBindings(*comm, mine, binder.allow_sharing());
+        bindings = ExchangeBindings(*comm, mine, binder.sharing_requested());
       } catch (const ConfigError& e) {
         throw AgreedError(e.what(), e.exit_code());
       }

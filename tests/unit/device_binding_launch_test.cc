@@ -226,7 +226,10 @@ TEST(DeviceBindingTest, ExchangeAgreesOnEveryRank) {
   const std::string e1 = ErrorOf([&] { ExchangeBindings(c1, clash, false); });
   EXPECT_THAT(e0, HasSubstr("ranks 0 and 1"));
   EXPECT_THAT(e1, HasSubstr("ranks 0 and 1"));
-  EXPECT_NO_THROW(ExchangeBindings(c0, rows[0], /*allow_sharing=*/true));
+  // DPTRAIN_ALLOW_GPU_SHARING no longer lets them through: NCCL would reject the pair.
+  EXPECT_THAT(ErrorOf([&] { ExchangeBindings(c0, rows[0], /*sharing_requested=*/true); }),
+              AllOf(HasSubstr("ranks 0 and 1"), HasSubstr("Duplicate GPU detected")));
+  EXPECT_THAT(e0, Not(HasSubstr("DPTRAIN_ALLOW_GPU_SHARING")));
 }
 
 }  // namespace

@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-// Device binding, the pure decision: mpirun with every GPU visible, Slurm's one GPU per task,
-// CUDA_VISIBLE_DEVICES with indices / GPU UUIDs / MIG ids, dist.gpus (alone and within
-// CUDA_VISIBLE_DEVICES), both policies, more local ranks than GPUs (error, or shared when
-// allowed), unset vs empty vs "-1" lists, malformed entries and whitespace; then the
-// after-binding uniqueness check and the table rank 0 prints.
+// Device binding, the pure decision (ChooseDevice): mpirun with every GPU visible, Slurm's one
+// and two GPUs per task, CUDA_VISIBLE_DEVICES with indices / GPU UUIDs / MIG ids, dist.gpus
+// (alone and within CUDA_VISIBLE_DEVICES), both policies, more local ranks than GPUs (an error,
+// never shared), unset vs empty vs "-1" lists, malformed entries and whitespace. The request
+// from the environment and the after-binding check: device_binding_launch_test.cc.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -23,6 +23,7 @@ namespace {
 
 using ::testing::AllOf;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // ---- candidates from the environment ----------------------------------------------------------
 
@@ -35,7 +36,6 @@ TEST(DeviceBindingTest, MpirunWithEveryGpuVisiblePicksByLocalRank) {
     EXPECT_EQ(*b.set_visible, std::to_string(r)) << "remap: exactly one GPU visible";
     EXPECT_EQ(b.cuda_ordinal, 0) << "remap: the GPU is device 0";
     EXPECT_THAT(b.source, HasSubstr("all 4 GPUs"));
-    EXPECT_FALSE(b.shared);
   }
 }
 
@@ -63,7 +63,8 @@ TEST(DeviceBindingTest, SlurmOneGpuPerTaskEveryRankUsesItsOnlyGpu) {
         EXPECT_EQ(b.slot, 0);
         EXPECT_EQ(b.entry, visible == " 3 " ? "3" : visible);
         EXPECT_EQ(b.cuda_ordinal, 0);
-        EXPECT_FALSE(b.shared) << "one visible device is not sharing by itself";
+        EXPECT_FALSE(b.per_task) << "one entry: the one-GPU rule, no warning";
+        EXPECT_TRUE(b.warning.empty());
       }
     }
   }
@@ -242,20 +243,23 @@ TEST(DeviceBindingTest, GpusUuidWithoutVisibleDevices) {
 
 TEST(DeviceBindingTest, MoreLocalRanksThanGpusIsAnError) {
   const std::string msg = ErrorOf([] { ChooseDevice(Request(0, 4, std::nullopt, 2)); });
-  EXPECT_THAT(msg, AllOf(HasSubstr("4 ranks"), HasSubstr("only 2 GPUs"),
-                         HasSubstr("DPTRAIN_ALLOW_GPU_SHARING")));
+  EXPECT_THAT(
+      msg, AllOf(HasSubstr("4 ranks"), HasSubstr("only 2 GPUs"), HasSubstr("--ntasks-per-node=2"),
+                 HasSubstr("dist.device=cpu"), Not(HasSubstr("DPTRAIN_ALLOW_GPU_SHARING"))))
+      << "the hint must not offer sharing: NCCL refuses two ranks on one GPU";
   // Every rank fails alike, also those that would have a GPU.
   EXPECT_THROW(ChooseDevice(Request(1, 4, "0,1", 2)), ConfigError);
   EXPECT_THROW(ChooseDevice(Request(0, 3, std::nullopt, 4, "1,2")), ConfigError);
 }
 
-TEST(DeviceBindingTest, MoreLocalRanksThanGpusSharedWhenAllowed) {
+TEST(DeviceBindingTest, GpuSharingIsRefusedEvenWhenAllowedBecauseNcclRejectsIt) {
   for (int r = 0; r < 4; ++r) {
     BindingRequest q = Request(r, 4, std::nullopt, 2);
     q.allow_sharing = true;
-    const DeviceBinding b = ChooseDevice(q);
-    EXPECT_EQ(b.entry, std::to_string(r % 2));
-    EXPECT_TRUE(b.shared);
+    EXPECT_THAT(
+        ErrorOf([&] { ChooseDevice(q); }),
+        AllOf(HasSubstr("only 2 GPUs"), HasSubstr("DPTRAIN_ALLOW_GPU_SHARING=1 cannot help"),
+              HasSubstr("Duplicate GPU detected"), HasSubstr("host memory only")));
   }
 }
 
