@@ -228,11 +228,11 @@ DeviceBinding ChooseDevice(const BindingRequest& r) {
   const int ranks = r.local_size > 0 ? r.local_size : r.local_rank + 1;
   // srun narrowed CUDA_VISIBLE_DEVICES to this task's own GPUs (--gpus-per-task=N implies
   // --gpu-bind=per_task:N): the list has fewer entries than the step holds on this node. Without
-  // SLURM_STEP_GPUS, a list exactly --gpus-per-task long with several tasks on the node says the
+  // SLURM_GPUS_ON_NODE, a list exactly --gpus-per-task long with several tasks on the node says the
   // same (with --gpu-bind=none every task would see all local_size * N of them).
   b.per_task =
       visible_set && r.gpus.empty() && n > 1 &&
-      (r.slurm_step_gpus ? *r.slurm_step_gpus > n : r.slurm_gpus_per_task == n && ranks > 1);
+      (r.slurm_gpus_on_node ? *r.slurm_gpus_on_node > n : r.slurm_gpus_per_task == n && ranks > 1);
   if (n == 1) {
     b.slot = 0;  // one visible device: every rank uses it (the uniqueness check catches sharing)
   } else if (b.per_task) {
@@ -326,7 +326,7 @@ BindingRequest MakeBindingRequest(const DistConfig& dist, int local_rank, int lo
   r.policy = dist.device_binding;
   r.allow_sharing = AllowGpuSharing(getenv);
   const LauncherVars vars = ReadLauncherVars(getenv);
-  r.slurm_step_gpus = vars.slurm_step_gpus;
+  r.slurm_gpus_on_node = vars.slurm_gpus_on_node;
   r.slurm_gpus_per_task = vars.slurm_gpus_per_task;
   if (inventory.available) {
     r.device_count = static_cast<int>(inventory.gpus.size());

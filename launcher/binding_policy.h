@@ -56,9 +56,9 @@ struct BindingRequest {
   std::optional<int> device_count;        // GPUs NVML counts; nullopt = unknown (no NVML)
   std::string device_count_why;           // why the count is unknown, for messages
   std::vector<std::string> device_uuids;  // by NVML index, when known (UUIDs under set-device)
-  // Under srun only (LauncherVars): the step's GPUs on this node (SLURM_STEP_GPUS) and
+  // Under srun only (LauncherVars): the step's GPUs on this node (SLURM_GPUS_ON_NODE) and
   // --gpus-per-task (SLURM_GPUS_PER_TASK); nullopt = not said.
-  std::optional<int> slurm_step_gpus;
+  std::optional<int> slurm_gpus_on_node;
   std::optional<int> slurm_gpus_per_task;
 };
 

@@ -98,31 +98,23 @@ std::optional<int> SlurmLocalSize(const GetEnvFn& getenv, std::string* source) {
   return std::nullopt;
 }
 
-// The number of GPUs in a Slurm GPU list (SLURM_STEP_GPUS="0,1,4,5": global ids) or count
-// ("2", "a100:2", "a100:2,v100:1" summed); a ConfigError naming `name` when malformed.
-int CountSlurmGpus(const char* name, const std::string& text, bool is_count) {
+// A Slurm GPU count ("2", "a100:2", "a100:2,v100:1" summed); a ConfigError naming `name` when
+// malformed.
+int CountSlurmGpus(const char* name, const std::string& text) {
   int total = 0;
   size_t start = 0;
   while (true) {
     const size_t comma = text.find(',', start);
     std::string item =
         text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    if (is_count) {
-      const size_t colon = item.rfind(':');
-      if (colon != std::string::npos) item = item.substr(colon + 1);
-      const std::optional<int> n = TryParseInt(item.c_str());
-      if (!n || *n == 0) {
-        DPT_THROW(ConfigError) << "launcher environment: " << name << "='" << text
-                               << "' is not a GPU count like 2 or a100:2";
-      }
-      total += *n;
-    } else {
-      if (item.empty()) {
-        DPT_THROW(ConfigError) << "launcher environment: " << name << "='" << text
-                               << "' has an empty entry (expected GPU ids like 0,1)";
-      }
-      ++total;
+    const size_t colon = item.rfind(':');
+    if (colon != std::string::npos) item = item.substr(colon + 1);
+    const std::optional<int> n = TryParseInt(item.c_str());
+    if (!n || *n == 0) {
+      DPT_THROW(ConfigError) << "launcher environment: " << name << "='" << text
+                             << "' is not a GPU count like 2 or a100:2";
     }
+    total += *n;
     if (comma == std::string::npos) break;
     start = comma + 1;
   }
@@ -167,19 +159,19 @@ LauncherVars ReadLauncherVars(const GetEnvFn& getenv) {
   }
   if (v.local_rank_source == "SLURM_LOCALID") {
     // Direct launch by srun. What this relies on (srun(1), "OUTPUT ENVIRONMENT VARIABLES"):
-    // SLURM_STEP_TASKS_PER_NODE is the step's tasks per node, SLURM_NODEID this node's index in
-    // it, SLURM_STEP_GPUS the global ids of the step's GPUs on this node. --gpus-per-task=N
-    // implies --gpu-bind=per_task:N, so each task's CUDA_VISIBLE_DEVICES then holds only its
-    // own N GPUs, fewer than SLURM_STEP_GPUS lists (unless --gpu-bind=none keeps the step's
-    // whole list). SLURM_GPUS_PER_TASK is srun's input variable for --gpus-per-task, inherited
-    // from sbatch; it only backs up SLURM_STEP_GPUS. None of this is read under mpirun, whose
-    // ranks inherit the batch step's SLURM_* variables.
+    // SLURM_STEP_TASKS_PER_NODE is the step's tasks per node and SLURM_NODEID this node's index
+    // in it; SLURM_GPUS_ON_NODE is the number of GPUs available to the step on this node.
+    // --gpus-per-task=N implies --gpu-bind=per_task:N, so each task's CUDA_VISIBLE_DEVICES then
+    // holds only its own N GPUs, fewer than SLURM_GPUS_ON_NODE (--gpu-bind=none keeps the
+    // step's whole list). SLURM_STEP_GPUS does not tell the two apart: Slurm narrows it per task
+    // like CUDA_VISIBLE_DEVICES (seen on Slurm 22.05: task 0 "0,1", task 1 "2,3"), although
+    // srun(1) calls it the step's GPUs. SLURM_GPUS_PER_TASK is srun's input variable for
+    // --gpus-per-task (inherited from sbatch); it only backs up SLURM_GPUS_ON_NODE. None of this
+    // is read under mpirun, whose ranks inherit the batch step's SLURM_* variables.
     v.local_size = SlurmLocalSize(getenv, &v.local_size_source);
-    if (const char* g = getenv("SLURM_STEP_GPUS")) {
-      v.slurm_step_gpus = CountSlurmGpus("SLURM_STEP_GPUS", g, /*is_count=*/false);
-    }
+    v.slurm_gpus_on_node = ParseInt("SLURM_GPUS_ON_NODE", getenv("SLURM_GPUS_ON_NODE"));
     if (const char* g = getenv("SLURM_GPUS_PER_TASK")) {
-      v.slurm_gpus_per_task = CountSlurmGpus("SLURM_GPUS_PER_TASK", g, /*is_count=*/true);
+      v.slurm_gpus_per_task = CountSlurmGpus("SLURM_GPUS_PER_TASK", g);
     }
   }
   return v;

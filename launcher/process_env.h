@@ -26,7 +26,7 @@ struct LauncherVars {
   std::string local_size_source;  // e.g. "SLURM_STEP_TASKS_PER_NODE='4(x2)'"; empty when none
   std::string launcher;           // "mpirun (Open MPI)", "MPICH/Hydra", "MVAPICH", "srun", ""
   // Only under srun (local rank from SLURM_LOCALID): how Slurm handed GPUs to this job step.
-  std::optional<int> slurm_step_gpus;      // entries in SLURM_STEP_GPUS (this node's step GPUs)
+  std::optional<int> slurm_gpus_on_node;   // SLURM_GPUS_ON_NODE: the step's GPUs on this node
   std::optional<int> slurm_gpus_per_task;  // SLURM_GPUS_PER_TASK ("2", "a100:2"), summed
 };
 // Precedence (DESIGN.md section 4): OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID,

@@ -58,15 +58,13 @@ TEST(DeviceBindingTest, RequestFromEnvironment) {
   EXPECT_FALSE(AllowGpuSharing(getenv));
 }
 
-// The environment of local rank 1 under `srun --ntasks-per-node=4 --gpus-per-task=2` (8 GPUs).
+// The environment of local rank 1 under `srun --ntasks-per-node=4 --gpus-per-task=2` (8 GPUs), as
+// Slurm sets it (SLURM_STEP_GPUS is narrowed per task like CUDA_VISIBLE_DEVICES).
 std::map<std::string, std::string> SrunTwoGpusPerTaskEnv() {
-  return {{"SLURM_LOCALID", "1"},
-          {"SLURM_PROCID", "1"},
-          {"SLURM_NODEID", "0"},
-          {"SLURM_STEP_TASKS_PER_NODE", "4"},
-          {"SLURM_STEP_GPUS", "0,1,2,3,4,5,6,7"},
-          {"SLURM_GPUS_PER_TASK", "2"},
-          {"CUDA_VISIBLE_DEVICES", "2,3"}};
+  return {{"SLURM_LOCALID", "1"},       {"SLURM_PROCID", "1"},
+          {"SLURM_NODEID", "0"},        {"SLURM_STEP_TASKS_PER_NODE", "4"},
+          {"SLURM_GPUS_ON_NODE", "8"},  {"SLURM_STEP_GPUS", "2,3"},
+          {"SLURM_GPUS_PER_TASK", "2"}, {"CUDA_VISIBLE_DEVICES", "2,3"}};
 }
 
 GpuInventory EightGpus() {
@@ -76,7 +74,7 @@ GpuInventory EightGpus() {
   return inv;
 }
 
-TEST(DeviceBindingTest, SrunRequestCarriesTheStepsGpus) {
+TEST(DeviceBindingTest, SrunRequestCarriesTheGpusOnNode) {
   auto env = SrunTwoGpusPerTaskEnv();
   GetEnvFn getenv = [&](const char* n) -> const char* {
     auto it = env.find(n);
@@ -86,7 +84,7 @@ TEST(DeviceBindingTest, SrunRequestCarriesTheStepsGpus) {
   ASSERT_EQ(vars.local_size, 4) << "dptrain info must know the local size under srun";
   const BindingRequest r =
       MakeBindingRequest(DistConfig{}, 1, *vars.local_size, EightGpus(), getenv);
-  EXPECT_EQ(r.slurm_step_gpus, 8);
+  EXPECT_EQ(r.slurm_gpus_on_node, 8);
   EXPECT_EQ(r.slurm_gpus_per_task, 2);
   const DeviceBinding b = ChooseDevice(r);
   EXPECT_EQ(b.entry, "2");
@@ -96,7 +94,7 @@ TEST(DeviceBindingTest, SrunRequestCarriesTheStepsGpus) {
   env["OMPI_COMM_WORLD_LOCAL_RANK"] = "1";
   env["OMPI_COMM_WORLD_LOCAL_SIZE"] = "2";
   const BindingRequest m = MakeBindingRequest(DistConfig{}, 1, 2, EightGpus(), getenv);
-  EXPECT_FALSE(m.slurm_step_gpus.has_value());
+  EXPECT_FALSE(m.slurm_gpus_on_node.has_value());
   EXPECT_EQ(ChooseDevice(m).entry, "3") << "mpirun: local rank 1 takes entry 1";
 }
 

@@ -71,12 +71,12 @@ TEST(DeviceBindingTest, SlurmOneGpuPerTaskEveryRankUsesItsOnlyGpu) {
 }
 
 // srun --ntasks-per-node=4 --gpus-per-task=N on a node with 8 GPUs: Slurm gives task t its own N
-// GPUs (--gpus-per-task implies --gpu-bind=per_task:N) and lists all 4*N in SLURM_STEP_GPUS.
+// GPUs (--gpus-per-task implies --gpu-bind=per_task:N); SLURM_GPUS_ON_NODE counts all 4*N.
 // Each rank takes the first GPU of its own list; local_size 4 is no longer "too few GPUs".
 BindingRequest SrunTask(int local_rank, const std::string& own_list, int gpus_per_task,
                         BindingPolicy policy = BindingPolicy::kRemap) {
   BindingRequest r = Request(local_rank, 4, own_list, 8, "", policy);
-  r.slurm_step_gpus = 4 * gpus_per_task;
+  r.slurm_gpus_on_node = 4 * gpus_per_task;
   r.slurm_gpus_per_task = gpus_per_task;
   return r;
 }
@@ -102,7 +102,7 @@ TEST(DeviceBindingTest, SlurmTwoGpusPerTaskEachRankTakesTheFirstOfItsOwn) {
   EXPECT_EQ(ChooseDevice(SrunTask(3, "0,1", 2)).entry, "0");
 }
 
-TEST(DeviceBindingTest, SlurmOneGpuPerTaskWithStepGpusKnown) {
+TEST(DeviceBindingTest, SlurmOneGpuPerTaskWithGpusOnNodeKnown) {
   for (int r = 0; r < 4; ++r) {
     const DeviceBinding b = ChooseDevice(SrunTask(r, std::to_string(r), 1));
     EXPECT_EQ(b.entry, std::to_string(r));
@@ -110,9 +110,9 @@ TEST(DeviceBindingTest, SlurmOneGpuPerTaskWithStepGpusKnown) {
   }
 }
 
-TEST(DeviceBindingTest, SlurmPerTaskListWithoutStepGpusFallsBackOnGpusPerTask) {
+TEST(DeviceBindingTest, SlurmPerTaskListWithoutGpusOnNodeFallsBackOnGpusPerTask) {
   BindingRequest r = SrunTask(1, "2,3", 2);
-  r.slurm_step_gpus.reset();
+  r.slurm_gpus_on_node.reset();
   EXPECT_TRUE(ChooseDevice(r).per_task);
   EXPECT_EQ(ChooseDevice(r).entry, "2");
   r.slurm_gpus_per_task.reset();
@@ -131,7 +131,7 @@ TEST(DeviceBindingTest, SlurmGpuBindNoneKeepsTheStepsListAndPicksByLocalRank) {
 TEST(DeviceBindingTest, SlurmTooFewGpusPerNodeIsStillAnError) {
   // srun --ntasks-per-node=4 --gpus-per-node=2: the list is the whole step's, not a task's.
   BindingRequest r = Request(3, 4, "0,1", 8);
-  r.slurm_step_gpus = 2;
+  r.slurm_gpus_on_node = 2;
   EXPECT_THAT(ErrorOf([&] { ChooseDevice(r); }), HasSubstr("only 2 GPUs are available"));
 }
 

@@ -61,7 +61,7 @@ TEST(ProcessEnvTest, SlurmLocalIdAloneHasNoSize) {
   EXPECT_EQ(v.local_rank, 3);
   EXPECT_FALSE(v.local_size.has_value());
   EXPECT_EQ(v.launcher, "srun");
-  EXPECT_FALSE(v.slurm_step_gpus.has_value());
+  EXPECT_FALSE(v.slurm_gpus_on_node.has_value());
 }
 
 // What srun sets for `srun --ntasks-per-node=4 --gpus-per-task=2` on two nodes (srun(1),
@@ -99,22 +99,23 @@ TEST(ProcessEnvTest, SlurmVariablesAreIgnoredUnderMpirun) {
   env.Set("OMPI_COMM_WORLD_LOCAL_SIZE", "4");
   env.Set("SLURM_LOCALID", "0");
   env.Set("SLURM_TASKS_PER_NODE", "1");
-  env.Set("SLURM_STEP_GPUS", "0,1");
+  env.Set("SLURM_GPUS_ON_NODE", "4");
   env.Set("SLURM_GPUS_PER_TASK", "2");
   const LauncherVars v = ReadLauncherVars(env.Fn());
   EXPECT_EQ(v.local_size, 4);
   EXPECT_EQ(v.local_size_source, "OMPI_COMM_WORLD_LOCAL_SIZE");
-  EXPECT_FALSE(v.slurm_step_gpus.has_value());
+  EXPECT_FALSE(v.slurm_gpus_on_node.has_value());
   EXPECT_FALSE(v.slurm_gpus_per_task.has_value());
 }
 
 TEST(ProcessEnvTest, SrunGpuVariables) {
   FakeEnv env;
   env.Set("SLURM_LOCALID", "2");
-  env.Set("SLURM_STEP_GPUS", "0,1,2,3,4,5,6,7");
+  env.Set("SLURM_GPUS_ON_NODE", "8");
+  env.Set("SLURM_STEP_GPUS", "4,5");  // narrowed per task: not read
   env.Set("SLURM_GPUS_PER_TASK", "a100:2");
   LauncherVars v = ReadLauncherVars(env.Fn());
-  EXPECT_EQ(v.slurm_step_gpus, 8);
+  EXPECT_EQ(v.slurm_gpus_on_node, 8);
   EXPECT_EQ(v.slurm_gpus_per_task, 2) << "the GPU type is dropped";
   env.Set("SLURM_GPUS_PER_TASK", "a100:1,v100:2");
   EXPECT_EQ(ReadLauncherVars(env.Fn()).slurm_gpus_per_task, 3) << "types are summed";
@@ -124,7 +125,7 @@ TEST(ProcessEnvTest, MalformedSlurmVariablesNameTheVariable) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"SLURM_STEP_TASKS_PER_NODE", "4(x"},  {"SLURM_STEP_TASKS_PER_NODE", "x4"},
       {"SLURM_STEP_TASKS_PER_NODE", "2,,1"}, {"SLURM_TASKS_PER_NODE", "0"},
-      {"SLURM_STEP_GPUS", "0,,1"},           {"SLURM_GPUS_PER_TASK", "two"},
+      {"SLURM_GPUS_ON_NODE", "four"},        {"SLURM_GPUS_PER_TASK", "two"},
       {"SLURM_GPUS_PER_TASK", "a100:"},      {"SLURM_NODEID", "n1"},
   };
   for (const auto& [name, value] : cases) {
