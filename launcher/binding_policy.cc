@@ -107,6 +107,11 @@ std::string Bare(const Error& e) {
 
 }  // namespace
 
+const char* const kNoGpuSharing =
+    "DPTRAIN_ALLOW_GPU_SHARING=1 cannot help on GPUs: gradients go over NCCL, which refuses two "
+    "ranks on one GPU (ncclInvalidUsage, \"Duplicate GPU detected\"), and the MPI communicator "
+    "reduces host memory only";
+
 BindingPolicy ParseBindingPolicy(std::string_view text) {
   if (text == "remap") return BindingPolicy::kRemap;
   if (text == "set-device") return BindingPolicy::kSetDevice;
@@ -124,7 +129,7 @@ bool VisibleDevicesHideAll(const std::optional<std::string>& v) {
 
 std::string DeviceBinding::Describe() const {
   std::ostringstream os;
-  os << entry << " (candidate " << slot << " of " << source << (shared ? ", shared" : "") << ")";
+  os << entry << " (candidate " << slot << " of " << source << ")";
   if (set_visible) {
     os << ", CUDA_VISIBLE_DEVICES=" << *set_visible;
   } else {
@@ -221,23 +226,40 @@ DeviceBinding ChooseDevice(const BindingRequest& r) {
 
   const int n = static_cast<int>(b.candidates.size());
   const int ranks = r.local_size > 0 ? r.local_size : r.local_rank + 1;
+  // srun narrowed CUDA_VISIBLE_DEVICES to this task's own GPUs (--gpus-per-task=N implies
+  // --gpu-bind=per_task:N): the list has fewer entries than the step holds on this node. Without
+  // SLURM_GPUS_ON_NODE, a list exactly --gpus-per-task long with several tasks on the node says the
+  // same (with --gpu-bind=none every task would see all local_size * N of them).
+  b.per_task =
+      visible_set && r.gpus.empty() && n > 1 &&
+      (r.slurm_gpus_on_node ? *r.slurm_gpus_on_node > n : r.slurm_gpus_per_task == n && ranks > 1);
   if (n == 1) {
     b.slot = 0;  // one visible device: every rank uses it (the uniqueness check catches sharing)
+  } else if (b.per_task) {
+    b.slot = 0;
+    b.source = "this task's own " + visible_what + " (srun";
+    if (r.slurm_gpus_per_task) b.source += " --gpus-per-task=" + std::to_string(n);
+    b.source += ")";
+    b.warning = "srun gave each task " + std::to_string(n) + " GPUs (" + visible_what +
+                " on local rank " + std::to_string(r.local_rank) +
+                "); dptrain runs one process per GPU and uses the first of each task's list, so " +
+                std::to_string(n - 1) + " GPU" + (n == 2 ? "" : "s") +
+                " per task stay idle. Ask for --gpus-per-task=1 and " + std::to_string(n) +
+                " times the tasks to use them all";
   } else if (ranks > n) {
-    if (!r.allow_sharing) {
-      DPT_THROW(ConfigError) << (r.local_size > 0
-                                     ? "this host runs " + std::to_string(r.local_size) + " ranks"
-                                     : "local rank " + std::to_string(r.local_rank) +
-                                           " needs a GPU")
-                             << " but only " << n << " GPUs are available (" << b.source << " = "
-                             << Join(b.candidates, ",") << "); start at most " << n
-                             << " ranks per host (mpirun --npernode " << n
-                             << ", srun --ntasks-per-node=" << n
-                             << "), or set DPTRAIN_ALLOW_GPU_SHARING=1 to share "
-                             << "GPUs (and memory.limit to split their memory)";
-    }
-    b.slot = r.local_rank % n;
-    b.shared = true;
+    // Two ranks on one GPU cannot train: every GPU run reduces gradients with NCCL (dist.backend
+    // "mpi" is refused for GPU memory: the MPI communicator has no host staging), and NCCL
+    // rejects two ranks of a communicator on one device ("Duplicate GPU detected",
+    // ncclInvalidUsage). So no hint offers sharing, and DPTRAIN_ALLOW_GPU_SHARING is explained.
+    DPT_THROW(ConfigError) << (r.local_size > 0
+                                   ? "this host runs " + std::to_string(r.local_size) + " ranks"
+                                   : "local rank " + std::to_string(r.local_rank) + " needs a GPU")
+                           << " but only " << n << " GPUs are available (" << b.source << " = "
+                           << Join(b.candidates, ",") << "); start at most " << n
+                           << " ranks per host (mpirun --npernode " << n
+                           << ", srun --ntasks-per-node=" << n
+                           << "), or train on the CPU with dist.device=cpu"
+                           << (r.allow_sharing ? "; " + std::string(kNoGpuSharing) : "");
   } else {
     b.slot = r.local_rank;
   }
@@ -271,8 +293,8 @@ std::string FindSharedGpu(const std::vector<BoundDevice>& rows) {
        << (d.uuid.empty() ? d.pci_bus_id : d.uuid) << " (" << d.name << ", host " << d.host
        << ", local ranks " << a.local_rank << " and " << d.local_rank << ", devices '" << a.entry
        << "' and '" << d.entry << "'); every rank needs its own GPU. Check CUDA_VISIBLE_DEVICES "
-       << "and dist.gpus (dptrain info shows the binding each local rank gets), start fewer "
-       << "ranks per host, or set DPTRAIN_ALLOW_GPU_SHARING=1 to share on purpose";
+       << "and dist.gpus (dptrain info shows the binding each local rank gets), or start fewer "
+       << "ranks per host";
     return os.str();
   }
   return "";
@@ -303,6 +325,9 @@ BindingRequest MakeBindingRequest(const DistConfig& dist, int local_rank, int lo
   r.gpus = Trim(dist.gpus);
   r.policy = dist.device_binding;
   r.allow_sharing = AllowGpuSharing(getenv);
+  const LauncherVars vars = ReadLauncherVars(getenv);
+  r.slurm_gpus_on_node = vars.slurm_gpus_on_node;
+  r.slurm_gpus_per_task = vars.slurm_gpus_per_task;
   if (inventory.available) {
     r.device_count = static_cast<int>(inventory.gpus.size());
     for (const auto& g : inventory.gpus) r.device_uuids.push_back(g.uuid);
@@ -322,7 +347,8 @@ std::string ResolveDeviceKind(const std::string& configured, bool cuda_built,
 }
 
 std::string DescribeBindings(const DistConfig& dist, const GpuInventory& inventory,
-                             const GetEnvFn& getenv, int local_size) {
+                             const GetEnvFn& getenv, int local_size,
+                             std::optional<int> own_local_rank) {
   std::ostringstream os;
   const char* visible = getenv("CUDA_VISIBLE_DEVICES");
   const char* order = getenv("CUDA_DEVICE_ORDER");
@@ -336,20 +362,32 @@ std::string DescribeBindings(const DistConfig& dist, const GpuInventory& invento
     os << "<unset>";
   }
   os << ", CUDA_DEVICE_ORDER=" << (order ? order : "<unset: PCI_BUS_ID will be set>")
-     << (AllowGpuSharing(getenv) ? ", sharing allowed" : "") << "):\n";
+     << (AllowGpuSharing(getenv)
+             ? ", DPTRAIN_ALLOW_GPU_SHARING set: no effect, NCCL needs a GPU per rank"
+             : "")
+     << "):\n";
   try {
     int n = local_size;
     if (n <= 0)
       n = static_cast<int>(
           ChooseDevice(MakeBindingRequest(dist, 0, 0, inventory, getenv)).candidates.size());
-    for (int r = 0; r < n; ++r) {
+    std::string warning;
+    int first = 0, last = n - 1;
+    if (own_local_rank && *own_local_rank < n &&
+        ChooseDevice(MakeBindingRequest(dist, *own_local_rank, n, inventory, getenv)).per_task) {
+      first = last = *own_local_rank;  // the list is this task's own: other tasks see theirs
+    }
+    for (int r = first; r <= last; ++r) {
       os << "  local rank " << r << " of " << n << ": ";
       try {
-        os << ChooseDevice(MakeBindingRequest(dist, r, n, inventory, getenv)).Describe() << "\n";
+        const DeviceBinding b = ChooseDevice(MakeBindingRequest(dist, r, n, inventory, getenv));
+        os << b.Describe() << "\n";
+        if (warning.empty()) warning = b.warning;
       } catch (const Error& e) {
         os << "error: " << Bare(e) << "\n";
       }
     }
+    if (!warning.empty()) os << "  warning: " << warning << "\n";
   } catch (const Error& e) {
     os << "  no GPU binding possible: " << Bare(e) << "\n";
   }

@@ -18,9 +18,14 @@
 //     beyond the GPU count are errors that quote the offending value.
 //  2. Choice. Exactly one candidate: every local rank uses it. This is Slurm's one-GPU-per-task
 //     case (--gpus-per-task=1: each task sees its own single GPU as "0"); if the ranks really do
-//     land on one GPU, the uniqueness check after binding stops them. Otherwise local rank r takes
-//     candidate r, and more local ranks than candidates is an error unless sharing is allowed
-//     (then rank r takes candidate r mod n).
+//     land on one GPU, the uniqueness check after binding stops them. A per-task list from srun
+//     (CUDA_VISIBLE_DEVICES with fewer entries than the step's GPUs on this node, as
+//     --gpus-per-task=N>1 gives; see ReadLauncherVars): every rank takes the first entry of its
+//     own list, with a warning that the others stay idle. Otherwise local rank r takes
+//     candidate r, and more local ranks than candidates is an error. GPUs are never shared:
+//     gradients of a GPU run go over NCCL, which refuses two ranks on one GPU, and the MPI
+//     communicator has no host staging for device memory (DPTRAIN_ALLOW_GPU_SHARING=1 only
+//     changes the message to say so).
 //  3. Policy. "remap": CUDA_VISIBLE_DEVICES becomes the chosen entry, so the process sees exactly
 //     one GPU as device 0 and never creates a context on another. "set-device": the environment
 //     stays as it is and the process calls cudaSetDevice on the chosen entry's CUDA ordinal (for
@@ -47,10 +52,14 @@ struct BindingRequest {
   std::optional<std::string> cuda_visible_devices;  // nullopt = unset; "" = set but empty
   std::string gpus;                                 // dist.gpus / --gpus; empty = not given
   BindingPolicy policy = BindingPolicy::kRemap;
-  bool allow_sharing = false;             // more local ranks than GPUs: share instead of failing
+  bool allow_sharing = false;             // DPTRAIN_ALLOW_GPU_SHARING: only explained in errors
   std::optional<int> device_count;        // GPUs NVML counts; nullopt = unknown (no NVML)
   std::string device_count_why;           // why the count is unknown, for messages
   std::vector<std::string> device_uuids;  // by NVML index, when known (UUIDs under set-device)
+  // Under srun only (LauncherVars): the step's GPUs on this node (SLURM_GPUS_ON_NODE) and
+  // --gpus-per-task (SLURM_GPUS_PER_TASK); nullopt = not said.
+  std::optional<int> slurm_gpus_on_node;
+  std::optional<int> slurm_gpus_per_task;
 };
 
 struct DeviceBinding {
@@ -58,7 +67,8 @@ struct DeviceBinding {
   std::vector<std::string> candidates;  // the list it was chosen from
   std::string source;                   // where the candidates came from, for messages
   int slot = 0;                         // entry == candidates[slot]
-  bool shared = false;                  // more local ranks than candidates, sharing allowed
+  bool per_task = false;                // candidates are this srun task's own list
+  std::string warning;                  // non-empty: GPUs of this task's list left idle
   // remap: the value CUDA_VISIBLE_DEVICES must get; nullopt: leave the environment alone.
   std::optional<std::string> set_visible;
   int cuda_ordinal = 0;  // what the process passes to cudaSetDevice (0 under remap)
@@ -93,8 +103,11 @@ std::string FormatBindingTable(const std::vector<BoundDevice>& rows);
 
 // ---- from the config and the environment ------------------------------------------------------
 
-// DPTRAIN_ALLOW_GPU_SHARING=1|true|yes: more local ranks than GPUs shares GPUs instead of failing.
+// DPTRAIN_ALLOW_GPU_SHARING=1|true|yes. It once let two ranks share a GPU; NCCL refuses that
+// ("Duplicate GPU detected"), so now it only makes the errors say why sharing is impossible.
 bool AllowGpuSharing(const GetEnvFn& getenv);
+// The explanation appended to those errors.
+extern const char* const kNoGpuSharing;
 
 // The request for this process from the config, the environment and the inventory.
 BindingRequest MakeBindingRequest(const DistConfig& dist, int local_rank, int local_size,
@@ -111,8 +124,11 @@ std::string ResolveDeviceKind(const std::string& configured, bool cuda_built,
 
 // The device each local rank 0..local_size-1 would get under the current environment and `dist`
 // (or the error it would get). local_size 0: the launcher's OMPI_COMM_WORLD_LOCAL_SIZE etc. is
-// not known, so one rank per candidate device is assumed.
+// not known, so one rank per candidate device is assumed. When CUDA_VISIBLE_DEVICES is this srun
+// task's own list (DeviceBinding::per_task), only `own_local_rank` is described: the other tasks
+// hold other lists.
 std::string DescribeBindings(const DistConfig& dist, const GpuInventory& inventory,
-                             const GetEnvFn& getenv, int local_size);
+                             const GetEnvFn& getenv, int local_size,
+                             std::optional<int> own_local_rank = std::nullopt);
 
 }  // namespace dptrain

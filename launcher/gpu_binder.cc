@@ -12,7 +12,7 @@
 
 namespace dptrain {
 
-std::string ExchangeBindings(ControlPlane& comm, const BoundDevice& mine, bool allow_sharing) {
+std::string ExchangeBindings(ControlPlane& comm, const BoundDevice& mine, bool sharing_requested) {
   auto clean = [](std::string s) {
     std::replace(s.begin(), s.end(), '\t', ' ');
     return s;
@@ -38,9 +38,12 @@ std::string ExchangeBindings(ControlPlane& comm, const BoundDevice& mine, bool a
     rows.push_back(d);
   }
   // Every rank holds the same rows, so every rank reaches the same verdict.
-  if (!allow_sharing) {
-    const std::string shared = FindSharedGpu(rows);
-    if (!shared.empty()) DPT_THROW(ConfigError) << shared;
+  // Never skipped: NCCL would reject the pair anyway ("Duplicate GPU detected"), later and
+  // with a less helpful message.
+  const std::string shared = FindSharedGpu(rows);
+  if (!shared.empty()) {
+    DPT_THROW(ConfigError) << shared
+                           << (sharing_requested ? "; " + std::string(kNoGpuSharing) : "");
   }
   return comm.rank() == 0 ? FormatBindingTable(rows) : "";
 }

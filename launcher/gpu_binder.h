@@ -16,9 +16,9 @@
 namespace dptrain {
 
 // Collective: gathers every rank's BoundDevice over `comm`; every rank throws the same
-// ConfigError when two ranks share a GPU (unless `allow_sharing`). Returns the table on rank 0
-// and "" elsewhere.
-std::string ExchangeBindings(ControlPlane& comm, const BoundDevice& mine, bool allow_sharing);
+// ConfigError when two ranks share a GPU (`sharing_requested`: DPTRAIN_ALLOW_GPU_SHARING is set,
+// and the message explains why it cannot help). Returns the table on rank 0 and "" elsewhere.
+std::string ExchangeBindings(ControlPlane& comm, const BoundDevice& mine, bool sharing_requested);
 
 // Applies a binding to this process's environment (setenv): CUDA_VISIBLE_DEVICES under remap,
 // and CUDA_DEVICE_ORDER=PCI_BUS_ID when unset. Must run before the first CUDA call.
@@ -44,7 +44,7 @@ class GpuBinder {
   std::string Bind(int local_rank, int local_size);
 
   const std::optional<DeviceBinding>& binding() const { return binding_; }
-  bool allow_sharing() const { return AllowGpuSharing(getenv_); }
+  bool sharing_requested() const { return AllowGpuSharing(getenv_); }
   const GpuInventory& inventory();  // probed once, on first use
 
  private:

@@ -23,12 +23,15 @@ int RunInfoCommand(const DistConfig& dist) {
   fmt::print("host {}: {} cores in the affinity mask", HostName(), AffinityCores());
   if (vars.local_rank) {
     fmt::print(", local rank {} (from {})", *vars.local_rank, vars.local_rank_source);
+    // Under srun the size comes from SLURM_STEP_TASKS_PER_NODE (launcher/process_env.h).
+    if (vars.local_size) fmt::print(" of {} (from {})", *vars.local_size, vars.local_size_source);
   }
   fmt::print("\n");
   // NVML first: it creates no CUDA context, and the binding lines below use its count.
   const GpuInventory gpus = ProbeGpus();
   fmt::print("{}", DescribeGpus(gpus));
-  fmt::print("{}", DescribeBindings(dist, gpus, getenv_fn, vars.local_size.value_or(0)));
+  fmt::print("{}",
+             DescribeBindings(dist, gpus, getenv_fn, vars.local_size.value_or(0), vars.local_rank));
   fmt::print("backends built: ");
   for (const auto& b : BuiltBackends()) fmt::print("{} ", b);
   fmt::print("\n");

@@ -6,10 +6,12 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cstdlib>
 #include <sstream>
 #include <utility>
+#include <vector>
 
 #include "core/error.h"
 
@@ -35,6 +37,88 @@ std::optional<int> ParseInt(const char* name, const char* value) {
                            << "' is not a non-negative integer";
   }
   return v;
+}
+
+// Slurm's compressed per-node counts, "2(x3),1" = 2,2,2,1 (srun(1), SLURM_TASKS_PER_NODE),
+// expanded; nullopt when malformed.
+std::optional<std::vector<int>> ExpandTasksPerNode(const std::string& text) {
+  std::vector<int> out;
+  size_t start = 0;
+  while (true) {
+    const size_t comma = text.find(',', start);
+    const std::string item =
+        text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    const size_t paren = item.find("(x");
+    int repeat = 1;
+    if (paren != std::string::npos) {
+      if (item.back() != ')') return std::nullopt;
+      const std::optional<int> r =
+          TryParseInt(item.substr(paren + 2, item.size() - paren - 3).c_str());
+      if (!r || *r == 0) return std::nullopt;
+      repeat = *r;
+    }
+    const std::optional<int> n = TryParseInt(item.substr(0, paren).c_str());
+    if (!n || *n == 0 || out.size() + static_cast<size_t>(repeat) > 1000000) return std::nullopt;
+    out.insert(out.end(), static_cast<size_t>(repeat), *n);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+// This node's ranks under srun: its entry of the step's (else the job's) task counts, picked by
+// SLURM_NODEID (the node's index in the step). nullopt when neither count variable is set, or
+// when SLURM_NODEID is missing and the nodes do not all run the same count.
+std::optional<int> SlurmLocalSize(const GetEnvFn& getenv, std::string* source) {
+  for (const char* name : {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"}) {
+    const char* v = getenv(name);
+    if (v == nullptr) continue;
+    const std::optional<std::vector<int>> parsed = ExpandTasksPerNode(v);
+    if (!parsed) {
+      DPT_THROW(ConfigError) << "launcher environment: " << name << "='" << v
+                             << "' is not a Slurm task count list like 4 or 2(x3),1";
+    }
+    const std::vector<int>& counts = *parsed;
+    const std::optional<int> node = ParseInt("SLURM_NODEID", getenv("SLURM_NODEID"));
+    *source = std::string(name) + "='" + v + "'";
+    if (node) {
+      if (static_cast<size_t>(*node) >= counts.size()) {
+        DPT_THROW(ConfigError) << "launcher environment: SLURM_NODEID=" << *node << " but " << name
+                               << "='" << v << "' lists " << counts.size() << " node"
+                               << (counts.size() == 1 ? "" : "s");
+      }
+      return counts[static_cast<size_t>(*node)];
+    }
+    if (std::all_of(counts.begin(), counts.end(), [&](int c) { return c == counts[0]; })) {
+      return counts[0];
+    }
+    source->clear();
+    return std::nullopt;
+  }
+  return std::nullopt;
+}
+
+// A Slurm GPU count ("2", "a100:2", "a100:2,v100:1" summed); a ConfigError naming `name` when
+// malformed.
+int CountSlurmGpus(const char* name, const std::string& text) {
+  int total = 0;
+  size_t start = 0;
+  while (true) {
+    const size_t comma = text.find(',', start);
+    std::string item =
+        text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    const size_t colon = item.rfind(':');
+    if (colon != std::string::npos) item = item.substr(colon + 1);
+    const std::optional<int> n = TryParseInt(item.c_str());
+    if (!n || *n == 0) {
+      DPT_THROW(ConfigError) << "launcher environment: " << name << "='" << text
+                             << "' is not a GPU count like 2 or a100:2";
+    }
+    total += *n;
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return total;
 }
 
 // The variables that carry the world rank, in precedence order.
@@ -67,8 +151,28 @@ LauncherVars ReadLauncherVars(const GetEnvFn& getenv) {
     v.local_rank = ParseInt(s.rank, r);
     v.local_rank_source = s.rank;
     v.launcher = s.launcher;
-    if (s.size != nullptr) v.local_size = ParseInt(s.size, getenv(s.size));
+    if (s.size != nullptr) {
+      v.local_size = ParseInt(s.size, getenv(s.size));
+      if (v.local_size) v.local_size_source = s.size;
+    }
     break;
+  }
+  if (v.local_rank_source == "SLURM_LOCALID") {
+    // Direct launch by srun. What this relies on (srun(1), "OUTPUT ENVIRONMENT VARIABLES"):
+    // SLURM_STEP_TASKS_PER_NODE is the step's tasks per node and SLURM_NODEID this node's index
+    // in it; SLURM_GPUS_ON_NODE is the number of GPUs available to the step on this node.
+    // --gpus-per-task=N implies --gpu-bind=per_task:N, so each task's CUDA_VISIBLE_DEVICES then
+    // holds only its own N GPUs, fewer than SLURM_GPUS_ON_NODE (--gpu-bind=none keeps the
+    // step's whole list). SLURM_STEP_GPUS does not tell the two apart: Slurm narrows it per task
+    // like CUDA_VISIBLE_DEVICES (seen on Slurm 22.05: task 0 "0,1", task 1 "2,3"), although
+    // srun(1) calls it the step's GPUs. SLURM_GPUS_PER_TASK is srun's input variable for
+    // --gpus-per-task (inherited from sbatch); it only backs up SLURM_GPUS_ON_NODE. None of this
+    // is read under mpirun, whose ranks inherit the batch step's SLURM_* variables.
+    v.local_size = SlurmLocalSize(getenv, &v.local_size_source);
+    v.slurm_gpus_on_node = ParseInt("SLURM_GPUS_ON_NODE", getenv("SLURM_GPUS_ON_NODE"));
+    if (const char* g = getenv("SLURM_GPUS_PER_TASK")) {
+      v.slurm_gpus_per_task = CountSlurmGpus("SLURM_GPUS_PER_TASK", g);
+    }
   }
   return v;
 }
@@ -118,8 +222,24 @@ int ChooseThreads(int64_t configured, const char* omp_num_threads, int affinity_
                   int online_cores, int local_size) {
   if (configured > 0) return static_cast<int>(configured);
   if (omp_num_threads != nullptr && *omp_num_threads != '\0') {
-    const int n = std::atoi(omp_num_threads);
-    if (n > 0) return n;
+    // OpenMP reads a list of positive integers, one per nesting level; the first is ours. An
+    // empty value counts as unset, as for OpenMP runtimes.
+    const std::string text = omp_num_threads;
+    std::optional<int> first;
+    for (size_t start = 0;;) {
+      const size_t comma = text.find(',', start);
+      const std::optional<int> n = TryParseInt(
+          text.substr(start, comma == std::string::npos ? std::string::npos : comma - start)
+              .c_str());
+      if (!n || *n == 0) {
+        DPT_THROW(ConfigError) << "OMP_NUM_THREADS='" << text << "' is not a positive integer "
+                               << "(or a list like 8,4); fix or unset it, or set dist.threads";
+      }
+      if (!first) first = n;
+      if (comma == std::string::npos) break;
+      start = comma + 1;
+    }
+    return *first;
   }
   // A launcher that pins ranks (mpirun --bind-to socket, srun --cpu-bind) already gave this
   // process only its share of the cores: use them all. Otherwise share the node's cores.
@@ -150,7 +270,8 @@ void CheckLauncherAgrees(const LauncherVars& vars, int mpi_local_rank, int mpi_l
   }
   if (vars.local_size && *vars.local_size != mpi_local_size) {
     DPT_THROW(ConfigError) << "launcher environment: the launcher says " << *vars.local_size
-                           << " ranks on this host but MPI counts " << mpi_local_size;
+                           << " ranks on this host but MPI counts " << mpi_local_size << " ("
+                           << vars.local_size_source << ")";
   }
 }
 

@@ -23,11 +23,18 @@ struct LauncherVars {
   std::optional<int> local_size;
   std::string local_rank_source;  // the variable local_rank came from, e.g.
                                   // "OMPI_COMM_WORLD_LOCAL_RANK"; empty when none
+  std::string local_size_source;  // e.g. "SLURM_STEP_TASKS_PER_NODE='4(x2)'"; empty when none
   std::string launcher;           // "mpirun (Open MPI)", "MPICH/Hydra", "MVAPICH", "srun", ""
+  // Only under srun (local rank from SLURM_LOCALID): how Slurm handed GPUs to this job step.
+  std::optional<int> slurm_gpus_on_node;   // SLURM_GPUS_ON_NODE: the step's GPUs on this node
+  std::optional<int> slurm_gpus_per_task;  // SLURM_GPUS_PER_TASK ("2", "a100:2"), summed
 };
 // Precedence (DESIGN.md section 4): OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID,
 // MV2_COMM_WORLD_LOCAL_RANK, PMI_LOCAL_RANK; SLURM_LOCALID only when none of those exists
-// (under mpirun inside an allocation it is 0 on every rank). Malformed values -> ConfigError.
+// (under mpirun inside an allocation it is 0 on every rank). Under srun the local size is this
+// node's entry of SLURM_STEP_TASKS_PER_NODE (else SLURM_TASKS_PER_NODE), "2(x3),1" style, picked
+// by SLURM_NODEID; unknown when SLURM_NODEID is missing and the nodes differ. Malformed values ->
+// ConfigError naming the variable.
 LauncherVars ReadLauncherVars(const GetEnvFn& getenv);
 
 // ---- world rank and size before MPI_Init ------------------------------------------------------
@@ -56,7 +63,9 @@ std::optional<LauncherRank> LauncherRankAndWorld(const GetEnvFn& getenv);
 // well-formed integer > 0; 1 when there is none (a single process).
 int LauncherWorldSize(const GetEnvFn& getenv);
 
-// Compute threads for this rank: dist.threads when > 0; else OMP_NUM_THREADS when set; else,
+// Compute threads for this rank: dist.threads when > 0; else OMP_NUM_THREADS when set (a
+// positive integer, optionally a list "8,4" of which the first level counts, as OpenMP reads it;
+// anything else is a ConfigError naming the variable); else,
 // when the launcher pinned the process to a subset of the node (affinity < online cores), the
 // cores of its mask; else the node's cores divided by the ranks on this node; at least 1.
 int ChooseThreads(int64_t configured, const char* omp_num_threads, int affinity_cores,

@@ -91,10 +91,14 @@ int RunTrainOrEval(const RunArgs& args, int* argc, char*** argv) {
 
     // Deterministic mode: a thread count that depends on the config alone (not on the cores or
     // OMP_NUM_THREADS of the machine), since the CPU kernels' reduction order depends on it.
-    const int threads = cfg.train.deterministic
-                            ? static_cast<int>(std::max<int64_t>(cfg.dist.threads, 1))
-                            : ChooseThreads(cfg.dist.threads, std::getenv("OMP_NUM_THREADS"),
-                                            AffinityCores(), OnlineCores(), env.local_size);
+    // A malformed OMP_NUM_THREADS is agreed on like any setup error (one message, exit 2).
+    int threads = 1;
+    RunAgreed(*comm, [&] {
+      threads = cfg.train.deterministic
+                    ? static_cast<int>(std::max<int64_t>(cfg.dist.threads, 1))
+                    : ChooseThreads(cfg.dist.threads, std::getenv("OMP_NUM_THREADS"),
+                                    AffinityCores(), OnlineCores(), env.local_size);
+    });
     std::string device;
     Backend* backend = nullptr;
     RunAgreed(*comm, [&] {
@@ -108,6 +112,10 @@ int RunTrainOrEval(const RunArgs& args, int* argc, char*** argv) {
     const std::string table = RankTable(*comm, env, device, threads);
     if (env.rank == 0) {
       std::fputs(table.c_str(), stdout);
+      // Every task of an srun --gpus-per-task=N>1 launch is in the same position: say it once.
+      if (binder.binding() && !binder.binding()->warning.empty()) {
+        std::printf("dptrain: warning: %s\n", binder.binding()->warning.c_str());
+      }
       std::fflush(stdout);
     }
     if (const auto gpu = BackendDevice(*backend)) {
@@ -116,7 +124,7 @@ int RunTrainOrEval(const RunArgs& args, int* argc, char*** argv) {
                        gpu->name, gpu->uuid, gpu->pci_bus_id};
       std::string bindings;
       try {
-        bindings = ExchangeBindings(*comm, mine, binder.allow_sharing());
+        bindings = ExchangeBindings(*comm, mine, binder.sharing_requested());
       } catch (const ConfigError& e) {
         throw AgreedError(e.what(), e.exit_code());
       }

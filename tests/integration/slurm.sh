@@ -9,7 +9,7 @@
 #   - train.sbatch's time-limit warning by hand (scancel --batch --signal=USR1): mpirun forwards
 #     it, the ranks checkpoint and the job completes with exit 0;
 #   - runs `dptrain info` in jobs under --gpus-per-node=4 (mpirun and srun) and
-#     --gpus-per-task=1 (srun) and checks the GPU each task would get;
+#     --gpus-per-task=1 and =2 (srun) and checks the GPU each task would get;
 #   - preempts for real: `scancel --signal=USR1` on a running slurm/preemptible.sbatch job ->
 #     checkpoint, requeue (same job id, Restarts=1), the resumed run finishes, and its final
 #     evaluation and final parameters equal those of the uninterrupted srun run exactly.
@@ -200,7 +200,8 @@ task_sees() { grep -qx "task $2 CUDA_VISIBLE_DEVICES=$3" "$TMP/info-$1.out"; }
 info_job per-node-mpirun --gpus-per-node=4 -- mpirun --bind-to none
 info_job per-node-srun --gpus-per-node=4 -- srun --mpi=pmix
 info_job per-task-srun --gpus-per-task=1 -- srun --mpi=pmix
-for n in per-node-mpirun per-node-srun per-task-srun; do
+info_job two-per-task-srun --gpus-per-task=2 -- srun --mpi=pmix
+for n in per-node-mpirun per-node-srun per-task-srun two-per-task-srun; do
   sed "s/^/  $n | /" "$TMP/info-$n.out"
 done
 # binds INFO-NAME LOCAL-RANK ENTRY SLOT LIST: `dptrain info` shows local rank LOCAL-RANK bound
@@ -229,6 +230,16 @@ check "--gpus-per-task=1, srun: task 0 sees only GPU 0 and task 1 only GPU 1" \
   both "task_sees per-task-srun 0 0 && task_sees per-task-srun 1 1"
 check "--gpus-per-task=1, srun: dptrain info binds each task to its one GPU (the only candidate)" \
   both "binds per-task-srun '[0-9]+' 0 0 0 && binds per-task-srun '[0-9]+' 1 0 1"
+check "--gpus-per-task=2, srun: task 0 sees GPUs 0,1 and task 1 sees 2,3" \
+  both "task_sees two-per-task-srun 0 0,1 && task_sees two-per-task-srun 1 2,3"
+two=$TMP/info-two-per-task-srun.out
+check "--gpus-per-task=2, srun: dptrain info knows the local size (2, from SLURM_STEP_TASKS_PER_NODE)" \
+  grep -q 'local rank 1 (from SLURM_LOCALID) of 2 (from SLURM_STEP_TASKS_PER_NODE' "$two"
+check "--gpus-per-task=2, srun: each task binds the first GPU of its own pair" \
+  both "grep -q \"local rank 0 of 2: 0 (candidate 0 of this task's own CUDA_VISIBLE_DEVICES='0,1'\" '$two' &&
+        grep -q \"local rank 1 of 2: 2 (candidate 0 of this task's own CUDA_VISIBLE_DEVICES='2,3'\" '$two'"
+check "--gpus-per-task=2, srun: dptrain info warns that the second GPU of each pair is idle" \
+  grep -q 'warning: srun gave each task 2 GPUs' "$two"
 
 # ---- 4: preemption for real -----------------------------------------------------------------
 out=$TMP/preempt.out

@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-// Device binding, the pure decision: mpirun with every GPU visible, Slurm's one GPU per task,
-// CUDA_VISIBLE_DEVICES with indices / GPU UUIDs / MIG ids, dist.gpus (alone and within
-// CUDA_VISIBLE_DEVICES), both policies, more local ranks than GPUs (error, or shared when
-// allowed), unset vs empty vs "-1" lists, malformed entries and whitespace; then the
-// after-binding uniqueness check and the table rank 0 prints.
+// Device binding, the pure decision (ChooseDevice): mpirun with every GPU visible, Slurm's one
+// and two GPUs per task, CUDA_VISIBLE_DEVICES with indices / GPU UUIDs / MIG ids, dist.gpus
+// (alone and within CUDA_VISIBLE_DEVICES), both policies, more local ranks than GPUs (an error,
+// never shared), unset vs empty vs "-1" lists, malformed entries and whitespace. The request
+// from the environment and the after-binding check: device_binding_launch_test.cc.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -16,43 +16,14 @@
 #include "launcher/config.h"
 #include "launcher/gpu_binder.h"
 #include "launcher/nvml_probe.h"
+#include "tests/unit/device_binding_testing.h"
 
 namespace dptrain {
 namespace {
 
 using ::testing::AllOf;
 using ::testing::HasSubstr;
-
-const std::string kUuidA = "GPU-8f6c1a2e-1111-2222-3333-444455556666";
-const std::string kUuidB = "GPU-0b1d2c3e-aaaa-bbbb-cccc-ddddeeeeffff";
-const std::string kUuidC = "GPU-77aa88bb-0000-1111-2222-333344445555";
-const std::string kMigA = "MIG-4f2b7c1d-1234-5678-9abc-def012345678";
-const std::string kMigB = "MIG-9e8d7c6b-1234-5678-9abc-def012345678";
-
-BindingRequest Request(int local_rank, int local_size, std::optional<std::string> visible,
-                       std::optional<int> count = 4, std::string gpus = "",
-                       BindingPolicy policy = BindingPolicy::kRemap) {
-  BindingRequest r;
-  r.local_rank = local_rank;
-  r.local_size = local_size;
-  r.cuda_visible_devices = std::move(visible);
-  r.device_count = count;
-  r.gpus = std::move(gpus);
-  r.policy = policy;
-  return r;
-}
-
-// The message of the ConfigError that `fn` throws ("" and a test failure when it throws none).
-template <class F>
-std::string ErrorOf(F&& fn) {
-  try {
-    fn();
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a ConfigError";
-  return "";
-}
+using ::testing::Not;
 
 // ---- candidates from the environment ----------------------------------------------------------
 
@@ -65,7 +36,6 @@ TEST(DeviceBindingTest, MpirunWithEveryGpuVisiblePicksByLocalRank) {
     EXPECT_EQ(*b.set_visible, std::to_string(r)) << "remap: exactly one GPU visible";
     EXPECT_EQ(b.cuda_ordinal, 0) << "remap: the GPU is device 0";
     EXPECT_THAT(b.source, HasSubstr("all 4 GPUs"));
-    EXPECT_FALSE(b.shared);
   }
 }
 
@@ -93,10 +63,84 @@ TEST(DeviceBindingTest, SlurmOneGpuPerTaskEveryRankUsesItsOnlyGpu) {
         EXPECT_EQ(b.slot, 0);
         EXPECT_EQ(b.entry, visible == " 3 " ? "3" : visible);
         EXPECT_EQ(b.cuda_ordinal, 0);
-        EXPECT_FALSE(b.shared) << "one visible device is not sharing by itself";
+        EXPECT_FALSE(b.per_task) << "one entry: the one-GPU rule, no warning";
+        EXPECT_TRUE(b.warning.empty());
       }
     }
   }
+}
+
+// srun --ntasks-per-node=4 --gpus-per-task=N on a node with 8 GPUs: Slurm gives task t its own N
+// GPUs (--gpus-per-task implies --gpu-bind=per_task:N); SLURM_GPUS_ON_NODE counts all 4*N.
+// Each rank takes the first GPU of its own list; local_size 4 is no longer "too few GPUs".
+BindingRequest SrunTask(int local_rank, const std::string& own_list, int gpus_per_task,
+                        BindingPolicy policy = BindingPolicy::kRemap) {
+  BindingRequest r = Request(local_rank, 4, own_list, 8, "", policy);
+  r.slurm_gpus_on_node = 4 * gpus_per_task;
+  r.slurm_gpus_per_task = gpus_per_task;
+  return r;
+}
+
+TEST(DeviceBindingTest, SlurmTwoGpusPerTaskEachRankTakesTheFirstOfItsOwn) {
+  const std::vector<std::string> lists = {"0,1", "2,3", "4,5", "6,7"};
+  for (int r = 0; r < 4; ++r) {
+    SCOPED_TRACE("local rank " + std::to_string(r));
+    const DeviceBinding b = ChooseDevice(SrunTask(r, lists[static_cast<size_t>(r)], 2));
+    EXPECT_TRUE(b.per_task);
+    EXPECT_EQ(b.slot, 0);
+    EXPECT_EQ(b.entry, std::to_string(2 * r));
+    EXPECT_EQ(*b.set_visible, std::to_string(2 * r));
+    EXPECT_THAT(b.source, HasSubstr("this task's own CUDA_VISIBLE_DEVICES"));
+    EXPECT_THAT(b.warning,
+                AllOf(HasSubstr("2 GPUs"), HasSubstr("uses the first"),
+                      HasSubstr("1 GPU per task stay idle"), HasSubstr("--gpus-per-task=1")));
+    const DeviceBinding s =
+        ChooseDevice(SrunTask(r, lists[static_cast<size_t>(r)], 2, BindingPolicy::kSetDevice));
+    EXPECT_EQ(s.cuda_ordinal, 0) << "set-device: the first of the task's list is CUDA device 0";
+  }
+  // Under cgroup device isolation every task's list may read "0,1": still its own.
+  EXPECT_EQ(ChooseDevice(SrunTask(3, "0,1", 2)).entry, "0");
+}
+
+TEST(DeviceBindingTest, SlurmOneGpuPerTaskWithGpusOnNodeKnown) {
+  for (int r = 0; r < 4; ++r) {
+    const DeviceBinding b = ChooseDevice(SrunTask(r, std::to_string(r), 1));
+    EXPECT_EQ(b.entry, std::to_string(r));
+    EXPECT_TRUE(b.warning.empty()) << "nothing idle";
+  }
+}
+
+TEST(DeviceBindingTest, SlurmPerTaskListWithoutGpusOnNodeFallsBackOnGpusPerTask) {
+  BindingRequest r = SrunTask(1, "2,3", 2);
+  r.slurm_gpus_on_node.reset();
+  EXPECT_TRUE(ChooseDevice(r).per_task);
+  EXPECT_EQ(ChooseDevice(r).entry, "2");
+  r.slurm_gpus_per_task.reset();
+  EXPECT_THAT(ErrorOf([&] { ChooseDevice(r); }), HasSubstr("only 2 GPUs are available"))
+      << "nothing says the list is the task's own";
+}
+
+TEST(DeviceBindingTest, SlurmGpuBindNoneKeepsTheStepsListAndPicksByLocalRank) {
+  // --gpus-per-task=2 --gpu-bind=none: every task sees the step's 8 GPUs.
+  const DeviceBinding b = ChooseDevice(SrunTask(3, "0,1,2,3,4,5,6,7", 2));
+  EXPECT_FALSE(b.per_task);
+  EXPECT_EQ(b.entry, "3");
+  EXPECT_TRUE(b.warning.empty());
+}
+
+TEST(DeviceBindingTest, SlurmTooFewGpusPerNodeIsStillAnError) {
+  // srun --ntasks-per-node=4 --gpus-per-node=2: the list is the whole step's, not a task's.
+  BindingRequest r = Request(3, 4, "0,1", 8);
+  r.slurm_gpus_on_node = 2;
+  EXPECT_THAT(ErrorOf([&] { ChooseDevice(r); }), HasSubstr("only 2 GPUs are available"));
+}
+
+TEST(DeviceBindingTest, DistGpusOverridesThePerTaskRule) {
+  BindingRequest r = SrunTask(1, "2,3", 2);
+  r.gpus = "1";
+  const DeviceBinding b = ChooseDevice(r);
+  EXPECT_FALSE(b.per_task);
+  EXPECT_EQ(b.entry, "3") << "dist.gpus indexes the task's own list";
 }
 
 TEST(DeviceBindingTest, VisibleIndicesAreTheCandidates) {
@@ -199,20 +243,23 @@ TEST(DeviceBindingTest, GpusUuidWithoutVisibleDevices) {
 
 TEST(DeviceBindingTest, MoreLocalRanksThanGpusIsAnError) {
   const std::string msg = ErrorOf([] { ChooseDevice(Request(0, 4, std::nullopt, 2)); });
-  EXPECT_THAT(msg, AllOf(HasSubstr("4 ranks"), HasSubstr("only 2 GPUs"),
-                         HasSubstr("DPTRAIN_ALLOW_GPU_SHARING")));
+  EXPECT_THAT(
+      msg, AllOf(HasSubstr("4 ranks"), HasSubstr("only 2 GPUs"), HasSubstr("--ntasks-per-node=2"),
+                 HasSubstr("dist.device=cpu"), Not(HasSubstr("DPTRAIN_ALLOW_GPU_SHARING"))))
+      << "the hint must not offer sharing: NCCL refuses two ranks on one GPU";
   // Every rank fails alike, also those that would have a GPU.
   EXPECT_THROW(ChooseDevice(Request(1, 4, "0,1", 2)), ConfigError);
   EXPECT_THROW(ChooseDevice(Request(0, 3, std::nullopt, 4, "1,2")), ConfigError);
 }
 
-TEST(DeviceBindingTest, MoreLocalRanksThanGpusSharedWhenAllowed) {
+TEST(DeviceBindingTest, GpuSharingIsRefusedEvenWhenAllowedBecauseNcclRejectsIt) {
   for (int r = 0; r < 4; ++r) {
     BindingRequest q = Request(r, 4, std::nullopt, 2);
     q.allow_sharing = true;
-    const DeviceBinding b = ChooseDevice(q);
-    EXPECT_EQ(b.entry, std::to_string(r % 2));
-    EXPECT_TRUE(b.shared);
+    EXPECT_THAT(
+        ErrorOf([&] { ChooseDevice(q); }),
+        AllOf(HasSubstr("only 2 GPUs"), HasSubstr("DPTRAIN_ALLOW_GPU_SHARING=1 cannot help"),
+              HasSubstr("Duplicate GPU detected"), HasSubstr("host memory only")));
   }
 }
 
@@ -291,145 +338,6 @@ TEST(DeviceBindingTest, ParsePolicy) {
   EXPECT_EQ(ParseBindingPolicy("remap"), BindingPolicy::kRemap);
   EXPECT_EQ(ParseBindingPolicy("set-device"), BindingPolicy::kSetDevice);
   EXPECT_THAT(ErrorOf([] { ParseBindingPolicy("setdevice"); }), HasSubstr("dist.device_binding"));
-}
-
-// ---- from the environment -----------------------------------------------------------------------
-
-TEST(DeviceBindingTest, RequestFromEnvironment) {
-  std::map<std::string, std::string> env;
-  GetEnvFn getenv = [&](const char* n) -> const char* {
-    auto it = env.find(n);
-    return it == env.end() ? nullptr : it->second.c_str();
-  };
-  DistConfig dist;
-  dist.gpus = " 2,3 ";
-  dist.device_binding = BindingPolicy::kSetDevice;
-  GpuInventory inv;
-  inv.available = true;
-  inv.gpus.resize(4);
-  inv.gpus[1].uuid = kUuidB;
-  BindingRequest r = MakeBindingRequest(dist, 1, 2, inv, getenv);
-  EXPECT_FALSE(r.cuda_visible_devices.has_value()) << "unset stays unset";
-  EXPECT_EQ(r.gpus, "2,3");
-  EXPECT_EQ(r.policy, BindingPolicy::kSetDevice);
-  EXPECT_EQ(r.device_count, 4);
-  EXPECT_EQ(r.device_uuids[1], kUuidB);
-  EXPECT_FALSE(r.allow_sharing);
-
-  env["CUDA_VISIBLE_DEVICES"] = "";
-  env["DPTRAIN_ALLOW_GPU_SHARING"] = "1";
-  r = MakeBindingRequest(dist, 0, 2, GpuInventory{}, getenv);
-  ASSERT_TRUE(r.cuda_visible_devices.has_value()) << "set but empty is not unset";
-  EXPECT_EQ(*r.cuda_visible_devices, "");
-  EXPECT_TRUE(r.allow_sharing);
-  EXPECT_FALSE(r.device_count.has_value());
-  env["DPTRAIN_ALLOW_GPU_SHARING"] = "no";
-  EXPECT_FALSE(AllowGpuSharing(getenv));
-}
-
-TEST(DeviceBindingTest, ResolveDeviceKind) {
-  GpuInventory none;
-  none.why = "no NVIDIA driver";
-  GpuInventory two;
-  two.available = true;
-  two.gpus.resize(2);
-  EXPECT_EQ(ResolveDeviceKind("cpu", true, two, std::nullopt), "cpu");
-  EXPECT_EQ(ResolveDeviceKind("cuda", true, none, std::nullopt), "cuda") << "errors come later";
-  EXPECT_EQ(ResolveDeviceKind("auto", true, two, std::nullopt), "cuda");
-  EXPECT_EQ(ResolveDeviceKind("auto", false, two, std::nullopt), "cpu") << "not built";
-  EXPECT_EQ(ResolveDeviceKind("auto", true, none, std::nullopt), "cpu") << "no driver";
-  EXPECT_EQ(ResolveDeviceKind("auto", true, two, ""), "cpu") << "all hidden";
-  EXPECT_EQ(ResolveDeviceKind("auto", true, two, "-1"), "cpu");
-  EXPECT_EQ(ResolveDeviceKind("auto", true, two, "1"), "cuda");
-}
-
-TEST(DeviceBindingTest, ProbeGpusNeverThrows) {
-  const GpuInventory inv = ProbeGpus();
-  if (!inv.available) {
-    EXPECT_FALSE(inv.why.empty()) << "an unavailable NVML says why";
-    EXPECT_TRUE(inv.gpus.empty());
-  } else {
-    for (size_t i = 0; i < inv.gpus.size(); ++i) EXPECT_EQ(inv.gpus[i].index, static_cast<int>(i));
-  }
-}
-
-// ---- after binding ------------------------------------------------------------------------------
-
-std::vector<BoundDevice> Rows() {
-  return {
-      {0, "node-a", 0, "0", "NVIDIA H100", kUuidA, "00000000:1B:00.0"},
-      {1, "node-a", 1, "1", "NVIDIA H100", kUuidB, "00000000:43:00.0"},
-      {2, "node-b", 0, "0", "NVIDIA H100", kUuidC, "00000000:1B:00.0"},
-  };
-}
-
-TEST(DeviceBindingTest, DistinctGpusPass) { EXPECT_EQ(FindSharedGpu(Rows()), ""); }
-
-TEST(DeviceBindingTest, TwoRanksOnOneGpuNamesBoth) {
-  std::vector<BoundDevice> rows = Rows();
-  rows.push_back({3, "node-b", 1, "0", "NVIDIA H100", kUuidC, "00000000:1B:00.0"});
-  EXPECT_THAT(FindSharedGpu(rows), AllOf(HasSubstr("ranks 2 and 3"), HasSubstr(kUuidC),
-                                         HasSubstr("node-b"), HasSubstr("local ranks 0 and 1")));
-}
-
-TEST(DeviceBindingTest, WithoutUuidsTheBusIdPerHostDecides) {
-  std::vector<BoundDevice> rows = Rows();
-  for (auto& r : rows) r.uuid.clear();
-  EXPECT_EQ(FindSharedGpu(rows), "") << "the same bus id on two hosts is two GPUs";
-  rows[1].pci_bus_id = rows[0].pci_bus_id;
-  EXPECT_THAT(FindSharedGpu(rows), HasSubstr("ranks 0 and 1"));
-}
-
-TEST(DeviceBindingTest, BindingTableListsEveryRank) {
-  const std::string t = FormatBindingTable(Rows());
-  EXPECT_THAT(t, AllOf(HasSubstr("node-a"), HasSubstr("node-b"), HasSubstr(kUuidB),
-                       HasSubstr("00000000:43:00.0")));
-}
-
-// A control plane whose AllGatherStrings returns preset rows (the other ranks' contributions).
-class FakeComm final : public ControlPlane {
- public:
-  FakeComm(int rank, std::vector<std::string> others) : rank_(rank), others_(std::move(others)) {}
-  int rank() const override { return rank_; }
-  int size() const override { return static_cast<int>(others_.size()); }
-  void AllReduceHost(double*, int, ReduceOp) override {}
-  void AllReduceHost(int64_t*, int, ReduceOp) override {}
-  void BroadcastHost(void*, size_t, int) override {}
-  std::vector<std::string> AllGatherStrings(const std::string& mine) override {
-    std::vector<std::string> out = others_;
-    out[static_cast<size_t>(rank_)] = mine;
-    return out;
-  }
-  void Barrier() override {}
-
- private:
-  int rank_;
-  std::vector<std::string> others_;
-};
-
-std::string Row(const BoundDevice& d) {
-  return std::to_string(d.rank) + "\t" + d.host + "\t" + std::to_string(d.local_rank) + "\t" +
-         d.entry + "\t" + d.name + "\t" + d.uuid + "\t" + d.pci_bus_id;
-}
-
-TEST(DeviceBindingTest, ExchangeAgreesOnEveryRank) {
-  const std::vector<BoundDevice> rows = Rows();
-  std::vector<std::string> strs;
-  for (const auto& r : rows) strs.push_back(Row(r));
-  FakeComm r0(0, strs), r1(1, strs);
-  EXPECT_THAT(ExchangeBindings(r0, rows[0], false), HasSubstr(kUuidC));
-  EXPECT_EQ(ExchangeBindings(r1, rows[1], false), "") << "only rank 0 gets the table";
-
-  // Rank 1 lands on rank 0's GPU: both ranks throw the same error.
-  BoundDevice clash = rows[1];
-  clash.uuid = kUuidA;
-  strs[1] = Row(clash);
-  FakeComm c0(0, strs), c1(1, strs);
-  const std::string e0 = ErrorOf([&] { ExchangeBindings(c0, rows[0], false); });
-  const std::string e1 = ErrorOf([&] { ExchangeBindings(c1, clash, false); });
-  EXPECT_THAT(e0, HasSubstr("ranks 0 and 1"));
-  EXPECT_THAT(e1, HasSubstr("ranks 0 and 1"));
-  EXPECT_NO_THROW(ExchangeBindings(c0, rows[0], /*allow_sharing=*/true));
 }
 
 }  // namespace

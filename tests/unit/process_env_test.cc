@@ -10,6 +10,7 @@
 #include <map>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "core/error.h"
 
@@ -53,13 +54,140 @@ TEST(ProcessEnvTest, LocalRankFollowsPrecedence) {
   EXPECT_EQ(v.launcher, "mpirun (Open MPI)");
 }
 
-TEST(ProcessEnvTest, SlurmLocalIdHasNoSize) {
+TEST(ProcessEnvTest, SlurmLocalIdAloneHasNoSize) {
   FakeEnv env;
   env.Set("SLURM_LOCALID", "3");
   const LauncherVars v = ReadLauncherVars(env.Fn());
   EXPECT_EQ(v.local_rank, 3);
   EXPECT_FALSE(v.local_size.has_value());
   EXPECT_EQ(v.launcher, "srun");
+  EXPECT_FALSE(v.slurm_gpus_on_node.has_value());
+}
+
+// What srun sets for `srun --ntasks-per-node=4 --gpus-per-task=2` on two nodes (srun(1),
+// OUTPUT ENVIRONMENT VARIABLES): the step's tasks per node, compressed, and this node's index.
+TEST(ProcessEnvTest, SrunLocalSizeFromTheStepsTasksPerNode) {
+  FakeEnv env;
+  env.Set("SLURM_LOCALID", "1");
+  env.Set("SLURM_NODEID", "1");
+  env.Set("SLURM_STEP_TASKS_PER_NODE", "4(x2)");
+  env.Set("SLURM_TASKS_PER_NODE", "1(x2)");  // the job's, overridden by the step's
+  LauncherVars v = ReadLauncherVars(env.Fn());
+  EXPECT_EQ(v.local_size, 4);
+  EXPECT_THAT(v.local_size_source, HasSubstr("SLURM_STEP_TASKS_PER_NODE='4(x2)'"));
+
+  env.Set("SLURM_STEP_TASKS_PER_NODE", "2(x3),1");
+  env.Set("SLURM_NODEID", "3");
+  EXPECT_EQ(ReadLauncherVars(env.Fn()).local_size, 1) << "the fourth node runs one task";
+  env.Set("SLURM_NODEID", "2");
+  EXPECT_EQ(ReadLauncherVars(env.Fn()).local_size, 2);
+}
+
+TEST(ProcessEnvTest, SrunLocalSizeWithoutNodeId) {
+  FakeEnv env;
+  env.Set("SLURM_LOCALID", "0");
+  env.Set("SLURM_TASKS_PER_NODE", "3(x4)");
+  EXPECT_EQ(ReadLauncherVars(env.Fn()).local_size, 3) << "every node runs 3: no index needed";
+  env.Set("SLURM_TASKS_PER_NODE", "3,2");
+  EXPECT_FALSE(ReadLauncherVars(env.Fn()).local_size.has_value()) << "which node is unknown";
+}
+
+TEST(ProcessEnvTest, SlurmVariablesAreIgnoredUnderMpirun) {
+  // mpirun inside an allocation: its ranks inherit the batch step's SLURM_* variables.
+  FakeEnv env;
+  env.Set("OMPI_COMM_WORLD_LOCAL_RANK", "1");
+  env.Set("OMPI_COMM_WORLD_LOCAL_SIZE", "4");
+  env.Set("SLURM_LOCALID", "0");
+  env.Set("SLURM_TASKS_PER_NODE", "1");
+  env.Set("SLURM_GPUS_ON_NODE", "4");
+  env.Set("SLURM_GPUS_PER_TASK", "2");
+  const LauncherVars v = ReadLauncherVars(env.Fn());
+  EXPECT_EQ(v.local_size, 4);
+  EXPECT_EQ(v.local_size_source, "OMPI_COMM_WORLD_LOCAL_SIZE");
+  EXPECT_FALSE(v.slurm_gpus_on_node.has_value());
+  EXPECT_FALSE(v.slurm_gpus_per_task.has_value());
+}
+
+TEST(ProcessEnvTest, SrunGpuVariables) {
+  FakeEnv env;
+  env.Set("SLURM_LOCALID", "2");
+  env.Set("SLURM_GPUS_ON_NODE", "8");
+  env.Set("SLURM_STEP_GPUS", "4,5");  // narrowed per task: not read
+  env.Set("SLURM_GPUS_PER_TASK", "a100:2");
+  LauncherVars v = ReadLauncherVars(env.Fn());
+  EXPECT_EQ(v.slurm_gpus_on_node, 8);
+  EXPECT_EQ(v.slurm_gpus_per_task, 2) << "the GPU type is dropped";
+  env.Set("SLURM_GPUS_PER_TASK", "a100:1,v100:2");
+  EXPECT_EQ(ReadLauncherVars(env.Fn()).slurm_gpus_per_task, 3) << "types are summed";
+}
+
+TEST(ProcessEnvTest, MalformedSlurmVariablesNameTheVariable) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"SLURM_STEP_TASKS_PER_NODE", "4(x"},  {"SLURM_STEP_TASKS_PER_NODE", "x4"},
+      {"SLURM_STEP_TASKS_PER_NODE", "2,,1"}, {"SLURM_TASKS_PER_NODE", "0"},
+      {"SLURM_GPUS_ON_NODE", "four"},        {"SLURM_GPUS_PER_TASK", "two"},
+      {"SLURM_GPUS_PER_TASK", "a100:"},      {"SLURM_NODEID", "n1"},
+  };
+  for (const auto& [name, value] : cases) {
+    FakeEnv env;
+    env.Set("SLURM_LOCALID", "0");
+    env.Set("SLURM_TASKS_PER_NODE", "2");
+    env.Set(name, value);
+    try {
+      ReadLauncherVars(env.Fn());
+      ADD_FAILURE() << "no error for " << name << "='" << value << "'";
+    } catch (const ConfigError& e) {
+      EXPECT_THAT(e.what(), HasSubstr(name + "='" + value + "'"));
+    }
+  }
+  FakeEnv env;
+  env.Set("SLURM_LOCALID", "0");
+  env.Set("SLURM_NODEID", "2");
+  env.Set("SLURM_STEP_TASKS_PER_NODE", "4(x2)");
+  try {
+    ReadLauncherVars(env.Fn());
+    ADD_FAILURE() << "no error for a node beyond the list";
+  } catch (const ConfigError& e) {
+    EXPECT_THAT(e.what(),
+                HasSubstr("SLURM_NODEID=2 but SLURM_STEP_TASKS_PER_NODE='4(x2)' lists 2 nodes"));
+  }
+}
+
+TEST(ProcessEnvTest, LocalSizeMismatchNamesTheVariable) {
+  LauncherVars v;
+  v.local_size = 4;
+  v.local_size_source = "SLURM_STEP_TASKS_PER_NODE='4'";
+  try {
+    CheckLauncherAgrees(v, 0, 2);
+    ADD_FAILURE() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("the launcher says 4 ranks on this host but MPI counts 2 "
+                                    "(SLURM_STEP_TASKS_PER_NODE='4')"));
+  }
+}
+
+// ---- threads ------------------------------------------------------------------------------------
+
+TEST(ProcessEnvTest, ThreadsFromConfigThenOmpNumThreadsThenCores) {
+  EXPECT_EQ(ChooseThreads(3, "8", 16, 16, 4), 3) << "dist.threads first";
+  EXPECT_EQ(ChooseThreads(0, "8", 16, 16, 4), 8);
+  EXPECT_EQ(ChooseThreads(0, "6,2", 16, 16, 4), 6) << "OpenMP's nested list: the first level";
+  EXPECT_EQ(ChooseThreads(0, "", 16, 16, 4), 4) << "empty counts as unset";
+  EXPECT_EQ(ChooseThreads(0, nullptr, 16, 16, 4), 4) << "16 cores / 4 ranks";
+  EXPECT_EQ(ChooseThreads(0, nullptr, 4, 16, 4), 4) << "pinned: the whole mask";
+}
+
+TEST(ProcessEnvTest, MalformedOmpNumThreadsIsAConfigError) {
+  for (const char* bad : {"abc", "0", "-2", "4x", " 4", "8,", ",8"}) {
+    SCOPED_TRACE(bad);
+    try {
+      ChooseThreads(0, bad, 16, 16, 4);
+      ADD_FAILURE() << "no error";
+    } catch (const ConfigError& e) {
+      EXPECT_THAT(e.what(), HasSubstr("OMP_NUM_THREADS='" + std::string(bad) +
+                                      "' is not a positive integer"));
+    }
+  }
 }
 
 TEST(ProcessEnvTest, MalformedLocalRankIsAConfigError) {
