@@ -97,6 +97,10 @@ class Backend {
   virtual std::string name() const = 0;  // "cpu", "cuda"
   // Compute threads for this backend (CPU: OpenMP/oneDNN threads; no-op elsewhere).
   virtual void SetThreads(int /*threads*/) {}
+  // train.deterministic: every op must give the same bits on every run (CUDA: only
+  // deterministic cuDNN algorithms, an error naming the layer when a conv has none; the CPU
+  // backend is deterministic for a given thread count). Call before preparing plans.
+  virtual void SetDeterministic(bool /*on*/) {}
 
   CachingAllocator& allocator() { return *allocator_; }
   // Bytes of workspace the backend shares between all ops (oneDNN scratchpad, cuDNN workspace).

@@ -107,6 +107,7 @@ int RunTrainOrEval(const RunArgs& args, int* argc, char*** argv) {
       if (binder.binding()) SelectDevice(device, binder.binding()->cuda_ordinal);
       backend = &GetBackend(device);
       backend->SetThreads(threads);
+      backend->SetDeterministic(cfg.train.deterministic);
       if (cfg.memory.limit_bytes > 0) backend->allocator().set_budget(cfg.memory.limit_bytes);
     });
     const std::string table = RankTable(*comm, env, device, threads);

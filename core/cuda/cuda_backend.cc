@@ -29,6 +29,7 @@
 
 #include "core/cuda/cuda_backend_impl.h"
 #include "core/cuda/cuda_check.h"
+#include "core/cuda/cuda_rules.h"
 #include "core/cuda/cuda_interop.h"
 #include "core/cuda/kernels.h"
 #include "core/error.h"
@@ -205,26 +206,12 @@ void CudaBackend::Synchronize() {
 
 // ---- support ------------------------------------------------------------------------------------
 
-// cuDNN's descriptor API and cuBLAS take int dimensions, and a 4-d tensor descriptor's strides
-// are ints too, so every element count of a conv operand must fit. bf16 tensor-core math needs
-// compute capability 8.0; fp16 runs on every architecture this binary is built for (7.5+).
+// cuDNN's legacy descriptors take int dimensions and strides (ConvFitsLegacyDescriptors,
+// cuda_rules.h). bf16 tensor-core math needs compute capability 8.0; fp16 runs on every
+// architecture this binary is built for (7.5+).
 bool CudaBackend::Supports(const Conv2dDesc& d) const {
-  const bool shape = d.n > 0 && d.c > 0 && d.h > 0 && d.w > 0 && d.k > 0 && d.r > 0 && d.s > 0 &&
-                     d.stride > 0 && d.pad >= 0 && d.out_h() > 0 && d.out_w() > 0;
-  if (!shape) return false;
-  const bool ints = FitsInt(d.n) && FitsInt(d.c) && FitsInt(d.h) && FitsInt(d.w) && FitsInt(d.k) &&
-                    FitsInt(d.r) && FitsInt(d.s) && FitsInt(d.stride) && FitsInt(d.pad);
-  if (!ints) return false;
-  // Products in double: they cannot overflow, and int range is far inside double's exact range.
-  const auto numel = [](int64_t a, int64_t b, int64_t c, int64_t e) {
-    return static_cast<double>(a) * static_cast<double>(b) * static_cast<double>(c) *
-           static_cast<double>(e);
-  };
-  const bool counts = numel(d.n, d.c, d.h, d.w) <= INT_MAX &&
-                      numel(d.n, d.k, d.out_h(), d.out_w()) <= INT_MAX &&
-                      numel(d.k, d.c, d.r, d.s) <= INT_MAX;
-  const bool precision = d.precision != Precision::kBF16 || identity_.cc_major >= 8;
-  return counts && precision;
+  return ConvFitsLegacyDescriptors(d) &&
+         (d.precision != Precision::kBF16 || identity_.cc_major >= 8);
 }
 
 bool CudaBackend::Supports(const LinearDesc& d) const {

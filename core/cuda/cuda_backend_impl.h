@@ -137,6 +137,11 @@ class CudaBackend final : public Backend {
   Tensor partials_;   // reduction partials (kernels::ReductionPartials() doubles)
   Tensor scalars_;    // small device results copied to the host (counts, sums, flags)
 
+  void SetDeterministic(bool on) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (on != deterministic_) conv_plans_.clear();  // chosen under the other rule
+    deterministic_ = on;
+  }
   void ReleasePlans() override {
     std::lock_guard<std::mutex> lock(mu_);
     conv_plans_.clear();
@@ -144,7 +149,8 @@ class CudaBackend final : public Backend {
     pool_plans_.clear();
   }
 
-  std::mutex mu_;  // guards the plan caches
+  std::mutex mu_;  // guards the plan caches and deterministic_
+  bool deterministic_ = false;
   std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
                       int64_t, bool, int>,
            std::shared_ptr<OpPlan>>

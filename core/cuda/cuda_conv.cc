@@ -58,7 +58,7 @@ std::shared_ptr<OpPlan> CudaBackend::PrepareConv2d(const Conv2dDesc& d) {
 
   // Algorithms: cuDNN's heuristics, deterministic backward ones (cuda_conv_algo.cc).
   const size_t cap = std::min<size_t>(size_t{1} << 30, identity_.memory_total / 8);
-  ChooseConvAlgorithms(cudnn_, p.get(), math, cap);
+  ChooseConvAlgorithms(cudnn_, p.get(), deterministic_, cap);
   ReserveWorkspace(std::max({p->fwd_ws, p->data_ws, p->filter_ws}));
   if (p->half) {
     const DType ht = HalfDType(d.precision);

@@ -1,53 +1,67 @@
 // SPDX-License-Identifier: Apache-2.0
-// The CUDA backend's cuDNN algorithm search for conv2d: PickAlgo's order of preference over
-// cuDNN's heuristic results, and the three queries (forward, backward data, backward filter).
+// The CUDA backend's cuDNN algorithm search for conv2d: the three heuristic queries (forward,
+// backward data, backward filter), each answered by PickConvAlgo (cuda_rules.h); every
+// descriptor keeps the math type cuDNN reported for its algorithm.
 #include <cudnn.h>
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdio>
+#include <string>
 #include <vector>
 
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/cuda_conv_impl.h"
+#include "core/cuda/cuda_rules.h"
 #include "core/error.h"
+#include "core/memory/caching_allocator.h"
 
 namespace dptrain::cuda {
 namespace {
 
-// Picks the first (fastest by cuDNN's heuristics) usable result: status OK, deterministic when
-// asked, workspace within `cap`, and for fp32 FMA-only math (no TF32). Constraints are relaxed in
-// order (workspace cap, then determinism, then for fp32 any result whose math is not tensor-op:
-// the descriptor is set to CUDNN_FMA_MATH anyway) when nothing qualifies.
+// cuDNN's results as PickConvAlgo (cuda_rules.cc) sees them.
 template <class Perf>
-const Perf* PickAlgo(const std::vector<Perf>& perfs, bool fp32, bool want_deterministic,
-                     size_t cap) {
-  for (int pass = 0; pass < 4; ++pass) {
-    const bool capped = pass == 0;
-    const bool det = want_deterministic && pass < 2;
-    const bool strict_math = pass < 3;
-    for (const Perf& p : perfs) {
-      if (p.status != CUDNN_STATUS_SUCCESS) continue;
-      if (fp32 && strict_math && p.mathType != CUDNN_FMA_MATH) continue;
-      if (fp32 && (p.mathType == CUDNN_TENSOR_OP_MATH ||
-                   p.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION)) {
-        continue;
-      }
-      if (det && p.determinism != CUDNN_DETERMINISTIC) continue;
-      if (capped && p.memory > cap) continue;
-      return &p;
-    }
+std::vector<AlgoCandidate> Candidates(const std::vector<Perf>& perfs) {
+  std::vector<AlgoCandidate> out;
+  out.reserve(perfs.size());
+  for (const Perf& p : perfs) {
+    out.push_back({p.status == CUDNN_STATUS_SUCCESS, p.determinism == CUDNN_DETERMINISTIC,
+                   static_cast<int>(p.mathType), p.memory});
   }
-  return nullptr;
+  return out;
 }
 
 }  // namespace
 
-void ChooseConvAlgorithms(cudnnHandle_t cudnn, ConvPlan* p, cudnnMathType_t math, size_t cap) {
+void ChooseConvAlgorithms(cudnnHandle_t cudnn, ConvPlan* p, bool deterministic, size_t cap) {
   const Conv2dDesc& d = p->d;
   const bool fp32 = !p->half;
-  auto fail = [&](const char* what) {
-    DPT_THROW(UnsupportedError) << "cuda: cuDNN offers no usable " << what << " algorithm for "
-                                << d.ToString();
+  const Determinism backward = deterministic ? Determinism::kRequired : Determinism::kPreferred;
+  // Returns the chosen result; throws naming the layer (the setup's allocation scope) when
+  // cuDNN offers none that meets the requirements.
+  auto pick = [&](const auto& perfs, Determinism det, const char* what) {
+    std::string relaxed;
+    const auto i = PickConvAlgo(Candidates(perfs), fp32, det, cap, &relaxed);
+    if (i && fp32 && perfs[*i].mathType != CUDNN_FMA_MATH) {
+      const std::string& scope = AllocationScope::Current();
+      const std::string layer = scope.empty() ? "" : " (layer " + scope + ")";
+      std::fprintf(stderr,
+                   "%sdptrain: warning: cuDNN has no FMA-only %s algorithm for %s%s; using one "
+                   "with CUDNN_DEFAULT_MATH, which may use TF32 on Ampere and later GPUs\n",
+                   RankTag().c_str(), what, d.ToString().c_str(), layer.c_str());
+    }
+    if (!i) {
+      const std::string& layer = AllocationScope::Current();
+      DPT_THROW(UnsupportedError)
+          << "cuda: cuDNN offers no usable " << what << " algorithm"
+          << (det == Determinism::kRequired ? " that is deterministic" : "") << " for "
+          << d.ToString() << (layer.empty() ? "" : " (layer " + layer + ")")
+          << (det == Determinism::kRequired
+                  ? "; train.deterministic = true never falls back to a non-deterministic one "
+                    "(set it to false to allow that)"
+                  : "");
+    }
+    return perfs[*i];
   };
   {
     int max = 0, got = 0;
@@ -57,10 +71,9 @@ void ChooseConvAlgorithms(cudnnHandle_t cudnn, ConvPlan* p, cudnnMathType_t math
                                                            static_cast<int>(perfs.size()), &got,
                                                            perfs.data()));
     perfs.resize(static_cast<size_t>(got));
-    const auto* best = PickAlgo(perfs, fp32, false, cap);
-    if (best == nullptr) fail("forward");
-    p->fwd_algo = best->algo;
-    DPT_CUDNN_CHECK(cudnnSetConvolutionMathType(p->fwd.d, fp32 ? math : best->mathType));
+    const auto best = pick(perfs, Determinism::kAny, "forward");
+    p->fwd_algo = best.algo;
+    DPT_CUDNN_CHECK(cudnnSetConvolutionMathType(p->fwd.d, best.mathType));
     DPT_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(cudnn, p->x.d, p->w.d, p->fwd.d, p->y.d,
                                                             p->fwd_algo, &p->fwd_ws));
   }
@@ -72,10 +85,9 @@ void ChooseConvAlgorithms(cudnnHandle_t cudnn, ConvPlan* p, cudnnMathType_t math
         cudnn, p->w.d, p->y.d, p->bwd_data.d, p->x.d, static_cast<int>(perfs.size()), &got,
         perfs.data()));
     perfs.resize(static_cast<size_t>(got));
-    const auto* best = PickAlgo(perfs, fp32, true, cap);
-    if (best == nullptr) fail("backward-data");
-    p->data_algo = best->algo;
-    DPT_CUDNN_CHECK(cudnnSetConvolutionMathType(p->bwd_data.d, fp32 ? math : best->mathType));
+    const auto best = pick(perfs, backward, "backward-data");
+    p->data_algo = best.algo;
+    DPT_CUDNN_CHECK(cudnnSetConvolutionMathType(p->bwd_data.d, best.mathType));
     DPT_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(
         cudnn, p->w.d, p->y.d, p->bwd_data.d, p->x.d, p->data_algo, &p->data_ws));
   }
@@ -87,10 +99,9 @@ void ChooseConvAlgorithms(cudnnHandle_t cudnn, ConvPlan* p, cudnnMathType_t math
         cudnn, p->x.d, p->y.d, p->bwd_filter.d, p->w.d, static_cast<int>(perfs.size()), &got,
         perfs.data()));
     perfs.resize(static_cast<size_t>(got));
-    const auto* best = PickAlgo(perfs, fp32, true, cap);
-    if (best == nullptr) fail("backward-filter");
-    p->filter_algo = best->algo;
-    DPT_CUDNN_CHECK(cudnnSetConvolutionMathType(p->bwd_filter.d, fp32 ? math : best->mathType));
+    const auto best = pick(perfs, backward, "backward-filter");
+    p->filter_algo = best.algo;
+    DPT_CUDNN_CHECK(cudnnSetConvolutionMathType(p->bwd_filter.d, best.mathType));
     DPT_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(
         cudnn, p->x.d, p->y.d, p->bwd_filter.d, p->w.d, p->filter_algo, &p->filter_ws));
   }

@@ -64,10 +64,11 @@ struct ConvPlan final : OpPlan {
 };
 
 // Chooses p's forward, backward-data and backward-filter algorithms with cuDNN's heuristics (no
-// benchmarking, so every rank picks the same ones; deterministic backward algorithms so reruns
-// and ranks agree bit for bit), sets each descriptor's math type to match (`math` for fp32) and
-// records each workspace size. `cap` bounds the workspace where an algorithm allows. Throws
-// UnsupportedError when cuDNN offers no usable algorithm for an op.
-void ChooseConvAlgorithms(cudnnHandle_t cudnn, ConvPlan* p, cudnnMathType_t math, size_t cap);
+// benchmarking, so every rank picks the same ones) and PickConvAlgo's rules (cuda_rules.h):
+// deterministic backward algorithms, required when `deterministic` (train.deterministic) and
+// otherwise preferred; sets each descriptor's math type to the one cuDNN reported for its
+// algorithm and records each workspace size. `cap` bounds the workspace where an algorithm
+// allows. Throws UnsupportedError naming the layer when cuDNN offers no usable algorithm.
+void ChooseConvAlgorithms(cudnnHandle_t cudnn, ConvPlan* p, bool deterministic, size_t cap);
 
 }  // namespace dptrain::cuda

@@ -62,7 +62,7 @@ std::shared_ptr<Buffer> CachingAllocator::Allocate(size_t bytes, std::string_vie
     ptr = it->second;
     const size_t got = it->first;
     free_blocks_.erase(it);
-    live_[ptr] = Live{got, label, {}};
+    live_[ptr] = Live{got, label, {}, {}};
     stats_.in_use += got;
   } else {
     ptr = AllocLocked(block);
@@ -79,7 +79,7 @@ std::shared_ptr<Buffer> CachingAllocator::Allocate(size_t bytes, std::string_vie
       lock.unlock();
       DPT_THROW(OutOfMemory) << os.str();
     }
-    live_[ptr] = Live{block, label, {}};
+    live_[ptr] = Live{block, label, {}, {}};
     stats_.in_use += block;
     stats_.reserved += block;
     ++stats_.num_device_allocs;
@@ -101,10 +101,10 @@ void CachingAllocator::Release(void* ptr, size_t bytes) noexcept {
   auto it = live_.find(ptr);
   if (it == live_.end()) return;
   stats_.in_use -= it->second.bytes;
-  if (it->second.streams.empty()) {
+  if (it->second.streams.empty() && it->second.fences.empty()) {
     free_blocks_.emplace(it->second.bytes, ptr);
   } else {
-    Pending p{it->second.bytes, ptr, {}};
+    Pending p{it->second.bytes, ptr, std::move(it->second.fences)};
     for (void* s : it->second.streams) p.fences.push_back(raw_->RecordFence(s));
     pending_.push_back(std::move(p));
   }
@@ -118,6 +118,16 @@ void CachingAllocator::RecordStream(void* ptr, void* stream) {
   if (it == live_.end() || stream == nullptr) return;
   auto& streams = it->second.streams;
   if (std::find(streams.begin(), streams.end(), stream) == streams.end()) streams.push_back(stream);
+}
+
+void CachingAllocator::ForgetStream(void* stream) noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [ptr, live] : live_) {
+    auto it = std::find(live.streams.begin(), live.streams.end(), stream);
+    if (it == live.streams.end()) continue;
+    live.streams.erase(it);
+    if (void* fence = raw_->RecordFence(stream)) live.fences.push_back(fence);
+  }
 }
 
 void CachingAllocator::ReclaimPendingLocked() {

@@ -80,6 +80,11 @@ class CachingAllocator {
   // new tensor is written while a collective may still read the old one. Called by
   // Buffer::RecordStream.
   void RecordStream(void* ptr, void* stream);
+  // `stream` is about to be destroyed (a communicator going away). Every live block that records
+  // it gets a fence recorded now, while the handle is still valid, and forgets the handle: the
+  // driver recycles stream handles, so a fence recorded later could land on an unrelated stream.
+  // No work can be queued on a destroyed stream, so that fence covers all of it.
+  void ForgetStream(void* stream) noexcept;
 
   // Rounds a request to the block size actually reserved for it.
   static size_t RoundSize(size_t bytes);
@@ -98,6 +103,7 @@ class CachingAllocator {
     size_t bytes;
     std::string label;
     std::vector<void*> streams;  // other streams that use the block (RecordStream)
+    std::vector<void*> fences;   // recorded by ForgetStream on streams since destroyed
   };
   std::unordered_map<void*, Live> live_;
   struct Pending {  // released, but other streams may still use it

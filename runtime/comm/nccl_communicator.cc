@@ -25,6 +25,7 @@
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/cuda_interop.h"
 #include "core/error.h"
+#include "core/memory/caching_allocator.h"
 
 namespace dptrain {
 namespace {
@@ -293,7 +294,12 @@ NcclCommunicator::~NcclCommunicator() {
     comm_ = nullptr;
   }
   if (ready_ != nullptr) DPT_CUDA_WARN(cudaEventDestroy(ready_));
-  if (stream_ != nullptr) DPT_CUDA_WARN(cudaStreamDestroy(stream_));
+  if (stream_ != nullptr) {
+    // Tensors that outlive this communicator (a Split's buckets, orphans of an abort) must not
+    // be fenced later on a handle the driver may have handed to another stream.
+    be_.allocator().ForgetStream(stream_);
+    DPT_CUDA_WARN(cudaStreamDestroy(stream_));
+  }
 }
 
 void NcclCommunicator::Abort() noexcept {

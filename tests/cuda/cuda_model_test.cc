@@ -76,10 +76,14 @@ TEST_P(CudaModelTest, MatchesTheCpuBackend) {
 
 TEST_P(CudaModelTest, RerunsAreBitIdentical) {
   DPT_BACKEND_OR_SKIP(cuda, "cuda");
+  // train.deterministic = true: only deterministic cuDNN algorithms (an error otherwise).
+  cuda->SetDeterministic(true);
   const ModelRun a = ForwardBackward(*cuda, GetParam(), Precision::kF32);
   const ModelRun b = ForwardBackward(*cuda, GetParam(), Precision::kF32);
+  cuda->SetDeterministic(false);
   EXPECT_EQ(a.out, b.out);
   EXPECT_EQ(a.grads, b.grads) << "backward must use deterministic algorithms";
+  EXPECT_EQ(a.buffers, b.buffers);
 }
 
 TEST_P(CudaModelTest, Bf16LossIsCloseToFp32) {
@@ -188,7 +192,8 @@ TEST(CudaBackendTest, IdentityAndVersions) {
   DPT_BACKEND_OR_SKIP(cuda, "cuda");
   const auto dev = BackendDevice(*cuda);
   ASSERT_TRUE(dev.has_value());
-  EXPECT_EQ(dev->uuid.rfind("GPU-", 0), 0u) << dev->uuid;
+  // A whole GPU "GPU-<uuid>", a MIG instance its own "MIG-<uuid>" (cuDeviceGetUuid_v2).
+  EXPECT_TRUE(dev->uuid.rfind("GPU-", 0) == 0 || dev->uuid.rfind("MIG-", 0) == 0) << dev->uuid;
   EXPECT_EQ(dev->uuid.size(), 40u) << dev->uuid;
   EXPECT_FALSE(dev->pci_bus_id.empty());
   EXPECT_GT(dev->memory_total, 0u);

@@ -51,14 +51,14 @@ train_and_check() {
   pass "$name: training exits 0 ($((SECONDS - start))s)"
   acc=$(accuracy "$TMP/$name")
   check "$name: test_accuracy $acc >= 0.87" python3 -c "import sys; sys.exit(0 if $acc >= 0.87 else 1)"
-  check "$name: rank 0 prints the binding table with GPU UUIDs" grep -q ' GPU-' "$TMP/$name.out"
+  check "$name: rank 0 prints the binding table with GPU (or MIG) UUIDs" grep -Eq ' (GPU|MIG)-' "$TMP/$name.out"
 }
 
 train_and_check gpu1
 if ((NGPU >= 2)); then
   train_and_check gpu2 "${MPI2[@]}"
   check "gpu2: the two ranks are on two different GPUs" \
-    test "$(grep -o 'GPU-[0-9a-f-]*' "$TMP/gpu2.out" | sort -u | wc -l)" -ge 2
+    test "$(grep -Eo '(GPU|MIG)-[0-9a-f-]*' "$TMP/gpu2.out" | sort -u | wc -l)" -ge 2
   CASE="set-device policy, 2 ranks, 20 steps"
   expect_ok -- "${MPI2[@]}" "$DPTRAIN" "${TRAIN[@]}" --set "run_dir=$TMP/setdev" \
     --set dist.device_binding=set-device --set train.max_steps=20 --set train.eval_every_epochs=0

@@ -157,6 +157,45 @@ TEST(AllocatorTest, BlocksUsedByAnotherStreamWaitForItsFence) {
   EXPECT_TRUE(r->fences[0].destroyed);
 }
 
+// A communicator's stream is destroyed while a tensor it used lives on (nccl_test's Split and
+// MissingPeer cases). The fence must be recorded before the handle dies, never on the handle
+// afterwards: the driver recycles handles, so a later fence could land on an unrelated stream.
+TEST(AllocatorTest, ForgottenStreamIsFencedBeforeItIsDestroyed) {
+  auto raw = std::make_unique<FencedRaw>();
+  FencedRaw* r = raw.get();
+  CachingAllocator a(std::move(raw));
+  void* comm_stream = reinterpret_cast<void*>(0x5);
+  void* other_stream = reinterpret_cast<void*>(0x6);
+  auto survivor = a.Allocate(1 << 20, "bucket of a split communicator");
+  auto untouched = a.Allocate(4096, "activation");
+  void* old = survivor->data();
+  survivor->RecordStream(comm_stream);
+  survivor->RecordStream(other_stream);
+
+  a.ForgetStream(comm_stream);  // ~NcclCommunicator, just before cudaStreamDestroy
+  ASSERT_EQ(r->fences.size(), 1u) << "one fence, recorded while the stream still exists";
+  EXPECT_EQ(r->fences[0].stream, comm_stream);
+  const void* destroyed = comm_stream;  // from here on the handle may name another stream
+
+  survivor.reset();
+  untouched.reset();
+  for (size_t i = 1; i < r->fences.size(); ++i) {
+    EXPECT_NE(r->fences[i].stream, destroyed) << "fence recorded on a destroyed stream";
+  }
+  ASSERT_EQ(r->fences.size(), 2u) << "the live stream is fenced at release as before";
+  EXPECT_EQ(r->fences[1].stream, other_stream);
+
+  r->fences[1].done = true;
+  auto held = a.Allocate(1 << 20, "next");
+  EXPECT_NE(held->data(), old) << "the forgotten stream's work may still run";
+  r->fences[0].done = true;
+  EXPECT_EQ(a.Allocate(1 << 20, "next")->data(), old) << "reused once both fences passed";
+  EXPECT_TRUE(r->fences[0].destroyed);
+  EXPECT_TRUE(r->fences[1].destroyed);
+  a.ForgetStream(comm_stream);  // nothing records it any more: no new fence
+  EXPECT_EQ(r->fences.size(), 2u);
+}
+
 TEST(AllocatorTest, BlocksWithoutOtherStreamsNeedNoFence) {
   auto raw = std::make_unique<FencedRaw>();
   FencedRaw* r = raw.get();

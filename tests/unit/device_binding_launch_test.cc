@@ -161,6 +161,20 @@ TEST(DeviceBindingTest, TwoRanksOnOneGpuNamesBoth) {
                                          HasSubstr("node-b"), HasSubstr("local ranks 0 and 1")));
 }
 
+// Two MIG instances of one GPU share its PCI bus id but have their own MIG UUIDs (the CUDA
+// backend names a MIG instance by cuDeviceGetUuid_v2): they are two devices, not one GPU shared.
+TEST(DeviceBindingTest, TwoMigInstancesOfOneGpuAreTwoDevices) {
+  const char* mig_a = "MIG-9b2f33a8-4d53-5c7e-a1f2-0c4b1e2d3f40";
+  const char* mig_b = "MIG-5e61c2d0-7a8b-5f19-b3c4-d5e6f7a8b9c0";
+  std::vector<BoundDevice> rows = {
+      {0, "node-a", 0, mig_a, "NVIDIA A100 MIG 3g.40gb", mig_a, "00000000:1B:00.0"},
+      {1, "node-a", 1, mig_b, "NVIDIA A100 MIG 3g.40gb", mig_b, "00000000:1B:00.0"},
+  };
+  EXPECT_EQ(FindSharedGpu(rows), "");
+  rows[1].uuid = mig_a;  // the same instance twice is still caught
+  EXPECT_THAT(FindSharedGpu(rows), AllOf(HasSubstr("ranks 0 and 1"), HasSubstr(mig_a)));
+}
+
 TEST(DeviceBindingTest, WithoutUuidsTheBusIdPerHostDecides) {
   std::vector<BoundDevice> rows = Rows();
   for (auto& r : rows) r.uuid.clear();
