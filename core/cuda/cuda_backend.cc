@@ -29,8 +29,8 @@
 
 #include "core/cuda/cuda_backend_impl.h"
 #include "core/cuda/cuda_check.h"
-#include "core/cuda/cuda_rules.h"
 #include "core/cuda/cuda_interop.h"
+#include "core/cuda/cuda_rules.h"
 #include "core/cuda/kernels.h"
 #include "core/error.h"
 

@@ -39,30 +39,31 @@ void ChooseConvAlgorithms(cudnnHandle_t cudnn, ConvPlan* p, bool deterministic, 
   const Determinism backward = deterministic ? Determinism::kRequired : Determinism::kPreferred;
   // Returns the chosen result; throws naming the layer (the setup's allocation scope) when
   // cuDNN offers none that meets the requirements.
-  auto pick = [&](const auto& perfs, Determinism det, const char* what) {
-    std::string relaxed;
-    const auto i = PickConvAlgo(Candidates(perfs), fp32, det, cap, &relaxed);
-    if (i && fp32 && perfs[*i].mathType != CUDNN_FMA_MATH) {
-      const std::string& scope = AllocationScope::Current();
-      const std::string layer = scope.empty() ? "" : " (layer " + scope + ")";
-      std::fprintf(stderr,
-                   "%sdptrain: warning: cuDNN has no FMA-only %s algorithm for %s%s; using one "
-                   "with CUDNN_DEFAULT_MATH, which may use TF32 on Ampere and later GPUs\n",
-                   RankTag().c_str(), what, d.ToString().c_str(), layer.c_str());
-    }
-    if (!i) {
-      const std::string& layer = AllocationScope::Current();
-      DPT_THROW(UnsupportedError)
-          << "cuda: cuDNN offers no usable " << what << " algorithm"
-          << (det == Determinism::kRequired ? " that is deterministic" : "") << " for "
-          << d.ToString() << (layer.empty() ? "" : " (layer " + layer + ")")
-          << (det == Determinism::kRequired
-                  ? "; train.deterministic = true never falls back to a non-deterministic one "
-                    "(set it to false to allow that)"
-                  : "");
-    }
-    return perfs[*i];
-  };
+  auto pick =
+      [&](const auto& perfs, Determinism det, const char* what) {
+        std::string relaxed;
+        const auto i = PickConvAlgo(Candidates(perfs), fp32, det, cap, &relaxed);
+        if (i && fp32 && perfs[*i].mathType != CUDNN_FMA_MATH) {
+          const std::string& scope = AllocationScope::Current();
+          const std::string layer = scope.empty() ? "" : " (layer " + scope + ")";
+          std::fprintf(stderr,
+                       "%sdptrain: warning: cuDNN has no FMA-only %s algorithm for %s%s; using one "
+                       "with CUDNN_DEFAULT_MATH, which may use TF32 on Ampere and later GPUs\n",
+                       RankTag().c_str(), what, d.ToString().c_str(), layer.c_str());
+        }
+        if (!i) {
+          const std::string& layer = AllocationScope::Current();
+          DPT_THROW(UnsupportedError)
+              << "cuda: cuDNN offers no usable " << what << " algorithm"
+              << (det == Determinism::kRequired ? " that is deterministic" : "") << " for "
+              << d.ToString() << (layer.empty() ? "" : " (layer " + layer + ")")
+              << (det == Determinism::kRequired
+                      ? "; train.deterministic = true never falls back to a non-deterministic one "
+                        "(set it to false to allow that)"
+                      : "");
+        }
+        return perfs[*i];
+      };
   {
     int max = 0, got = 0;
     DPT_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithmMaxCount(cudnn, &max));

@@ -3,8 +3,8 @@
 // writes it: "GPU-..." for a whole GPU, "MIG-..." for a MIG instance; PCI bus id, memory, compute
 // capability) and IdentityOf.
 #include <cuda.h>
-#include <cuda_runtime.h>
 #include <cudaTypedefs.h>
+#include <cuda_runtime.h>
 
 #include <algorithm>
 #include <optional>

@@ -12,9 +12,8 @@ bool ConvFitsLegacyDescriptors(const Conv2dDesc& d) {
                      d.stride > 0 && d.pad >= 0 && d.out_h() > 0 && d.out_w() > 0;
   if (!shape) return false;
   const auto fits = [](int64_t v) { return v >= 0 && v <= INT_MAX; };
-  if (!(fits(d.n) && fits(d.c) && fits(d.h) && fits(d.w) && fits(d.k) && fits(d.r) &&
-        fits(d.s) && fits(d.stride) && fits(d.pad) && fits(d.h + 2 * d.pad) &&
-        fits(d.w + 2 * d.pad))) {
+  if (!(fits(d.n) && fits(d.c) && fits(d.h) && fits(d.w) && fits(d.k) && fits(d.r) && fits(d.s) &&
+        fits(d.stride) && fits(d.pad) && fits(d.h + 2 * d.pad) && fits(d.w + 2 * d.pad))) {
     return false;
   }
   // Element counts in double: the products cannot overflow, and INT_MAX is far inside double's

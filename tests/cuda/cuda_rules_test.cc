@@ -3,14 +3,14 @@
 // built but no GPU. Which conv2d shapes the legacy descriptors can describe, which of cuDNN's
 // heuristic results PickConvAlgo runs (and what it never gives up), and device names for whole
 // GPUs and MIG instances.
+#include "core/cuda/cuda_rules.h"
+
 #include <gtest/gtest.h>
 
 #include <climits>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include "core/cuda/cuda_rules.h"
 
 namespace dptrain::cuda {
 namespace {
@@ -79,8 +79,8 @@ TEST(CudaRulesTest, DeterminismIsNeverGivenUpWhenRequired) {
   EXPECT_NE(relaxed.find("determinism"), std::string::npos) << relaxed;
 
   const std::vector<AlgoCandidate> perfs = {
-      Algo(false, kCudnnFmaMath, 0),      // FMA but not deterministic
-      Algo(true, kCudnnDefaultMath, 0),   // deterministic, reported with default math
+      Algo(false, kCudnnFmaMath, 0),     // FMA but not deterministic
+      Algo(true, kCudnnDefaultMath, 0),  // deterministic, reported with default math
   };
   EXPECT_EQ(PickConvAlgo(perfs, true, Determinism::kRequired, 1 << 30, &relaxed), 1u);
   EXPECT_NE(relaxed.find("FMA-only"), std::string::npos) << relaxed;
