@@ -114,6 +114,10 @@ class Backend {
 
   // ---- memory and copies (byte counts must match) ----
   virtual void CopyFromHost(const void* src, Tensor* dst) = 0;
+  // As CopyFromHost, without waiting for the device: `src` may be reused as soon as this returns
+  // (a device backend stages it in pinned memory and copies on its own stream), and the copy is
+  // ordered before every later op of this backend. For the batches of every micro-step.
+  virtual void CopyFromHostAsync(const void* src, Tensor* dst) { CopyFromHost(src, dst); }
   virtual void CopyToHost(const Tensor& src, void* dst) = 0;  // synchronises
   virtual void Copy(const Tensor& src, Tensor* dst) = 0;
   virtual void Zero(Tensor* t) = 0;
@@ -178,6 +182,10 @@ class Backend {
 
   // ---- losses: sums over the batch (the caller divides), written to 1-element f32 tensors ----
   // logits (N, K), labels i32 (N); probs (N, K) kept for backward; correct = argmax hits.
+  // A label outside [0, K) is a DataError: the CPU backend throws here; a device backend does
+  // not stall its stream to find out, it reports the error at its next call that synchronises
+  // (CopyToHost, Synchronize, the checks). Callers validate labels on the host first (datasets
+  // do when they open a file), so this is a backstop.
   virtual void SoftmaxCrossEntropy(const Tensor& logits, const Tensor& labels, Tensor* probs,
                                    Tensor* loss_sum, Tensor* correct) = 0;
   // dlogits = (probs - onehot(labels)) * scale

@@ -41,6 +41,7 @@ void Trainer::ReducePeakMemory() {
 void Trainer::LogStep(int64_t epoch, bool force) {
   if (win_steps_ == 0) return;
   if (!force && step_ % cfg_.train.log_every_steps != 0) return;
+  FlushLossLog();
   double sums[2] = {win_loss_, static_cast<double>(win_samples_)};
   control_.AllReduceHost(sums, 2, ReduceOp::kSum);
   ReducePeakMemory();

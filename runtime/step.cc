@@ -20,7 +20,7 @@ namespace dptrain {
 void Trainer::UploadBatch(const HostBatch& b, int64_t begin, int64_t n, bool teacher_targets) {
   const int64_t per = model_->input_shape().numel();
   Tensor x = x_dev_.Batch(n);
-  be_.CopyFromHost(b.images.data() + begin * per, &x);
+  be_.CopyFromHostAsync(b.images.data() + begin * per, &x);
   if (regression_ && !teacher_targets) {
     // Regression on a dataset file: the integer label is the target value.
     targets_host_.assign(static_cast<size_t>(n), 0.f);
@@ -29,7 +29,7 @@ void Trainer::UploadBatch(const HostBatch& b, int64_t begin, int64_t n, bool tea
           static_cast<float>(b.labels[static_cast<size_t>(begin + i)]);
     }
     Tensor y = y_dev_.Batch(n);
-    be_.CopyFromHost(targets_host_.data(), &y);
+    be_.CopyFromHostAsync(targets_host_.data(), &y);
   } else if (regression_) {
     // Targets from the fixed teacher of the synthetic regression task.
     targets_host_.assign(static_cast<size_t>(n), 0.f);
@@ -38,20 +38,61 @@ void Trainer::UploadBatch(const HostBatch& b, int64_t begin, int64_t n, bool tea
           TeacherTarget(teacher_, b.images.data() + (begin + i) * per, per);
     }
     Tensor y = y_dev_.Batch(n);
-    be_.CopyFromHost(targets_host_.data(), &y);
+    be_.CopyFromHostAsync(targets_host_.data(), &y);
   } else {
+    // The dataset checked every label when it opened the file; this is the cheap per-batch
+    // guarantee the device loss relies on (it reports a bad label only at its next
+    // synchronisation).
+    const int64_t classes = cfg_.model.classes;
+    for (int64_t i = 0; i < n; ++i) {
+      const int32_t label = b.labels[static_cast<size_t>(begin + i)];
+      if (label < 0 || label >= classes) {
+        const auto at = static_cast<size_t>(begin + i);
+        DPT_THROW(DataError) << "label " << label << " of sample "
+                             << (at < b.indices.size() ? b.indices[at] : begin + i)
+                             << " is outside [0, " << classes << ") (model.classes)";
+      }
+    }
     Tensor y = y_dev_.Batch(n);
-    be_.CopyFromHost(b.labels.data() + begin, &y);
+    be_.CopyFromHostAsync(b.labels.data() + begin, &y);
   }
+}
+
+void Trainer::PushLoss(const Tensor& loss_sum) {
+  ReserveLossLog(1);
+  Tensor slot = loss_log_.View(Shape{1}, static_cast<size_t>(loss_log_n_) * sizeof(float));
+  be_.Copy(loss_sum, &slot);
+  ++loss_log_n_;
+}
+
+void Trainer::FlushLossLog() {
+  if (loss_log_n_ == 0) return;
+  std::vector<float> host(static_cast<size_t>(loss_log_n_));
+  be_.CopyToHost(loss_log_.View(Shape{loss_log_n_}), host.data());
+  // The order and arithmetic of adding each micro-step's loss as it came.
+  for (float v : host) win_loss_ += loss_divisor_ != 1 ? v / loss_divisor_ : v;
+  loss_log_n_ = 0;
+}
+
+void Trainer::ReserveLossLog(int64_t entries) {
+  const int64_t capacity = loss_log_.defined() ? loss_log_.numel() : 0;
+  if (loss_log_n_ + entries <= capacity) return;
+  FlushLossLog();
+  if (entries <= capacity) return;
+  // A few hundred steps' worth: the log line usually comes first.
+  loss_log_ =
+      be_.Empty(Shape{std::max<int64_t>(256, 2 * entries)}, DType::kF32, "training loss log");
 }
 
 void Trainer::TrainStep(const HostBatch& batch) {
   Watchdog::SetStep(step_);
   if (buffers_at_step_.defined()) be_.Copy(model_->buffers(), &buffers_at_step_);
-  const double loss_before = win_loss_;
   std::string oom;
-  while (!RunMicroSteps(batch, &oom)) {
-    win_loss_ = loss_before;
+  while (true) {
+    ReserveLossLog(accumulate_);
+    const int64_t logged_before = loss_log_n_;
+    if (RunMicroSteps(batch, &oom)) break;
+    loss_log_n_ = logged_before;  // the step runs again: its losses count once
     ShrinkMicroBatchMidRun(oom);
     oom.clear();
   }
@@ -118,10 +159,9 @@ bool Trainer::RunMicroSteps(const HostBatch& batch, std::string* oom) {
         const Tensor y = y_dev_.Batch(micro_);
         const Tensor& out = model_->Forward(x, ctx);
         loss_->Forward(out, y);
-        float loss_sum = 0;
-        be_.CopyToHost(loss_->loss_sum(), &loss_sum);
-        const int64_t outputs_per_sample = out.numel() / micro_;  // regression: mean over outputs
-        win_loss_ += regression_ ? loss_sum / static_cast<double>(outputs_per_sample) : loss_sum;
+        // Regression: the mean over the model's outputs per sample.
+        loss_divisor_ = regression_ ? static_cast<double>(out.numel() / micro_) : 1.0;
+        PushLoss(loss_->loss_sum());
         dout = &loss_->Backward(out, y, micro_, scaler_->scale());
         fwd_s_ += Since(t0);
         t0 = Clock::now();

@@ -100,9 +100,20 @@ class Trainer {
   // ranks agree)? With loss scaling that skips the step and lowers the scale; without, it stops
   // the run naming the first layer with a non-finite gradient. Returns true to apply the step.
   bool CheckGradients();
-  // Samples [begin, begin + n) of `b` into x_dev_ / y_dev_. Regression targets: the teacher's
-  // on generated data (`teacher_targets`), the integer label's value on a file.
+  // Samples [begin, begin + n) of `b` into x_dev_ / y_dev_ without waiting for the device
+  // (Backend::CopyFromHostAsync); class labels are checked on the host first. Regression
+  // targets: the teacher's on generated data (`teacher_targets`), the integer label's value on
+  // a file.
   void UploadBatch(const HostBatch& b, int64_t begin, int64_t n, bool teacher_targets);
+  // The training loss of each micro-step stays on the device until the next log line, so that a
+  // micro-step never waits for the device to read it: PushLoss copies it into loss_log_ (device
+  // to device), FlushLossLog adds the entries to win_loss_ in micro-step order (one copy to the
+  // host), ReserveLossLog makes room for a step's `entries` before it starts (flushing older
+  // entries or growing), so that a step that runs again (auto_microbatch) only has to drop its
+  // own entries (loss_log_n_ back to where the step began).
+  void PushLoss(const Tensor& loss_sum);
+  void FlushLossLog();
+  void ReserveLossLog(int64_t entries);
 
   // ---- evaluator.cc: one loop over the test set for training and `dptrain eval` ----
   EvalSums RunTestSet();
@@ -180,6 +191,9 @@ class Trainer {
   double elapsed_offset_ = 0;  // training time of earlier sessions (from the checkpoint)
   // Logging window (local sums; reduced over ranks when logged).
   double win_loss_ = 0;
+  Tensor loss_log_;  // f32 per-micro-step loss sums not yet in win_loss_ (PushLoss)
+  int64_t loss_log_n_ = 0;
+  double loss_divisor_ = 1;  // regression: the model's outputs per sample (mean over outputs)
   int64_t win_samples_ = 0, win_steps_ = 0;
   Clock::time_point win_start_, run_start_;
   double data_wait_s_ = 0, fwd_s_ = 0, bwd_s_ = 0, comm_s_ = 0, opt_s_ = 0;

@@ -22,6 +22,7 @@
 
 #include <climits>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <utility>
@@ -125,19 +126,66 @@ CudaBackend::CudaBackend(int ordinal) : Backend(MakeAllocator(ordinal)), ordinal
     DPT_CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_workspace_.raw(), cublas_ws));
     partials_ = Empty(Shape{kernels::ReductionPartials() * 8}, DType::kU8, "reduction partials");
     scalars_ = Empty(Shape{64}, DType::kU8, "device scalars");
+    // No bad label yet: the sticky code starts at kNoBadLabel (all bits set), on both sides.
+    DPT_CUDA_CHECK(cudaMemsetAsync(ScalarSlot<unsigned long long>(scalars_, kBadLabelSlot), 0xff,
+                                   sizeof(unsigned long long), stream_));
+    DPT_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&bad_label_host_),
+                                 sizeof(unsigned long long), cudaHostAllocDefault));
+    *bad_label_host_ = kernels::kNoBadLabel;
+    DPT_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
+    DPT_CUDA_CHECK(cudaEventCreateWithFlags(&compute_mark_, cudaEventDisableTiming));
+    for (Staging& slot : staging_) {
+      DPT_CUDA_CHECK(cudaEventCreateWithFlags(&slot.done, cudaEventDisableTiming));
+    }
+    DPT_CUDA_CHECK(cudaStreamSynchronize(stream_));
   } catch (...) {
-    if (cublas_ != nullptr) cublasDestroy(cublas_);
-    if (cudnn_ != nullptr) cudnnDestroy(cudnn_);
-    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+    ReleaseHandles();
     throw;
   }
 }
 
 CudaBackend::~CudaBackend() {
   DPT_CUDA_WARN(cudaStreamSynchronize(stream_));
+  if (copy_stream_ != nullptr) DPT_CUDA_WARN(cudaStreamSynchronize(copy_stream_));
+  ReleaseHandles();
+}
+
+void CudaBackend::ReleaseHandles() noexcept {
+  for (Staging& slot : staging_) {
+    if (slot.host != nullptr) (void)cudaFreeHost(slot.host);
+    if (slot.done != nullptr) (void)cudaEventDestroy(slot.done);
+    slot = Staging{};
+  }
+  if (compute_mark_ != nullptr) (void)cudaEventDestroy(compute_mark_);
+  if (copy_stream_ != nullptr) (void)cudaStreamDestroy(copy_stream_);
+  if (bad_label_host_ != nullptr) (void)cudaFreeHost(bad_label_host_);
   if (cublas_ != nullptr) cublasDestroy(cublas_);
   if (cudnn_ != nullptr) cudnnDestroy(cudnn_);
-  DPT_CUDA_WARN(cudaStreamDestroy(stream_));
+  if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
+  compute_mark_ = nullptr;
+  copy_stream_ = nullptr;
+  bad_label_host_ = nullptr;
+  cublas_ = nullptr;
+  cudnn_ = nullptr;
+  stream_ = nullptr;
+}
+
+void CudaBackend::SyncStream() {
+  DPT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  CheckDeferredErrors();
+}
+
+void CudaBackend::CheckDeferredErrors() {
+  const unsigned long long code = *bad_label_host_;
+  if (code == kernels::kNoBadLabel) return;
+  // Reported once: the device's sticky code is reset behind everything queued so far.
+  *bad_label_host_ = kernels::kNoBadLabel;
+  DPT_CUDA_CHECK(cudaMemsetAsync(ScalarSlot<unsigned long long>(scalars_, kBadLabelSlot), 0xff,
+                                 sizeof(unsigned long long), stream_));
+  const auto row = static_cast<int64_t>(code >> 32);
+  const auto label = static_cast<int32_t>(static_cast<uint32_t>(code & 0xffffffffu));
+  DPT_THROW(DataError) << "label " << label << " of sample " << row
+                       << " in the batch is outside [0, " << bad_label_classes_ << ")";
 }
 
 void CudaBackend::MakeCurrent() const {
@@ -162,7 +210,37 @@ void CudaBackend::CopyFromHost(const void* src, Tensor* dst) {
   DPT_CUDA_CHECK(cudaMemcpyAsync(dst->raw(), src, dst->bytes(), cudaMemcpyHostToDevice, stream_));
   // Blocking, as on the CPU: the caller may reuse `src` as soon as this returns. (From pageable
   // memory the copy is staged anyway; from pinned memory it would otherwise still be reading.)
-  DPT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  SyncStream();
+}
+
+void CudaBackend::CopyFromHostAsync(const void* src, Tensor* dst) {
+  OpScope scope(this, "copy_h2d_async");
+  MakeCurrent();
+  CheckDev(*dst, "CopyFromHostAsync");
+  const size_t bytes = dst->bytes();
+  if (bytes == 0) return;
+  std::lock_guard<std::mutex> lock(staging_mu_);
+  Staging& slot = staging_[next_staging_];
+  next_staging_ = (next_staging_ + 1) % kStagingSlots;
+  // The copy that last read this slot was queued kStagingSlots uploads ago: normally long done.
+  DPT_CUDA_CHECK(cudaEventSynchronize(slot.done));
+  if (slot.bytes < bytes) {
+    if (slot.host != nullptr) DPT_CUDA_CHECK(cudaFreeHost(slot.host));
+    slot.host = nullptr;
+    slot.bytes = 0;
+    DPT_CUDA_CHECK(cudaHostAlloc(&slot.host, bytes, cudaHostAllocDefault));
+    slot.bytes = bytes;
+  }
+  std::memcpy(slot.host, src, bytes);
+  // The copy stream joins the compute stream here (queued work may still read `dst`), and the
+  // compute stream's later work waits for the copy. `dst`'s block is used by the copy stream
+  // only between those two points, so the allocator needs no RecordStream for it.
+  DPT_CUDA_CHECK(cudaEventRecord(compute_mark_, stream_));
+  DPT_CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, compute_mark_, 0));
+  DPT_CUDA_CHECK(
+      cudaMemcpyAsync(dst->raw(), slot.host, bytes, cudaMemcpyHostToDevice, copy_stream_));
+  DPT_CUDA_CHECK(cudaEventRecord(slot.done, copy_stream_));
+  DPT_CUDA_CHECK(cudaStreamWaitEvent(stream_, slot.done, 0));
 }
 
 void CudaBackend::CopyToHost(const Tensor& src, void* dst) {
@@ -171,7 +249,7 @@ void CudaBackend::CopyToHost(const Tensor& src, void* dst) {
   CheckDev(src, "CopyToHost");
   if (src.bytes() == 0) return;
   DPT_CUDA_CHECK(cudaMemcpyAsync(dst, src.raw(), src.bytes(), cudaMemcpyDeviceToHost, stream_));
-  DPT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  SyncStream();
 }
 
 void CudaBackend::Copy(const Tensor& src, Tensor* dst) {
@@ -201,7 +279,7 @@ void CudaBackend::Fill(Tensor* t, float value) {
 
 void CudaBackend::Synchronize() {
   MakeCurrent();
-  DPT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  SyncStream();
 }
 
 // ---- support ------------------------------------------------------------------------------------

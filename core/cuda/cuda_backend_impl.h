@@ -6,7 +6,11 @@
 //
 // Stream model: every op runs on one non-blocking compute stream per backend, so ops are ordered
 // among themselves and asynchronous to the host; calls that return values to the host
-// (CopyToHost, CountNonFinite, SumSquares, SoftmaxCrossEntropy's label check) synchronise it.
+// (CopyToHost, CountNonFinite, SumSquares, Synchronize) synchronise it, and then report errors
+// found on the device meanwhile (a label outside [0, K) in SoftmaxCrossEntropy: SyncStream).
+// CopyFromHostAsync stages the batch in pinned memory and copies it on a copy stream, ordered
+// after the compute work queued before it and before the work queued after it, so a training
+// step never waits for the host.
 // The caching allocator is not stream-aware: a buffer released on the host goes back to the cache
 // while kernels that use it may still be queued, which is safe only because every later user of
 // that buffer is queued behind them on the same stream. Work on other streams (NCCL's
@@ -16,9 +20,8 @@
 // Threads: the backend's device is made current by the thread that creates it; copies,
 // synchronisation, the checks and Prepare* make it current again (MakeCurrent), so they may be
 // called from other threads too (under the remap binding the device is 0 everywhere anyway).
-// Host-to-device copies block until the data is on the device, so the source may be ordinary
-// pageable memory and may be reused at once; pinned host batches copied on a separate stream
-// (overlapping compute) are a possible later optimisation of the loader.
+// CopyFromHost blocks until the data is on the device (for parameters, checkpoints and tests);
+// CopyFromHostAsync returns once the source is staged.
 #pragma once
 
 #include <cublas_v2.h>
@@ -26,6 +29,7 @@
 #include <cudnn.h>
 #include <driver_types.h>
 
+#include <array>
 #include <climits>
 #include <cstddef>
 #include <cstdint>
@@ -58,6 +62,7 @@ class CudaBackend final : public Backend {
   const DeviceIdentity& identity() const { return identity_; }
 
   void CopyFromHost(const void* src, Tensor* dst) override;
+  void CopyFromHostAsync(const void* src, Tensor* dst) override;
   void CopyToHost(const Tensor& src, void* dst) override;
   void Copy(const Tensor& src, Tensor* dst) override;
   void Zero(Tensor* t) override;
@@ -123,6 +128,12 @@ class CudaBackend final : public Backend {
   // Makes this backend's device current in the calling thread (a thread other than the one that
   // created the backend starts on device 0, which is only ours under the remap binding).
   void MakeCurrent() const;
+  // Frees every handle and pinned buffer (construction failure and destruction).
+  void ReleaseHandles() noexcept;
+  // cudaStreamSynchronize on the compute stream, then CheckDeferredErrors.
+  void SyncStream();
+  // Throws the error the device recorded since the last check (a bad label), once.
+  void CheckDeferredErrors();
   // Grows the shared cuDNN workspace to at least `bytes` (Prepare time only).
   void ReserveWorkspace(size_t bytes);
   void* Workspace() const { return workspace_.defined() ? workspace_.raw() : nullptr; }
@@ -136,6 +147,26 @@ class CudaBackend final : public Backend {
   Tensor workspace_;  // cuDNN workspace shared by every plan (one stream: one op at a time)
   Tensor partials_;   // reduction partials (kernels::ReductionPartials() doubles)
   Tensor scalars_;    // small device results copied to the host (counts, sums, flags)
+
+  // CopyFromHostAsync: pinned staging slots used round-robin (a micro-step uploads its inputs and
+  // its labels, so four slots let the host run two micro-steps ahead before a slot's previous
+  // copy must have finished).
+  struct Staging {
+    void* host = nullptr;  // pinned (cudaHostAlloc)
+    size_t bytes = 0;
+    cudaEvent_t done = nullptr;  // the copy that last read `host`
+  };
+  static constexpr size_t kStagingSlots = 4;
+  std::mutex staging_mu_;
+  std::array<Staging, kStagingSlots> staging_{};
+  size_t next_staging_ = 0;
+  cudaStream_t copy_stream_ = nullptr;
+  cudaEvent_t compute_mark_ = nullptr;  // where the copy stream joins the compute stream
+
+  // SoftmaxCrossEntropy's label check without a synchronisation: the device's sticky
+  // kernels::BadLabelCode, copied after each call into pinned memory that SyncStream reads.
+  unsigned long long* bad_label_host_ = nullptr;
+  int64_t bad_label_classes_ = 0;
 
   void SetDeterministic(bool on) override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -164,8 +195,8 @@ class CudaBackend final : public Backend {
 // ---- helpers shared by the backend's .cc files (one per op family) ------------------------------
 
 // Slots of the 64-byte device scalars buffer (CudaBackend::scalars_), each 8-byte aligned: the
-// count of CountNonFinite, the sum of SumSquares, the first bad label row of SoftmaxCrossEntropy.
-inline constexpr size_t kCountSlot = 0, kSumSlot = 8, kBadRowSlot = 16;
+// count of CountNonFinite, the sum of SumSquares, SoftmaxCrossEntropy's sticky bad-label code.
+inline constexpr size_t kCountSlot = 0, kSumSlot = 8, kBadLabelSlot = 16;
 template <class T>
 inline T* ScalarSlot(const Tensor& scalars, size_t offset) {
   static_assert(alignof(T) <= 8, "scalar slots are 8-byte aligned");

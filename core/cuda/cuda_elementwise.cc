@@ -104,7 +104,7 @@ int64_t CudaBackend::CountNonFinite(const Tensor& t) {
                           stream_);
   unsigned long long host = 0;
   DPT_CUDA_CHECK(cudaMemcpyAsync(&host, out, sizeof host, cudaMemcpyDeviceToHost, stream_));
-  DPT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  SyncStream();
   return static_cast<int64_t>(host);
 }
 
@@ -115,7 +115,7 @@ double CudaBackend::SumSquares(const Tensor& t) {
   kernels::SumSquares(t.data<float>(), t.numel(), partials_.data<double>(), out, stream_);
   double host = 0;
   DPT_CUDA_CHECK(cudaMemcpyAsync(&host, out, sizeof host, cudaMemcpyDeviceToHost, stream_));
-  DPT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  SyncStream();
   return host;
 }
 

@@ -101,26 +101,17 @@ void CudaBackend::SoftmaxCrossEntropy(const Tensor& logits, const Tensor& labels
   // come from the caching allocator; stream order makes their reuse safe.
   Tensor row_loss = Empty(Shape{std::max<int64_t>(n, 1) * 8}, DType::kU8, "softmax row losses");
   Tensor row_hit = Empty(Shape{std::max<int64_t>(n, 1) * 4}, DType::kU8, "softmax row hits");
-  auto* bad_row = ScalarSlot<int32_t>(scalars_, kBadRowSlot);
-  constexpr int32_t kNoBadRow = 0x7f7f7f7f;  // the memset pattern below
-  DPT_CUDA_CHECK(cudaMemsetAsync(bad_row, 0x7f, sizeof(int32_t), stream_));
+  // A label outside [0, k) is a data error, as on the CPU, found without stalling the stream: the
+  // kernel records it in a sticky device code, copied here into pinned memory that the next
+  // synchronising call reads (SyncStream), normally within the same training step.
+  auto* bad_label = ScalarSlot<unsigned long long>(scalars_, kBadLabelSlot);
   kernels::SoftmaxXent(n, k, logits.data<float>(), labels.data<int32_t>(), probs->data<float>(),
-                       row_loss.data<double>(), row_hit.data<int32_t>(), bad_row, stream_);
+                       row_loss.data<double>(), row_hit.data<int32_t>(), bad_label, stream_);
   kernels::SumRows(n, row_loss.data<double>(), row_hit.data<int32_t>(), loss_sum->data<float>(),
                    correct != nullptr ? correct->data<float>() : nullptr, stream_);
-  // A label outside [0, k) is a data error, as on the CPU; finding out costs one synchronisation
-  // (the caller reads the loss right after anyway).
-  int32_t bad = kNoBadRow;
-  DPT_CUDA_CHECK(cudaMemcpyAsync(&bad, bad_row, sizeof bad, cudaMemcpyDeviceToHost, stream_));
-  DPT_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  if (bad != kNoBadRow) {
-    int32_t label = 0;
-    DPT_CUDA_CHECK(cudaMemcpyAsync(&label, labels.data<int32_t>() + bad, sizeof label,
-                                   cudaMemcpyDeviceToHost, stream_));
-    DPT_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    DPT_THROW(DataError) << "label " << label << " of sample " << bad
-                         << " in the batch is outside [0, " << k << ")";
-  }
+  bad_label_classes_ = k;
+  DPT_CUDA_CHECK(cudaMemcpyAsync(bad_label_host_, bad_label, sizeof *bad_label_host_,
+                                 cudaMemcpyDeviceToHost, stream_));
 }
 
 void CudaBackend::SoftmaxCrossEntropyBackward(const Tensor& probs, const Tensor& labels,

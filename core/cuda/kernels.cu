@@ -292,7 +292,7 @@ constexpr int kRowsPerBlock = kThreads / 32;  // one warp per row
 
 __global__ void SoftmaxXentKernel(int64_t n, int64_t k, const float* logits, const int32_t* labels,
                                   float* probs, double* row_loss, int32_t* row_hit,
-                                  int32_t* bad_row) {
+                                  unsigned long long* bad_label) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
   if (i >= n) return;  // whole warps leave together
   const int lane = static_cast<int>(threadIdx.x & 31u);
@@ -325,7 +325,7 @@ __global__ void SoftmaxXentKernel(int64_t n, int64_t k, const float* logits, con
   if (lane == 0) {
     const int32_t t = labels[i];
     if (t < 0 || t >= k) {
-      atomicMin(bad_row, static_cast<int32_t>(i));
+      atomicMin(bad_label, BadLabelCode(i, t));
       row_loss[i] = static_cast<double>(NAN);
       row_hit[i] = 0;
     } else {
@@ -531,11 +531,12 @@ void BatchNormBackward(int64_t n, int64_t c, int64_t hw, const float* x, const f
 }
 
 void SoftmaxXent(int64_t n, int64_t k, const float* logits, const int32_t* labels, float* probs,
-                 double* row_loss, int32_t* row_hit, int32_t* bad_row, cudaStream_t s) {
+                 double* row_loss, int32_t* row_hit, unsigned long long* bad_label,
+                 cudaStream_t s) {
   if (n == 0 || k == 0) return;
   const auto blocks = static_cast<unsigned>((n + kRowsPerBlock - 1) / kRowsPerBlock);
   DPT_LAUNCH(SoftmaxXentKernel, blocks, kThreads, s, n, k, logits, labels, probs, row_loss, row_hit,
-             bad_row);
+             bad_label);
 }
 void SumRows(int64_t n, const double* row_loss, const int32_t* row_hit, float* loss_sum,
              float* correct, cudaStream_t s) {

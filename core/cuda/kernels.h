@@ -64,10 +64,15 @@ void BatchNormBackward(int64_t n, int64_t c, int64_t hw, const float* x, const f
                        float* dx, float* dgamma, float* dbeta, bool accumulate, cudaStream_t s);
 
 // ---- losses ----
-// Per row of logits (n, k): probs, row_loss (double), row_hit (0/1); the lowest index of a row
-// whose label is outside [0, k) is written to *bad_row (which the caller sets to n beforehand).
+// Per row of logits (n, k): probs, row_loss (double), row_hit (0/1). A row whose label is
+// outside [0, k) gets a NaN loss, and *bad_label becomes min(*bad_label, BadLabelCode(row,
+// label)): sticky across calls until the caller resets it (to kNoBadLabel).
+inline constexpr unsigned long long kNoBadLabel = ~0ull;
+DPT_HD unsigned long long BadLabelCode(int64_t row, int32_t label) {
+  return (static_cast<unsigned long long>(row) << 32) | static_cast<uint32_t>(label);
+}
 void SoftmaxXent(int64_t n, int64_t k, const float* logits, const int32_t* labels, float* probs,
-                 double* row_loss, int32_t* row_hit, int32_t* bad_row, cudaStream_t s);
+                 double* row_loss, int32_t* row_hit, unsigned long long* bad_label, cudaStream_t s);
 // loss_sum[0] = sum(row_loss); correct[0] = sum(row_hit) when correct != nullptr.
 void SumRows(int64_t n, const double* row_loss, const int32_t* row_hit, float* loss_sum,
              float* correct, cudaStream_t s);

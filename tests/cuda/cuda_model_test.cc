@@ -3,11 +3,13 @@
 // and backward on the CUDA backend against the CPU backend (the reference) from identical
 // parameters and inputs; bit-identical reruns (deterministic algorithms); bf16 close to fp32;
 // and the backend's edges: copies, out-of-memory as a typed error that leaves the device usable,
-// bad labels as DataError, device identity and library versions; the allocator's stream-aware
+// bad labels as DataError (at the next synchronisation), asynchronous uploads from a reused
+// source, device identity and library versions; the allocator's stream-aware
 // reuse on a real second stream.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -175,17 +177,55 @@ TEST(CudaBackendTest, BlocksUsedOnAnotherStreamWaitForThatStream) {
   EXPECT_EQ(cudaStreamDestroy(other), cudaSuccess);
 }
 
-TEST(CudaBackendTest, BadLabelIsDataError) {
+// The device does not stall its stream for the label check: the error comes at the next call
+// that synchronises, once, and names the label and its row even after later good batches.
+TEST(CudaBackendTest, BadLabelIsDataErrorAtTheNextSynchronisation) {
   DPT_BACKEND_OR_SKIP(cuda, "cuda");
   const int64_t n = 4, k = 3;
   Tensor logits = ToDevice(*cuda, RandomUniform(n * k, 31), {n, k});
   Tensor probs = cuda->Empty({n, k}, DType::kF32, "probs");
   Tensor loss = cuda->Empty({1}, DType::kF32, "loss");
-  EXPECT_THROW(cuda->SoftmaxCrossEntropy(logits, ToDeviceI32(*cuda, {0, 1, 3, 2}, {n}), &probs,
-                                         &loss, nullptr),
-               DataError);
-  cuda->SoftmaxCrossEntropy(logits, ToDeviceI32(*cuda, {0, 1, 2, 2}, {n}), &probs, &loss, nullptr);
+  const Tensor bad = ToDeviceI32(*cuda, {0, 1, 3, 2}, {n});
+  const Tensor good = ToDeviceI32(*cuda, {0, 1, 2, 2}, {n});
+  cuda->SoftmaxCrossEntropy(logits, bad, &probs, &loss, nullptr);
+  cuda->SoftmaxCrossEntropy(logits, good, &probs, &loss, nullptr);
+  try {
+    cuda->Synchronize();
+    ADD_FAILURE() << "expected a DataError";
+  } catch (const DataError& e) {
+    EXPECT_NE(std::string(e.what()).find("label 3 of sample 2 in the batch is outside [0, 3)"),
+              std::string::npos)
+        << e.what();
+  }
+  cuda->Synchronize();  // reported once
+  cuda->SoftmaxCrossEntropy(logits, good, &probs, &loss, nullptr);
   EXPECT_TRUE(std::isfinite(ScalarToHost(*cuda, loss)));
+}
+
+// CopyFromHostAsync: the source may be overwritten as soon as the call returns, and the copies
+// land in order before the ops queued after them, across more uploads than staging slots.
+TEST(CudaBackendTest, AsyncUploadsMayReuseTheSourceAtOnce) {
+  DPT_BACKEND_OR_SKIP(cuda, "cuda");
+  const int64_t n = (1 << 20) + 7;
+  std::vector<float> src(static_cast<size_t>(n));
+  std::vector<Tensor> dst;
+  for (int round = 0; round < 9; ++round) {
+    for (int64_t i = 0; i < n; ++i) src[static_cast<size_t>(i)] = static_cast<float>(round * n + i);
+    dst.push_back(cuda->Empty({n}, DType::kF32, "upload"));
+    cuda->CopyFromHostAsync(src.data(), &dst.back());
+    if (round % 3 == 2) cuda->Scale(&dst.back(), 2.f);  // queued after the copy
+  }
+  std::fill(src.begin(), src.end(), -1.f);
+  bool ok = true;
+  for (int round = 0; round < 9 && ok; ++round) {
+    const std::vector<float> got = ToHost(*cuda, dst[static_cast<size_t>(round)]);
+    const float mult = round % 3 == 2 ? 2.f : 1.f;
+    for (int64_t i = 0; i < n && ok; i += 4099) {
+      ok = got[static_cast<size_t>(i)] == mult * static_cast<float>(round * n + i);
+      if (!ok)
+        ADD_FAILURE() << "round " << round << " index " << i << ": " << got[static_cast<size_t>(i)];
+    }
+  }
 }
 
 TEST(CudaBackendTest, IdentityAndVersions) {
