@@ -105,6 +105,37 @@ TEST_F(EquivalenceTest, AccumulationMatchesTheFullBatch) {
   ASSERT_TRUE(AllRanksOk(WorldComm(), ok)) << r << " at " << w;
 }
 
+// Issue 13 #10: a micro-step never reads the device. The loss of each micro-step stays there
+// until the log line, so device-to-host copies grow with log lines, not micro-steps: 8 more
+// steps of 4 micro-steps, logged every 4 steps, add 2 reads (setup and the final parameters
+// read the same in both runs), where reading each loss would add 32.
+TEST_F(EquivalenceTest, MicroStepsNeverWaitToReadTheLoss) {
+  Backend& be = GetBackend("cpu");
+  const auto device_reads = [&](int64_t steps, std::string* error) {
+    TrainConfig cfg = Config(steps, 4);
+    cfg.train.log_every_steps = 4;
+    cfg.dist.check_replicas_every = 0;
+    be.ResetProfile();
+    be.EnableProfiling(true);
+    const RunOutcome r = TrainOnFirstRanks(WorldComm(), 2, cfg);
+    be.EnableProfiling(false);
+    int64_t reads = 0;
+    for (const OpStat& s : be.Profile()) {
+      if (s.name == "copy_d2h") reads = s.calls;
+    }
+    be.ResetProfile();
+    *error += r.error;
+    return reads;
+  };
+  std::string error;
+  const int64_t short_run = device_reads(4, &error);
+  const int64_t long_run = device_reads(12, &error);
+  const bool ok = WorldComm().rank() >= 2 || (error.empty() && long_run - short_run == 2);
+  ASSERT_TRUE(AllRanksOk(WorldComm(), ok))
+      << "rank " << WorldComm().rank() << ": " << short_run << " device reads in 4 steps, "
+      << long_run << " in 12 " << error;
+}
+
 TEST_F(EquivalenceTest, AutoMicrobatchUnderAMemoryLimitMatchesTheFullBatch) {
   // 2 ranks x 128 does not fit in 60 MiB; auto_microbatch falls back to 32 x 4 micro-steps.
   TrainConfig full = Config(8);
