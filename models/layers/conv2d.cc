@@ -25,9 +25,11 @@ Shape Conv2d::Setup(const Shape& in, const SetupOptions& opts) {
       << "conv2d '" << name_ << "': kernel " << kernel_ << " with pad " << pad_
       << " does not fit input " << in.ToString();
   if (!backend_.Supports(desc_)) {
-    DPT_THROW(UnsupportedError) << "the " << backend_.name() << " backend does not support "
-                                << desc_.ToString() << " (layer '" << label()
-                                << "'); hint: on CPU use train.precision = \"fp32\" or \"bf16\"";
+    DPT_THROW(UnsupportedError)
+        << "the " << backend_.name() << " backend does not support " << desc_.ToString()
+        << " (layer '" << label() << "'); hint: on CPU use train.precision = \"fp32\" or \"bf16\"; "
+        << "on CUDA each operand must have fewer than 2^31 elements "
+        << "(lower train.micro_batch) and bf16 needs compute capability 8.0";
   }
   need_dx_ = opts.need_dx;
   plan_ = backend_.PrepareConv2d(desc_);
