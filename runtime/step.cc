@@ -160,7 +160,8 @@ bool Trainer::RunMicroSteps(const HostBatch& batch, std::string* oom) {
         const Tensor& out = model_->Forward(x, ctx);
         loss_->Forward(out, y);
         // Regression: the mean over the model's outputs per sample.
-        loss_divisor_ = regression_ ? static_cast<double>(out.numel() / micro_) : 1.0;
+        const int64_t outputs_per_sample = out.numel() / micro_;
+        loss_divisor_ = regression_ ? static_cast<double>(outputs_per_sample) : 1.0;
         PushLoss(loss_->loss_sum());
         dout = &loss_->Backward(out, y, micro_, scaler_->scale());
         fwd_s_ += Since(t0);
