@@ -244,7 +244,12 @@ size_t ParseByteSize(std::string_view text, std::string_view what) {
     DPT_THROW(ConfigError) << what << ": '" << text
                            << "' is not a positive size (examples: 512MiB, 2GiB, 1048576)";
   }
-  return static_cast<size_t>(value * mult);
+  // 2^63 bytes is far beyond any device; converting a larger double to size_t is undefined.
+  const double bytes = value * mult;
+  if (!(bytes < 9.2e18)) {
+    DPT_THROW(ConfigError) << what << ": '" << text << "' is too large (examples: 512MiB, 2GiB)";
+  }
+  return static_cast<size_t>(bytes);
 }
 
 std::string FormatBytes(size_t bytes) {

@@ -228,6 +228,10 @@ TEST(AllocatorTest, ParsesByteSizes) {
   EXPECT_THROW(ParseByteSize("lots", "memory.limit"), ConfigError);
   EXPECT_THROW(ParseByteSize("-1GiB", "memory.limit"), ConfigError);
   EXPECT_THROW(ParseByteSize("3 parsecs", "memory.limit"), ConfigError);
+  // Found by fuzz_config: a size beyond size_t was an undefined conversion.
+  EXPECT_THROW(ParseByteSize("2555555555555555555555555GiB", "memory.limit"), ConfigError);
+  EXPECT_THROW(ParseByteSize("1e300", "memory.limit"), ConfigError);
+  EXPECT_EQ(ParseByteSize("1TiB", "memory.limit"), 1ull << 40);
 }
 
 }  // namespace
