@@ -140,9 +140,10 @@ std::vector<Row> FactRows(const std::vector<const RunLog*>& runs) {
       row("final_test_loss", "final test loss").cells[i] = {
           fmt::format("{:.4f}", last_eval->test_loss), fmt::format("{}", last_eval->test_loss)};
     }
+    if (r.last_step >= 0) {
+      row("steps", "steps").cells[i] = {std::to_string(r.last_step), std::to_string(r.last_step)};
+    }
     if (!r.steps.empty()) {
-      row("steps", "steps").cells[i] = {fmt::format("{}", r.last_step),
-                                        std::to_string(r.last_step)};
       const StepRecord& last = r.steps.back();
       row("train_loss", "last training loss").cells[i] = {fmt::format("{:.4f}", last.loss),
                                                           fmt::format("{}", last.loss)};
