@@ -52,7 +52,18 @@ std::string RunTitle(const std::string& title, const std::string& label, size_t 
 // Raw (faint) and smoothed curves of one run's field.
 void AddRawAndSmoothed(const Series& raw, const Style& st, const std::string& label, size_t n,
                        std::vector<Curve>* out) {
-  const double window = std::max(5.0, static_cast<double>(raw.size()) / 50.0);
+  // Smoothing over ~2% of the points; a short series (fewer than ~150 logged steps) is drawn
+  // as it is, since an average over a large share of it lags visibly behind the data.
+  const double window = static_cast<double>(raw.size()) / 50.0;
+  if (window < 3) {
+    Curve line;
+    line.label = n == 1 ? "" : label;
+    line.points = DownsampleMinMax(raw, kMaxCurvePoints);
+    line.style = st;
+    line.width = 1.8;
+    out->push_back(std::move(line));
+    return;
+  }
   Curve faint;
   faint.label = n == 1 ? "raw (per logged step)" : "";
   faint.points = DownsampleMinMax(raw, kMaxCurvePoints);
