@@ -205,8 +205,8 @@ std::vector<Section> BuildCharts(const std::vector<const RunLog*>& runs) {
     AddRawAndSmoothed(StepSeries(
                           r, [](const StepRecord& s) { return s.loss; }, true, tdiv),
                       st, labels[i], n, &loss_t.curves);
-    for (VMark m : Marks(r, false, 1)) loss.marks.push_back(m);
-    for (VMark m : Marks(r, true, tdiv)) loss_t.marks.push_back(m);
+    for (const VMark& m : Marks(r, false, 1)) loss.marks.push_back(m);
+    for (const VMark& m : Marks(r, true, tdiv)) loss_t.marks.push_back(m);
     auto simple = [&](LineChart* c, auto field) {
       Curve cv;
       cv.label = n == 1 ? "" : labels[i];
@@ -228,7 +228,7 @@ std::vector<Section> BuildCharts(const std::vector<const RunLog*>& runs) {
     }
     if (scale) {
       simple(&ls, [](const StepRecord& s) { return s.loss_scale; });
-      for (VMark m : Marks(r, false, 1)) ls.marks.push_back(m);
+      for (const VMark& m : Marks(r, false, 1)) ls.marks.push_back(m);
     }
   }
   // A gradient norm that spans orders of magnitude (an early spike) reads better on a log axis.

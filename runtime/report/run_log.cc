@@ -302,7 +302,7 @@ std::vector<std::pair<std::string, std::string>> ParseConfigToml(const std::stri
   std::istringstream in(text);
   std::string line, section, pending_key, pending;
   int depth = 0;
-  auto trim = [](std::string s) {
+  auto trim = [](const std::string& s) {
     const size_t a = s.find_first_not_of(" \t\r");
     const size_t b = s.find_last_not_of(" \t\r");
     return a == std::string::npos ? std::string() : s.substr(a, b - a + 1);
