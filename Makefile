@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # The README's two commands:
-#   make demo   install what is missing, build, train the reference CNN on Fashion-MNIST, 2 ranks
+#   make demo   install what is missing, build, train the reference CNN on Fashion-MNIST, 2 ranks,
+#               and write its report (runs/fmnist/report.html)
 #   make test   install what is missing, build, run every test with ctest
 # Also: make build, make data, make quick (unit + conformance only), make bench, make clean.
 # Hardening (CI runs them after make test): make sanitize (ASan+UBSan and TSan test runs),
@@ -50,6 +51,7 @@ data: build data/fmnist/train.h5 data/fmnist/test.h5
 demo: build data
 	. scripts/mpi-env.sh && mpirun -np 2 $(DPTRAIN) train --config configs/fmnist_cnn.toml \
 	  --set checkpoint.resume=never
+	$(DPTRAIN) report runs/fmnist
 
 test: build data
 	@bash scripts/install-deps.sh --cluster-tests

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The dptrain command line: subcommands train, eval, convert, inspect, info, plan. Only the
+// The dptrain command line: subcommands train, eval, convert, inspect, info, plan, report. Only the
 // argument parsing, the dispatch to each subcommand's file (launcher/*_command.h) and the error ->
 // exit code mapping of DESIGN.md section 8 live here; errors are printed once (MPI_Abort when only
 // some ranks failed, inside RunTrainOrEval, so no peer is left blocked in a collective).
@@ -22,6 +22,7 @@
 #include "launcher/inspect_command.h"
 #include "launcher/plan_command.h"
 #include "launcher/process_env.h"
+#include "launcher/report_command.h"
 #include "launcher/run_command.h"
 
 namespace dptrain {
@@ -61,13 +62,15 @@ void PrintError(const std::string& what) {
 int RunCommandLine(int argc, char** argv, const TrainHooks& hooks) {
   SetProcessContextFromEnv();
   // CLI11 reports "A subcommand is required" before looking at an unknown word: name it.
-  static const char* kCommands[] = {"train", "eval", "convert", "inspect", "info", "plan"};
+  static const char* kCommands[] = {"train", "eval", "convert", "inspect",
+                                    "info",  "plan", "report"};
   if (argc > 1 && argv[1][0] != '-' &&
       std::none_of(std::begin(kCommands), std::end(kCommands),
                    [&](const char* c) { return std::strcmp(c, argv[1]) == 0; })) {
     if (PrintsPreMpiErrors()) {
       PrintError(std::string("unknown command '") + argv[1] +
-                 "' (commands: train, eval, convert, inspect, info, plan); run 'dptrain --help'");
+                 "' (commands: train, eval, convert, inspect, info, plan, report); run "
+                 "'dptrain --help'");
     }
     return UsageExit(kExitUsage);
   }
@@ -124,6 +127,19 @@ int RunCommandLine(int argc, char** argv, const TrainHooks& hooks) {
   info->add_option("--device-binding", info_binding, "as dist.device_binding")
       ->check(CLI::IsMember({"remap", "set-device"}));
 
+  ReportArgs rep;
+  auto* report = app.add_subcommand(
+      "report", "one self-contained HTML page of a run's charts (several runs: overlaid)");
+  report->add_option("run_dirs", rep.run_dirs, "run directories (run_dir of dptrain train)")
+      ->required()
+      ->expected(1, -1);
+  report->add_option("--out", rep.out, "the HTML file (default: RUN_DIR/report.html)");
+  report->add_option("--format", rep.format, "png: also write every chart as PNG and SVG")
+      ->check(CLI::IsMember({"html", "png"}));
+  report->add_option("--png", rep.png_dir,
+                     "write the charts as PNG and SVG into this folder (default with --format "
+                     "png: next to --out, in <name>-charts/)");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -147,6 +163,7 @@ int RunCommandLine(int argc, char** argv, const TrainHooks& hooks) {
     }
     if (*plan) return RunPlanCommand(LoadConfig(plan_config, plan_sets), plan_ranks, plan_json);
     if (*inspect) return RunInspectCommand(inspect_path);
+    if (*report) return RunReportCommand(rep);
     if (*convert) return RunConvertCommand(conv);
   } catch (const Error& e) {
     PrintError(e.what());

@@ -5,7 +5,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
+#include <set>
 
+#include "core/backend_registry.h"
 #include "core/error.h"
 #include "runtime/agreement.h"
 #include "runtime/signals.h"
@@ -28,15 +31,67 @@ void Trainer::WriteMetrics(const nlohmann::json& j) {
 }
 
 void Trainer::ReducePeakMemory() {
-  // Peak device memory of each rank since the start: min, mean and max over ranks.
+  // Peak device memory of each rank since the start: min, mean and max over ranks (rank 0).
   const double peak = static_cast<double>(be_.allocator().stats().peak_in_use);
-  double v[3] = {peak, -peak, peak};
-  control_.AllReduceHost(v, 2, ReduceOp::kMax);
-  control_.AllReduceHost(v + 2, 1, ReduceOp::kSum);
-  peak_max_ = v[0];
-  peak_min_ = -v[1];
-  peak_mean_ = v[2] / static_cast<double>(world_);
+  std::vector<double> all(comm_.rank() == 0 ? static_cast<size_t>(world_) : 0);
+  control_.GatherHost(&peak, 1, all.data(), 0);
+  if (all.empty()) return;
+  peak_min_ = *std::min_element(all.begin(), all.end());
+  peak_max_ = *std::max_element(all.begin(), all.end());
+  peak_mean_ = std::accumulate(all.begin(), all.end(), 0.0) / static_cast<double>(world_);
 }
+
+namespace {
+
+// Per rank and logging window, gathered to rank 0: milliseconds per step in each phase, then
+// the rank's peak memory in bytes.
+enum RankField { kDataWait, kForward, kBackward, kComm, kOptimizer, kPeak, kRankFields };
+constexpr const char* kPhaseNames[] = {"data_wait", "forward", "backward", "exposed_comm",
+                                       "optimizer"};
+// Above this many ranks a step record carries the slowest rank only, not one value per rank.
+constexpr int64_t kMaxRanksListed = 256;
+
+// The phase split (mean over ranks, plus "other": the rest of the wall time per step) and the
+// per-rank lists of a step record, from the gathered RankField values of every rank.
+void AddRankTiming(const std::vector<double>& ranks, double window_s, int64_t steps,
+                   nlohmann::json* j) {
+  const int64_t world = static_cast<int64_t>(ranks.size()) / kRankFields;
+  auto at = [&](int64_t r, int f) { return ranks[static_cast<size_t>(r * kRankFields + f)]; };
+  nlohmann::json phases = nlohmann::json::object();
+  double accounted = 0;
+  for (int f = 0; f < 5; ++f) {
+    double mean = 0;
+    for (int64_t r = 0; r < world; ++r) mean += at(r, f) / static_cast<double>(world);
+    phases[kPhaseNames[f]] = mean;
+    accounted += mean;
+  }
+  const double wall_ms = 1e3 * window_s / static_cast<double>(std::max<int64_t>(steps, 1));
+  phases["other"] = std::max(0.0, wall_ms - accounted);
+  (*j)["phase_ms"] = phases;
+  // A rank's own work per step (data wait + forward + backward + optimizer): the time it did not
+  // spend waiting for the others. The largest is the straggler everyone else waits for.
+  int64_t slowest = 0;
+  double slowest_ms = -1;
+  std::vector<double> data(static_cast<size_t>(world)), compute(data), comm(data), peak(data);
+  for (int64_t r = 0; r < world; ++r) {
+    const auto i = static_cast<size_t>(r);
+    data[i] = at(r, kDataWait);
+    compute[i] = at(r, kForward) + at(r, kBackward) + at(r, kOptimizer);
+    comm[i] = at(r, kComm);
+    peak[i] = at(r, kPeak);
+    if (data[i] + compute[i] > slowest_ms) {
+      slowest_ms = data[i] + compute[i];
+      slowest = r;
+    }
+  }
+  (*j)["slowest_rank"] = slowest;
+  if (world <= kMaxRanksListed) {
+    (*j)["rank_ms"] = {{"data_wait", data}, {"compute", compute}, {"exposed_comm", comm}};
+    (*j)["rank_peak_mem_bytes"] = peak;
+  }
+}
+
+}  // namespace
 
 void Trainer::LogStep(int64_t epoch, bool force) {
   if (win_steps_ == 0) return;
@@ -44,7 +99,16 @@ void Trainer::LogStep(int64_t epoch, bool force) {
   FlushLossLog();
   double sums[2] = {win_loss_, static_cast<double>(win_samples_)};
   control_.AllReduceHost(sums, 2, ReduceOp::kSum);
-  ReducePeakMemory();
+  // This window's time per step in each phase, and the peak memory, of every rank: one gather.
+  const double totals[5] = {data_wait_s_, fwd_s_, bwd_s_, comm_s_, opt_s_};
+  double mine[kRankFields];
+  for (int i = 0; i < 5; ++i) {
+    mine[i] = 1e3 * (totals[i] - win_phase_start_[i]) / static_cast<double>(win_steps_);
+    win_phase_start_[i] = totals[i];
+  }
+  mine[kPeak] = static_cast<double>(be_.allocator().stats().peak_in_use);
+  std::vector<double> ranks(comm_.rank() == 0 ? static_cast<size_t>(world_ * kRankFields) : 0);
+  control_.GatherHost(mine, kRankFields, ranks.data(), 0);
   const double loss = sums[0] / std::max(sums[1], 1.0);
   const double dt = Since(win_start_);
   const double sps = sums[1] / std::max(dt, 1e-9);
@@ -56,6 +120,16 @@ void Trainer::LogStep(int64_t epoch, bool force) {
                                               "or use a warm-up (train.warmup_steps)",
                                               loss, step_, epoch + 1),
                       kExitData);
+  }
+  if (!ranks.empty()) {
+    auto at = [&](int64_t r, int f) { return ranks[static_cast<size_t>(r * kRankFields + f)]; };
+    peak_min_ = peak_max_ = at(0, kPeak);
+    peak_mean_ = 0;
+    for (int64_t r = 0; r < world_; ++r) {
+      peak_min_ = std::min(peak_min_, at(r, kPeak));
+      peak_max_ = std::max(peak_max_, at(r, kPeak));
+      peak_mean_ += at(r, kPeak) / static_cast<double>(world_);
+    }
   }
   if (is_root()) {
     // ETA from this session's pace (a resumed run starts its clock again).
@@ -90,9 +164,16 @@ void Trainer::LogStep(int64_t epoch, bool force) {
     if (scaler_->enabled()) {
       j["loss_scale"] = static_cast<double>(scaler_->scale());
       j["skipped_steps"] = skipped_steps_;
+      if (!skipped_in_window_.empty()) j["skipped_at"] = skipped_in_window_;
     }
+    // The last step's averaged gradient (unscaled): every rank holds the same after the
+    // allreduce, so rank 0 measures it alone. Not finite (JSON null) on a skipped step.
+    const double divisor = static_cast<double>(world_ * accumulate_) * scaler_->scale();
+    j["grad_norm"] = std::sqrt(be_.SumSquares(model_->grads())) / divisor;
+    AddRankTiming(ranks, dt, win_steps_, &j);
     WriteMetrics(j);
   }
+  skipped_in_window_.clear();
   win_loss_ = 0;
   win_samples_ = 0;
   win_steps_ = 0;
@@ -131,22 +212,73 @@ void Trainer::PrintSummary(bool stopped, int64_t session_steps, double total) {
     fmt::print("outputs: {}/metrics.jsonl, {}/config.toml, {}/\n", cfg_.run_dir, cfg_.run_dir,
                ckpt_dir_);
     std::fflush(stdout);
-    WriteMetrics(
-        {{"kind", "summary"},
-         {"step", step_},
-         {"epoch", result_.epochs},
-         {"time_s", RunTime()},
-         {"samples_per_s", result_.samples_per_s},
-         {"stop_signal", stop_signal_},
-         {"data_wait_ms", 1e3 * data_wait_s_ / n},
-         {"forward_ms", 1e3 * fwd_s_ / n},
-         {"backward_ms", 1e3 * bwd_s_ / n},
-         {"exposed_comm_ms", 1e3 * comm_s_ / n},
-         {"optimizer_ms", 1e3 * opt_s_ / n},
-         {"micro_batch", micro_},
-         {"accumulate", accumulate_},
-         {"skipped_steps", skipped_steps_},
-         {"peak_mem_bytes", {{"min", peak_min_}, {"mean", peak_mean_}, {"max", peak_max_}}}});
+    nlohmann::json j{
+        {"kind", "summary"},
+        {"step", step_},
+        {"epoch", result_.epochs},
+        {"time_s", RunTime()},
+        {"samples_per_s", result_.samples_per_s},
+        {"stop_signal", stop_signal_},
+        {"data_wait_ms", 1e3 * data_wait_s_ / n},
+        {"forward_ms", 1e3 * fwd_s_ / n},
+        {"backward_ms", 1e3 * bwd_s_ / n},
+        {"exposed_comm_ms", 1e3 * comm_s_ / n},
+        {"optimizer_ms", 1e3 * opt_s_ / n},
+        {"micro_batch", micro_},
+        {"accumulate", accumulate_},
+        {"skipped_steps", skipped_steps_},
+        {"peak_mem_bytes", {{"min", peak_min_}, {"mean", peak_mean_}, {"max", peak_max_}}},
+        {"status", stopped ? "preempted" : "finished"}};
+    if (result_.test_loss >= 0) j["test_loss"] = result_.test_loss;
+    if (result_.test_accuracy >= 0) j["test_accuracy"] = result_.test_accuracy;
+    WriteMetrics(j);
+  }
+}
+
+void Trainer::WriteStartRecord() {
+  // "host device" of every rank (the device's name when it has one: a GPU's model).
+  const auto dev = BackendDevice(be_);
+  const std::string mine = env_.host + " " + (dev ? be_.name() + ": " + dev->name : be_.name());
+  const std::vector<std::string> devices = control_.AllGatherStrings(mine);
+  if (!is_root()) return;
+  std::set<std::string> hosts;
+  for (const auto& d : devices) hosts.insert(d.substr(0, d.find(' ')));
+  const TrainConfig& c = cfg_;
+  WriteMetrics({{"kind", "start"},
+                {"step", step_},
+                {"epoch", epoch_ + 1},
+                {"time_s", elapsed_offset_},
+                {"version", DPTRAIN_VERSION},
+                {"model", c.model.name.empty() ? std::string("layers") : c.model.name},
+                {"params", model_->num_params()},
+                {"world_size", world_},
+                {"hosts", hosts.size()},
+                {"devices", devices},
+                {"threads", env_.threads},
+                {"global_batch", c.train.global_batch},
+                {"micro_batch", micro_},
+                {"accumulate", accumulate_},
+                {"precision", ConfigName(c.train.precision)},
+                {"optimizer", ConfigName(c.train.optimizer)},
+                {"train_samples", train_->info().size},
+                {"test_samples", test_ ? test_->info().size : 0},
+                {"steps_per_epoch", steps_per_epoch_},
+                {"total_steps", total_steps_},
+                {"log_every_steps", c.train.log_every_steps},
+                {"resumed", start_.kind == kResumed}});
+}
+
+void Trainer::RecordError(const std::string& message, int exit_code) noexcept {
+  if (!is_root() || !metrics_.is_open()) return;
+  try {
+    const double t = run_start_ == Clock::time_point{} ? elapsed_offset_ : RunTime();
+    WriteMetrics({{"kind", "error"},
+                  {"step", step_},
+                  {"epoch", epoch_ + 1},
+                  {"time_s", t},
+                  {"exit_code", exit_code},
+                  {"message", message}});
+  } catch (...) {  // NOLINT(bugprone-empty-catch): the error being reported matters more
   }
 }
 

@@ -96,7 +96,6 @@ void Trainer::TrainStep(const HostBatch& batch) {
     ShrinkMicroBatchMidRun(oom);
     oom.clear();
   }
-  auto t0 = Clock::now();
   lr_ = LearningRate(sched_, step_);
   if (step_ == env_.hooks.inf_grad_step && comm_.rank() == env_.hooks.inf_grad_rank) {
     // Test hook: an overflow in one rank's gradients.
@@ -104,8 +103,15 @@ void Trainer::TrainStep(const HostBatch& batch) {
     Tensor first = model_->grads().View(Shape{1});
     be_.CopyFromHost(&inf, &first);
   }
-  if (!CheckGradients()) {
+  // The non-finite check ends in an allreduce that waits for the slowest rank: communication,
+  // not optimizer time, or a straggler would show up as every other rank's slow optimizer.
+  auto t0 = Clock::now();
+  const bool apply = CheckGradients();
+  comm_s_ += Since(t0);
+  t0 = Clock::now();
+  if (!apply) {
     ++skipped_steps_;  // every rank skips this step together (loss scaling)
+    skipped_in_window_.push_back(step_ + 1);
   } else {
     opt_->Step(&model_->params(), model_->grads(), static_cast<float>(lr_),
                1.f / (static_cast<float>(world_ * accumulate_) * scaler_->scale()));
@@ -123,11 +129,13 @@ void Trainer::TrainStep(const HostBatch& batch) {
   }
   const int64_t every = cfg_.dist.check_replicas_every;
   if (every > 0 && world_ > 1 && step_ % every == 0) {
+    t0 = Clock::now();
     try {
       CheckReplicasIdentical(control_, be_, model_->params(), step_);
     } catch (const InternalError& e) {
       throw AgreedError(e.what(), kExitInternal);  // every rank saw the same checksums
     }
+    comm_s_ += Since(t0);
   }
   win_samples_ += local_batch_;
   ++win_steps_;

@@ -119,6 +119,7 @@ TrainResult Trainer::Run() {
   comm_.Broadcast(&model_->buffers(), 0);
   if (start_.kind == kResumed) StartFrom();
   session_start_step_ = step_;
+  WriteStartRecord();
 
   if (is_root()) {
     fmt::print(
@@ -221,7 +222,15 @@ TrainResult Trainer::Run() {
 TrainResult Train(const TrainConfig& cfg, const TrainEnv& env) {
   DPT_CHECK(env.control != nullptr && env.comm != nullptr && env.backend != nullptr);
   Trainer t(cfg, env);
-  return t.Run();
+  try {
+    return t.Run();
+  } catch (const Error& e) {
+    t.RecordError(e.what(), e.exit_code());
+    throw;
+  } catch (const std::exception& e) {
+    t.RecordError(std::string("internal error: ") + e.what(), kExitInternal);
+    throw;
+  }
 }
 
 }  // namespace dptrain

@@ -57,6 +57,9 @@ class Trainer {
 
   TrainResult Run();
   EvalResult RunEval(const std::string& checkpoint);
+  // Rank 0, not collective: an "error" record in metrics.jsonl for the error that ends the run
+  // (what `dptrain report` shows for a failed run); nothing before metrics.jsonl is open.
+  void RecordError(const std::string& message, int exit_code) noexcept;
 
  private:
   struct EvalSums {
@@ -120,9 +123,13 @@ class Trainer {
   void Evaluate(int64_t epoch);
 
   // ---- metrics.cc ----
+  // Collective at logged steps: the window's loss (allreduce) and one gather of every rank's
+  // phase times and peak memory to rank 0, which writes the step record.
   void LogStep(int64_t epoch, bool force);
   void WriteMetrics(const nlohmann::json& j);
   void ReducePeakMemory();  // collective
+  // Collective (every rank's host and device); rank 0 writes the "start" record: what ran.
+  void WriteStartRecord();
   void PrintSummary(bool stopped, int64_t session_steps, double total_s);
   bool is_root() const { return comm_.rank() == 0 && !env_.hooks.quiet; }
   double RunTime() const { return elapsed_offset_ + Since(run_start_); }
@@ -197,6 +204,10 @@ class Trainer {
   int64_t win_samples_ = 0, win_steps_ = 0;
   Clock::time_point win_start_, run_start_;
   double data_wait_s_ = 0, fwd_s_ = 0, bwd_s_ = 0, comm_s_ = 0, opt_s_ = 0;
+  // The five phase totals above when the logging window started (data wait, forward, backward,
+  // exposed communication, optimizer), and the steps skipped by loss scaling within it.
+  double win_phase_start_[5] = {0, 0, 0, 0, 0};
+  std::vector<int64_t> skipped_in_window_;
   TrainResult result_;
   std::ofstream metrics_;
 

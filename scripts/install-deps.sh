@@ -7,6 +7,8 @@
 #   scripts/install-deps.sh --build          only what compiling dptrain needs (tests and
 #                                            benchmarks off: the Dockerfile's build stage)
 #   scripts/install-deps.sh --runtime        only what the dptrain binary needs at run time
+#   scripts/install-deps.sh --report         rsvg-convert, for `dptrain report --format png` (PNG
+#                                            charts; the HTML page needs nothing)
 #   scripts/install-deps.sh --bench          also the PyTorch baseline used by bench/
 #   scripts/install-deps.sh --cluster-tests  also what the cluster tests run: a real Slurm
 #                                            (slurmctld, slurmd, munge), a Docker engine,
@@ -24,9 +26,11 @@ runtime=(openmpi-bin "libopenmpi3t64|libopenmpi3" "libhdf5-103-1t64|libhdf5-103-
 build=(build-essential cmake ninja-build pkg-config git ca-certificates
   openmpi-bin libopenmpi-dev libhdf5-dev libdnnl-dev zlib1g-dev
   libtomlplusplus-dev libcli11-dev nlohmann-json3-dev libfmt-dev)
+# chromium: tests/integration/report.sh opens `dptrain report`'s page in headless Chromium.
 tests=(libgtest-dev libgmock-dev libbenchmark-dev
   clang-format python3 python3-h5py python3-numpy dataset-fashion-mnist
-  clang libclang-rt-dev libomp-dev clang-tidy cppcheck)
+  clang libclang-rt-dev libomp-dev clang-tidy cppcheck chromium)
+report=(librsvg2-bin)
 bench=(python3-torch)
 # tests/integration/{slurm,two_hosts,docker}.sh (iproute2: ip netns; util-linux: unshare;
 # procps: ps/pgrep; zstd: the cached base image).
@@ -37,12 +41,13 @@ want=()
 [ $# -eq 0 ] && set -- --default
 for arg in "$@"; do
   case "$arg" in
-    --default) want+=("${build[@]}" "${tests[@]}") ;;
+    --default) want+=("${build[@]}" "${tests[@]}" "${report[@]}") ;;
+    --report) want+=("${report[@]}") ;;
     --build) want+=("${build[@]}") ;;
     --runtime) want+=("${runtime[@]}") ;;
     --bench) want+=("${build[@]}" "${tests[@]}" "${bench[@]}") ;;
     --cluster-tests) want+=("${cluster_tests[@]}") ;;
-    *) echo "usage: $0 [--build|--runtime|--bench|--cluster-tests]..." >&2; exit 2 ;;
+    *) echo "usage: $0 [--build|--runtime|--report|--bench|--cluster-tests]..." >&2; exit 2 ;;
   esac
 done
 

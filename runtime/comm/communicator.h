@@ -36,6 +36,9 @@ class ControlPlane {
   virtual void BroadcastHost(void* data, size_t bytes, int root) = 0;
   // Every rank's string, indexed by rank.
   virtual std::vector<std::string> AllGatherStrings(const std::string& mine) = 0;
+  // `count` values from every rank into `all` on `root` (size() * count values, rank r's at
+  // r * count; `all` is not touched on other ranks and may be null there).
+  virtual void GatherHost(const double* mine, int count, double* all, int root) = 0;
   virtual void Barrier() = 0;
 
   // Convenience: true on every rank iff `ok` on every rank.

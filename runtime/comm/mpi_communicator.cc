@@ -179,6 +179,10 @@ class MpiComm final : public MpiCommunicator {
       DPT_MPI_CHECK(MPI_Bcast(static_cast<char*>(data) + off, n, MPI_BYTE, root, comm_));
     }
   }
+  void GatherHost(const double* mine, int count, double* all, int root) override {
+    Watchdog::Scope scope("gather (metrics)");
+    DPT_MPI_CHECK(MPI_Gather(mine, count, MPI_DOUBLE, all, count, MPI_DOUBLE, root, comm_));
+  }
   std::vector<std::string> AllGatherStrings(const std::string& mine) override {
     Watchdog::Scope scope("allgather (strings)");
     int len = static_cast<int>(mine.size());

@@ -42,7 +42,7 @@ check "it says where it resumed" grep -qF "resuming from $(ckpt "$B" 8): step 8,
 check "final parameters and optimizer state bitwise equal to the uninterrupted run" \
   ckpt_py same "$(ckpt "$B" 16)" "$(ckpt "$A" 16)"
 check "metrics.jsonl appended (3 earlier lines kept, new steps after them)" \
-  bash -c "[[ \$(head -n 3 '$B/metrics.jsonl') == \$(head -n 3 '$A/metrics.jsonl') ]] && \
+  bash -c "[[ \$(head -n 3 '$B/metrics.jsonl') == \"\$(head -n 3 '$A/metrics.jsonl')\" ]] && \
            grep -q '\"step\":12' '$B/metrics.jsonl' && [[ \$(wc -l <'$B/metrics.jsonl') -gt 5 ]]"
 CASE="resume = auto on a finished run"
 expect_ok -- "${MPI2[@]}" "$DPTRAIN" train --config "$CONFIG" --set "run_dir=$B"

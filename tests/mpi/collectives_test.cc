@@ -1,10 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 // MPI communicator and reducer on sizes 0, 1, primes and sizes not divisible by the world size;
-// sum/avg/max, async, broadcast, allgather, split; the bucketed reducer sums exactly what a
-// plain allreduce sums, whatever the bucket size.
+// sum/avg/max, async, broadcast, allgather, gather to a root, split; the bucketed reducer sums
+// exactly what a plain allreduce sums, whatever the bucket size.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <vector>
 
 #include "core/backend_registry.h"
 #include "runtime/comm/reducer.h"
@@ -125,6 +126,17 @@ TEST(CommTest, SplitAndHostHelpers) {
   double v[2] = {static_cast<double>(comm.rank()), 1.0};
   comm.AllReduceHost(v, 2, ReduceOp::kSum);
   ok = ok && v[1] == comm.size() && v[0] == comm.size() * (comm.size() - 1) / 2.0;
+  // GatherHost: rank r's three values land at r * 3 on the root (the metrics gather); the
+  // other ranks pass no buffer.
+  for (int root : {0, comm.size() - 1}) {
+    const double mine[3] = {static_cast<double>(comm.rank()), 0.5, -1.0 * comm.rank()};
+    std::vector<double> all(comm.rank() == root ? static_cast<size_t>(3 * comm.size()) : 0);
+    comm.GatherHost(mine, 3, all.data(), root);
+    for (int k = 0; k < comm.size() && comm.rank() == root; ++k) {
+      const auto at = static_cast<size_t>(3 * k);
+      ok = ok && all[at] == k && all[at + 1] == 0.5 && all[at + 2] == -1.0 * k;
+    }
+  }
   ASSERT_TRUE(AllRanksOk(comm, ok)) << "rank " << comm.rank();
   EXPECT_TRUE(comm.AllTrue(true));
   EXPECT_FALSE(comm.AllTrue(comm.rank() != 1));

@@ -203,6 +203,7 @@ class FakeComm final : public ControlPlane {
     out[static_cast<size_t>(rank_)] = mine;
     return out;
   }
+  void GatherHost(const double*, int, double*, int) override {}
   void Barrier() override {}
 
  private:
