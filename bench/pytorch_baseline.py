@@ -12,9 +12,9 @@ dptrain's benchmark runs, timed in one process (or one DDP job). Three modes:
       --against (the output of `dptrain inspect` on a checkpoint of the same model), first checks
       that dptrain's parameters and buffers have the state_dict's names and shapes; exits 1 if not.
   pytorch_baseline.py --blas
-      prints which BLAS library torch's Linear (addmm) runs on in this process, read from
-      /proc/self/maps after a call, its OpenBLAS config and thread count where it is OpenBLAS, and
-      an fp32 GEMM's GFLOP/s on one thread (a sanity check of the assumed per-core peak).
+      prints which BLAS library torch's Linear (addmm) runs on in this process (the library
+      libtorch's sgemm_ binds to), its OpenBLAS config, kernel and thread count where it is
+      OpenBLAS, and an fp32 GEMM's GFLOP/s on one thread.
 
 The models are dptrain's zoo models (models/zoo/zoo.cc) layer for layer: same layers, shapes,
 bias flags, batch-norm eps/momentum and residual structure, so FLOPs and maths are the same job.
@@ -162,7 +162,7 @@ def blas():
     # then dladdr. Mapped files alone do not tell: with libblas.so.3 on the reference BLAS and
     # liblapack.so.3 on OpenBLAS, both are loaded and the reference sgemm_ wins.
     torch_lib = next(ln.split()[-1] for ln in open("/proc/self/maps") if "libtorch_cpu" in ln)
-    lib, kind, extra = "none", "unknown (libtorch_cpu imports no sgemm_)", ""
+    lib, kind, extra, core = "none", "unknown (libtorch_cpu imports no sgemm_)", "", "-"
     try:
         addr = ctypes.cast(ctypes.CDLL(torch_lib).sgemm_, ctypes.c_void_p).value
         info = _DlInfo()
@@ -178,6 +178,8 @@ def blas():
     if kind == "OpenBLAS":
         ob = ctypes.CDLL(lib)
         ob.openblas_get_config.restype = ctypes.c_char_p
+        ob.openblas_get_corename.restype = ctypes.c_char_p
+        core = ob.openblas_get_corename().decode()
         extra = (f"; {ob.openblas_get_config().decode().strip()}, "
                  f"{ob.openblas_get_num_threads()} thread(s)")
     n = 1024
@@ -189,6 +191,7 @@ def blas():
         torch.mm(a, b)
     gflops = 2 * n ** 3 * reps / (time.perf_counter() - t0) / 1e9
     print(f"blas {kind} lib {lib}{extra}")
+    print(f"blas_core {core}")
     print(f"gemm_gflops_1thread {gflops:.1f}")
 
 
