@@ -4,8 +4,11 @@
 // is what N busy cores really run at. bench/run.sh divides achieved GFLOP/s by it.
 //
 //   peak_bench [THREADS]   prints `peak fp32 <GFLOP/s> isa <isa> threads <N>` and, with
-//                          AVX512-BF16, `peak bf16 <GFLOP/s> isa avx512_bf16 threads <N>`
+//                          AVX512-BF16, `peak bf16 <GFLOP/s> isa avx512_bf16 threads <N>`;
+//                          on other CPUs `peak fp32 unknown` (run.sh then uses its derived peak)
+#if defined(__x86_64__)
 #include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <chrono>
@@ -15,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#if defined(__x86_64__)
 namespace {
 
 constexpr int kChains = 16;  // > FMA latency (4 cycles) x FMA units (2): the units never wait
@@ -96,6 +100,7 @@ double Measure(float (*kernel)(long), int threads, double flop_per_iter) {
 }
 
 }  // namespace
+#endif
 
 int main(int argc, char** argv) {
   const int threads = argc > 1 ? std::atoi(argv[1]) : 1;
@@ -103,6 +108,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: peak_bench [THREADS >= 1]\n");
     return 2;
   }
+#if defined(__x86_64__)
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f")) {
     std::printf("peak fp32 %.1f isa avx512 threads %d\n",
@@ -117,5 +123,8 @@ int main(int argc, char** argv) {
     std::printf("peak bf16 %.1f isa avx512_bf16 threads %d\n",
                 Measure(Bf16Dot512, threads, kChains * 16 * 4.0), threads);
   }
+#else
+  std::printf("peak fp32 unknown isa none threads %d\n", threads);
+#endif
   return 0;
 }
