@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# End-to-end benchmark (not a test): ref_cnn training throughput of dptrain next to PyTorch on the
-# same machine in the same run, then the per-step time breakdown, the reducer against a bare
-# MPI_Allreduce, and the framework overhead of a step. Prints ratios, never absolute targets:
-# these machines are noisy, so only numbers measured together are compared.
+# End-to-end benchmark (not a test): training throughput of dptrain next to PyTorch at its best on
+# the same machine in the same run (ref_cnn and resnet8; batch 64 and 256; fp32 and bf16; 1 rank x
+# 2 threads and 2 ranks x 1 thread), with FLOPs per sample and each side's fraction of the
+# machine's peak; then dptrain's per-step breakdown, the reducer against a bare MPI_Allreduce, and
+# the framework overhead of a step. Method and the latest table: bench/README.md.
 #
 #   bash bench/run.sh [BUILD_DIR]        (make bench does this)
+#   BENCH_REPEAT=N    processes per measurement on each side (default 3)
+#   BENCH_QUICK=1     smoke run: batch 64 only, one process each, an eighth of the samples
+#   BENCH_PT_FORMAT=nchw   PyTorch tensors in NCHW instead of channels-last (slower here)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
@@ -13,70 +17,276 @@ dptrain=$build/launcher/dptrain
 py=/usr/bin/python3  # Debian's python3-torch lives here, not in a pyenv python
 # shellcheck source=scripts/mpi-env.sh
 . scripts/mpi-env.sh
-data=${DPTRAIN_DATA:-data}/fmnist/train.h5
-[ -f "$data" ] || { echo "bench: $data missing (run make data)"; exit 1; }
+fmnist=${DPTRAIN_DATA:-data}/fmnist/train.h5
+[ -f "$fmnist" ] || { echo "bench: $fmnist missing (run make data)"; exit 1; }
+for exe in "$dptrain" "$build/bench/peak_bench" "$build/bench/allreduce_bench" \
+  "$build/bench/step_bench"; do
+  [ -x "$exe" ] || { echo "bench: $exe missing (build with benchmarks on: make build)"; exit 1; }
+done
 work=$(mktemp -d /tmp/dptrain-bench.XXXXXX)
 trap 'rm -rf "$work"' EXIT
-steps=120
 
-# dptrain samples/s between the step-40 and the last step line of metrics.jsonl (after warm-up).
-dptrain_run() {  # ranks threads batch precision
-  local ranks=$1 threads=$2 batch=$3 prec=$4 run=$work/run-$1-$2-$3-$4
-  local args=(train --config configs/fmnist_cnn.toml --set "run_dir=$run" --set "data.train=$data"
-    --set data.test= --set "train.global_batch=$batch" --set "train.precision=$prec"
-    --set "dist.threads=$threads" --set data.workers=1 --set "train.max_steps=$steps"
-    --set train.log_every_steps=20 --set checkpoint.every_epochs=0 --set checkpoint.resume=never)
-  if [ "$ranks" = 1 ]; then
-    OMP_NUM_THREADS=$threads "$dptrain" "${args[@]}" > "$run.log" 2>&1
-  else
-    mpirun -np "$ranks" "$dptrain" "${args[@]}" > "$run.log" 2>&1
+repeat=${BENCH_REPEAT:-3}
+batches=(64 256)
+scale=1
+if [ "${BENCH_QUICK:-0}" = 1 ]; then
+  repeat=1 batches=(64) scale=8
+fi
+pt_format=${BENCH_PT_FORMAT:-channels_last}
+layouts=("1 2" "2 1")  # ranks threads: both use the machine's 2 cores
+cores=2
+
+# PyTorch at its best (bench/README.md says why each matters): OpenBLAS on one thread per
+# process, and glibc malloc told to keep freed memory (else every step page-faults its buffers
+# back in). dptrain runs with the defaults (these tunables do not change its throughput).
+pt_env=(OPENBLAS_NUM_THREADS=1
+  GLIBC_TUNABLES=glibc.malloc.mmap_threshold=4294967296:glibc.malloc.trim_threshold=4294967296)
+
+# max, median and min of the numbers given.
+stats() {
+  printf '%s\n' "$@" | sort -n | awk '{v[NR] = $1} END {
+    m = NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
+    printf "%.0f %.0f %.0f\n", v[NR], m, v[1]}'
+}
+calc() { awk "BEGIN{printf \"$1\", $2}"; }
+
+echo "== machine"
+model_name=$(lscpu | sed -n 's/^Model name: *//p' | head -n1)
+flags=" $(lscpu | sed -n 's/^Flags: *//p') "
+has() { case "$flags" in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+mhz=$(lscpu | sed -n 's/^CPU max MHz: *//p' | head -n1)
+mhz_from="lscpu max MHz"
+if [ -z "$mhz" ]; then
+  mhz=$(sed -n 's/^cpu MHz[[:space:]]*: *//p' /proc/cpuinfo | head -n1)
+  mhz_from="/proc/cpuinfo cpu MHz (lscpu gives no max MHz here; a boosting CPU runs faster)"
+fi
+family=$(lscpu | sed -n 's/^CPU family: *//p' | head -n1)
+lanes=4 isa=sse
+if has avx512f; then
+  lanes=16 isa=avx512
+  # Zen 4 (AMD family 25) runs 512-bit FMAs on 256-bit units: 8 lanes per unit per cycle.
+  if [ "$(lscpu | sed -n 's/^Vendor ID: *//p')" = AuthenticAMD ] && [ "$family" = 25 ]; then
+    lanes=8 isa="avx512 on 256-bit units (Zen 4)"
   fi
-  "$py" - "$run/metrics.jsonl" "$batch" <<'PY'
+elif has avx2 && has fma; then
+  lanes=8 isa=avx2
+fi
+bf16_mult=1
+has avx512_bf16 && bf16_mult=2  # vdpbf16ps: two bf16 products per fp32 lane
+derived=$(calc %.0f "$cores * 2 * $lanes * 2 * $mhz / 1000")
+echo "CPU: $model_name ($(nproc) cores online; $cores used by every layout below)"
+echo "peak, derived: $cores cores x 2 FMA units x $lanes fp32 lanes ($isa) x 2 FLOP x $mhz MHz" \
+  "= $derived GFLOP/s fp32, x$bf16_mult for bf16$(has avx512_bf16 && echo ' (avx512_bf16)')"
+echo "  (assumes 2 FMA units per core, as on server Zen 4/5 and Xeon Gold/Platinum; clock from" \
+  "$mhz_from)"
+derived_bf16=$((derived * bf16_mult))
+measured=$("$build/bench/peak_bench" "$cores")
+meas_fp32=$(awk '$2 == "fp32" && $3 + 0 > 0 {print $3}' <<<"$measured")
+meas_bf16=$(awk '$2 == "bf16" {print $3}' <<<"$measured")
+echo "peak, measured: ${meas_fp32:-(none)} GFLOP/s fp32${meas_bf16:+, $meas_bf16 GFLOP/s bf16}" \
+  "(peak_bench: independent FMA chains on $cores threads at once)"
+peak_fp32=$(calc %.0f "(${meas_fp32:-0} > $derived) ? ${meas_fp32:-0} : $derived")
+peak_bf16=$(calc %.0f "(${meas_bf16:-0} > $derived_bf16) ? ${meas_bf16:-0} : $derived_bf16")
+echo "fractions of peak below use the higher of the two: $peak_fp32 GFLOP/s fp32, $peak_bf16 bf16"
+has amx_bf16 && echo "  (AMX tiles are not counted: with amx_bf16 the bf16 peak is higher still)"
+
+# OPENBLAS_* settings found in the environment (a CI image may force OPENBLAS_CORETYPE=Haswell
+# for old numpy builds: half the GEMM rate of the AVX-512 kernel) are kept only if GEMM is not
+# slower with them: the baseline is PyTorch at its best here.
+pt_unset=()
+for var in $(compgen -e | grep '^OPENBLAS_' | grep -v '^OPENBLAS_NUM_THREADS$' || true); do
+  pt_unset+=(-u "$var")
+done
+blas=$(env "${pt_env[@]}" "$py" bench/pytorch_baseline.py --blas)
+gemm=$(awk '$1 == "gemm_gflops_1thread" {print $2}' <<<"$blas")
+if [ ${#pt_unset[@]} -gt 0 ]; then
+  found=$(compgen -e | grep '^OPENBLAS_' | grep -v '^OPENBLAS_NUM_THREADS$' |
+    while read -r var; do printf '%s=%s ' "$var" "${!var}"; done)
+  blas_unset=$(env "${pt_unset[@]}" "${pt_env[@]}" "$py" bench/pytorch_baseline.py --blas)
+  gemm_unset=$(awk '$1 == "gemm_gflops_1thread" {print $2}' <<<"$blas_unset")
+  kernel() { awk '$1 == "blas_core" {print $2}' <<<"$1"; }
+  echo "PyTorch's BLAS GEMM (torch.mm, 1024^3) on 1 thread: $gemm GFLOP/s with this environment's" \
+    "${found% } (kernel $(kernel "$blas")), $gemm_unset GFLOP/s without (kernel" \
+    "$(kernel "$blas_unset"))"
+  if awk -v a="$gemm_unset" -v b="$gemm" 'BEGIN{exit !(a > b)}'; then
+    echo "  so the baseline runs without them"
+    blas=$blas_unset
+  else
+    echo "  so the baseline keeps them"
+    pt_unset=()
+  fi
+else
+  echo "PyTorch's BLAS GEMM (torch.mm, 1024^3) on 1 thread: $gemm GFLOP/s"
+fi
+echo "PyTorch $("$py" -c 'import torch; print(torch.__version__)'): Linear runs on" \
+  "$(sed -n 's/^blas //p' <<<"$blas")"
+echo "  (the convolutions run on oneDNN in both frameworks; dptrain links no BLAS)"
+multiarch=$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || echo x86_64-linux-gnu)
+alt=$(update-alternatives --query "libblas.so.3-$multiarch" 2>/dev/null | sed -n 's/^Value: //p')
+echo "  update-alternatives libblas.so.3-$multiarch -> ${alt:-(not managed)}"
+if grep -q '^blas reference' <<<"$blas"; then
+  echo "bench: PyTorch would run Linear on the reference BLAS (about 15x slower than OpenBLAS):" \
+    "the baseline would be handicapped. Run scripts/install-deps.sh --bench" \
+    "(or update-alternatives --auto libblas.so.3-$multiarch)." >&2
+  exit 1
+fi
+
+echo
+echo "== models (FLOPs per sample = 3 x forward multiply-adds x 2: forward, backward-data and"
+echo "   backward-weights; Conv2d and Linear only, from the layer shapes)"
+declare -A flops
+for model in ref_cnn resnet8; do
+  config=configs/resnet8.toml
+  [ "$model" = ref_cnn ] && config=configs/fmnist_cnn.toml
+  # Same job: dptrain's checkpoint holds the names and shapes of PyTorch's state_dict.
+  ck=$work/describe-$model
+  "$dptrain" train --config "$config" --set "run_dir=$ck" --set data.train=synthetic \
+    --set data.test= --set data.synthetic_samples=64 --set train.global_batch=32 \
+    --set train.max_steps=1 --set checkpoint.resume=never --set data.workers=0 >"$ck.log" 2>&1 ||
+    { cat "$ck.log" >&2; exit 1; }
+  "$dptrain" inspect "$ck"/checkpoints/*.h5 >"$ck.txt"
+  desc=$("$py" bench/pytorch_baseline.py --describe "$model" --against "$ck.txt")
+  read -r _ _ _ params _ macs <<<"$desc"
+  flops[$model]=$((6 * macs))
+  printf '%-8s %7s parameters (same names and shapes in both),' "$model" "$params"
+  printf ' %5.2f M multiply-adds forward, %6.2f MFLOP per sample trained\n' \
+    "$(calc %.2f "$macs / 1e6")" "$(calc %.2f "6 * $macs / 1e6")"
+done
+echo "resnet18 (32x32): pending, it comes with the graph-models issue; not measured"
+
+# dptrain samples/s between the log line at the end of warm-up and the last one (metrics.jsonl).
+run_id=0
+dptrain_run() {  # model ranks threads batch precision warmup_steps steps
+  local model=$1 ranks=$2 threads=$3 batch=$4 prec=$5 warm=$6 steps=$7 config data
+  run_id=$((run_id + 1))
+  local run=$work/dpt-$model-$ranks-$threads-$batch-$prec-$run_id
+  if [ "$model" = ref_cnn ]; then
+    config=configs/fmnist_cnn.toml data=$fmnist
+  else
+    config=configs/$model.toml data=synthetic  # in RAM, 3x32x32, as PyTorch's random tensors
+  fi
+  local args=(train --config "$config" --set "run_dir=$run" --set "data.train=$data"
+    --set data.test= --set data.augment=none --set data.synthetic_samples=4096
+    --set "train.global_batch=$batch" --set "train.precision=$prec" --set "dist.threads=$threads"
+    --set data.workers=1 --set "train.max_steps=$((warm + steps))"
+    --set "train.log_every_steps=$warm" --set checkpoint.every_epochs=0
+    --set checkpoint.resume=never)
+  local rc=0
+  if [ "$ranks" = 1 ]; then
+    OMP_NUM_THREADS=$threads "$dptrain" "${args[@]}" >"$run.log" 2>&1 || rc=$?
+  else
+    OMP_NUM_THREADS=$threads mpirun -np "$ranks" "$dptrain" "${args[@]}" >"$run.log" 2>&1 || rc=$?
+  fi
+  if [ $rc != 0 ]; then
+    echo "bench: dptrain failed (exit $rc):" >&2
+    tail -n 20 "$run.log" >&2
+    return 1
+  fi
+  cp "$run.log" "$work/last-$model-$ranks-$threads-$batch-$prec.log"
+  "$py" - "$run/metrics.jsonl" "$batch" "$warm" <<'PY'
 import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1]) if '"kind": "step"' in l or '"kind":"step"' in l]
-a = next(r for r in rows if r["step"] >= 40); b = rows[-1]
+rows = [r for r in map(json.loads, open(sys.argv[1])) if r.get("kind") == "step"]
+a = next(r for r in rows if r["step"] >= int(sys.argv[3]))
+b = rows[-1]
 print(f'{(b["step"] - a["step"]) * int(sys.argv[2]) / (b["time_s"] - a["time_s"]):.0f}')
 PY
 }
 
-# PyTorch, best of the machine's OpenBLAS settings as found and with them unset (they are set
-# for old numpy builds and can slow torch): the baseline is PyTorch at its best here.
-pytorch_run() {  # ranks threads batch precision
-  local n=$((steps * 64 / $3)) best=0 v
-  for envmode in keep unset; do
-    if [ "$envmode" = keep ]; then
-      v=$("$py" bench/pytorch_baseline.py --ranks "$1" --threads "$2" --batch "$3" \
-        --precision "$4" --steps "$n" | awk '{print $NF}')
-    else
-      v=$(env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE "$py" bench/pytorch_baseline.py \
-        --ranks "$1" --threads "$2" --batch "$3" --precision "$4" --steps "$n" | awk '{print $NF}')
-    fi
-    [ "${v%.*}" -gt "$best" ] && best=${v%.*}
-  done
-  echo "$best"
+pytorch_run() {  # model ranks threads batch precision warmup_steps steps
+  run_id=$((run_id + 1))
+  env "${pt_unset[@]}" "${pt_env[@]}" "$py" bench/pytorch_baseline.py --model "$1" --ranks "$2" \
+    --threads "$3" --batch "$4" --precision "$5" --warmup "$6" --steps "$7" \
+    --memory-format "$pt_format" --port $((29500 + run_id % 400)) |
+    awk '{print $NF}'
 }
 
-echo "== ref_cnn training throughput (samples/s, global batch, Fashion-MNIST in RAM)"
-printf '%-14s %6s %6s %10s %10s %10s %14s\n' layout batch prec dptrain pytorch ratio vs_pt_fp32
-declare -A pt_fp32
-for batch in 64 256; do
-  for layout in "1 2" "2 1"; do
-    set -- $layout
-    pt_fp32["$1x$2-$batch"]=$(pytorch_run "$1" "$2" "$batch" fp32)
-    for prec in fp32 bf16; do
-      d=$(dptrain_run "$1" "$2" "$batch" "$prec")
-      if [ "$prec" = fp32 ]; then p=${pt_fp32["$1x$2-$batch"]}; else p=$(pytorch_run "$1" "$2" "$batch" bf16); fi
-      printf '%-14s %6s %6s %10s %10s %10s %14s\n' "$1 rank x $2 thr" "$batch" "$prec" "$d" "$p" \
-        "$(awk -v a="$d" -v b="$p" 'BEGIN{printf "%.2fx", a/b}')" \
-        "$(awk -v a="$d" -v b="${pt_fp32["$1x$2-$batch"]}" 'BEGIN{printf "%.2fx", a/b}')"
+echo
+echo "== training throughput, samples/s (PyTorch: best and median of $repeat processes," \
+  "$pt_format, ${pt_env[*]}${pt_unset[*]:+, env ${pt_unset[*]}};"
+echo "   dptrain: median of $repeat runs; the two interleaved; data in RAM: Fashion-MNIST for" \
+  "ref_cnn, random 3x32x32 for resnet8)"
+fmt='%-8s %-4s %5s %-4s %7s %7s %5s %7s %5s %6s %-12s %12s %12s %6s %-12s\n'
+# shellcheck disable=SC2059
+printf "$fmt" model ly batch prec pt_best pt_med pt_sp dpt_med dpt_sp ratio target \
+  "pt_GF/s(%pk)" "dpt_GF/s(%pk)" "v_fp32" target
+declare -A dpt_fp32
+met=0 rows=0
+verdict() {  # value target: sets $v to "met" or "NOT met" and counts it
+  rows=$((rows + 1)) v="NOT met"
+  if awk -v a="$1" -v b="$2" 'BEGIN{exit !(a >= b)}'; then
+    met=$((met + 1)) v=met
+  fi
+}
+gf() { calc %.0f "$1 * ${flops[$model]} / 1e9"; }  # samples/s -> GFLOP/s of $model
+pct() { calc %.0f "100 * $1 * ${flops[$model]} / 1e9 / $peak"; }  # ... as % of $peak
+for model in ref_cnn resnet8; do
+  # About 4 s of timed steps per process after the warm-up (the whole run: about 11 minutes).
+  warm_samples=2560 measure_samples=30720
+  [ "$model" = resnet8 ] && warm_samples=1024 measure_samples=12288
+  for batch in "${batches[@]}"; do
+    warm=$((warm_samples / scale / batch)) steps=$((measure_samples / scale / batch))
+    [ $warm -ge 2 ] || warm=2
+    [ $steps -ge 4 ] || steps=4
+    for layout in "${layouts[@]}"; do
+      read -r ranks threads <<<"$layout"
+      for prec in fp32 bf16; do
+        pt=() dpt=()
+        for ((r = 0; r < repeat; r++)); do
+          pt+=("$(pytorch_run "$model" "$ranks" "$threads" "$batch" "$prec" "$warm" "$steps")")
+          dpt+=("$(dptrain_run "$model" "$ranks" "$threads" "$batch" "$prec" "$warm" "$steps")")
+        done
+        read -r pt_max pt_med pt_min < <(stats "${pt[@]}")
+        read -r dpt_max dpt_med dpt_min < <(stats "${dpt[@]}")
+        key=$model-$ranks-$threads-$batch
+        peak=$peak_fp32
+        [ "$prec" = bf16 ] && peak=$peak_bf16
+        ratio=$(calc %.2f "$dpt_med / $pt_max")
+        # Targets (issue 17 point 2): 2 ranks x 1 thread >= 2.5x DDP; 1 x 2 fp32 >= 2.5x on
+        # ref_cnn, >= 2x on resnet8; bf16 >= 1.8x dptrain's own fp32.
+        tgt=""
+        if [ "$ranks" = 2 ]; then
+          tgt=2.5
+        elif [ "$prec" = fp32 ]; then
+          tgt=2.5
+          [ "$model" = resnet8 ] && tgt=2.0
+        fi
+        target="-"
+        if [ -n "$tgt" ]; then
+          verdict "$ratio" "$tgt"
+          target=">=${tgt}x $v"
+        fi
+        own="-" own_target="-"
+        if [ "$prec" = fp32 ]; then
+          dpt_fp32[$key]=$dpt_med
+        else
+          own=$(calc %.2f "$dpt_med / ${dpt_fp32[$key]}")
+          verdict "$own" 1.8
+          own_target=">=1.8x $v"
+          own=${own}x
+        fi
+        # shellcheck disable=SC2059
+        printf "$fmt" "$model" "${ranks}x$threads" "$batch" "$prec" "$pt_max" "$pt_med" \
+          "$(calc %.0f%% "100 * ($pt_max - $pt_min) / $pt_med")" "$dpt_med" \
+          "$(calc %.0f%% "100 * ($dpt_max - $dpt_min) / $dpt_med")" "${ratio}x" "$target" \
+          "$(gf "$pt_max") ($(pct "$pt_max")%)" "$(gf "$dpt_med") ($(pct "$dpt_med")%)" \
+          "$own" "$own_target"
+      done
     done
   done
 done
-echo "(targets: fp32 >= 2.5x PyTorch fp32; bf16 >= 4x -- vs_pt_fp32 column -- see bench/README.md)"
+echo "resnet18 (32x32): pending (graph-models issue); no row"
+cat <<EOF
+(ly: ranks x threads per rank; pt_sp, dpt_sp: (max - min) / median over the processes;
+ ratio: dptrain median / PyTorch best at the same precision, PyTorch bf16 = torch.autocast on CPU;
+ target, from issue 17 point 2: 2 ranks x 1 thread >= 2.5x DDP, 1 rank fp32 >= 2.5x on ref_cnn
+ and >= 2x on resnet8; v_fp32: dptrain bf16 / its own fp32, target >= 1.8x;
+ %pk: of the $peak_fp32 GFLOP/s fp32 or $peak_bf16 GFLOP/s bf16 peak of the $cores cores)
+targets met: $met of $rows
+EOF
 
 echo
-echo "== per-step time breakdown (2 ranks x 1 thread, batch 64, fp32; from dptrain's summary)"
-grep '^done:' "$work/run-2-1-64-fp32.log" || true
+echo "== per-step time breakdown (ref_cnn, 2 ranks x 1 thread, batch 64, fp32; dptrain's summary)"
+grep '^done:' "$work/last-ref_cnn-2-1-64-fp32.log" || true
 
 echo
 echo "== gradient allreduce: reducer vs bare MPI_Allreduce (2 ranks)"

@@ -9,7 +9,8 @@
 #   scripts/install-deps.sh --runtime        only what the dptrain binary needs at run time
 #   scripts/install-deps.sh --report         rsvg-convert, for `dptrain report --format png` (PNG
 #                                            charts; the HTML page needs nothing)
-#   scripts/install-deps.sh --bench          also the PyTorch baseline used by bench/
+#   scripts/install-deps.sh --bench          also the PyTorch baseline used by bench/, with
+#                                            OpenBLAS as the system BLAS (see bench/README.md)
 #   scripts/install-deps.sh --cluster-tests  also what the cluster tests run: a real Slurm
 #                                            (slurmctld, slurmd, munge), a Docker engine,
 #                                            debootstrap for its base image, network namespaces
@@ -31,15 +32,19 @@ tests=(libgtest-dev libgmock-dev libbenchmark-dev
   clang-format python3 python3-h5py python3-numpy dataset-fashion-mnist
   clang libclang-rt-dev libomp-dev clang-tidy cppcheck chromium)
 report=(librsvg2-bin)
-bench=(python3-torch)
+# Debian's torch runs Linear on the system BLAS: without OpenBLAS that is the reference BLAS,
+# about 15x slower, and the baseline would be handicapped (bench/run.sh refuses to run on it).
+bench=(python3-torch libopenblas0-pthread)
 # tests/integration/{slurm,two_hosts,docker}.sh (iproute2: ip netns; util-linux: unshare;
 # procps: ps/pgrep; zstd: the cached base image).
 cluster_tests=(slurmctld slurmd slurm-client munge docker.io debootstrap
   iproute2 util-linux procps zstd)
 
 want=()
+bench_blas=0
 [ $# -eq 0 ] && set -- --default
 for arg in "$@"; do
+  [ "$arg" = --bench ] && bench_blas=1
   case "$arg" in
     --default) want+=("${build[@]}" "${tests[@]}" "${report[@]}") ;;
     --report) want+=("${report[@]}") ;;
@@ -90,8 +95,20 @@ for entry in "${want[@]}"; do
   fi
   case " ${missing[*]-} " in *" $pick "*) ;; *) missing+=("$pick") ;; esac
 done
-[ ${#missing[@]} -eq 0 ] && exit 0
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "install-deps: installing ${missing[*]}"
+  update
+  $sudo apt-get "${apt_opts[@]}" install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
 
-echo "install-deps: installing ${missing[*]}"
-update
-$sudo apt-get "${apt_opts[@]}" install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+# OpenBLAS installed is not OpenBLAS used: libblas.so.3 is an alternative that an administrator may
+# have pinned to another BLAS. Say so (bench/run.sh also checks what torch really loads).
+if [ $bench_blas = 1 ]; then
+  multiarch=$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || gcc -print-multiarch)
+  blas=$(update-alternatives --query "libblas.so.3-$multiarch" 2>/dev/null | sed -n 's/^Value: //p')
+  case "$blas" in
+    *openblas*) ;;
+    *) echo "install-deps: libblas.so.3 is ${blas:-unset}, not OpenBLAS; PyTorch's Linear will" \
+      "be slow. Fix: ${sudo:+$sudo }update-alternatives --auto libblas.so.3-$multiarch" >&2 ;;
+  esac
+fi
