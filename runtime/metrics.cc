@@ -113,6 +113,7 @@ void Trainer::LogStep(int64_t epoch, bool force) {
   const double dt = Since(win_start_);
   const double sps = sums[1] / std::max(dt, 1e-9);
   result_.last_loss = loss;
+  result_.logged_losses.push_back(loss);
   if (!std::isfinite(loss) && !scaler_->enabled()) {
     // The loss was summed over ranks: every rank sees it and stops alike.
     throw AgreedError(RankTag() + fmt::format("the training loss is {} at step {} (epoch {}); "
@@ -130,6 +131,15 @@ void Trainer::LogStep(int64_t epoch, bool force) {
       peak_max_ = std::max(peak_max_, at(r, kPeak));
       peak_mean_ += at(r, kPeak) / static_cast<double>(world_);
     }
+  }
+  // The squared norm of the last step's summed gradient: rank 0's copy holds all of it, or
+  // with dist.shard every rank its chunks (one more allreduce).
+  double grad_sq = 0;
+  if (sharded_) {
+    for (const Tensor& g : sharded_->OwnedGrads()) grad_sq += be_.SumSquares(g);
+    control_.AllReduceHost(&grad_sq, 1, ReduceOp::kSum);
+  } else if (is_root()) {
+    grad_sq = be_.SumSquares(model_->grads());
   }
   if (is_root()) {
     // ETA from this session's pace (a resumed run starts its clock again).
@@ -169,7 +179,7 @@ void Trainer::LogStep(int64_t epoch, bool force) {
     // The last step's averaged gradient (unscaled): every rank holds the same after the
     // allreduce, so rank 0 measures it alone. Not finite (JSON null) on a skipped step.
     const double divisor = static_cast<double>(world_ * accumulate_) * scaler_->scale();
-    j["grad_norm"] = std::sqrt(be_.SumSquares(model_->grads())) / divisor;
+    j["grad_norm"] = std::sqrt(grad_sq) / divisor;
     AddRankTiming(ranks, dt, win_steps_, &j);
     WriteMetrics(j);
   }
