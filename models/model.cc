@@ -203,8 +203,9 @@ void Model::BindGroupGrads(size_t g, const Tensor& grads) {
       << groups_[g].second - begin;
   for (size_t i : group_params_[g]) {
     const auto& r = param_refs_[i];
-    *r.grad = grads.defined() ? grads.View(r.shape, static_cast<size_t>(param_offsets_[i] - begin) * 4)
-                              : Tensor();
+    *r.grad = grads.defined()
+                  ? grads.View(r.shape, static_cast<size_t>(param_offsets_[i] - begin) * 4)
+                  : Tensor();
   }
 }
 

@@ -89,10 +89,10 @@ class Model {
   // For each top-level child, the number of grad floats final once its backward has run.
   std::vector<int64_t> ready_after_child_;
   int64_t flat_floats_ = 0;
-  std::vector<int64_t> param_offsets_;                // of param_refs_ in the flat buffer
-  std::vector<std::pair<int64_t, int64_t>> groups_;   // FlatLayout groups
-  std::vector<int> group_of_child_;                   // per top-level child
-  std::vector<std::vector<size_t>> group_params_;     // param_refs_ indices per group
+  std::vector<int64_t> param_offsets_;               // of param_refs_ in the flat buffer
+  std::vector<std::pair<int64_t, int64_t>> groups_;  // FlatLayout groups
+  std::vector<int> group_of_child_;                  // per top-level child
+  std::vector<std::vector<size_t>> group_params_;    // param_refs_ indices per group
   std::vector<std::string> summary_;
 };
 

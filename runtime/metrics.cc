@@ -93,6 +93,13 @@ void AddRankTiming(const std::vector<double>& ranks, double window_s, int64_t st
 
 }  // namespace
 
+double Trainer::GradSquaredNorm() {
+  double sq = 0;
+  for (const Tensor& g : sharded_->OwnedGrads()) sq += be_.SumSquares(g);
+  control_.AllReduceHost(&sq, 1, ReduceOp::kSum);
+  return sq;
+}
+
 void Trainer::LogStep(int64_t epoch, bool force) {
   if (win_steps_ == 0) return;
   if (!force && step_ % cfg_.train.log_every_steps != 0) return;
@@ -135,12 +142,14 @@ void Trainer::LogStep(int64_t epoch, bool force) {
   // The squared norm of the last step's summed gradient: rank 0's copy holds all of it, or
   // with dist.shard every rank its chunks (one more allreduce).
   double grad_sq = 0;
-  if (sharded_) {
-    for (const Tensor& g : sharded_->OwnedGrads()) grad_sq += be_.SumSquares(g);
-    control_.AllReduceHost(&grad_sq, 1, ReduceOp::kSum);
+  if (grad_sq_saved_) {
+    grad_sq = *grad_sq_saved_;
+  } else if (sharded_) {
+    grad_sq = GradSquaredNorm();
   } else if (is_root()) {
     grad_sq = be_.SumSquares(model_->grads());
   }
+  grad_sq_saved_.reset();
   if (is_root()) {
     // ETA from this session's pace (a resumed run starts its clock again).
     const double session = Since(run_start_);

@@ -248,8 +248,7 @@ void Trainer::SetupModelThatFits() {
                       cfg_.source.empty() ? std::string("FILE") : cfg_.source, world_);
       const std::string other_ways =
           fmt::format("use train.precision = \"bf16\" or \"fp16\"{}{}",
-                      cfg_.memory.limit_bytes > 0 ? ", or raise memory.limit" : "",
-                      shard_advice_);
+                      cfg_.memory.limit_bytes > 0 ? ", or raise memory.limit" : "", shard_advice_);
       const std::string advice =
           micro > 0
               ? fmt::format(

@@ -117,8 +117,13 @@ std::vector<float> Trainer::GatherSlot(size_t k) {
   if (comm_.rank() == 0) full.assign(static_cast<size_t>(model_->params().numel()), 0.f);
   for (size_t g = 0; g < l.groups.size(); ++g) {
     const auto& grp = l.groups[g];
-    // One group at a time: the gathered copy costs one group of device memory.
-    Tensor whole = be_.Empty(Shape{grp.end - grp.begin}, DType::kF32, "optimizer state (gather)");
+    // One group at a time, into the flat gradient buffer where there is one (its gradients are
+    // used up by now; SaveCheckpoint kept their norm for the log line), else into one group of
+    // memory (the gradients' scratch, which is free between steps).
+    const Shape whole_shape{grp.end - grp.begin};
+    Tensor whole = model_->grads().defined()
+                       ? model_->grads().View(whole_shape, static_cast<size_t>(grp.begin) * 4)
+                       : be_.Empty(whole_shape, DType::kF32, "optimizer state (gather)");
     Tensor mine = whole.View(Shape{grp.chunk},
                              static_cast<size_t>(l.rank) * static_cast<size_t>(grp.chunk) * 4);
     be_.Copy(opt_->slots()[k].View(Shape{grp.chunk}, static_cast<size_t>(grp.shard_offset) * 4),
@@ -329,6 +334,7 @@ void Trainer::SaveCheckpoint() {
     int64_t writes = ckpt_io_ && writer_ != nullptr ? 1 : 0;
     control_.BroadcastHost(&writes, sizeof writes, 0);
     if (writes == 0) return;
+    if (win_steps_ > 0 && !grad_sq_saved_) grad_sq_saved_ = GradSquaredNorm();  // collective
     for (size_t k = 0; k < opt_->slots().size(); ++k) slots.push_back(GatherSlot(k));
   }
   if (!ckpt_io_ || writer_ == nullptr) return;

@@ -86,6 +86,7 @@ void Trainer::ReserveLossLog(int64_t entries) {
 
 void Trainer::TrainStep(const HostBatch& batch) {
   Watchdog::SetStep(step_);
+  grad_sq_saved_.reset();  // of the gradients this step replaces
   if (buffers_at_step_.defined()) be_.Copy(model_->buffers(), &buffers_at_step_);
   std::string oom;
   while (true) {
@@ -100,8 +101,8 @@ void Trainer::TrainStep(const HostBatch& batch) {
   if (step_ == env_.hooks.inf_grad_step && comm_.rank() == env_.hooks.inf_grad_rank) {
     // Test hook: an overflow in one rank's gradients.
     const float inf = std::numeric_limits<float>::infinity();
-    Tensor first = sharded_ ? sharded_->OwnedGrads()[0].View(Shape{1})
-                            : model_->grads().View(Shape{1});
+    Tensor first =
+        sharded_ ? sharded_->OwnedGrads()[0].View(Shape{1}) : model_->grads().View(Shape{1});
     be_.CopyFromHost(&inf, &first);
   }
   // The non-finite check ends in an allreduce that waits for the slowest rank: communication,

@@ -105,8 +105,7 @@ TrainResult Trainer::Run() {
   SetupModelThatFits();
   CheckRanksSeeSameData();
   if (cfg_.dist.shard != ShardMode::kNone && world_ == 1) {
-    Warn(fmt::format("dptrain: warning: dist.shard = \"{}\" with 1 rank: nothing to shard, "
-                     "training unsharded",
+    Warn(fmt::format("dist.shard = \"{}\" with 1 rank: nothing to shard, training unsharded",
                      ConfigName(cfg_.dist.shard)));
   }
   InstallStopSignalHandlers();

@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -129,6 +130,10 @@ class Trainer {
   // Collective at logged steps: the window's loss (allreduce) and one gather of every rank's
   // phase times and peak memory to rank 0, which writes the step record.
   void LogStep(int64_t epoch, bool force);
+  // dist.shard: the squared norm of the last step's summed gradients (collective), and its
+  // value kept by a checkpoint that reused the gradient buffer before the step was logged.
+  double GradSquaredNorm();
+  std::optional<double> grad_sq_saved_;
   void WriteMetrics(const nlohmann::json& j);
   void ReducePeakMemory();  // collective
   // Collective (every rank's host and device); rank 0 writes the "start" record: what ran.

@@ -118,8 +118,8 @@ class MpiHandle final : public CommHandle {
 // The chunk length of an in-place reduce-scatter / all-gather of `t` over `size` ranks.
 int ChunkOf(const Tensor& t, int size, const char* what) {
   DPT_CHECK(t.dtype() == DType::kF32) << what << ": f32 data only";
-  DPT_CHECK(t.numel() % size == 0) << what << ": " << t.numel() << " values are not " << size
-                                   << " equal chunks";
+  DPT_CHECK(t.numel() % size == 0)
+      << what << ": " << t.numel() << " values are not " << size << " equal chunks";
   const int64_t chunk = t.numel() / size;
   DPT_CHECK(chunk <= std::numeric_limits<int>::max()) << what << ": chunk of " << chunk;
   return static_cast<int>(chunk);
@@ -172,8 +172,8 @@ class MpiComm final : public MpiCommunicator {
     MPI_Request req = MPI_REQUEST_NULL;
     if (chunk > 0) {
       // In place: MPI reads the whole buffer and writes this rank's result at its start.
-      DPT_MPI_CHECK(MPI_Ireduce_scatter_block(MPI_IN_PLACE, t->raw(), chunk, MPI_FLOAT,
-                                              MpiOp(op), comm_, &req));
+      DPT_MPI_CHECK(MPI_Ireduce_scatter_block(MPI_IN_PLACE, t->raw(), chunk, MPI_FLOAT, MpiOp(op),
+                                              comm_, &req));
     }
     return std::make_unique<MpiHandle>(req, *t, op, size_, chunk > 0 ? rank_ : -1);
   }
@@ -183,8 +183,8 @@ class MpiComm final : public MpiCommunicator {
     const int chunk = ChunkOf(*t, size_, "all-gather");
     MPI_Request req = MPI_REQUEST_NULL;
     if (chunk > 0) {
-      DPT_MPI_CHECK(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, t->raw(), chunk,
-                                   MPI_FLOAT, comm_, &req));
+      DPT_MPI_CHECK(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, t->raw(), chunk, MPI_FLOAT,
+                                   comm_, &req));
     }
     return std::make_unique<MpiHandle>(req, *t, ReduceOp::kSum, size_);
   }

@@ -477,11 +477,10 @@ std::unique_ptr<CommHandle> NcclCommunicator::ReduceScatterAsync(Tensor* t, Redu
   CheckUsable();
   CheckDeviceTensor(*t, "reduce-scatter");
   DPT_CHECK(t->dtype() == DType::kF32 && t->numel() % size_ == 0)
-      << "nccl reduce-scatter: " << t->numel() << " " << DTypeName(t->dtype())
-      << " values are not " << size_ << " equal f32 chunks";
+      << "nccl reduce-scatter: " << t->numel() << " " << DTypeName(t->dtype()) << " values are not "
+      << size_ << " equal f32 chunks";
   const auto chunk = static_cast<size_t>(t->numel() / size_);
-  const std::string what =
-      "NCCL reduce-scatter of " + std::to_string(t->numel()) + " f32 values";
+  const std::string what = "NCCL reduce-scatter of " + std::to_string(t->numel()) + " f32 values";
   if (chunk == 0) return std::make_unique<NcclHandle>(this, nullptr, Tensor(), what);
   t->buffer()->RecordStream(stream_);
   AfterCompute();
@@ -496,8 +495,8 @@ std::unique_ptr<CommHandle> NcclCommunicator::AllGatherAsync(Tensor* t) {
   CheckUsable();
   CheckDeviceTensor(*t, "all-gather");
   DPT_CHECK(t->dtype() == DType::kF32 && t->numel() % size_ == 0)
-      << "nccl all-gather: " << t->numel() << " " << DTypeName(t->dtype())
-      << " values are not " << size_ << " equal f32 chunks";
+      << "nccl all-gather: " << t->numel() << " " << DTypeName(t->dtype()) << " values are not "
+      << size_ << " equal f32 chunks";
   const auto chunk = static_cast<size_t>(t->numel() / size_);
   const std::string what = "NCCL all-gather of " + std::to_string(t->numel()) + " f32 values";
   if (chunk == 0) return std::make_unique<NcclHandle>(this, nullptr, Tensor(), what);

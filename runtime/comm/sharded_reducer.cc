@@ -27,8 +27,8 @@ ShardedReducer::ShardedReducer(Backend& be, Communicator& comm, Model& model, Sh
   const size_t n = layout_.groups.size();
   inflight_.resize(n);
   if (mode_ == ShardMode::kGradients) {
-    shard_grads_ = be_.Zeros(Shape{layout_.shard_floats}, DType::kF32,
-                             "gradients (this rank's shard)");
+    shard_grads_ =
+        be_.Zeros(Shape{layout_.shard_floats}, DType::kF32, "gradients (this rank's shard)");
     scratch_.resize(n);
   } else {
     DPT_CHECK(model.grads().defined()) << "dist.shard = optimizer needs the flat gradients";
@@ -60,6 +60,14 @@ void ShardedReducer::OnChildStart(size_t c) {
   if (mode_ != ShardMode::kGradients) return;
   const int g = model_.group_of_child(c);
   if (g < 0 || scratch_[static_cast<size_t>(g)].defined()) return;
+  // At most two groups' scratch at once: the one being written and the one being reduced
+  // (what `dptrain plan` counts). An older group still in flight is waited for first; MPI
+  // progresses a non-blocking collective only inside MPI calls, so it might otherwise wait
+  // for Finish() with every group's scratch alive.
+  while (next_ - done_ > 1) {
+    inflight_[done_]->Wait();
+    Complete(done_++);
+  }
   const auto& grp = layout_.groups[static_cast<size_t>(g)];
   Tensor s = be_.Empty(Shape{grp.end - grp.begin}, DType::kF32, "gradients (one group)");
   be_.Zero(&s);  // alignment padding is reduced too
@@ -117,8 +125,7 @@ std::vector<Tensor> ShardedReducer::OwnedGrads() const {
   std::vector<Tensor> out;
   for (size_t g = 0; g < layout_.groups.size(); ++g) {
     const auto& grp = layout_.groups[g];
-    const int64_t at =
-        mode_ == ShardMode::kGradients ? grp.shard_offset : layout_.OwnBegin(g);
+    const int64_t at = mode_ == ShardMode::kGradients ? grp.shard_offset : layout_.OwnBegin(g);
     out.push_back(step_grads().View(Shape{grp.chunk}, static_cast<size_t>(at) * 4));
   }
   return out;
@@ -126,7 +133,8 @@ std::vector<Tensor> ShardedReducer::OwnedGrads() const {
 
 void ShardedReducer::GatherParamsAsync(size_t g) {
   const auto& grp = layout_.groups[g];
-  Tensor view = model_.params().View(Shape{grp.end - grp.begin}, static_cast<size_t>(grp.begin) * 4);
+  Tensor view =
+      model_.params().View(Shape{grp.end - grp.begin}, static_cast<size_t>(grp.begin) * 4);
   gathers_.push_back(comm_.AllGatherAsync(&view));
 }
 

@@ -7,7 +7,8 @@
 //   gradients  there is no flat gradient buffer: a group's gradients live in a scratch buffer
 //              from the first backward that writes them until their reduce-scatter completes;
 //              the rank keeps its reduced chunks in a shard-sized buffer (accumulated over
-//              micro-steps), so every micro-step's backward communicates.
+//              micro-steps), so every micro-step's backward communicates. At most two
+//              groups have scratch at once (the one being written, the one being reduced).
 #pragma once
 
 #include <memory>
@@ -58,9 +59,9 @@ class ShardedReducer {
   Model& model_;
   ShardMode mode_;
   ShardLayout layout_;
-  Tensor shard_grads_;             // gradients mode: this rank's reduced chunks
-  std::vector<Tensor> scratch_;    // gradients mode: per group, while it is in use
-  std::vector<Tensor> flat_views_; // optimizer mode: the groups of the flat gradient buffer
+  Tensor shard_grads_;              // gradients mode: this rank's reduced chunks
+  std::vector<Tensor> scratch_;     // gradients mode: per group, while it is in use
+  std::vector<Tensor> flat_views_;  // optimizer mode: the groups of the flat gradient buffer
   std::vector<std::unique_ptr<CommHandle>> inflight_;  // indexed by group
   std::vector<std::unique_ptr<CommHandle>> gathers_;
   size_t next_ = 0, done_ = 0;

@@ -94,9 +94,9 @@ class ShardTest : public ::testing::Test {
                     world, ConfigName(mode).c_str(), loss, params, where.c_str());
       }
       ASSERT_TRUE(AllRanksOk(WorldComm(), ok))
-          << what << " on " << world << " ranks, shard " << ConfigName(mode) << ": losses "
-          << loss << ", parameters " << params << " at " << where << "; errors '" << none.error
-          << "' '" << sharded.error << "'";
+          << what << " on " << world << " ranks, shard " << ConfigName(mode) << ": losses " << loss
+          << ", parameters " << params << " at " << where << "; errors '" << none.error << "' '"
+          << sharded.error << "'";
     }
   }
 };
