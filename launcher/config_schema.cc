@@ -83,6 +83,7 @@ const std::vector<Field>& Schema() {
       DPT_CONFIG_FIELD(dist.collective_timeout_s),
       DPT_CONFIG_FIELD(dist.threads),
       DPT_CONFIG_FIELD(dist.check_replicas_every),
+      DPT_CONFIG_ENUM(dist.shard),
   };
   return fields;
 }

@@ -9,6 +9,7 @@
 #include "launcher/process_env.h"
 #include "models/memory_plan.h"
 #include "models/zoo/zoo.h"
+#include "runtime/comm/sharded_reducer.h"
 
 namespace dptrain {
 
@@ -34,15 +35,27 @@ int RunPlanCommand(const TrainConfig& cfg, int ranks, bool json) {
   // data's shape is checked at training time).
   const Shape input = DefaultSampleShape(cfg.model);
   const LossKind loss = ResolveLoss(cfg.model);
-  auto net = zoo ? BuildZooModel(be, cfg.model.name, cfg.model.classes)
-                 : BuildFromLayers(be, cfg.model.layers);
-  Model model(be, std::move(net), input);
-  model.Setup(micro, cfg.train.precision);
   const int slots = StateSlots(cfg.train.optimizer, cfg.train.momentum);
   int64_t budget = static_cast<int64_t>(cfg.memory.limit_bytes);
   if (budget == 0) budget = static_cast<int64_t>(be.allocator().Capacity());
-  MemoryPlan plan = PlanMemory(model, slots, loss, budget);
-  plan.precision = ConfigName(cfg.train.precision);
+  // The plan for each dist.shard, the configured one in full. Groups as training cuts them.
+  const auto plan_for = [&](ShardMode mode) {
+    auto net = zoo ? BuildZooModel(be, cfg.model.name, cfg.model.classes)
+                   : BuildFromLayers(be, cfg.model.layers);
+    Model model(be, std::move(net), input);
+    const size_t bucket = static_cast<size_t>(cfg.dist.bucket_mb) << 20;
+    model.Setup(micro, cfg.train.precision,
+                mode != ShardMode::kNone && world > 1 ? ShardedFlatLayout(mode, world, bucket)
+                                                      : FlatLayout{});
+    StateSharding sh;
+    sh.ranks = world;
+    sh.optimizer = mode == ShardMode::kOptimizer;
+    sh.grads = mode == ShardMode::kGradients;
+    MemoryPlan p = PlanMemory(model, slots, loss, budget, sh);
+    p.precision = ConfigName(cfg.train.precision);
+    return p;
+  };
+  const MemoryPlan plan = plan_for(cfg.dist.shard);
   if (json) {
     fmt::print("{}\n", plan.ToJson());
   } else {
@@ -52,6 +65,18 @@ int RunPlanCommand(const TrainConfig& cfg, int ranks, bool json) {
                    : "",
                input.ToString(), device);
     fmt::print("{}", plan.ToTable());
+    if (world > 1) {
+      const auto mb = [](int64_t v) { return static_cast<double>(v) / (1 << 20); };
+      fmt::print("per rank by dist.shard, MiB:\n{:<11} {:>9} {:>9} {:>9} {:>11} {:>9}\n", "shard",
+                 "params", "grads", "optim", "activations", "total");
+      for (ShardMode mode : {ShardMode::kNone, ShardMode::kOptimizer, ShardMode::kGradients}) {
+        const MemoryPlan p = mode == cfg.dist.shard ? plan : plan_for(mode);
+        fmt::print("{:<11} {:>9.2f} {:>9.2f} {:>9.2f} {:>11.2f} {:>9.2f}{}\n", ConfigName(mode),
+                   mb(p.params()), mb(p.grads() + p.grad_scratch), mb(p.optimizer()),
+                   mb(p.activations()), mb(p.total),
+                   mode == cfg.dist.shard ? "  <- this config" : "");
+      }
+    }
     if (budget > 0 && plan.total > budget) {
       fmt::print(
           "does NOT fit: {} MiB needed, {} MiB available; use micro-batch <= {} "

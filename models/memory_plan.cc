@@ -11,8 +11,17 @@
 
 namespace dptrain {
 
-MemoryPlan PlanMemory(Model& m, int optimizer_slots, LossKind loss, int64_t budget) {
+MemoryPlan PlanMemory(Model& m, int optimizer_slots, LossKind loss, int64_t budget,
+                      const StateSharding& shard) {
   MemoryPlan plan;
+  const int64_t ways = std::max(shard.ranks, 1);
+  const int64_t opt_ways = shard.optimizer || shard.grads ? ways : 1;
+  const int64_t grad_ways = shard.grads ? ways : 1;
+  if (ways > 1 && shard.grads) {
+    plan.shard = "gradients";
+  } else if (ways > 1 && shard.optimizer) {
+    plan.shard = "optimizer";
+  }
   plan.micro_batch = m.max_batch();
   const int64_t b = plan.micro_batch;
   std::set<const OpPlan*> seen;
@@ -29,8 +38,8 @@ MemoryPlan PlanMemory(Model& m, int optimizer_slots, LossKind loss, int64_t budg
       // Aligned like the flat buffer (16 floats).
       const int64_t bytes = (r.shape.numel() + 15) / 16 * 16 * 4;
       lm.params += bytes;
-      lm.grads += bytes;
-      lm.optimizer += optimizer_slots * bytes;
+      lm.grads += bytes / grad_ways;
+      lm.optimizer += optimizer_slots * bytes / opt_ways;
     }
     std::vector<ParamRef> bufs;
     l.ListBuffers(&bufs);
@@ -55,8 +64,18 @@ MemoryPlan PlanMemory(Model& m, int optimizer_slots, LossKind loss, int64_t budg
                                    4 * outputs * (loss == LossKind::kCrossEntropy ? 2 : 1) +
                                    (loss == LossKind::kMse ? 4 * outputs : 0);
   const int64_t shared = static_cast<int64_t>(m.backend().SharedWorkspaceBytes());
+  if (shard.grads && ways > 1) {
+    // A group's scratch lives from its first layer's backward until its reduce-scatter is
+    // done, by which time the next group is being written: two neighbours at once.
+    const auto& g = m.groups();
+    for (size_t i = 0; i < g.size(); ++i) {
+      int64_t pair = g[i].second - g[i].first;
+      if (i + 1 < g.size()) pair += g[i + 1].second - g[i + 1].first;
+      plan.grad_scratch = std::max(plan.grad_scratch, 4 * pair);
+    }
+  }
   plan.other = other_per_sample * b + shared;
-  plan.fixed = fixed + shared;
+  plan.fixed = fixed + shared + plan.grad_scratch;
   plan.per_sample = per_sample + other_per_sample;
   plan.total = plan.fixed + plan.per_sample * b;
   plan.budget = budget;
@@ -69,16 +88,40 @@ MemoryPlan PlanMemory(Model& m, int optimizer_slots, LossKind loss, int64_t budg
   return plan;
 }
 
+int64_t MemoryPlan::params() const {
+  int64_t n = 0;
+  for (const auto& l : layers) n += l.params;
+  return n;
+}
+int64_t MemoryPlan::grads() const {
+  int64_t n = 0;
+  for (const auto& l : layers) n += l.grads;
+  return n;
+}
+int64_t MemoryPlan::optimizer() const {
+  int64_t n = 0;
+  for (const auto& l : layers) n += l.optimizer;
+  return n;
+}
+int64_t MemoryPlan::activations() const {
+  int64_t n = 0;
+  for (const auto& l : layers) n += l.activations;
+  return n;
+}
+
 std::string MemoryPlan::ToTable() const {
   auto mb = [](int64_t v) { return fmt::format("{:.2f}", static_cast<double>(v) / (1 << 20)); };
-  std::string s =
-      fmt::format("memory per rank at micro-batch {} ({}), MiB:\n", micro_batch, precision);
+  std::string s = fmt::format("memory per rank at micro-batch {} ({}, dist.shard = {}), MiB:\n",
+                              micro_batch, precision, shard);
   s += fmt::format("{:<22} {:<11} {:>9} {:>9} {:>9} {:>11} {:>10} {:>9}\n", "layer", "type",
                    "params", "grads", "optim", "activations", "workspace", "total");
   for (const auto& l : layers) {
     s += fmt::format("{:<22} {:<11} {:>9} {:>9} {:>9} {:>11} {:>10} {:>9}\n", l.name, l.type,
                      mb(l.params), mb(l.grads), mb(l.optimizer), mb(l.activations), mb(l.workspace),
                      mb(l.total()));
+  }
+  if (grad_scratch > 0) {
+    s += fmt::format("{:<22} {:<11} {:>61}\n", "gradient groups", "in flight", mb(grad_scratch));
   }
   s += fmt::format("{:<22} {:<11} {:>61}\n", "other", "inputs/loss", mb(other));
   s += fmt::format("{:<22} {:<11} {:>61}\n", "total", "", mb(total));
@@ -93,10 +136,11 @@ std::string MemoryPlan::ToTable() const {
 
 std::string MemoryPlan::ToJson() const {
   std::string s = fmt::format(
-      "{{\"micro_batch\": {}, \"precision\": \"{}\", \"total_bytes\": {}, \"fixed_bytes\": {}, "
-      "\"per_sample_bytes\": {}, \"other_bytes\": {}, \"budget_bytes\": {}, "
-      "\"max_micro_batch\": {}, \"layers\": [",
-      micro_batch, precision, total, fixed, per_sample, other, budget, max_micro_batch);
+      "{{\"micro_batch\": {}, \"precision\": \"{}\", \"shard\": \"{}\", \"total_bytes\": {}, "
+      "\"fixed_bytes\": {}, \"per_sample_bytes\": {}, \"grad_scratch_bytes\": {}, "
+      "\"other_bytes\": {}, \"budget_bytes\": {}, \"max_micro_batch\": {}, \"layers\": [",
+      micro_batch, precision, shard, total, fixed, per_sample, grad_scratch, other, budget,
+      max_micro_batch);
   for (size_t i = 0; i < layers.size(); ++i) {
     const auto& l = layers[i];
     s += fmt::format(

@@ -21,10 +21,21 @@ struct LayerMemory {
   int64_t total() const { return params + grads + optimizer + activations + workspace; }
 };
 
+// Sharded data parallelism (dist.shard) over `ranks`: the optimizer state, and with `grads` the
+// gradients, are 1/ranks per rank; with `grads`, each gradient group also needs a full-size
+// scratch buffer while backward writes it and its reduce-scatter runs (the model must be set up
+// with the sharded FlatLayout, whose groups() the plan reads).
+struct StateSharding {
+  int ranks = 1;
+  bool optimizer = false, grads = false;
+};
+
 struct MemoryPlan {
   int64_t micro_batch = 0;
   std::string precision;
+  std::string shard = "none";  // dist.shard the plan is for
   std::vector<LayerMemory> layers;
+  int64_t grad_scratch = 0;     // dist.shard = gradients: the groups in flight at once
   int64_t other = 0;            // input batch, loss buffers, shared backend workspace
   int64_t total = 0;            // everything, per rank
   int64_t fixed = 0;            // the part that does not grow with the micro-batch
@@ -32,12 +43,19 @@ struct MemoryPlan {
   int64_t budget = 0;           // memory.limit or the device's capacity; 0 = unknown
   int64_t max_micro_batch = 0;  // largest micro-batch whose total fits the budget; 0 = unknown
 
+  // Sums over the layers.
+  int64_t params() const;
+  int64_t grads() const;
+  int64_t optimizer() const;
+  int64_t activations() const;
+
   std::string ToTable() const;
   std::string ToJson() const;
 };
 
 // `m` must be Setup() at the micro-batch to plan for (it is not modified). optimizer_slots: state
 // tensors per parameter (sgd with momentum 1, adamw 2, plain sgd 0).
-MemoryPlan PlanMemory(Model& m, int optimizer_slots, LossKind loss, int64_t budget);
+MemoryPlan PlanMemory(Model& m, int optimizer_slots, LossKind loss, int64_t budget,
+                      const StateSharding& shard = {});
 
 }  // namespace dptrain

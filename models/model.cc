@@ -33,7 +33,7 @@ int64_t LayoutReverse(const std::vector<ParamRef>& refs, std::vector<int64_t>* o
 Model::Model(Backend& be, std::unique_ptr<Sequential> net, Shape input_shape)
     : backend_(be), net_(std::move(net)), input_shape_(std::move(input_shape)) {}
 
-void Model::Setup(int64_t max_batch, Precision precision) {
+void Model::Setup(int64_t max_batch, Precision precision, const FlatLayout& layout) {
   DPT_CHECK(max_batch > 0);
   max_batch_ = max_batch;
   std::vector<int64_t> in_dims{max_batch};
@@ -56,11 +56,48 @@ void Model::Setup(int64_t max_batch, Precision precision) {
   buffer_refs_.clear();
   net_->ListBuffers(&buffer_refs_);
 
-  std::vector<int64_t> poff, boff;
-  const int64_t ptotal = LayoutReverse(param_refs_, &poff);
+  // Reverse order, child by child (last child first), each tensor 64-byte aligned. After child
+  // c's backward, every parameter of children >= c is final: [0, end of child c's region).
+  const size_t children = net_->children().size();
+  param_offsets_.assign(param_refs_.size(), 0);
+  ready_after_child_.assign(children, -1);
+  group_of_child_.assign(children, -1);
+  groups_.clear();
+  group_params_.clear();
+  int64_t off = 0, group_begin = 0;
+  for (size_t c = children; c-- > 0;) {
+    const size_t begin = c == 0 ? 0 : child_end[c - 1];
+    if (begin == child_end[c]) continue;  // no parameters
+    for (size_t i = child_end[c]; i-- > begin;) {
+      param_offsets_[i] = off;
+      off += AlignUp(param_refs_[i].shape.numel());
+    }
+    if (layout.group_multiple > 0) {
+      if (group_params_.size() == groups_.size()) group_params_.emplace_back();
+      for (size_t i = begin; i < child_end[c]; ++i) group_params_.back().push_back(i);
+      group_of_child_[c] = static_cast<int>(groups_.size());
+      const int64_t want = groups_.empty() ? layout.first_group_floats : layout.group_floats;
+      const bool last = begin == 0;
+      if (off - group_begin >= want || last) {
+        off = (off + layout.group_multiple - 1) / layout.group_multiple * layout.group_multiple;
+        groups_.emplace_back(group_begin, off);
+        group_begin = off;
+      }
+    }
+    ready_after_child_[c] = off;
+  }
+  if (layout.group_multiple > 0 && groups_.empty()) {
+    // No parameters at all: one group of padding, so every rank still has a shard.
+    off = layout.group_multiple;
+    groups_.emplace_back(0, off);
+    group_params_.emplace_back();
+  }
+  flat_floats_ = std::max<int64_t>(off, 1);
+  std::vector<int64_t> boff;
   const int64_t btotal = LayoutReverse(buffer_refs_, &boff);
-  params_ = backend_.Zeros(Shape{ptotal}, DType::kF32, "parameters (flat)");
-  grads_ = backend_.Zeros(Shape{ptotal}, DType::kF32, "gradients (flat)");
+  params_ = backend_.Zeros(Shape{flat_floats_}, DType::kF32, "parameters (flat)");
+  grads_ = layout.flat_grads ? backend_.Zeros(Shape{flat_floats_}, DType::kF32, "gradients (flat)")
+                             : Tensor();
   buffers_ = backend_.Zeros(Shape{btotal}, DType::kF32, "buffers (flat)");
   named_params_.clear();
   named_grads_.clear();
@@ -71,30 +108,23 @@ void Model::Setup(int64_t max_batch, Precision precision) {
       DPT_CHECK_AS(ConfigError, np.name != r.name)
           << "two parameters are named '" << r.name << "'; give the layers distinct names";
     }
-    *r.value = params_.View(r.shape, static_cast<size_t>(poff[i]) * 4);
-    *r.grad = grads_.View(r.shape, static_cast<size_t>(poff[i]) * 4);
-    named_params_.push_back({r.name, *r.value, poff[i]});
-    named_grads_.push_back({r.name, *r.grad, poff[i]});
+    const auto at = static_cast<size_t>(param_offsets_[i]) * 4;
+    *r.value = params_.View(r.shape, at);
+    named_params_.push_back({r.name, *r.value, param_offsets_[i]});
+    if (layout.flat_grads) {
+      *r.grad = grads_.View(r.shape, at);
+      named_grads_.push_back({r.name, *r.grad, param_offsets_[i]});
+    }
   }
   for (size_t i = 0; i < buffer_refs_.size(); ++i) {
     const auto& r = buffer_refs_[i];
     *r.value = buffers_.View(r.shape, static_cast<size_t>(boff[i]) * 4);
     named_buffers_.push_back({r.name, *r.value, boff[i]});
   }
-  // After child c's backward, every parameter of children >= c is final; in the reverse layout
-  // those occupy [0, offset of the first parameter of child c + its aligned size) -- i.e. the
-  // end of the region of the first parameter of child c.
-  ready_after_child_.assign(net_->children().size(), 0);
-  size_t begin = 0;
-  for (size_t c = 0; c < child_end.size(); ++c) {
-    ready_after_child_[c] =
-        begin < child_end[c] ? poff[begin] + AlignUp(param_refs_[begin].shape.numel()) : -1;
-    begin = child_end[c];
-  }
   // Children without parameters inherit the readiness of the next child with parameters after
   // them (everything after them in forward order is already final).
   int64_t ready = 0;
-  for (size_t c = net_->children().size(); c-- > 0;) {
+  for (size_t c = children; c-- > 0;) {
     if (ready_after_child_[c] < 0) ready_after_child_[c] = ready;
     ready = ready_after_child_[c];
   }
@@ -144,7 +174,7 @@ void Model::InitParams(uint64_t seed) {
     }
   }
   backend_.CopyFromHost(hb.data(), &buffers_);
-  backend_.Zero(&grads_);
+  if (grads_.defined()) backend_.Zero(&grads_);
 }
 
 const Tensor& Model::Forward(const Tensor& x, const ForwardContext& ctx) {
@@ -152,11 +182,31 @@ const Tensor& Model::Forward(const Tensor& x, const ForwardContext& ctx) {
 }
 
 void Model::Backward(const Tensor& dout, bool accumulate,
-                     const std::function<void(int64_t)>& on_ready) {
-  net_->BackwardEach(dout, accumulate, [&](size_t child) {
-    if (on_ready) on_ready(ready_after_child_[child]);
-  });
-  if (on_ready) on_ready(grads_.numel());
+                     const std::function<void(int64_t)>& on_ready,
+                     const std::function<void(size_t)>& on_child) {
+  net_->BackwardEach(
+      dout, accumulate,
+      [&](size_t child) {
+        if (on_child) on_child(child);
+      },
+      [&](size_t child) {
+        if (on_ready) on_ready(ready_after_child_[child]);
+      });
+  if (on_ready) on_ready(flat_floats_);
+}
+
+void Model::BindGroupGrads(size_t g, const Tensor& grads) {
+  DPT_CHECK(g < groups_.size()) << "gradient group " << g << " of " << groups_.size();
+  const int64_t begin = groups_[g].first;
+  DPT_CHECK(!grads.defined() || grads.numel() == groups_[g].second - begin)
+      << "gradient group " << g << ": " << grads.numel() << " floats for "
+      << groups_[g].second - begin;
+  for (size_t i : group_params_[g]) {
+    const auto& r = param_refs_[i];
+    *r.grad = grads.defined()
+                  ? grads.View(r.shape, static_cast<size_t>(param_offsets_[i] - begin) * 4)
+                  : Tensor();
+  }
 }
 
 int64_t Model::num_params() const {

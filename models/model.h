@@ -22,13 +22,26 @@ struct NamedTensor {
   int64_t offset = 0;  // in elements within the flat buffer
 };
 
+// How Setup lays out the flat parameter (and gradient) buffer. By default as one run of
+// aligned tensors. For sharded data parallelism (dist.shard, runtime/optim/shard_layout.h) it is
+// cut into groups of consecutive top-level children, in backward order: a group closes at the
+// first child boundary where it holds at least `group_floats` (the first group:
+// `first_group_floats`, so communication starts early) and is padded to a multiple of
+// `group_multiple` floats. Without `flat_grads` there is no flat gradient buffer: gradients
+// live wherever BindGroupGrads points them.
+struct FlatLayout {
+  int64_t group_multiple = 0;  // 0: no groups
+  int64_t first_group_floats = 0, group_floats = 0;
+  bool flat_grads = true;
+};
+
 class Model {
  public:
   // input_shape: one sample, e.g. (1, 28, 28) or (10).
   Model(Backend& be, std::unique_ptr<Sequential> net, Shape input_shape);
 
   // Sets up every layer for batches of up to max_batch and allocates the flat buffers.
-  void Setup(int64_t max_batch, Precision precision);
+  void Setup(int64_t max_batch, Precision precision, const FlatLayout& layout = {});
   // Deterministic PyTorch-style initialisation from `seed` (same on every rank).
   void InitParams(uint64_t seed);
 
@@ -37,15 +50,25 @@ class Model {
   // Backward from d(loss)/d(output). Gradients are written into grads() (added when
   // accumulate). `on_ready(n)` is called as backward proceeds: the first n floats of grads() are
   // final. Called with n == grads().numel() at the end.
+  // `on_child(c)`, when given, runs before top-level child c's backward (BindGroupGrads).
   void Backward(const Tensor& dout, bool accumulate,
-                const std::function<void(int64_t)>& on_ready = nullptr);
+                const std::function<void(int64_t)>& on_ready = nullptr,
+                const std::function<void(size_t)>& on_child = nullptr);
+
+  // With FlatLayout groups: [begin, end) of each group in the flat buffer, in backward order,
+  // covering it; and the group holding top-level child c's parameters (-1: none).
+  const std::vector<std::pair<int64_t, int64_t>>& groups() const { return groups_; }
+  int group_of_child(size_t c) const { return group_of_child_[c]; }
+  // Points the gradients of group g's parameters into `grads` (its length, the group's layout;
+  // an undefined tensor unbinds them).
+  void BindGroupGrads(size_t g, const Tensor& grads);
 
   Backend& backend() { return backend_; }
   const Shape& input_shape() const { return input_shape_; }
   const Shape& output_shape() const { return output_shape_; }  // with the max batch
   int64_t max_batch() const { return max_batch_; }
   Tensor& params() { return params_; }
-  Tensor& grads() { return grads_; }
+  Tensor& grads() { return grads_; }  // undefined without FlatLayout::flat_grads
   Tensor& buffers() { return buffers_; }
   const std::vector<NamedTensor>& named_params() const { return named_params_; }
   const std::vector<NamedTensor>& named_buffers() const { return named_buffers_; }
@@ -65,6 +88,11 @@ class Model {
   std::vector<ParamRef> param_refs_, buffer_refs_;
   // For each top-level child, the number of grad floats final once its backward has run.
   std::vector<int64_t> ready_after_child_;
+  int64_t flat_floats_ = 0;
+  std::vector<int64_t> param_offsets_;               // of param_refs_ in the flat buffer
+  std::vector<std::pair<int64_t, int64_t>> groups_;  // FlatLayout groups
+  std::vector<int> group_of_child_;                  // per top-level child
+  std::vector<std::vector<size_t>> group_params_;    // param_refs_ indices per group
   std::vector<std::string> summary_;
 };
 

@@ -93,6 +93,13 @@ void AddRankTiming(const std::vector<double>& ranks, double window_s, int64_t st
 
 }  // namespace
 
+double Trainer::GradSquaredNorm() {
+  double sq = 0;
+  for (const Tensor& g : sharded_->OwnedGrads()) sq += be_.SumSquares(g);
+  control_.AllReduceHost(&sq, 1, ReduceOp::kSum);
+  return sq;
+}
+
 void Trainer::LogStep(int64_t epoch, bool force) {
   if (win_steps_ == 0) return;
   if (!force && step_ % cfg_.train.log_every_steps != 0) return;
@@ -113,6 +120,7 @@ void Trainer::LogStep(int64_t epoch, bool force) {
   const double dt = Since(win_start_);
   const double sps = sums[1] / std::max(dt, 1e-9);
   result_.last_loss = loss;
+  result_.logged_losses.push_back(loss);
   if (!std::isfinite(loss) && !scaler_->enabled()) {
     // The loss was summed over ranks: every rank sees it and stops alike.
     throw AgreedError(RankTag() + fmt::format("the training loss is {} at step {} (epoch {}); "
@@ -131,6 +139,17 @@ void Trainer::LogStep(int64_t epoch, bool force) {
       peak_mean_ += at(r, kPeak) / static_cast<double>(world_);
     }
   }
+  // The squared norm of the last step's summed gradient: rank 0's copy holds all of it, or
+  // with dist.shard every rank its chunks (one more allreduce).
+  double grad_sq = 0;
+  if (grad_sq_saved_) {
+    grad_sq = *grad_sq_saved_;
+  } else if (sharded_) {
+    grad_sq = GradSquaredNorm();
+  } else if (is_root()) {
+    grad_sq = be_.SumSquares(model_->grads());
+  }
+  grad_sq_saved_.reset();
   if (is_root()) {
     // ETA from this session's pace (a resumed run starts its clock again).
     const double session = Since(run_start_);
@@ -169,7 +188,7 @@ void Trainer::LogStep(int64_t epoch, bool force) {
     // The last step's averaged gradient (unscaled): every rank holds the same after the
     // allreduce, so rank 0 measures it alone. Not finite (JSON null) on a skipped step.
     const double divisor = static_cast<double>(world_ * accumulate_) * scaler_->scale();
-    j["grad_norm"] = std::sqrt(be_.SumSquares(model_->grads())) / divisor;
+    j["grad_norm"] = std::sqrt(grad_sq) / divisor;
     AddRankTiming(ranks, dt, win_steps_, &j);
     WriteMetrics(j);
   }

@@ -71,6 +71,10 @@ template <>
 struct ConfigNames<BindingPolicy> {
   static constexpr std::array<std::string_view, 2> kNames{"remap", "set-device"};
 };
+template <>
+struct ConfigNames<ShardMode> {
+  static constexpr std::array<std::string_view, 3> kNames{"none", "optimizer", "gradients"};
+};
 
 // "sgd" for OptimizerKind::kSgd: the value as the config file (and the checkpoint) spells it.
 template <class E>
@@ -168,6 +172,9 @@ struct DistConfig {
   double collective_timeout_s = 300;   // > 0
   int64_t threads = 0;                 // CPU threads per rank (>= 0); 0 = from affinity
   int64_t check_replicas_every = 100;  // steps between replica checksums (>= 0); 0 = never
+  // ZeRO stage 1 ("optimizer": optimizer state sharded over the ranks) or 2 ("gradients": and
+  // the reduced gradients); runtime/optim/shard_layout.h.
+  ShardMode shard = ShardMode::kNone;
 
   bool operator==(const DistConfig&) const = default;
 };

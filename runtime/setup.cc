@@ -155,6 +155,7 @@ void Trainer::ReleaseModel() {
   buffers_at_step_ = Tensor();
   reducer_.reset();
   opt_.reset();
+  sharded_.reset();
   loss_.reset();
   model_.reset();
   x_dev_ = Tensor();
@@ -179,9 +180,17 @@ int64_t Trainer::LargestMicroBatchThatFits(int64_t tried) {
     std::optional<MemoryPlan> plan;
     try {
       Model model(be_, BuildNet(), sample_shape_);
-      model.Setup(micro, cfg_.train.precision);
+      const bool sharded = cfg_.dist.shard != ShardMode::kNone && world_ > 1;
+      model.Setup(micro, cfg_.train.precision,
+                  sharded ? ShardedFlatLayout(cfg_.dist.shard, world_,
+                                              static_cast<size_t>(cfg_.dist.bucket_mb) << 20)
+                          : FlatLayout{});
+      StateSharding sh;
+      sh.ranks = world_;
+      sh.optimizer = cfg_.dist.shard == ShardMode::kOptimizer;
+      sh.grads = cfg_.dist.shard == ShardMode::kGradients;
       plan = PlanMemory(model, StateSlots(cfg_.train.optimizer, cfg_.train.momentum),
-                        regression_ ? LossKind::kMse : LossKind::kCrossEntropy, budget);
+                        regression_ ? LossKind::kMse : LossKind::kCrossEntropy, budget, sh);
     } catch (const OutOfMemory&) {
     }
     be_.ReleasePlans();
@@ -191,6 +200,17 @@ int64_t Trainer::LargestMicroBatchThatFits(int64_t tried) {
   int64_t fits = 0;
   if (const auto one = plan_at(1)) {
     fits = one->max_micro_batch;
+    // Optimizer state is the largest item: sharding it is the advice that saves the most.
+    const int64_t opt = one->optimizer();
+    shard_advice_.clear();
+    if (world_ > 1 && cfg_.dist.shard == ShardMode::kNone && opt > 0 &&
+        opt >= std::max({one->params(), one->grads(), one->activations()})) {
+      shard_advice_ = fmt::format(
+          ", or set dist.shard = \"optimizer\" (optimizer state is the largest item, {} per "
+          "rank; sharded over {} ranks {}) or \"gradients\" (the gradients too)",
+          FormatBytes(static_cast<size_t>(opt)), world_,
+          FormatBytes(static_cast<size_t>(opt / world_)));
+    }
     if (one->fixed + one->per_sample * tried <= 4 * budget) {
       if (const auto at_tried = plan_at(tried)) fits = at_tried->max_micro_batch;
     }
@@ -227,8 +247,8 @@ void Trainer::SetupModelThatFits() {
           fmt::format("dptrain plan --config {} --ranks {}",
                       cfg_.source.empty() ? std::string("FILE") : cfg_.source, world_);
       const std::string other_ways =
-          fmt::format("use train.precision = \"bf16\" or \"fp16\"{}",
-                      cfg_.memory.limit_bytes > 0 ? ", or raise memory.limit" : "");
+          fmt::format("use train.precision = \"bf16\" or \"fp16\"{}{}",
+                      cfg_.memory.limit_bytes > 0 ? ", or raise memory.limit" : "", shard_advice_);
       const std::string advice =
           micro > 0
               ? fmt::format(
@@ -261,7 +281,11 @@ void Trainer::SetupModelThatFits() {
 void Trainer::SetupModel() {
   const auto& m = cfg_.model;
   model_ = std::make_unique<Model>(be_, BuildNet(), sample_shape_);
-  model_->Setup(micro_, cfg_.train.precision);
+  const bool sharded = cfg_.dist.shard != ShardMode::kNone && world_ > 1;
+  model_->Setup(micro_, cfg_.train.precision,
+                sharded ? ShardedFlatLayout(cfg_.dist.shard, world_,
+                                            static_cast<size_t>(cfg_.dist.bucket_mb) << 20)
+                        : FlatLayout{});
   model_->InitParams(static_cast<uint64_t>(cfg_.seed));
   const LossKind kind = regression_ ? LossKind::kMse : LossKind::kCrossEntropy;
   if (kind == LossKind::kMse) {
@@ -295,7 +319,11 @@ void Trainer::SetupModel() {
   oc.beta1 = cfg_.train.beta1;
   oc.beta2 = cfg_.train.beta2;
   oc.eps = cfg_.train.eps;
-  opt_ = std::make_unique<Optimizer>(be_, oc, model_->params());
+  if (sharded) {
+    sharded_ = std::make_unique<ShardedReducer>(be_, comm_, *model_, cfg_.dist.shard);
+  }
+  opt_ = std::make_unique<Optimizer>(be_, oc, model_->params(),
+                                     sharded ? &sharded_->layout() : nullptr);
   sched_.kind = cfg_.train.schedule;
   sched_.base_lr = cfg_.train.lr;
   sched_.warmup_steps = cfg_.train.warmup_steps;
@@ -303,7 +331,7 @@ void Trainer::SetupModel() {
   sched_.step_size =
       cfg_.train.step_size > 0 ? cfg_.train.step_size : std::max<int64_t>(steps_per_epoch_, 1);
   sched_.gamma = cfg_.train.gamma;
-  if (world_ > 1) {
+  if (world_ > 1 && !sharded) {
     reducer_ = std::make_unique<Reducer>(comm_, model_->grads(),
                                          static_cast<size_t>(cfg_.dist.bucket_mb) << 20);
   }

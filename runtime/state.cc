@@ -94,8 +94,61 @@ void Trainer::LoadTensors(const Checkpoint& c, bool with_optimizer) {
   LoadFlat(model_->named_buffers(), &model_->buffers(), c, "", false);
   if (!with_optimizer) return;
   for (size_t k = 0; k < opt_->slot_names().size(); ++k) {
-    LoadFlat(model_->named_params(), &opt_->slots()[k], c, "/" + opt_->slot_names()[k], true);
+    const std::string suffix = "/" + opt_->slot_names()[k];
+    if (opt_->shard() == nullptr) {
+      LoadFlat(model_->named_params(), &opt_->slots()[k], c, suffix, true);
+      continue;
+    }
+    // Sharded: the whole slot on the host; StartFrom sends each rank its chunks.
+    std::vector<float> full(static_cast<size_t>(model_->params().numel()), 0.f);
+    for (const auto& n : model_->named_params()) {
+      const CheckpointTensor* t = c.FindOptimizer(n.name + suffix);
+      DPT_CHECK(t != nullptr && static_cast<int64_t>(t->f32.size()) == n.tensor.numel())
+          << "checkpoint tensor " << n.name << suffix << " was matched but cannot be loaded";
+      std::copy(t->f32.begin(), t->f32.end(), full.begin() + n.offset);
+    }
+    resume_slots_.push_back(std::move(full));
   }
+}
+
+std::vector<float> Trainer::GatherSlot(size_t k) {
+  const ShardLayout& l = *opt_->shard();
+  std::vector<float> full;
+  if (comm_.rank() == 0) full.assign(static_cast<size_t>(model_->params().numel()), 0.f);
+  for (size_t g = 0; g < l.groups.size(); ++g) {
+    const auto& grp = l.groups[g];
+    // One group at a time, into the flat gradient buffer where there is one (its gradients are
+    // used up by now; SaveCheckpoint kept their norm for the log line), else into one group of
+    // memory (the gradients' scratch, which is free between steps).
+    const Shape whole_shape{grp.end - grp.begin};
+    Tensor whole = model_->grads().defined()
+                       ? model_->grads().View(whole_shape, static_cast<size_t>(grp.begin) * 4)
+                       : be_.Empty(whole_shape, DType::kF32, "optimizer state (gather)");
+    Tensor mine = whole.View(Shape{grp.chunk},
+                             static_cast<size_t>(l.rank) * static_cast<size_t>(grp.chunk) * 4);
+    be_.Copy(opt_->slots()[k].View(Shape{grp.chunk}, static_cast<size_t>(grp.shard_offset) * 4),
+             &mine);
+    comm_.AllGatherAsync(&whole)->Wait();
+    if (comm_.rank() == 0) be_.CopyToHost(whole, full.data() + grp.begin);
+  }
+  return full;
+}
+
+void Trainer::ScatterSlots(std::vector<std::vector<float>>* full) {
+  const ShardLayout& l = *opt_->shard();
+  const auto n = static_cast<size_t>(model_->params().numel());
+  for (size_t k = 0; k < opt_->slots().size(); ++k) {
+    std::vector<float> host = comm_.rank() == 0 ? std::move((*full)[k]) : std::vector<float>(n);
+    DPT_CHECK(host.size() == n) << "optimizer slot " << k << " of " << host.size() << " floats";
+    control_.BroadcastHost(host.data(), n * sizeof(float), 0);
+    for (size_t g = 0; g < l.groups.size(); ++g) {
+      const auto& grp = l.groups[g];
+      Tensor dst =
+          opt_->slots()[k].View(Shape{grp.chunk}, static_cast<size_t>(grp.shard_offset) * 4);
+      be_.CopyFromHost(host.data() + l.OwnBegin(g), &dst);
+    }
+  }
+  full->clear();
 }
 
 void Trainer::LoadStartState() {
@@ -208,7 +261,7 @@ void Trainer::Resume(const std::string& path, const Checkpoint& c) {
   Say(line);
 }
 
-Checkpoint Trainer::Snapshot() {
+Checkpoint Trainer::Snapshot(std::vector<std::vector<float>> sharded_slots) {
   Checkpoint c;
   CheckpointState& s = c.state;
   s.step = step_;
@@ -261,7 +314,8 @@ Checkpoint Trainer::Snapshot() {
     c.params.push_back(std::move(t));
   }
   for (size_t k = 0; k < opt_->slot_names().size(); ++k) {
-    const std::vector<float> slot = host(opt_->slots()[k]);
+    const std::vector<float> slot =
+        k < sharded_slots.size() ? std::move(sharded_slots[k]) : host(opt_->slots()[k]);
     for (const auto& p : model_->named_params()) {
       c.optimizer.push_back(slice(slot, p, p.name + "/" + opt_->slot_names()[k]));
     }
@@ -274,9 +328,17 @@ Checkpoint Trainer::Snapshot() {
 void Trainer::SaveCheckpoint() {
   if (step_ == last_ckpt_step_) return;
   last_ckpt_step_ = step_;
-  if (!ckpt_io_ || writer_ == nullptr) return;
+  std::vector<std::vector<float>> slots;  // dist.shard: gathered by every rank, on rank 0
   const auto t0 = Clock::now();
-  Checkpoint c = Snapshot();
+  if (opt_->shard() != nullptr) {
+    int64_t writes = ckpt_io_ && writer_ != nullptr ? 1 : 0;
+    control_.BroadcastHost(&writes, sizeof writes, 0);
+    if (writes == 0) return;
+    if (win_steps_ > 0 && !grad_sq_saved_) grad_sq_saved_ = GradSquaredNorm();  // collective
+    for (size_t k = 0; k < opt_->slots().size(); ++k) slots.push_back(GatherSlot(k));
+  }
+  if (!ckpt_io_ || writer_ == nullptr) return;
+  Checkpoint c = Snapshot(std::move(slots));
   copy_s_[step_] = Since(t0);
   writer_->Submit(std::move(c));
 }

@@ -86,6 +86,7 @@ void Trainer::ReserveLossLog(int64_t entries) {
 
 void Trainer::TrainStep(const HostBatch& batch) {
   Watchdog::SetStep(step_);
+  grad_sq_saved_.reset();  // of the gradients this step replaces
   if (buffers_at_step_.defined()) be_.Copy(model_->buffers(), &buffers_at_step_);
   std::string oom;
   while (true) {
@@ -100,7 +101,8 @@ void Trainer::TrainStep(const HostBatch& batch) {
   if (step_ == env_.hooks.inf_grad_step && comm_.rank() == env_.hooks.inf_grad_rank) {
     // Test hook: an overflow in one rank's gradients.
     const float inf = std::numeric_limits<float>::infinity();
-    Tensor first = model_->grads().View(Shape{1});
+    Tensor first =
+        sharded_ ? sharded_->OwnedGrads()[0].View(Shape{1}) : model_->grads().View(Shape{1});
     be_.CopyFromHost(&inf, &first);
   }
   // The non-finite check ends in an allreduce that waits for the slowest rank: communication,
@@ -113,8 +115,15 @@ void Trainer::TrainStep(const HostBatch& batch) {
     ++skipped_steps_;  // every rank skips this step together (loss scaling)
     skipped_in_window_.push_back(step_ + 1);
   } else {
-    opt_->Step(&model_->params(), model_->grads(), static_cast<float>(lr_),
-               1.f / (static_cast<float>(world_ * accumulate_) * scaler_->scale()));
+    const float scale = 1.f / (static_cast<float>(world_ * accumulate_) * scaler_->scale());
+    if (sharded_) {
+      // Each rank updates its chunks and sends each group as soon as it is updated.
+      opt_->StepShard(&model_->params(), sharded_->step_grads(), static_cast<float>(lr_), scale,
+                      [this](size_t g) { sharded_->GatherParamsAsync(g); });
+      sharded_->WaitParams();
+    } else {
+      opt_->Step(&model_->params(), model_->grads(), static_cast<float>(lr_), scale);
+    }
   }
   be_.Synchronize();
   opt_s_ += Since(t0);
@@ -145,9 +154,11 @@ bool Trainer::RunMicroSteps(const HostBatch& batch, std::string* oom) {
   const bool recover = cfg_.memory.auto_microbatch;
   for (int64_t m = 0; m < accumulate_; ++m) {
     const bool last = m == accumulate_ - 1;
-    // Only the last backward communicates (with more than one rank); everything before it is
-    // local to this rank, so a rank that ran out of memory can skip to the agreement below.
-    const bool communicates = last && reducer_ != nullptr;
+    // Only the last backward communicates (with more than one rank; with dist.shard =
+    // "gradients" every backward does); everything before it is local to this rank, so a rank
+    // that ran out of memory can skip to the agreement below.
+    const bool every = sharded_ && sharded_->mode() == ShardMode::kGradients;
+    const bool communicates = (last || every) && (reducer_ != nullptr || sharded_ != nullptr);
     const Tensor* dout = nullptr;
     auto t0 = Clock::now();
     if (oom->empty()) {
@@ -183,12 +194,23 @@ bool Trainer::RunMicroSteps(const HostBatch& batch, std::string* oom) {
         *oom = e.what();
       }
     }
-    if (recover && last) {
+    if (recover && (last || communicates)) {
       int64_t failed = oom->empty() ? 0 : 1;
       control_.AllReduceHost(&failed, 1, ReduceOp::kMax);
       if (failed != 0) return false;
     }
-    if (communicates) {
+    if (communicates && sharded_) {
+      t0 = Clock::now();
+      sharded_->Begin(m > 0);
+      // Gradients mode: every layer writes a fresh scratch buffer (the sum is in the shard).
+      model_->Backward(
+          *dout, m > 0 && !every, [this](int64_t n) { sharded_->OnReady(n); },
+          [this](size_t c) { sharded_->OnChildStart(c); });
+      bwd_s_ += Since(t0);
+      t0 = Clock::now();
+      sharded_->Finish();
+      comm_s_ += Since(t0);
+    } else if (communicates) {
       t0 = Clock::now();
       reducer_->Begin();
       model_->Backward(*dout, m > 0, [this](int64_t n) { reducer_->OnReady(n); });
@@ -202,7 +224,13 @@ bool Trainer::RunMicroSteps(const HostBatch& batch, std::string* oom) {
 }
 
 bool Trainer::CheckGradients() {
-  int64_t bad = be_.CountNonFinite(model_->grads()) > 0 ? 1 : 0;
+  int64_t bad = 0;
+  if (sharded_) {
+    // This rank's reduced chunks; the agreement below covers the whole buffer.
+    for (const Tensor& g : sharded_->OwnedGrads()) bad += be_.CountNonFinite(g) > 0 ? 1 : 0;
+  } else {
+    bad = be_.CountNonFinite(model_->grads()) > 0 ? 1 : 0;
+  }
   control_.AllReduceHost(&bad, 1, ReduceOp::kMax);
   if (scaler_->enabled()) {
     const double before = scaler_->scale();

@@ -79,7 +79,11 @@ void Trainer::CheckRanksSeeSameData() {
 
 // A resumed run: rank 0's optimizer state everywhere, and the counters where it stopped.
 void Trainer::StartFrom() {
-  for (Tensor& slot : opt_->slots()) comm_.Broadcast(&slot, 0);
+  if (opt_->shard() != nullptr) {
+    ScatterSlots(&resume_slots_);
+  } else {
+    for (Tensor& slot : opt_->slots()) comm_.Broadcast(&slot, 0);
+  }
   step_ = start_.step;
   epoch_ = start_.epoch;
   in_epoch_ = start_.in_epoch;
@@ -100,6 +104,10 @@ TrainResult Trainer::Run() {
   RunAgreed(control_, [&] { SetupData(); });
   SetupModelThatFits();
   CheckRanksSeeSameData();
+  if (cfg_.dist.shard != ShardMode::kNone && world_ == 1) {
+    Warn(fmt::format("dist.shard = \"{}\" with 1 rank: nothing to shard, training unsharded",
+                     ConfigName(cfg_.dist.shard)));
+  }
   InstallStopSignalHandlers();
   ckpt_dir_ = cfg_.run_dir + "/checkpoints";
   ckpt_io_ = comm_.rank() == 0 && (!env_.hooks.quiet || env_.hooks.quiet_checkpoints);

@@ -36,9 +36,10 @@ struct TrainEnv {
 
 struct TrainResult {
   int64_t steps = 0;
-  int64_t epochs = 0;     // completed epochs
-  double last_loss = 0;   // mean training loss over the last logging window
-  double test_loss = -1;  // last evaluation; -1 when none ran
+  int64_t epochs = 0;                 // completed epochs
+  double last_loss = 0;               // mean training loss over the last logging window
+  std::vector<double> logged_losses;  // every logging window's loss, in order (every rank)
+  double test_loss = -1;              // last evaluation; -1 when none ran
   double test_accuracy = -1;
   double samples_per_s = 0;  // global, over the whole run
   // With TrainHooks::keep_final_params: (name, values) of every parameter and of every buffer

@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,7 @@
 #include "runtime/amp/loss_scaler.h"
 #include "runtime/checkpoint/checkpoint.h"
 #include "runtime/comm/reducer.h"
+#include "runtime/comm/sharded_reducer.h"
 #include "runtime/optim/optimizer.h"
 #include "runtime/trainer.h"
 
@@ -83,7 +85,9 @@ class Trainer {
   // the global batch and the maths stay the same) until it fits or is 1; otherwise the OOM
   // report with advice, on every rank (exit 4).
   void SetupModelThatFits();
+  // Also sets shard_advice_ (dist.shard advice when optimizer state dominates the plan).
   int64_t LargestMicroBatchThatFits(int64_t tried);
+  std::string shard_advice_;
   void ReleaseModel();
   // After RunMicroSteps failed on every rank: the next smaller micro-batch (agreed exit 4 when
   // there is none), the model rebuilt for it with the parameters, buffers and optimizer state
@@ -126,6 +130,10 @@ class Trainer {
   // Collective at logged steps: the window's loss (allreduce) and one gather of every rank's
   // phase times and peak memory to rank 0, which writes the step record.
   void LogStep(int64_t epoch, bool force);
+  // dist.shard: the squared norm of the last step's summed gradients (collective), and its
+  // value kept by a checkpoint that reused the gradient buffer before the step was logged.
+  double GradSquaredNorm();
+  std::optional<double> grad_sq_saved_;
   void WriteMetrics(const nlohmann::json& j);
   void ReducePeakMemory();  // collective
   // Collective (every rank's host and device); rank 0 writes the "start" record: what ran.
@@ -143,9 +151,17 @@ class Trainer {
   void LoadFlat(const std::vector<NamedTensor>& named, Tensor* flat, const Checkpoint& c,
                 const std::string& suffix, bool optimizer_group);
   void LoadTensors(const Checkpoint& c, bool with_optimizer);
-  Checkpoint Snapshot();
+  // sharded_slots: the optimizer's slots gathered from the shards (dist.shard), else empty.
+  Checkpoint Snapshot(std::vector<std::vector<float>> sharded_slots = {});
   void SaveCheckpoint();
   void ReportWrites();
+  // dist.shard: the optimizer's slot k for the whole flat buffer, gathered from every rank's
+  // shard (collective; the result on rank 0 only, empty elsewhere), and the inverse: rank 0's
+  // full slots (host) to every rank's shard.
+  std::vector<float> GatherSlot(size_t k);
+  void ScatterSlots(std::vector<std::vector<float>>* full);
+  // The slots a resume loaded on rank 0 while the optimizer is sharded (ScatterSlots sends them).
+  std::vector<std::vector<float>> resume_slots_;
 
   // ---- trainer.cc ----
   bool AgreeToStop();
@@ -175,6 +191,8 @@ class Trainer {
   std::unique_ptr<Loss> loss_;
   std::unique_ptr<Optimizer> opt_;
   std::unique_ptr<Reducer> reducer_;
+  // dist.shard with more than one rank: replaces reducer_ (runtime/comm/sharded_reducer.h).
+  std::unique_ptr<ShardedReducer> sharded_;
   // Regression targets from the teacher: the training / test set is generated ("synthetic").
   bool train_teacher_targets_ = false, test_teacher_targets_ = false;
   // fp16: dynamic loss scaling (TrainHooks::loss_scaling enables it in fp32 for tests).

@@ -56,7 +56,8 @@ const Tensor& Sequential::Forward(const Tensor& x, const ForwardContext& ctx) {
 }
 
 const Tensor& Sequential::Backward(const Tensor& dy, bool accumulate) {
-  return BackwardEach(dy, accumulate, [](size_t) {});
+  return BackwardEach(
+      dy, accumulate, [](size_t) {}, [](size_t) {});
 }
 
 int64_t Sequential::ActivationBytesPerSample() const {

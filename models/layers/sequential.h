@@ -28,10 +28,12 @@ class Sequential final : public Layer {
 
   // Backward that reports after each child: `after(i)` is called once child i's parameter
   // gradients are final (children run last to first). Used by the Model for gradient buckets.
-  template <class F>
-  const Tensor& BackwardEach(const Tensor& dy, bool accumulate, F after) {
+  // `before(i)` runs before child i's backward.
+  template <class B, class F>
+  const Tensor& BackwardEach(const Tensor& dy, bool accumulate, B before, F after) {
     const Tensor* g = &dy;
     for (size_t i = children_.size(); i-- > 0;) {
+      before(i);
       g = &children_[i]->Backward(*g, accumulate);
       after(i);
     }

@@ -62,6 +62,13 @@ class Communicator {
   // out has size() times in's elements; rank r's data lands at r * in.numel().
   virtual void AllGather(const Tensor& in, Tensor* out) = 0;
 
+  // Sharded data parallelism (dist.shard), in place on f32 data whose length is size() chunks:
+  // ReduceScatterAsync leaves in chunk rank() the reduction of every rank's chunk rank() (the
+  // other chunks hold unspecified values afterwards); AllGatherAsync copies every rank's chunk
+  // rank() into that chunk on every rank.
+  virtual std::unique_ptr<CommHandle> ReduceScatterAsync(Tensor* t, ReduceOp op) = 0;
+  virtual std::unique_ptr<CommHandle> AllGatherAsync(Tensor* t) = 0;
+
   // A communicator over the ranks that pass the same `color` (ordered by rank); nullptr for
   // ranks that pass a negative color. Collective over this communicator.
   virtual std::unique_ptr<Communicator> Split(int color) = 0;

@@ -7,6 +7,7 @@
 #include <mpi.h>
 
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "core/error.h"
@@ -66,8 +67,10 @@ void CheckHost(const Tensor& t) {
 
 class MpiHandle final : public CommHandle {
  public:
-  MpiHandle(MPI_Request req, Tensor t, ReduceOp op, int size)
-      : req_(req), t_(std::move(t)), op_(op), size_(size) {}
+  // `chunk_to` >= 0: a reduce-scatter in place, whose result MPI leaves at the start of the
+  // buffer; it moves to chunk `chunk_to` on completion.
+  MpiHandle(MPI_Request req, Tensor t, ReduceOp op, int size, int chunk_to = -1)
+      : req_(req), t_(std::move(t)), op_(op), size_(size), chunk_to_(chunk_to) {}
   ~MpiHandle() override {
     if (req_ != MPI_REQUEST_NULL) {
       // A handle dropped without Wait (an error elsewhere): complete it so the buffer is not
@@ -79,22 +82,48 @@ class MpiHandle final : public CommHandle {
     if (req_ == MPI_REQUEST_NULL) return;
     Watchdog::Scope scope("allreduce (gradient bucket)");
     DPT_MPI_CHECK(MPI_Wait(&req_, MPI_STATUS_IGNORE));
-    ScaleForAvg(&t_, op_, size_);
+    Complete();
   }
   bool Test() override {
     if (req_ == MPI_REQUEST_NULL) return true;
     int done = 0;
     DPT_MPI_CHECK(MPI_Test(&req_, &done, MPI_STATUS_IGNORE));
-    if (done) ScaleForAvg(&t_, op_, size_);
+    if (done) Complete();
     return done != 0;
   }
 
  private:
+  void Complete() {
+    if (chunk_to_ > 0) {
+      const int64_t chunk = t_.numel() / size_;
+      float* p = t_.data<float>();
+      std::memmove(p + chunk_to_ * chunk, p, static_cast<size_t>(chunk) * sizeof(float));
+    }
+    if (chunk_to_ >= 0) {
+      const int64_t chunk = t_.numel() / size_;
+      Tensor mine = t_.View(Shape{chunk}, static_cast<size_t>(chunk_to_ * chunk) * sizeof(float));
+      ScaleForAvg(&mine, op_, size_);
+    } else {
+      ScaleForAvg(&t_, op_, size_);
+    }
+  }
+
   MPI_Request req_;
   Tensor t_;
   ReduceOp op_;
   int size_;
+  int chunk_to_;
 };
+
+// The chunk length of an in-place reduce-scatter / all-gather of `t` over `size` ranks.
+int ChunkOf(const Tensor& t, int size, const char* what) {
+  DPT_CHECK(t.dtype() == DType::kF32) << what << ": f32 data only";
+  DPT_CHECK(t.numel() % size == 0)
+      << what << ": " << t.numel() << " values are not " << size << " equal chunks";
+  const int64_t chunk = t.numel() / size;
+  DPT_CHECK(chunk <= std::numeric_limits<int>::max()) << what << ": chunk of " << chunk;
+  return static_cast<int>(chunk);
+}
 
 class MpiComm final : public MpiCommunicator {
  public:
@@ -135,6 +164,29 @@ class MpiComm final : public MpiCommunicator {
   void Broadcast(Tensor* t, int root) override {
     CheckHost(*t);
     BroadcastHost(t->raw(), t->bytes(), root);
+  }
+
+  std::unique_ptr<CommHandle> ReduceScatterAsync(Tensor* t, ReduceOp op) override {
+    CheckHost(*t);
+    const int chunk = ChunkOf(*t, size_, "reduce-scatter");
+    MPI_Request req = MPI_REQUEST_NULL;
+    if (chunk > 0) {
+      // In place: MPI reads the whole buffer and writes this rank's result at its start.
+      DPT_MPI_CHECK(MPI_Ireduce_scatter_block(MPI_IN_PLACE, t->raw(), chunk, MPI_FLOAT, MpiOp(op),
+                                              comm_, &req));
+    }
+    return std::make_unique<MpiHandle>(req, *t, op, size_, chunk > 0 ? rank_ : -1);
+  }
+
+  std::unique_ptr<CommHandle> AllGatherAsync(Tensor* t) override {
+    CheckHost(*t);
+    const int chunk = ChunkOf(*t, size_, "all-gather");
+    MPI_Request req = MPI_REQUEST_NULL;
+    if (chunk > 0) {
+      DPT_MPI_CHECK(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, t->raw(), chunk, MPI_FLOAT,
+                                   comm_, &req));
+    }
+    return std::make_unique<MpiHandle>(req, *t, ReduceOp::kSum, size_);
   }
 
   void AllGather(const Tensor& in, Tensor* out) override {

@@ -108,6 +108,8 @@ class NcclCommunicator final : public Communicator {
   std::unique_ptr<CommHandle> AllReduceAsync(Tensor* t, ReduceOp op) override;
   void Broadcast(Tensor* t, int root) override;
   void AllGather(const Tensor& in, Tensor* out) override;
+  std::unique_ptr<CommHandle> ReduceScatterAsync(Tensor* t, ReduceOp op) override;
+  std::unique_ptr<CommHandle> AllGatherAsync(Tensor* t) override;
   std::unique_ptr<Communicator> Split(int color) override;
 
   // ---- for handles ----
@@ -467,6 +469,44 @@ void NcclCommunicator::AllGather(const Tensor& in, Tensor* out) {
   NcclHandle h(this, RecordDone(), *out,
                "NCCL allgather of " + std::to_string(in.bytes()) + " bytes per rank");
   h.Wait();
+}
+
+// In place per NCCL's rules: the reduce-scatter's receive buffer is chunk rank() of its send
+// buffer, the all-gather's send buffer is chunk rank() of its receive buffer.
+std::unique_ptr<CommHandle> NcclCommunicator::ReduceScatterAsync(Tensor* t, ReduceOp op) {
+  CheckUsable();
+  CheckDeviceTensor(*t, "reduce-scatter");
+  DPT_CHECK(t->dtype() == DType::kF32 && t->numel() % size_ == 0)
+      << "nccl reduce-scatter: " << t->numel() << " " << DTypeName(t->dtype()) << " values are not "
+      << size_ << " equal f32 chunks";
+  const auto chunk = static_cast<size_t>(t->numel() / size_);
+  const std::string what = "NCCL reduce-scatter of " + std::to_string(t->numel()) + " f32 values";
+  if (chunk == 0) return std::make_unique<NcclHandle>(this, nullptr, Tensor(), what);
+  t->buffer()->RecordStream(stream_);
+  AfterCompute();
+  float* base = t->data<float>();
+  Check(ncclReduceScatter(base, base + static_cast<size_t>(rank_) * chunk, chunk, ncclFloat32,
+                          NcclOp(op), comm_, stream_),
+        "ncclReduceScatter");
+  return std::make_unique<NcclHandle>(this, RecordDone(), *t, what);
+}
+
+std::unique_ptr<CommHandle> NcclCommunicator::AllGatherAsync(Tensor* t) {
+  CheckUsable();
+  CheckDeviceTensor(*t, "all-gather");
+  DPT_CHECK(t->dtype() == DType::kF32 && t->numel() % size_ == 0)
+      << "nccl all-gather: " << t->numel() << " " << DTypeName(t->dtype()) << " values are not "
+      << size_ << " equal f32 chunks";
+  const auto chunk = static_cast<size_t>(t->numel() / size_);
+  const std::string what = "NCCL all-gather of " + std::to_string(t->numel()) + " f32 values";
+  if (chunk == 0) return std::make_unique<NcclHandle>(this, nullptr, Tensor(), what);
+  t->buffer()->RecordStream(stream_);
+  AfterCompute();
+  float* base = t->data<float>();
+  Check(ncclAllGather(base + static_cast<size_t>(rank_) * chunk, base, chunk, ncclFloat32, comm_,
+                      stream_),
+        "ncclAllGather");
+  return std::make_unique<NcclHandle>(this, RecordDone(), *t, what);
 }
 
 std::unique_ptr<Communicator> NcclCommunicator::Split(int color) {

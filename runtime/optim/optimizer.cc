@@ -9,8 +9,11 @@
 
 namespace dptrain {
 
-Optimizer::Optimizer(Backend& be, const OptimizerConfig& cfg, const Tensor& params)
+Optimizer::Optimizer(Backend& be, const OptimizerConfig& cfg, const Tensor& params,
+                     const ShardLayout* shard)
     : backend_(be), cfg_(cfg) {
+  if (shard != nullptr) shard_ = *shard;
+  const Shape state_shape = shard_ ? Shape{shard_->shard_floats} : params.shape();
   switch (cfg_.kind) {
     case OptimizerKind::kSgd:
       if (cfg_.momentum != 0) slot_names_ = {"momentum_buffer"};
@@ -20,16 +23,45 @@ Optimizer::Optimizer(Backend& be, const OptimizerConfig& cfg, const Tensor& para
       break;
   }
   for (const auto& n : slot_names_) {
-    slots_.push_back(be.Zeros(params.shape(), DType::kF32, "optimizer " + n));
+    slots_.push_back(be.Zeros(state_shape, DType::kF32,
+                              "optimizer " + n + (shard_ ? " (this rank's shard)" : "")));
   }
 }
 
 void Optimizer::Step(Tensor* params, const Tensor& grads, float lr, float grad_scale) {
+  DPT_CHECK(!shard_) << "Optimizer::Step on a sharded optimizer";
   ++steps_;
+  Update(params, grads, slots_, lr, grad_scale);
+}
+
+void Optimizer::StepShard(Tensor* params, const Tensor& grads, float lr, float grad_scale,
+                          const std::function<void(size_t)>& stepped) {
+  DPT_CHECK(shard_) << "Optimizer::StepShard without a shard layout";
+  const bool flat = grads.numel() == params->numel();
+  DPT_CHECK(flat || grads.numel() == shard_->shard_floats)
+      << "sharded step: " << grads.numel() << " gradients for " << params->numel()
+      << " parameters, shard " << shard_->shard_floats;
+  ++steps_;
+  std::vector<Tensor> slot_views(slots_.size());
+  for (size_t g = 0; g < shard_->groups.size(); ++g) {
+    const auto& grp = shard_->groups[g];
+    const Shape s{grp.chunk};
+    const auto own = static_cast<size_t>(shard_->OwnBegin(g)) * 4;
+    const auto in_shard = static_cast<size_t>(grp.shard_offset) * 4;
+    Tensor p = params->View(s, own);
+    const Tensor gr = grads.View(s, flat ? own : in_shard);
+    for (size_t k = 0; k < slots_.size(); ++k) slot_views[k] = slots_[k].View(s, in_shard);
+    Update(&p, gr, slot_views, lr, grad_scale);
+    if (stepped) stepped(g);
+  }
+}
+
+void Optimizer::Update(Tensor* params, const Tensor& grads, std::vector<Tensor>& slots, float lr,
+                       float grad_scale) {
   if (cfg_.kind == OptimizerKind::kSgd) {
     const ew::SgdHyper h{lr, static_cast<float>(cfg_.momentum),
                          static_cast<float>(cfg_.weight_decay), grad_scale, cfg_.nesterov};
-    backend_.SgdStep(h, params, grads, slots_.empty() ? nullptr : &slots_[0]);
+    backend_.SgdStep(h, params, grads, slots.empty() ? nullptr : &slots[0]);
   } else {
     const double t = static_cast<double>(steps_);
     const ew::AdamWHyper h{lr,
@@ -40,7 +72,7 @@ void Optimizer::Step(Tensor* params, const Tensor& grads, float lr, float grad_s
                            grad_scale,
                            static_cast<float>(1 - std::pow(cfg_.beta1, t)),
                            static_cast<float>(1 - std::pow(cfg_.beta2, t))};
-    backend_.AdamWStep(h, params, grads, &slots_[0], &slots_[1]);
+    backend_.AdamWStep(h, params, grads, &slots[0], &slots[1]);
   }
 }
 

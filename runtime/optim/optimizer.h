@@ -4,11 +4,14 @@
 // laid out like the parameters, so checkpointing a slot is a view per parameter.
 #pragma once
 
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "core/backend.h"
+#include "runtime/optim/shard_layout.h"
 
 namespace dptrain {
 
@@ -27,22 +30,37 @@ struct OptimizerConfig {
 
 class Optimizer {
  public:
-  Optimizer(Backend& be, const OptimizerConfig& cfg, const Tensor& params);
+  // With `shard` (dist.shard), the state covers this rank's chunks only (ShardLayout).
+  Optimizer(Backend& be, const OptimizerConfig& cfg, const Tensor& params,
+            const ShardLayout* shard = nullptr);
 
   // params -= update(grads * grad_scale) at learning rate lr. grad_scale turns summed gradients
   // into the mean (1 / (world size * micro-steps)). Increments steps().
   void Step(Tensor* params, const Tensor& grads, float lr, float grad_scale);
+  // Sharded: updates this rank's chunks of `params` only. `grads` is the flat gradient buffer
+  // or this rank's shard of it; `stepped(g)` runs once group g's chunk is updated (to start
+  // sending it while the next group steps).
+  void StepShard(Tensor* params, const Tensor& grads, float lr, float grad_scale,
+                 const std::function<void(size_t)>& stepped);
 
   int64_t steps() const { return steps_; }
   void set_steps(int64_t s) { steps_ = s; }
   // Slot names and flat state buffers: sgd {"momentum_buffer"} (none without momentum),
-  // adamw {"exp_avg", "exp_avg_sq"}. Same length and layout as the parameters.
+  // adamw {"exp_avg", "exp_avg_sq"}. Same length and layout as the parameters, or as this
+  // rank's shard of them.
   const std::vector<std::string>& slot_names() const { return slot_names_; }
   std::vector<Tensor>& slots() { return slots_; }
+  // The layout of slots() when sharded, else null.
+  const ShardLayout* shard() const { return shard_ ? &*shard_ : nullptr; }
 
  private:
+  // One fused update of `param` from `grad` with state views `slots` (same length each).
+  void Update(Tensor* param, const Tensor& grad, std::vector<Tensor>& slots, float lr,
+              float grad_scale);
+
   Backend& backend_;
   OptimizerConfig cfg_;
+  std::optional<ShardLayout> shard_;
   int64_t steps_ = 0;
   std::vector<std::string> slot_names_;
   std::vector<Tensor> slots_;

@@ -95,6 +95,9 @@ both "checkpoint.resume empty" 2 \
   train --config "$BASE" --set checkpoint.resume=
 both "memory.limit not a size" 2 "memory.limit: \"lots\" is not a positive size" \
   train --config "$BASE" --set memory.limit=lots
+both "dist.shard unknown value" 2 \
+  'dist.shard must be one of "none", "optimizer", "gradients", got "zero3"' \
+  train --config "$BASE" --set dist.shard=zero3
 both "dist.backend nccl on the CPU" 2 "dist.backend = \"nccl\" needs GPUs" \
   train --config "$BASE" --set dist.backend=nccl --set dist.device=cpu
 both "dist.gpus with an empty entry" 2 "dist.gpus: empty entry in \"1,,2\"" \

@@ -119,6 +119,21 @@ ACC=$(grep -o 'set train.accumulate = [0-9]*' "$TMP/last.err" | head -n 1 | grep
 CASE="  ... and following it (train.accumulate = ${ACC:-?}) trains within the same limit [2 ranks]"
 expect_ok -- "${MPI2[@]}" "$DPTRAIN" train --config "$BASE" --set train.global_batch=64 \
   --set memory.limit=40MiB --set "train.accumulate=${ACC:-0}" --set "run_dir=$TMP/run-advice"
+# dist.shard (docs/memory.md): when optimizer state is the largest item, the advice says to shard
+# it, and following it trains within the same limit.
+SHARD_OOM=(--set train.optimizer=adamw --set train.global_batch=2 --set memory.limit=9MiB)
+CASE="out of memory with AdamW state the largest item: the advice names dist.shard [2 ranks]"
+expect_fail 4 'or set dist.shard = "optimizer" (optimizer state is the largest item, 3.22 MiB per rank; sharded over 2 ranks 1.61 MiB)' \
+  -- "${MPI2[@]}" "$DPTRAIN" train --config "$BASE" "${SHARD_OOM[@]}"
+for shard in optimizer gradients; do
+  CASE="  ... and following it (dist.shard = $shard) trains within the same limit [2 ranks]"
+  expect_ok -- "${MPI2[@]}" "$DPTRAIN" train --config "$BASE" "${SHARD_OOM[@]}" \
+    --set "dist.shard=$shard" --set "run_dir=$TMP/run-shard-$shard"
+done
+CASE="dist.shard with 1 rank: a warning, and it trains unsharded"
+expect_ok -- "$DPTRAIN" train --config "$BASE" --set dist.shard=optimizer --set "run_dir=$TMP/run-shard1"
+check "  ... the warning says there is nothing to shard" \
+  grep -qF 'warning: dist.shard = "optimizer" with 1 rank: nothing to shard' "$TMP/last.err"
 both "unknown model name" 2 \
   "model.name: unknown model 'resnet9000' (known: linear, mlp, ref_cnn, cifar_net, resnet8" \
   train --config "$BASE" --set model.name=resnet9000

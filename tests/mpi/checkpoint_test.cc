@@ -193,6 +193,70 @@ TEST_F(CheckpointResumeTest, FourRankCheckpointResumesOnTwoAndOneRanks) {
       << r2.error << "' '" << r1.error << "'";
 }
 
+// dist.shard: the same accumulation/AdamW model with gradients sharded resumes bitwise.
+TrainConfig BnShardedConfig(const std::string& run_dir, int64_t steps) {
+  TrainConfig c = BnConfig(run_dir, steps);
+  c.dist.shard = ShardMode::kGradients;
+  c.dist.bucket_mb = 1;
+  return c;
+}
+
+TEST_F(CheckpointResumeTest, ShardedRunResumesBitwise) {
+  ExpectExactResume(2, BnShardedConfig, Dir("a"), Dir("b"), 7, 20);
+}
+
+// A checkpoint written by a sharded run is the unsharded format, with the whole optimizer state
+// (gathered from the ranks' shards): 4 ranks sharded -> 2 ranks sharded and -> 1 rank
+// unsharded continue as the 4-rank unsharded run does.
+TEST_F(CheckpointResumeTest, ShardedCheckpointResumesShardedOrNotOnAnyWorld) {
+  const int64_t n = 10, total = 20;
+  const auto sharded = [&](const std::string& dir, ShardMode mode) {
+    TrainConfig c = CnnConfig(dir, total);
+    c.train.optimizer = OptimizerKind::kAdamW;
+    c.train.lr = 1e-3;
+    c.dist.shard = mode;
+    c.dist.bucket_mb = 1;
+    return c;
+  };
+  const RunOutcome straight = RunOn(4, sharded(Dir("a"), ShardMode::kNone));
+  const RunOutcome plain = RunOn(4, sharded(Dir("p"), ShardMode::kNone), n);
+  const RunOutcome stopped = RunOn(4, sharded(Dir("b"), ShardMode::kOptimizer), n);
+  const std::string ckpt = Dir("b") + "/checkpoints/" + CheckpointFileName(n);
+  TrainConfig on2 = sharded(Dir("c2"), ShardMode::kGradients);
+  on2.checkpoint.resume = ckpt;
+  TrainConfig on1 = sharded(Dir("c1"), ShardMode::kNone);
+  on1.checkpoint.resume = ckpt;
+  const RunOutcome r2 = RunOn(2, on2);
+  const RunOutcome r1 = RunOn(1, on1);
+  bool ok = true;
+  double dopt = 0, d2 = 0, d1 = 0;
+  std::string wopt = "-", w2 = "-", w1 = "-";
+  if (WorldComm().rank() == 0) {
+    const auto named = [](const std::vector<CheckpointTensor>& ts) {
+      NamedTensors out;
+      for (const auto& t : ts) out.emplace_back(t.name, t.f32);
+      return out;
+    };
+    const Checkpoint a = ReadCheckpoint(ckpt);
+    const Checkpoint b = ReadCheckpoint(Dir("p") + "/checkpoints/" + CheckpointFileName(n));
+    dopt = WorstRelative(named(a.optimizer), named(b.optimizer), &wopt);
+    ok = a.optimizer.size() == b.optimizer.size() && dopt <= 1e-5;
+    ok = ok && stopped.result.steps == n && r2.result.resumed_from_step == n &&
+         r1.result.resumed_from_step == n && r2.result.steps == total && r1.result.steps == total;
+    d2 = WorstRelative(r2.result.final_params, straight.result.final_params, &w2);
+    d1 = WorstRelative(r1.result.final_params, straight.result.final_params, &w1);
+    ok = ok && d2 <= 1e-5 && d1 <= 1e-5;
+    std::printf(
+        "sharded 4-rank checkpoint: optimizer state %.3g (%s) from the unsharded one; resumed to "
+        "%lld on 2 ranks sharded %.3g (%s), on 1 rank %.3g (%s)\n",
+        dopt, wopt.c_str(), static_cast<long long>(total), d2, w2.c_str(), d1, w1.c_str());
+  }
+  ASSERT_TRUE(AllRanksOk(WorldComm(), ok))
+      << "optimizer " << dopt << " at " << wopt << "; 2 ranks: " << d2 << " at " << w2
+      << ", 1 rank: " << d1 << " at " << w1 << "; errors '" << stopped.error << "' '" << r2.error
+      << "' '" << r1.error << "' '" << plain.error << "'";
+}
+
 TEST_F(CheckpointResumeTest, InitLoadsParametersOnly) {
   const RunOutcome base = RunOn(2, CnnConfig(Dir("a"), 6));
   TrainConfig cfg = CnnConfig(Dir("b"), 6);

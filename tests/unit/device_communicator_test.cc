@@ -39,6 +39,8 @@ class FakeDeviceComm final : public Communicator {
   std::unique_ptr<CommHandle> AllReduceAsync(Tensor*, ReduceOp) override { return nullptr; }
   void Broadcast(Tensor*, int) override {}
   void AllGather(const Tensor&, Tensor*) override {}
+  std::unique_ptr<CommHandle> ReduceScatterAsync(Tensor*, ReduceOp) override { return nullptr; }
+  std::unique_ptr<CommHandle> AllGatherAsync(Tensor*) override { return nullptr; }
   std::unique_ptr<Communicator> Split(int) override { return nullptr; }
 
  private:

@@ -58,6 +58,47 @@ TEST(ModelTest, ParametersAreLaidOutLastLayerFirst) {
   }
 }
 
+// dist.shard's layout: groups of whole layers, in backward order, each padded to a multiple of
+// world x 16 floats, covering the buffer; without flat gradients, BindGroupGrads points every
+// gradient of a group into the buffer it is given, at its offset within the group.
+TEST(ModelTest, ShardedLayoutGroupsWholeLayersPaddedToChunks) {
+  Backend& be = GetBackend("cpu");
+  Model m(be, BuildZooModel(be, "ref_cnn", 10), Shape{1, 28, 28});
+  FlatLayout layout;
+  layout.group_multiple = 3 * 16;
+  layout.first_group_floats = 1000;  // fc2 (1290 floats) alone
+  layout.group_floats = 1;           // then one layer per group
+  layout.flat_grads = false;
+  m.Setup(2, Precision::kF32, layout);
+  EXPECT_FALSE(m.grads().defined());
+  const auto& g = m.groups();
+  ASSERT_EQ(g.size(), 4u);  // fc2, fc1, conv2, conv1
+  int64_t at = 0;
+  for (const auto& [begin, end] : g) {
+    EXPECT_EQ(begin, at);
+    EXPECT_EQ((end - begin) % 48, 0);
+    at = end;
+  }
+  EXPECT_EQ(at, m.params().numel());
+  std::map<std::string, int64_t> off;
+  for (const auto& p : m.named_params()) off[p.name] = p.offset;
+  EXPECT_EQ(off["fc1.bias"], g[1].first);  // the next group starts on its boundary
+  const auto children = m.net().children().size();
+  EXPECT_EQ(m.group_of_child(children - 1), 0);  // fc2
+  EXPECT_EQ(m.group_of_child(0), 3);             // conv1
+  Tensor scratch = be.Zeros(Shape{g[0].second - g[0].first}, DType::kF32, "test");
+  m.BindGroupGrads(0, scratch);
+  auto* fc2 = m.net().children()[children - 1].get();
+  std::vector<ParamRef> refs;
+  fc2->ListParams(&refs);
+  for (const auto& r : refs) {
+    EXPECT_GE(r.grad->raw(), scratch.raw());
+    EXPECT_LT(r.grad->raw(), static_cast<char*>(scratch.raw()) + scratch.bytes());
+  }
+  m.BindGroupGrads(0, Tensor());
+  for (const auto& r : refs) EXPECT_FALSE(r.grad->defined());
+}
+
 TEST(ModelTest, BackwardReportsReadyGradientsInOrder) {
   Backend& be = GetBackend("cpu");
   Model m(be, BuildZooModel(be, "ref_cnn", 10), Shape{1, 28, 28});
