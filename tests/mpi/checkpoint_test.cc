@@ -283,8 +283,17 @@ TEST_F(CheckpointResumeTest, CheckpointThatCannotResumeIsAnAgreedErrorWithCode6)
   model.checkpoint.resume = ckpt;
   model.model.name = "mlp";
   const RunOutcome r2 = RunOn(4, model);
+  // dist.shard: an optimizer that does not match is the same error, sharded or not.
+  TrainConfig opt = CnnConfig(Dir("d"), 8);
+  opt.checkpoint.resume = ckpt;
+  opt.train.optimizer = OptimizerKind::kAdamW;
+  opt.dist.shard = ShardMode::kGradients;
+  const RunOutcome r3 = RunOn(4, opt);
   // Every rank holds the same error (AgreedError), code 6, naming the file and what differs.
   bool ok = r1.exit_code == kExitCheckpoint && r2.exit_code == kExitCheckpoint &&
+            r3.exit_code == kExitCheckpoint &&
+            r3.error.find("train.optimizer is sgd in the checkpoint, adamw in this run") !=
+                std::string::npos &&
             r1.error.find(CheckpointFileName(4)) != std::string::npos &&
             r1.error.find("train.global_batch is 32 in the checkpoint, 64 in this run") !=
                 std::string::npos &&
@@ -293,7 +302,8 @@ TEST_F(CheckpointResumeTest, CheckpointThatCannotResumeIsAnAgreedErrorWithCode6)
             r2.error.find("mis-shaped: fc1.weight") != std::string::npos;
   ASSERT_TRUE(AllRanksOk(WorldComm(), ok))
       << "rank " << WorldComm().rank() << ": code " << r1.exit_code << " '" << r1.error
-      << "'; code " << r2.exit_code << " '" << r2.error << "'";
+      << "'; code " << r2.exit_code << " '" << r2.error << "'; code " << r3.exit_code << " '"
+      << r3.error << "'";
 }
 
 }  // namespace

@@ -138,6 +138,33 @@ TEST_F(ShardTest, AccumulationAndBf16) {
   ExpectSameTraining(4, c, "ref_cnn adamw bf16");
 }
 
+// fp16 with dynamic loss scaling: an overflow on rank 1 before step 4 (an infinity in the first
+// float of its reduced chunks, or of the flat gradients unsharded) is agreed on by every rank
+// from their own chunks; the step is skipped and the scale halves as unsharded, so the losses
+// after it agree too.
+TEST_F(ShardTest, LossScalingSkipsTheSameSteps) {
+  TrainConfig c = Config("ref_cnn", OptimizerKind::kSgd, ShardMode::kNone);
+  c.train.precision = Precision::kF16;
+  c.train.max_steps = 8;
+  testing::RunOptions overflow;
+  overflow.inf_grad_rank = 1;
+  overflow.inf_grad_step = 4;
+  const RunOutcome none = TrainOnFirstRanks(WorldComm(), 2, c, overflow);
+  for (ShardMode mode : {ShardMode::kOptimizer, ShardMode::kGradients}) {
+    c.dist.shard = mode;
+    const RunOutcome sharded = TrainOnFirstRanks(WorldComm(), 2, c, overflow);
+    bool ok = true;
+    double loss = 0;
+    if (WorldComm().rank() == 0) {
+      loss = WorstLossDifference(sharded, none);
+      ok = loss <= 1e-5;
+    }
+    ASSERT_TRUE(AllRanksOk(WorldComm(), ok))
+        << ConfigName(mode) << ": losses " << loss << "; errors '" << none.error << "' '"
+        << sharded.error << "'";
+  }
+}
+
 TEST_F(ShardTest, OneRankIsUnsharded) {
   const RunOutcome plain =
       TrainOnFirstRanks(WorldComm(), 1, Config("ref_cnn", OptimizerKind::kSgd, ShardMode::kNone));

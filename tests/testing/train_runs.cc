@@ -24,6 +24,8 @@ RunOutcome TrainOnFirstRanks(MpiCommunicator& comm, int world, const TrainConfig
     env.hooks.quiet = true;
     env.hooks.quiet_checkpoints = options.checkpoints;
     env.hooks.stop_at_step = options.stop_at_step;
+    env.hooks.inf_grad_rank = options.inf_grad_rank;
+    env.hooks.inf_grad_step = options.inf_grad_step;
     try {
       out.result = Train(cfg, env);
     } catch (const AgreedError& e) {

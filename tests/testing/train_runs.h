@@ -27,6 +27,10 @@ struct RunOptions {
   // otherwise the run touches no file.
   bool checkpoints = false;
   int64_t stop_at_step = -1;  // >= 0: stop there as a preemption signal would
+  // >= 0: an infinity in the first gradient of rank inf_grad_rank before that optimizer step
+  // (TrainHooks::inf_grad_step).
+  int inf_grad_rank = -1;
+  int64_t inf_grad_step = -1;
 };
 
 // Trains `cfg` quietly on the CPU backend (1 thread per rank) over ranks [0, world) of `comm`;
