@@ -31,6 +31,10 @@ int main(int argc, char** argv) {
       // Stopped inside the collective: it reported arriving, then everything stops (its
       // monitor thread's heartbeats too), as a SIGSTOP in the middle of an allreduce does.
       Watchdog::Scope scope("barrier");
+      // Its arrival report may still wait in this process's send queue (Open MPI moves it on
+      // in the next MPI call): let the monitor thread's heartbeat (every second) push it out
+      // first, so that rank 0 knows it arrived (seen under ThreadSanitizer's slowness).
+      sleep(2);
       raise(SIGSTOP);
     }
     sleep(60);  // a stuck rank before the collective (as if SIGSTOPped)

@@ -28,7 +28,8 @@ done
 [ "$left" = 0 ] || { echo "FAIL: $left processes left behind"; pkill -9 -x watchdog_probe; fail=1; }
 # Stopped INSIDE the collective (it reported arriving): rank 0 still names it, from the silence
 # of its heartbeats.
-timeout -k 5 30 "$mpiexec" -n 4 "$@" "$probe" 2 2 inside > "$out" 2>&1
+# (A 5 s timeout: it reports, then keeps its heartbeats 2 s, then is silent for 3 s > 1.5 s.)
+timeout -k 5 30 "$mpiexec" -n 4 "$@" "$probe" 2 5 inside > "$out" 2>&1
 code2=$?
 cat "$out"
 [ "$code2" = 5 ] || { echo "FAIL: (inside) exit code $code2, expected 5"; fail=1; }
