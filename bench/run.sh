@@ -7,7 +7,7 @@
 # the framework overhead of a step. Method and the latest table: bench/README.md.
 #
 #   bash bench/run.sh [BUILD_DIR]        (make bench does this)
-#   BENCH_REPEAT=N    processes per measurement on each side (default 3)
+#   BENCH_REPEAT=N    processes per measurement on each side (default 5)
 #   BENCH_QUICK=1     smoke run: batch 64 only, one process each, an eighth of the samples
 #   BENCH_PT_FORMAT=nchw   PyTorch tensors in NCHW instead of channels-last (slower here)
 set -euo pipefail
@@ -26,7 +26,7 @@ done
 work=$(mktemp -d /tmp/dptrain-bench.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 
-repeat=${BENCH_REPEAT:-3}
+repeat=${BENCH_REPEAT:-5}
 batches=(64 256)
 scale=1
 if [ "${BENCH_QUICK:-0}" = 1 ]; then
@@ -35,12 +35,6 @@ fi
 pt_format=${BENCH_PT_FORMAT:-channels_last}
 layouts=("1 2" "2 1")  # ranks threads: both use the machine's 2 cores
 cores=2
-
-# PyTorch at its best (bench/README.md says why each matters): OpenBLAS on one thread per
-# process, and glibc malloc told to keep freed memory (else every step page-faults its buffers
-# back in). dptrain runs with the defaults (these tunables do not change its throughput).
-pt_env=(OPENBLAS_NUM_THREADS=1
-  GLIBC_TUNABLES=glibc.malloc.mmap_threshold=4294967296:glibc.malloc.trim_threshold=4294967296)
 
 # max, median and min of the numbers given.
 stats() {
@@ -90,46 +84,9 @@ peak_bf16=$(calc %.0f "(${meas_bf16:-0} > $derived_bf16) ? ${meas_bf16:-0} : $de
 echo "fractions of peak below use the higher of the two: $peak_fp32 GFLOP/s fp32, $peak_bf16 bf16"
 has amx_bf16 && echo "  (AMX tiles are not counted: with amx_bf16 the bf16 peak is higher still)"
 
-# OPENBLAS_* settings found in the environment (a CI image may force OPENBLAS_CORETYPE=Haswell
-# for old numpy builds: half the GEMM rate of the AVX-512 kernel) are kept only if GEMM is not
-# slower with them: the baseline is PyTorch at its best here.
-pt_unset=()
-for var in $(compgen -e | grep '^OPENBLAS_' | grep -v '^OPENBLAS_NUM_THREADS$' || true); do
-  pt_unset+=(-u "$var")
-done
-blas=$(env "${pt_env[@]}" "$py" bench/pytorch_baseline.py --blas)
-gemm=$(awk '$1 == "gemm_gflops_1thread" {print $2}' <<<"$blas")
-if [ ${#pt_unset[@]} -gt 0 ]; then
-  found=$(compgen -e | grep '^OPENBLAS_' | grep -v '^OPENBLAS_NUM_THREADS$' |
-    while read -r var; do printf '%s=%s ' "$var" "${!var}"; done)
-  blas_unset=$(env "${pt_unset[@]}" "${pt_env[@]}" "$py" bench/pytorch_baseline.py --blas)
-  gemm_unset=$(awk '$1 == "gemm_gflops_1thread" {print $2}' <<<"$blas_unset")
-  kernel() { awk '$1 == "blas_core" {print $2}' <<<"$1"; }
-  echo "PyTorch's BLAS GEMM (torch.mm, 1024^3) on 1 thread: $gemm GFLOP/s with this environment's" \
-    "${found% } (kernel $(kernel "$blas")), $gemm_unset GFLOP/s without (kernel" \
-    "$(kernel "$blas_unset"))"
-  if awk -v a="$gemm_unset" -v b="$gemm" 'BEGIN{exit !(a > b)}'; then
-    echo "  so the baseline runs without them"
-    blas=$blas_unset
-  else
-    echo "  so the baseline keeps them"
-    pt_unset=()
-  fi
-else
-  echo "PyTorch's BLAS GEMM (torch.mm, 1024^3) on 1 thread: $gemm GFLOP/s"
-fi
-echo "PyTorch $("$py" -c 'import torch; print(torch.__version__)'): Linear runs on" \
-  "$(sed -n 's/^blas //p' <<<"$blas")"
-echo "  (the convolutions run on oneDNN in both frameworks; dptrain links no BLAS)"
-multiarch=$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || echo x86_64-linux-gnu)
-alt=$(update-alternatives --query "libblas.so.3-$multiarch" 2>/dev/null | sed -n 's/^Value: //p')
-echo "  update-alternatives libblas.so.3-$multiarch -> ${alt:-(not managed)}"
-if grep -q '^blas reference' <<<"$blas"; then
-  echo "bench: PyTorch would run Linear on the reference BLAS (about 15x slower than OpenBLAS):" \
-    "the baseline would be handicapped. Run scripts/install-deps.sh --bench" \
-    "(or update-alternatives --auto libblas.so.3-$multiarch)." >&2
-  exit 1
-fi
+# shellcheck source=bench/pytorch_env.sh
+. bench/pytorch_env.sh
+pytorch_best_setup
 
 echo
 echo "== models (FLOPs per sample = 3 x forward multiply-adds x 2: forward, backward-data and"
@@ -192,13 +149,6 @@ print(f'{(b["step"] - a["step"]) * int(sys.argv[2]) / (b["time_s"] - a["time_s"]
 PY
 }
 
-pytorch_run() {  # model ranks threads batch precision warmup_steps steps
-  run_id=$((run_id + 1))
-  env "${pt_unset[@]}" "${pt_env[@]}" "$py" bench/pytorch_baseline.py --model "$1" --ranks "$2" \
-    --threads "$3" --batch "$4" --precision "$5" --warmup "$6" --steps "$7" \
-    --memory-format "$pt_format" --port $((29500 + run_id % 400)) |
-    awk '{print $NF}'
-}
 
 echo
 echo "== training throughput, samples/s (PyTorch: best and median of $repeat processes," \

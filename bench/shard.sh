@@ -6,10 +6,12 @@
 #     gradients (targets: at least 25% and 40% lower than none), and `dptrain plan`'s total for
 #     the same config (target: within 15% of the measured peak);
 #  2. speed: ref_cnn (Fashion-MNIST) and resnet8 (random 3x32x32) on 2 ranks x 1 thread, none
-#     against optimizer, interleaved, median of BENCH_REPEAT runs each (target: at most 5% slower).
+#     against optimizer, interleaved, median of BENCH_REPEAT runs each (target: at most 5% slower),
+#     next to PyTorch's DDP on the same job at its best (bench/pytorch_env.sh: OpenBLAS on one
+#     thread, malloc tunables; best of BENCH_REPEAT processes).
 #
 #   bash bench/shard.sh [BUILD_DIR]
-#   BENCH_REPEAT=N   runs per speed measurement (default 5)
+#   BENCH_REPEAT=N   runs per speed measurement on each side (default 5)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
@@ -23,6 +25,10 @@ fmnist=${DPTRAIN_DATA:-data}/fmnist/train.h5
 work=$(mktemp -d /tmp/dptrain-shard-bench.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 repeat=${BENCH_REPEAT:-5}
+# shellcheck source=bench/pytorch_env.sh
+. bench/pytorch_env.sh
+pytorch_best_setup
+echo
 calc() { awk "BEGIN{printf \"$1\", $2}"; }
 
 # 784 -> 2048 -> 2048 x 4 -> 10: 20.4M parameters, so AdamW's state is 163 MB; batch 8 per rank
@@ -98,16 +104,22 @@ a,b=rows[0],rows[-1]; print(round((b["step"]-a["step"])*64/(b["time_s"]-a["time_
 median() { printf '%s\n' "$@" | sort -n | awk '{v[NR]=$1} END {print NR%2 ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2}'; }
 
 echo
-echo "== speed: 2 ranks x 1 thread, batch 64, fp32, samples/s (median of $repeat, interleaved)"
-printf '%-8s %10s %10s %8s\n' model none optimizer ratio
+echo "== speed: 2 ranks x 1 thread, batch 64, fp32, samples/s (dptrain: median of $repeat," \
+  "interleaved; PyTorch DDP (gloo): best of $repeat processes, $pt_format," \
+  "${pt_env[*]}${pt_unset[*]:+, env ${pt_unset[*]}})"
+printf '%-8s %10s %10s %8s %10s %12s\n' model none optimizer ratio pt_ddp optimizer/pt
 for model in ref_cnn resnet8; do
-  a=() b=()
+  a=() b=() pt=()
+  # PyTorch's steps: about the samples dptrain times (160 steps of 64 after 40 of warm-up).
   for i in $(seq "$repeat"); do
     a+=("$(speed "$model" none "$i")")
     b+=("$(speed "$model" optimizer "$i")")
+    pt+=("$(pytorch_run "$model" 2 1 64 fp32 40 120)")
   done
   ma=$(median "${a[@]}") mb=$(median "${b[@]}")
-  printf '%-8s %10s %10s %8.3f   (none: %s; optimizer: %s)\n' "$model" "$ma" "$mb" \
-    "$(calc %.3f "$mb / $ma")" "${a[*]}" "${b[*]}"
+  best=$(printf '%s\n' "${pt[@]}" | sort -n | tail -n 1)
+  printf '%-8s %10s %10s %8.3f %10.0f %12.2f   (none: %s; optimizer: %s; PyTorch: %s)\n' \
+    "$model" "$ma" "$mb" "$(calc %.3f "$mb / $ma")" "$best" "$(calc %.2f "$mb / $best")" \
+    "${a[*]}" "${b[*]}" "${pt[*]}"
 done
-echo "target: optimizer/none >= 0.95"
+echo "target: optimizer/none >= 0.95 (the PyTorch column is context: issue 17 holds its targets)"

@@ -43,15 +43,9 @@ int RunPlanCommand(const TrainConfig& cfg, int ranks, bool json) {
     auto net = zoo ? BuildZooModel(be, cfg.model.name, cfg.model.classes)
                    : BuildFromLayers(be, cfg.model.layers);
     Model model(be, std::move(net), input);
-    const size_t bucket = static_cast<size_t>(cfg.dist.bucket_mb) << 20;
     model.Setup(micro, cfg.train.precision,
-                mode != ShardMode::kNone && world > 1 ? ShardedFlatLayout(mode, world, bucket)
-                                                      : FlatLayout{});
-    StateSharding sh;
-    sh.ranks = world;
-    sh.optimizer = mode == ShardMode::kOptimizer;
-    sh.grads = mode == ShardMode::kGradients;
-    MemoryPlan p = PlanMemory(model, slots, loss, budget, sh);
+                ShardedFlatLayout(mode, world, static_cast<size_t>(cfg.dist.bucket_mb) << 20));
+    MemoryPlan p = PlanMemory(model, slots, loss, budget, PlanSharding(mode, world));
     p.precision = ConfigName(cfg.train.precision);
     return p;
   };

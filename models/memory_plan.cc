@@ -88,24 +88,9 @@ MemoryPlan PlanMemory(Model& m, int optimizer_slots, LossKind loss, int64_t budg
   return plan;
 }
 
-int64_t MemoryPlan::params() const {
+int64_t MemoryPlan::Sum(int64_t LayerMemory::*field) const {
   int64_t n = 0;
-  for (const auto& l : layers) n += l.params;
-  return n;
-}
-int64_t MemoryPlan::grads() const {
-  int64_t n = 0;
-  for (const auto& l : layers) n += l.grads;
-  return n;
-}
-int64_t MemoryPlan::optimizer() const {
-  int64_t n = 0;
-  for (const auto& l : layers) n += l.optimizer;
-  return n;
-}
-int64_t MemoryPlan::activations() const {
-  int64_t n = 0;
-  for (const auto& l : layers) n += l.activations;
+  for (const auto& l : layers) n += l.*field;
   return n;
 }
 

@@ -44,10 +44,11 @@ struct MemoryPlan {
   int64_t max_micro_batch = 0;  // largest micro-batch whose total fits the budget; 0 = unknown
 
   // Sums over the layers.
-  int64_t params() const;
-  int64_t grads() const;
-  int64_t optimizer() const;
-  int64_t activations() const;
+  int64_t Sum(int64_t LayerMemory::*field) const;
+  int64_t params() const { return Sum(&LayerMemory::params); }
+  int64_t grads() const { return Sum(&LayerMemory::grads); }
+  int64_t optimizer() const { return Sum(&LayerMemory::optimizer); }
+  int64_t activations() const { return Sum(&LayerMemory::activations); }
 
   std::string ToTable() const;
   std::string ToJson() const;

@@ -98,6 +98,10 @@ void Trainer::SetupData() {
   loader_ = std::make_unique<TrainLoader>(*train_, *sampler_, loader_opts_);
 }
 
+FlatLayout Trainer::FlatLayoutFor() const {
+  return ShardedFlatLayout(cfg_.dist.shard, world_, static_cast<size_t>(cfg_.dist.bucket_mb) << 20);
+}
+
 int64_t Trainer::NextMicroBatch(int64_t tried) const {
   for (int64_t d = tried / 2; d >= 1; --d) {
     if (local_batch_ % d == 0) return d;
@@ -180,17 +184,10 @@ int64_t Trainer::LargestMicroBatchThatFits(int64_t tried) {
     std::optional<MemoryPlan> plan;
     try {
       Model model(be_, BuildNet(), sample_shape_);
-      const bool sharded = cfg_.dist.shard != ShardMode::kNone && world_ > 1;
-      model.Setup(micro, cfg_.train.precision,
-                  sharded ? ShardedFlatLayout(cfg_.dist.shard, world_,
-                                              static_cast<size_t>(cfg_.dist.bucket_mb) << 20)
-                          : FlatLayout{});
-      StateSharding sh;
-      sh.ranks = world_;
-      sh.optimizer = cfg_.dist.shard == ShardMode::kOptimizer;
-      sh.grads = cfg_.dist.shard == ShardMode::kGradients;
+      model.Setup(micro, cfg_.train.precision, FlatLayoutFor());
       plan = PlanMemory(model, StateSlots(cfg_.train.optimizer, cfg_.train.momentum),
-                        regression_ ? LossKind::kMse : LossKind::kCrossEntropy, budget, sh);
+                        regression_ ? LossKind::kMse : LossKind::kCrossEntropy, budget,
+                        PlanSharding(cfg_.dist.shard, world_));
     } catch (const OutOfMemory&) {
     }
     be_.ReleasePlans();
@@ -282,10 +279,7 @@ void Trainer::SetupModel() {
   const auto& m = cfg_.model;
   model_ = std::make_unique<Model>(be_, BuildNet(), sample_shape_);
   const bool sharded = cfg_.dist.shard != ShardMode::kNone && world_ > 1;
-  model_->Setup(micro_, cfg_.train.precision,
-                sharded ? ShardedFlatLayout(cfg_.dist.shard, world_,
-                                            static_cast<size_t>(cfg_.dist.bucket_mb) << 20)
-                        : FlatLayout{});
+  model_->Setup(micro_, cfg_.train.precision, FlatLayoutFor());
   model_->InitParams(static_cast<uint64_t>(cfg_.seed));
   const LossKind kind = regression_ ? LossKind::kMse : LossKind::kCrossEntropy;
   if (kind == LossKind::kMse) {

@@ -78,6 +78,7 @@ class Trainer {
                                     int64_t synthetic_samples, uint64_t seed) const;
   std::unique_ptr<Sequential> BuildNet() const;  // model.name or model.layers
   void SetupModel();
+  FlatLayout FlatLayoutFor() const;  // the model's flat layout for dist.shard on world_ ranks
   void SetupRunDir();
   void SetupOutputs();
   // SetupModel on every rank; when a rank runs out of memory, all ranks agree on it before any

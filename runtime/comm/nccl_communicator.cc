@@ -133,6 +133,11 @@ class NcclCommunicator final : public Communicator {
   void AfterCompute();
   // A new event recorded on the communication stream after the collective just queued.
   cudaEvent_t RecordDone();
+  // ReduceScatterAsync / AllGatherAsync: checks `t` (f32, size_ equal chunks), orders the
+  // communication stream after the compute stream, and calls launch(base, chunk rank_, chunk
+  // length) to queue the collective; the handle waits for it.
+  template <class Launch>
+  std::unique_ptr<CommHandle> InPlaceChunks(Tensor* t, const char* name, Launch launch);
 
   Backend& be_;
   MpiCommunicator& control_;  // bootstrap (device check, unique id) and Split
@@ -471,42 +476,38 @@ void NcclCommunicator::AllGather(const Tensor& in, Tensor* out) {
   h.Wait();
 }
 
-// In place per NCCL's rules: the reduce-scatter's receive buffer is chunk rank() of its send
-// buffer, the all-gather's send buffer is chunk rank() of its receive buffer.
-std::unique_ptr<CommHandle> NcclCommunicator::ReduceScatterAsync(Tensor* t, ReduceOp op) {
+template <class Launch>
+std::unique_ptr<CommHandle> NcclCommunicator::InPlaceChunks(Tensor* t, const char* name,
+                                                            Launch launch) {
   CheckUsable();
-  CheckDeviceTensor(*t, "reduce-scatter");
+  CheckDeviceTensor(*t, name);
   DPT_CHECK(t->dtype() == DType::kF32 && t->numel() % size_ == 0)
-      << "nccl reduce-scatter: " << t->numel() << " " << DTypeName(t->dtype()) << " values are not "
+      << "nccl " << name << ": " << t->numel() << " " << DTypeName(t->dtype()) << " values are not "
       << size_ << " equal f32 chunks";
   const auto chunk = static_cast<size_t>(t->numel() / size_);
-  const std::string what = "NCCL reduce-scatter of " + std::to_string(t->numel()) + " f32 values";
+  const std::string what =
+      std::string("NCCL ") + name + " of " + std::to_string(t->numel()) + " f32 values";
   if (chunk == 0) return std::make_unique<NcclHandle>(this, nullptr, Tensor(), what);
   t->buffer()->RecordStream(stream_);
   AfterCompute();
   float* base = t->data<float>();
-  Check(ncclReduceScatter(base, base + static_cast<size_t>(rank_) * chunk, chunk, ncclFloat32,
-                          NcclOp(op), comm_, stream_),
-        "ncclReduceScatter");
+  launch(base, base + static_cast<size_t>(rank_) * chunk, chunk);
   return std::make_unique<NcclHandle>(this, RecordDone(), *t, what);
 }
 
+// In place per NCCL's rules: the reduce-scatter's receive buffer is chunk rank() of its send
+// buffer, the all-gather's send buffer is chunk rank() of its receive buffer.
+std::unique_ptr<CommHandle> NcclCommunicator::ReduceScatterAsync(Tensor* t, ReduceOp op) {
+  return InPlaceChunks(t, "reduce-scatter", [&](float* base, float* mine, size_t chunk) {
+    Check(ncclReduceScatter(base, mine, chunk, ncclFloat32, NcclOp(op), comm_, stream_),
+          "ncclReduceScatter");
+  });
+}
+
 std::unique_ptr<CommHandle> NcclCommunicator::AllGatherAsync(Tensor* t) {
-  CheckUsable();
-  CheckDeviceTensor(*t, "all-gather");
-  DPT_CHECK(t->dtype() == DType::kF32 && t->numel() % size_ == 0)
-      << "nccl all-gather: " << t->numel() << " " << DTypeName(t->dtype()) << " values are not "
-      << size_ << " equal f32 chunks";
-  const auto chunk = static_cast<size_t>(t->numel() / size_);
-  const std::string what = "NCCL all-gather of " + std::to_string(t->numel()) + " f32 values";
-  if (chunk == 0) return std::make_unique<NcclHandle>(this, nullptr, Tensor(), what);
-  t->buffer()->RecordStream(stream_);
-  AfterCompute();
-  float* base = t->data<float>();
-  Check(ncclAllGather(base + static_cast<size_t>(rank_) * chunk, base, chunk, ncclFloat32, comm_,
-                      stream_),
-        "ncclAllGather");
-  return std::make_unique<NcclHandle>(this, RecordDone(), *t, what);
+  return InPlaceChunks(t, "all-gather", [&](float* base, float* mine, size_t chunk) {
+    Check(ncclAllGather(mine, base, chunk, ncclFloat32, comm_, stream_), "ncclAllGather");
+  });
 }
 
 std::unique_ptr<Communicator> NcclCommunicator::Split(int color) {

@@ -13,11 +13,20 @@ namespace dptrain {
 
 FlatLayout ShardedFlatLayout(ShardMode mode, int world, size_t bucket_bytes) {
   FlatLayout l;
+  if (mode == ShardMode::kNone || world <= 1) return l;
   l.group_multiple = 16 * static_cast<int64_t>(world);
   l.first_group_floats = (int64_t{1} << 20) / 4;
   l.group_floats = std::max<int64_t>(1, static_cast<int64_t>(bucket_bytes / 4));
   l.flat_grads = mode != ShardMode::kGradients;
   return l;
+}
+
+StateSharding PlanSharding(ShardMode mode, int world) {
+  StateSharding s;
+  s.ranks = world;
+  s.optimizer = mode == ShardMode::kOptimizer;
+  s.grads = mode == ShardMode::kGradients;
+  return s;
 }
 
 ShardedReducer::ShardedReducer(Backend& be, Communicator& comm, Model& model, ShardMode mode)

@@ -14,6 +14,7 @@
 #include <memory>
 #include <vector>
 
+#include "models/memory_plan.h"
 #include "models/model.h"
 #include "runtime/comm/communicator.h"
 #include "runtime/optim/shard_layout.h"
@@ -70,7 +71,10 @@ class ShardedReducer {
 };
 
 // The Model layout dist.shard needs on `world` ranks: groups of about `bucket_bytes` (the
-// first 1 MiB), each `world` chunks of whole 64-byte lines.
+// first 1 MiB), each `world` chunks of whole 64-byte lines; the plain layout when nothing is
+// sharded (`none`, or 1 rank).
 FlatLayout ShardedFlatLayout(ShardMode mode, int world, size_t bucket_bytes);
+// What `dptrain plan` (PlanMemory) counts as split over the ranks for `mode` on `world` ranks.
+StateSharding PlanSharding(ShardMode mode, int world);
 
 }  // namespace dptrain

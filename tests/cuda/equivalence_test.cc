@@ -41,8 +41,7 @@ std::vector<float> TrainRefCnn(Backend& be, Communicator* reducer_comm, int64_t 
   Model m(be, BuildZooModel(be, "ref_cnn", 10), in);
   const int world = reducer_comm != nullptr ? reducer_comm->size() : 1;
   const bool sharded = shard != ShardMode::kNone && world > 1;
-  m.Setup(n, Precision::kF32,
-          sharded ? ShardedFlatLayout(shard, world, size_t{256} << 10) : FlatLayout{});
+  m.Setup(n, Precision::kF32, ShardedFlatLayout(shard, world, size_t{256} << 10));
   m.InitParams(42);
   Loss loss(be, LossKind::kCrossEntropy, m.output_shape());
   OptimizerConfig oc;
