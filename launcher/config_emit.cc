@@ -45,6 +45,11 @@ std::string FormatLayer(const LayerSpec& l) {
       out += FormatFloat(l.p);
     }
   }
+  if (!l.inputs.empty()) {
+    out += ", inputs = [";
+    for (size_t i = 0; i < l.inputs.size(); ++i) out += (i > 0 ? ", " : "") + Quote(l.inputs[i]);
+    out += "]";
+  }
   return out + " }";
 }
 

@@ -129,6 +129,8 @@ const std::vector<LayerType>& LayerTypes() {
       {"batchnorm", {}, {}},
       {"dropout", {"p"}, {}},
       {"flatten", {}, {}},
+      {"add", {}, {}},
+      {"concat", {}, {}},
   };
   return types;
 }
@@ -141,8 +143,8 @@ const LayerType* FindLayerType(std::string_view type) {
 }
 
 const std::vector<std::string>& LayerKeys() {
-  static const std::vector<std::string> keys = {"type",   "name", "out",  "kernel",
-                                                "stride", "pad",  "bias", "p"};
+  static const std::vector<std::string> keys = {"type", "name", "out", "kernel", "stride",
+                                                "pad",  "bias", "p",   "inputs"};
   return keys;
 }
 

@@ -89,8 +89,11 @@ std::string ConfigName(E e) {
 //   maxpool, avgpool: kernel = 2, stride = kernel, pad = 0 (pad <= kernel / 2)
 //   dropout: p = 0.5, in [0, 1)
 //   relu, batchnorm, flatten: no keys
+//   add, concat: inputs (required, two or more): the sum of equal shapes / the concatenation
+//                along the channels
 // Every type takes `name` (default: the layer's index, "0", "1", ..., like torch nn.Sequential;
-// names are unique and contain no '.', since parameter names are "<name>.weight").
+// names are unique and contain no '.', since parameter names are "<name>.weight") and `inputs`
+// (names of earlier layers; default: the previous layer), so the layers form a graph.
 // LayerSpec (one entry of model.layers) lives with the models: models/model_spec.h.
 
 // [model]: exactly one of `name` (a zoo model; validated by the zoo, not here) or `layers`.

@@ -31,7 +31,7 @@ std::unique_ptr<Dataset> Trainer::OpenData(const std::string& path, const Shape&
   return OpenHdf5Dataset(path, o);
 }
 
-std::unique_ptr<Sequential> Trainer::BuildNet() const {
+std::unique_ptr<Graph> Trainer::BuildNet() const {
   const auto& m = cfg_.model;
   return m.name.empty() ? BuildFromLayers(be_, m.layers) : BuildZooModel(be_, m.name, m.classes);
 }
