@@ -235,8 +235,15 @@ void ConfigParser::ApplySet(const std::string& item) {
       std::get<StringRef>(f->ref)(cfg_) = s;
     }
     origins_.Set(key, where);
-    // Choosing a zoo model on the command line replaces a layer list from the file.
-    if (key == "model.name" && !s.empty()) cfg_.model.layers.clear();
+    // Choosing a model on the command line replaces the one from the file.
+    if (key == "model.name" && !s.empty()) {
+      cfg_.model.layers.clear();
+      cfg_.model.onnx.clear();
+    }
+    if (key == "model.onnx" && !s.empty()) {
+      cfg_.model.layers.clear();
+      cfg_.model.name.clear();
+    }
     return;
   }
 

@@ -36,6 +36,7 @@ const std::vector<Field>& Schema() {
       DPT_CONFIG_FIELD(run_dir),
       DPT_CONFIG_FIELD(seed),
       DPT_CONFIG_FIELD(model.name),
+      DPT_CONFIG_FIELD(model.onnx),
       DPT_CONFIG_FIELD(model.classes),
       DPT_CONFIG_ENUM(model.loss),
       DPT_CONFIG_FIELD(model.layers),

@@ -24,6 +24,10 @@ int Graph::Add(std::unique_ptr<Layer> layer, std::vector<int> inputs, std::strin
   return index;
 }
 
+void Graph::SetInitialValue(const std::string& name, std::vector<float> values) {
+  initial_[name] = std::move(values);
+}
+
 Shape Graph::Setup(const Shape& in, const SetupOptions& opts) {
   DPT_CHECK_AS(ConfigError, !nodes_.empty()) << "the model has no layers";
   for (auto& n : nodes_) n.readers = 0;

@@ -7,6 +7,7 @@
 // gradient of nodes i.. is final: what the Model's gradient buckets rely on.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -57,6 +58,14 @@ class Graph {
     }
   }
 
+  // Starting values of parameters and buffers by full name ("layer1.0.conv1.weight"): an
+  // imported model's weights, which Model::InitParams puts over its own initialisation.
+  // `origin` names where they came from in errors (the ONNX file).
+  void SetInitialValue(const std::string& name, std::vector<float> values);
+  const std::map<std::string, std::vector<float>>& initial_values() const { return initial_; }
+  void set_origin(std::string origin) { origin_ = std::move(origin); }
+  const std::string& origin() const { return origin_; }
+
   // Bytes of activations the graph holds per sample: the layers' plus the gradient sums.
   int64_t ActivationBytesPerSample() const;
   // Bytes per sample of the gradient sums of node i's output (0 unless several nodes read it).
@@ -81,6 +90,8 @@ class Graph {
 
   Backend& backend_;
   std::vector<Node> nodes_;
+  std::map<std::string, std::vector<float>> initial_;
+  std::string origin_;
   std::vector<const Tensor*> xs_;   // scratch: a node's inputs
   std::vector<const Tensor*> dxs_;  // scratch: a node's input gradients
 };

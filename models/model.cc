@@ -175,7 +175,6 @@ void Model::InitParams(uint64_t seed) {
       }
     }
   }
-  backend_.CopyFromHost(host.data(), &params_);
   std::vector<float> hb(static_cast<size_t>(buffers_.numel()), 0.f);
   for (size_t i = 0; i < buffer_refs_.size(); ++i) {
     if (buffer_refs_[i].init == Init::kOnes) {
@@ -183,6 +182,24 @@ void Model::InitParams(uint64_t seed) {
       std::fill(p, p + buffer_refs_[i].shape.numel(), 1.f);
     }
   }
+  // An imported model's own weights replace the initialisation above, tensor by tensor.
+  const auto& initial = net_->initial_values();
+  size_t used = 0;
+  const auto take = [&](const NamedTensor& t, std::vector<float>* host_buf) {
+    const auto it = initial.find(t.name);
+    if (it == initial.end()) return;
+    DPT_CHECK_AS(ConfigError, static_cast<int64_t>(it->second.size()) == t.tensor.numel())
+        << net_->origin() << ": initializer '" << t.name << "' has " << it->second.size()
+        << " values but the layer needs " << t.tensor.shape().ToString() << " = "
+        << t.tensor.numel();
+    std::copy(it->second.begin(), it->second.end(), host_buf->begin() + t.offset);
+    ++used;
+  };
+  for (const auto& t : named_params_) take(t, &host);
+  for (const auto& t : named_buffers_) take(t, &hb);
+  DPT_CHECK(used == initial.size()) << net_->origin() << ": " << initial.size() - used
+                                    << " starting values name no parameter or buffer";
+  backend_.CopyFromHost(host.data(), &params_);
   backend_.CopyFromHost(hb.data(), &buffers_);
   if (grads_.defined()) backend_.Zero(&grads_);
 }
