@@ -46,7 +46,9 @@ every_epochs = 0
 TOML
 }
 
-for MODEL in resnet18; do
+# resnet50 is left out: its step differs from PyTorch's by ~1% of the update (under study).
+MODELS=(resnet18)
+for MODEL in "${MODELS[@]}"; do
   D=$TMP/$MODEL
   mkdir -p "$D"
   check "$MODEL: export in training mode and take PyTorch's SGD step" \
