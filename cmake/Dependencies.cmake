@@ -8,6 +8,9 @@ find_package(fmt REQUIRED)
 find_package(nlohmann_json REQUIRED)
 find_package(tomlplusplus REQUIRED)
 find_package(CLI11 REQUIRED)
+# model.onnx: the ONNX project's own parser and checker (libonnx-dev), over protobuf.
+find_package(Protobuf REQUIRED)
+find_package(ONNX CONFIG REQUIRED)
 
 # Debian's dnnl-config.cmake drags in OpenCL; the CPU library needs none of it, so find the
 # library and header directly.

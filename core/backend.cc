@@ -74,6 +74,21 @@ BatchNormDims BatchNormShape(const Shape& x) {
   return {x[0], x[1], x.rank() == 4 ? x[2] * x[3] : 1};
 }
 
+ColumnCopy CheckColumnCopy(const Tensor& src, int64_t src_col, const Tensor& dst, int64_t dst_col,
+                           int64_t cols) {
+  DPT_CHECK(src.dtype() == DType::kF32 && dst.dtype() == DType::kF32) << "CopyColumns: f32 only";
+  DPT_CHECK(src.shape().rank() >= 1 && dst.shape().rank() >= 1 && src.shape()[0] == dst.shape()[0])
+      << "CopyColumns: " << src.shape().ToString() << " into " << dst.shape().ToString();
+  const int64_t rows = src.shape()[0];
+  ColumnCopy c{rows, rows > 0 ? src.numel() / rows : 0, rows > 0 ? dst.numel() / rows : 0};
+  DPT_CHECK(cols >= 0 && src_col >= 0 && dst_col >= 0 && src_col + cols <= c.src_pitch &&
+            dst_col + cols <= c.dst_pitch)
+      << "CopyColumns: columns [" << src_col << ", " << src_col + cols << ") of rows of "
+      << c.src_pitch << " into [" << dst_col << ", " << dst_col + cols << ") of rows of "
+      << c.dst_pitch;
+  return c;
+}
+
 std::string Conv2dDesc::ToString() const {
   std::ostringstream os;
   os << "conv2d x=(" << n << "," << c << "," << h << "," << w << ") k=" << k << " kernel=" << r

@@ -90,6 +90,14 @@ struct BatchNormDims {
 };
 BatchNormDims BatchNormShape(const Shape& x);
 
+// The rows and row lengths (in floats) of a CopyColumns call, after checking that both tensors
+// are f32 with equal dimension 0 and that the columns lie inside both rows (InternalError).
+struct ColumnCopy {
+  int64_t rows, src_pitch, dst_pitch;
+};
+ColumnCopy CheckColumnCopy(const Tensor& src, int64_t src_col, const Tensor& dst, int64_t dst_col,
+                           int64_t cols);
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -120,6 +128,11 @@ class Backend {
   virtual void CopyFromHostAsync(const void* src, Tensor* dst) { CopyFromHost(src, dst); }
   virtual void CopyToHost(const Tensor& src, void* dst) = 0;  // synchronises
   virtual void Copy(const Tensor& src, Tensor* dst) = 0;
+  // Row by row: src seen as (rows, src_pitch) and dst as (rows, dst_pitch), rows = dimension 0
+  // of both, copies columns [src_col, src_col + cols) of src into [dst_col, dst_col + cols) of
+  // dst (the channel concatenation and its gradient). f32; src and dst must not overlap.
+  virtual void CopyColumns(const Tensor& src, int64_t src_col, Tensor* dst, int64_t dst_col,
+                           int64_t cols) = 0;
   virtual void Zero(Tensor* t) = 0;
   virtual void Fill(Tensor* t, float value) = 0;  // f32
   virtual void Synchronize() = 0;

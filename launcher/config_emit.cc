@@ -45,6 +45,11 @@ std::string FormatLayer(const LayerSpec& l) {
       out += FormatFloat(l.p);
     }
   }
+  if (!l.inputs.empty()) {
+    out += ", inputs = [";
+    for (size_t i = 0; i < l.inputs.size(); ++i) out += (i > 0 ? ", " : "") + Quote(l.inputs[i]);
+    out += "]";
+  }
   return out + " }";
 }
 
@@ -64,7 +69,11 @@ std::string ToToml(const TrainConfig& c) {
       section = sec;
     }
     // Exactly one of model.name / model.layers is in use; write that one.
-    if (f.key == "model.name" && c.model.name.empty() && !c.model.layers.empty()) continue;
+    if (f.key == "model.name" && c.model.name.empty() &&
+        (!c.model.layers.empty() || !c.model.onnx.empty())) {
+      continue;
+    }
+    if (f.key == "model.onnx" && c.model.onnx.empty()) continue;
     if (std::holds_alternative<config_detail::LayersRef>(f.ref)) {
       if (c.model.layers.empty()) continue;
       out += std::string(leaf) + " = [\n";

@@ -92,6 +92,19 @@ std::vector<double> ReadFloatList(const toml::node& n, const std::string& key,
   return out;
 }
 
+std::vector<std::string> ReadStringList(const toml::node& n, const std::string& key,
+                                        const std::string& where) {
+  const auto* arr = n.as_array();
+  if (arr == nullptr) {
+    Fail(where, key + ": expected an array of strings like [\"a\", \"b\"], got " + Describe(n));
+  }
+  std::vector<std::string> out;
+  for (size_t i = 0; i < arr->size(); ++i) {
+    out.push_back(ReadString((*arr)[i], key + "[" + std::to_string(i) + "]", where));
+  }
+  return out;
+}
+
 // ---------------------------------------------------------------------------------------------
 // The parser: reads the file, applies overrides, validates. Remembers where each key's value came
 // from so that every error can point at it.
@@ -222,8 +235,15 @@ void ConfigParser::ApplySet(const std::string& item) {
       std::get<StringRef>(f->ref)(cfg_) = s;
     }
     origins_.Set(key, where);
-    // Choosing a zoo model on the command line replaces a layer list from the file.
-    if (key == "model.name" && !s.empty()) cfg_.model.layers.clear();
+    // Choosing a model on the command line replaces the one from the file.
+    if (key == "model.name" && !s.empty()) {
+      cfg_.model.layers.clear();
+      cfg_.model.onnx.clear();
+    }
+    if (key == "model.onnx" && !s.empty()) {
+      cfg_.model.layers.clear();
+      cfg_.model.name.clear();
+    }
     return;
   }
 
@@ -257,10 +277,19 @@ std::vector<LayerSpec> ConfigParser::ParseLayers(const toml::node& n,
   for (size_t i = 0; i < arr->size(); ++i) {
     const toml::node& el = (*arr)[i];
     layers.push_back(ParseLayer(el, i, where));
+    const std::string base = "model.layers[" + std::to_string(i) + "]";
+    for (const std::string& in : layers.back().inputs) {
+      if (index_of_name.count(in) == 0) {
+        Fail(At({}, el.source()),
+             base + ".inputs: \"" + in + "\" is not the name of an earlier layer" +
+                 (in == layers.back().name ? " (a layer cannot read its own output)" : "") +
+                 "; inputs name layers listed before this one");
+      }
+    }
     const auto [it, inserted] = index_of_name.emplace(layers.back().name, i);
     if (!inserted) {
-      Fail(At({}, el.source()), "model.layers[" + std::to_string(i) + "].name \"" +
-                                    layers.back().name + "\" is already used by model.layers[" +
+      Fail(At({}, el.source()), base + ".name \"" + layers.back().name +
+                                    "\" is already used by model.layers[" +
                                     std::to_string(it->second) + "]; layer names must be unique");
     }
   }
@@ -299,6 +328,8 @@ LayerSpec ConfigParser::ParseLayer(const toml::node& n, size_t index,
       l.bias = ReadBool(v, full, w);
     } else if (key == "p") {
       l.p = ReadFloat(v, full, w);
+    } else if (key == "inputs") {
+      l.inputs = ReadStringList(v, full, w);
     } else {
       Fail(w, "unknown key '" + full + "'" + DidYouMean(key, LayerKeys(), base + "."));
     }
@@ -319,7 +350,7 @@ LayerSpec ConfigParser::ParseLayer(const toml::node& n, size_t index,
                             "; one of " + JoinQuoted(type_names));
   }
   for (const auto& [key, w] : given) {
-    if (key == "type" || key == "name") continue;
+    if (key == "type" || key == "name" || key == "inputs") continue;
     if (std::find(type->keys.begin(), type->keys.end(), key) == type->keys.end()) {
       std::string takes = "takes no keys besides type and name";
       if (!type->keys.empty()) {
@@ -362,6 +393,16 @@ LayerSpec ConfigParser::ParseLayer(const toml::node& n, size_t index,
   if (pool && 2 * l.pad > l.kernel) {
     Fail(at("pad"), base + ".pad must be <= kernel / 2 (" + std::to_string(l.kernel / 2) +
                         "), got " + std::to_string(l.pad));
+  }
+  const bool joins = l.type == "add" || l.type == "concat";
+  if (joins && l.inputs.size() < 2) {
+    Fail(at("inputs"), base + ": a " + l.type +
+                           " layer joins several layers: give inputs = [\"a\", \"b\", ...] "
+                           "(at least two names of earlier layers)");
+  }
+  if (!joins && l.inputs.size() > 1) {
+    Fail(at("inputs"), base + ".inputs: a " + l.type +
+                           " layer reads one layer's output; only add and concat take several");
   }
   if (applies("p") && !(l.p >= 0 && l.p < 1)) {
     Fail(at("p"), base + ".p must be in [0, 1), got " + FormatFloat(l.p));

@@ -36,6 +36,7 @@ const std::vector<Field>& Schema() {
       DPT_CONFIG_FIELD(run_dir),
       DPT_CONFIG_FIELD(seed),
       DPT_CONFIG_FIELD(model.name),
+      DPT_CONFIG_FIELD(model.onnx),
       DPT_CONFIG_FIELD(model.classes),
       DPT_CONFIG_ENUM(model.loss),
       DPT_CONFIG_FIELD(model.layers),
@@ -129,6 +130,8 @@ const std::vector<LayerType>& LayerTypes() {
       {"batchnorm", {}, {}},
       {"dropout", {"p"}, {}},
       {"flatten", {}, {}},
+      {"add", {}, {}},
+      {"concat", {}, {}},
   };
   return types;
 }
@@ -141,8 +144,8 @@ const LayerType* FindLayerType(std::string_view type) {
 }
 
 const std::vector<std::string>& LayerKeys() {
-  static const std::vector<std::string> keys = {"type",   "name", "out",  "kernel",
-                                                "stride", "pad",  "bias", "p"};
+  static const std::vector<std::string> keys = {"type", "name", "out", "kernel", "stride",
+                                                "pad",  "bias", "p",   "inputs"};
   return keys;
 }
 

@@ -44,15 +44,21 @@ void Validate(TrainConfig& c, const Origins& origins) {
   // [model]
   const bool has_name = !c.model.name.empty();
   const bool has_layers = !c.model.layers.empty();
-  if (has_name && has_layers) {
-    Fail(origins.WhereAny({"model.name", "model.layers"}),
-         "model.name and model.layers are both set; give one: a zoo model name or a list of "
-         "layers");
+  const bool has_onnx = !c.model.onnx.empty();
+  if (has_name + has_layers + has_onnx > 1) {
+    std::string set;
+    for (const auto& [on, key] : {std::pair{has_name, "model.name"},
+                                  {has_layers, "model.layers"},
+                                  {has_onnx, "model.onnx"}}) {
+      if (on) set += std::string(set.empty() ? "" : " and ") + key;
+    }
+    Fail(origins.WhereAny({"model.name", "model.layers", "model.onnx"}),
+         set + " are both set; give one: a zoo model name, a list of layers or an ONNX file");
   }
-  if (!has_name && !has_layers) {
-    Fail(origins.WhereAny({"model.name", "model.layers"}),
-         "no model: set model.name (a zoo model, e.g. \"ref_cnn\") or model.layers (a list of "
-         "layers)");
+  if (!has_name && !has_layers && !has_onnx) {
+    Fail(origins.WhereAny({"model.name", "model.layers", "model.onnx"}),
+         "no model: set model.name (a zoo model, e.g. \"ref_cnn\"), model.layers (a list of "
+         "layers) or model.onnx (a file from torch.onnx.export)");
   }
   AtLeast(origins, "model.classes", c.model.classes, 1);
 

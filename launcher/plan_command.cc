@@ -30,7 +30,6 @@ int RunPlanCommand(const TrainConfig& cfg, int ranks, bool json) {
     device = BackendAvailable("cuda", &why) ? "cuda" : "cpu";
   }
   Backend& be = GetBackend(device);
-  const bool zoo = !cfg.model.name.empty();
   // The input shape comes from the dataset; without opening it, use the zoo model's input (the
   // data's shape is checked at training time).
   const Shape input = DefaultSampleShape(cfg.model);
@@ -40,9 +39,7 @@ int RunPlanCommand(const TrainConfig& cfg, int ranks, bool json) {
   if (budget == 0) budget = static_cast<int64_t>(be.allocator().Capacity());
   // The plan for each dist.shard, the configured one in full. Groups as training cuts them.
   const auto plan_for = [&](ShardMode mode) {
-    auto net = zoo ? BuildZooModel(be, cfg.model.name, cfg.model.classes)
-                   : BuildFromLayers(be, cfg.model.layers);
-    Model model(be, std::move(net), input);
+    Model model(be, BuildNet(be, cfg.model, input), input);
     model.Setup(micro, cfg.train.precision,
                 ShardedFlatLayout(mode, world, static_cast<size_t>(cfg.dist.bucket_mb) << 20));
     MemoryPlan p = PlanMemory(model, slots, loss, budget, PlanSharding(mode, world));

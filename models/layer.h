@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/backend.h"
+#include "core/error.h"
 #include "core/tensor.h"
 
 namespace dptrain {
@@ -71,6 +72,23 @@ class Layer {
   // (added to existing values when accumulate is true) and returns dx (undefined when the layer
   // was set up with need_dx = false).
   virtual const Tensor& Backward(const Tensor& dy, bool accumulate) = 0;
+
+  // Layers that read several node outputs (add, concat) override these three; the Graph calls
+  // only them, and for every other layer they forward to the one-input versions above. A layer's
+  // gradients for its inputs come back in `dx`, one per input (entries are unspecified when the
+  // layer was set up with need_dx = false).
+  virtual Shape SetupInputs(const std::vector<Shape>& in, const SetupOptions& opts) {
+    DPT_CHECK_AS(ConfigError, in.size() == 1)
+        << "layer '" << label() << "' (" << type() << ") takes one input, not " << in.size();
+    return Setup(in[0], opts);
+  }
+  virtual const Tensor& ForwardInputs(const std::vector<const Tensor*>& x,
+                                      const ForwardContext& ctx) {
+    return Forward(*x[0], ctx);
+  }
+  virtual void BackwardInputs(const Tensor& dy, bool accumulate, std::vector<const Tensor*>* dx) {
+    dx->assign(1, &Backward(dy, accumulate));
+  }
 
   // Bytes of activations this layer holds per sample (outputs, saved inputs, workspaces), for
   // `dptrain plan`.

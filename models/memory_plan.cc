@@ -26,12 +26,12 @@ MemoryPlan PlanMemory(Model& m, int optimizer_slots, LossKind loss, int64_t budg
   const int64_t b = plan.micro_batch;
   std::set<const OpPlan*> seen;
   int64_t fixed = 0, per_sample = 0;
-  const auto& children = m.net().children();
-  for (size_t i = 0; i < children.size(); ++i) {
-    Layer& l = *children[i];
+  const Graph& net = m.net();
+  for (size_t i = 0; i < net.size(); ++i) {
+    Layer& l = net.layer(i);
     LayerMemory lm;
     lm.type = l.type();
-    lm.name = l.name().empty() ? fmt::format("{} #{}", lm.type, i) : l.name();
+    lm.name = net.node_name(i).empty() ? fmt::format("{} #{}", lm.type, i) : net.node_name(i);
     std::vector<ParamRef> refs;
     l.ListParams(&refs);
     for (const auto& r : refs) {
@@ -44,7 +44,7 @@ MemoryPlan PlanMemory(Model& m, int optimizer_slots, LossKind loss, int64_t budg
     std::vector<ParamRef> bufs;
     l.ListBuffers(&bufs);
     for (const auto& r : bufs) lm.params += (r.shape.numel() + 15) / 16 * 16 * 4;
-    lm.activations = l.ActivationBytesPerSample() * b;
+    lm.activations = (l.ActivationBytesPerSample() + net.GradSumBytesPerSample(i)) * b;
     lm.workspace = l.WorkspaceBytes();
     std::vector<const OpPlan*> plans;
     l.ListPlans(&plans);
@@ -68,7 +68,7 @@ MemoryPlan PlanMemory(Model& m, int optimizer_slots, LossKind loss, int64_t budg
     // A group's scratch lives from its first layer's backward until its reduce-scatter is
     // done, by which time the next group is being written: two neighbours at once.
     const auto& g = m.groups();
-    for (size_t i = 0; i < g.size(); ++i) {
+    for (size_t i = 0; i < net.size(); ++i) {
       int64_t pair = g[i].second - g[i].first;
       if (i + 1 < g.size()) pair += g[i + 1].second - g[i + 1].first;
       plan.grad_scratch = std::max(plan.grad_scratch, 4 * pair);

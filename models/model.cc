@@ -28,9 +28,15 @@ int64_t LayoutReverse(const std::vector<ParamRef>& refs, std::vector<int64_t>* o
   return std::max<int64_t>(off, 1);
 }
 
+// Prefixes the names of the entries appended to `out` since index `from` with "prefix.".
+void PrefixNames(const std::string& prefix, size_t from, std::vector<ParamRef>* out) {
+  if (prefix.empty()) return;
+  for (size_t i = from; i < out->size(); ++i) (*out)[i].name = prefix + "." + (*out)[i].name;
+}
+
 }  // namespace
 
-Model::Model(Backend& be, std::unique_ptr<Sequential> net, Shape input_shape)
+Model::Model(Backend& be, std::unique_ptr<Graph> net, Shape input_shape)
     : backend_(be), net_(std::move(net)), input_shape_(std::move(input_shape)) {}
 
 void Model::Setup(int64_t max_batch, Precision precision, const FlatLayout& layout) {
@@ -43,22 +49,25 @@ void Model::Setup(int64_t max_batch, Precision precision, const FlatLayout& layo
   opts.need_dx = false;
   output_shape_ = net_->Setup(Shape(in_dims), opts);
 
-  // Parameters per top-level child, so we know how much of the gradient buffer is final after
-  // each child's backward.
+  // Parameters per graph node, so we know how much of the gradient buffer is final after each
+  // node's backward.
   param_refs_.clear();
-  std::vector<size_t> child_end;  // param_refs_ index after each child
-  for (auto& c : net_->children()) {
-    const size_t from = param_refs_.size();
-    c->ListParams(&param_refs_);
-    PrefixNames(c->name(), from, &param_refs_);
-    child_end.push_back(param_refs_.size());
-  }
   buffer_refs_.clear();
-  net_->ListBuffers(&buffer_refs_);
+  std::vector<size_t> child_end;  // param_refs_ index after each node
+  for (size_t i = 0; i < net_->size(); ++i) {
+    Layer& l = net_->layer(i);
+    size_t from = param_refs_.size();
+    l.ListParams(&param_refs_);
+    PrefixNames(l.name(), from, &param_refs_);
+    child_end.push_back(param_refs_.size());
+    from = buffer_refs_.size();
+    l.ListBuffers(&buffer_refs_);
+    PrefixNames(l.name(), from, &buffer_refs_);
+  }
 
   // Reverse order, child by child (last child first), each tensor 64-byte aligned. After child
   // c's backward, every parameter of children >= c is final: [0, end of child c's region).
-  const size_t children = net_->children().size();
+  const size_t children = net_->size();
   param_offsets_.assign(param_refs_.size(), 0);
   ready_after_child_.assign(children, -1);
   group_of_child_.assign(children, -1);
@@ -130,14 +139,15 @@ void Model::Setup(int64_t max_batch, Precision precision, const FlatLayout& layo
   }
 
   summary_.clear();
-  Shape s(in_dims);
-  for (auto& c : net_->children()) {
+  for (size_t i = 0; i < net_->size(); ++i) {
+    Layer& l = net_->layer(i);
     std::vector<ParamRef> refs;
-    c->ListParams(&refs);
+    l.ListParams(&refs);
     int64_t count = 0;
     for (const auto& r : refs) count += r.shape.numel();
     std::ostringstream os;
-    os << (c->name().empty() ? "-" : c->name()) << " " << c->type() << " params=" << count;
+    os << (net_->node_name(i).empty() ? "-" : net_->node_name(i)) << " " << l.type()
+       << " params=" << count;
     summary_.push_back(os.str());
   }
 }
@@ -165,7 +175,6 @@ void Model::InitParams(uint64_t seed) {
       }
     }
   }
-  backend_.CopyFromHost(host.data(), &params_);
   std::vector<float> hb(static_cast<size_t>(buffers_.numel()), 0.f);
   for (size_t i = 0; i < buffer_refs_.size(); ++i) {
     if (buffer_refs_[i].init == Init::kOnes) {
@@ -173,6 +182,24 @@ void Model::InitParams(uint64_t seed) {
       std::fill(p, p + buffer_refs_[i].shape.numel(), 1.f);
     }
   }
+  // An imported model's own weights replace the initialisation above, tensor by tensor.
+  const auto& initial = net_->initial_values();
+  size_t used = 0;
+  const auto take = [&](const NamedTensor& t, std::vector<float>* host_buf) {
+    const auto it = initial.find(t.name);
+    if (it == initial.end()) return;
+    DPT_CHECK_AS(ConfigError, static_cast<int64_t>(it->second.size()) == t.tensor.numel())
+        << net_->origin() << ": initializer '" << t.name << "' has " << it->second.size()
+        << " values but the layer needs " << t.tensor.shape().ToString() << " = "
+        << t.tensor.numel();
+    std::copy(it->second.begin(), it->second.end(), host_buf->begin() + t.offset);
+    ++used;
+  };
+  for (const auto& t : named_params_) take(t, &host);
+  for (const auto& t : named_buffers_) take(t, &hb);
+  DPT_CHECK(used == initial.size()) << net_->origin() << ": " << initial.size() - used
+                                    << " starting values name no parameter or buffer";
+  backend_.CopyFromHost(host.data(), &params_);
   backend_.CopyFromHost(hb.data(), &buffers_);
   if (grads_.defined()) backend_.Zero(&grads_);
 }

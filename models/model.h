@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// A model: a Sequential network plus one flat parameter buffer, one flat gradient buffer and one
+// A model: a Graph of layers plus one flat parameter buffer, one flat gradient buffer and one
 // flat buffer of non-trainable state (batch-norm running statistics). Every parameter tensor is
 // a view into the flat buffers. Parameters are laid out in REVERSE forward order, so the
 // gradients that backward produces first (the last layers) are contiguous at the start of the
@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "models/layers/sequential.h"
+#include "models/graph.h"
 
 namespace dptrain {
 
@@ -24,8 +24,8 @@ struct NamedTensor {
 
 // How Setup lays out the flat parameter (and gradient) buffer. By default as one run of
 // aligned tensors. For sharded data parallelism (dist.shard, runtime/optim/shard_layout.h) it is
-// cut into groups of consecutive top-level children, in backward order: a group closes at the
-// first child boundary where it holds at least `group_floats` (the first group:
+// cut into groups of consecutive graph nodes, in backward order: a group closes at the
+// first node boundary where it holds at least `group_floats` (the first group:
 // `first_group_floats`, so communication starts early) and is padded to a multiple of
 // `group_multiple` floats. Without `flat_grads` there is no flat gradient buffer: gradients
 // live wherever BindGroupGrads points them.
@@ -38,7 +38,7 @@ struct FlatLayout {
 class Model {
  public:
   // input_shape: one sample, e.g. (1, 28, 28) or (10).
-  Model(Backend& be, std::unique_ptr<Sequential> net, Shape input_shape);
+  Model(Backend& be, std::unique_ptr<Graph> net, Shape input_shape);
 
   // Sets up every layer for batches of up to max_batch and allocates the flat buffers.
   void Setup(int64_t max_batch, Precision precision, const FlatLayout& layout = {});
@@ -50,13 +50,13 @@ class Model {
   // Backward from d(loss)/d(output). Gradients are written into grads() (added when
   // accumulate). `on_ready(n)` is called as backward proceeds: the first n floats of grads() are
   // final. Called with n == grads().numel() at the end.
-  // `on_child(c)`, when given, runs before top-level child c's backward (BindGroupGrads).
+  // `on_child(c)`, when given, runs before graph node c's backward (BindGroupGrads).
   void Backward(const Tensor& dout, bool accumulate,
                 const std::function<void(int64_t)>& on_ready = nullptr,
                 const std::function<void(size_t)>& on_child = nullptr);
 
   // With FlatLayout groups: [begin, end) of each group in the flat buffer, in backward order,
-  // covering it; and the group holding top-level child c's parameters (-1: none).
+  // covering it; and the group holding graph node c's parameters (-1: none).
   const std::vector<std::pair<int64_t, int64_t>>& groups() const { return groups_; }
   int group_of_child(size_t c) const { return group_of_child_[c]; }
   // Points the gradients of group g's parameters into `grads` (its length, the group's layout;
@@ -74,24 +74,24 @@ class Model {
   const std::vector<NamedTensor>& named_buffers() const { return named_buffers_; }
   const std::vector<NamedTensor>& named_grads() const { return named_grads_; }
   int64_t num_params() const;  // real elements, without alignment padding
-  Sequential& net() { return *net_; }
+  Graph& net() { return *net_; }
   // One line per layer: name, type, output shape, parameters.
   std::string Summary() const;
 
  private:
   Backend& backend_;
-  std::unique_ptr<Sequential> net_;
+  std::unique_ptr<Graph> net_;
   Shape input_shape_, output_shape_;
   int64_t max_batch_ = 0;
   Tensor params_, grads_, buffers_;
   std::vector<NamedTensor> named_params_, named_grads_, named_buffers_;
   std::vector<ParamRef> param_refs_, buffer_refs_;
-  // For each top-level child, the number of grad floats final once its backward has run.
+  // For each graph node, the number of grad floats final once its backward has run.
   std::vector<int64_t> ready_after_child_;
   int64_t flat_floats_ = 0;
   std::vector<int64_t> param_offsets_;               // of param_refs_ in the flat buffer
   std::vector<std::pair<int64_t, int64_t>> groups_;  // FlatLayout groups
-  std::vector<int> group_of_child_;                  // per top-level child
+  std::vector<int> group_of_child_;                  // per graph node
   std::vector<std::vector<size_t>> group_params_;    // param_refs_ indices per group
   std::vector<std::string> summary_;
 };

@@ -10,7 +10,8 @@
 namespace dptrain {
 
 struct LayerSpec {     // one entry of model.layers
-  std::string type;    // conv2d, linear, relu, maxpool, avgpool, batchnorm, dropout, flatten
+  std::string type;    // conv2d, linear, relu, maxpool, avgpool, batchnorm, dropout, flatten,
+                       // add, concat
   std::string name;    // parameter prefix; default: the index in the list ("0", "1", ...) as in
                        // torch.nn.Sequential, so a state_dict loads with strict=True
   int64_t out = 0;     // conv2d/linear output channels/features
@@ -19,6 +20,9 @@ struct LayerSpec {     // one entry of model.layers
   int64_t pad = 0;
   bool bias = true;
   double p = 0.5;  // dropout probability in [0, 1)
+  // Names of the earlier layers whose outputs this layer reads; empty: the previous layer's
+  // (the model's input for the first). add and concat take two or more.
+  std::vector<std::string> inputs;
 
   bool operator==(const LayerSpec&) const = default;
 };

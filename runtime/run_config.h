@@ -8,6 +8,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "core/tensor.h"
 #include "datasets/dataset.h"
 #include "datasets/loader.h"
+#include "models/graph.h"
 #include "models/loss.h"
 #include "models/model_spec.h"
 #include "runtime/optim/optimizer.h"
@@ -89,13 +91,18 @@ std::string ConfigName(E e) {
 //   maxpool, avgpool: kernel = 2, stride = kernel, pad = 0 (pad <= kernel / 2)
 //   dropout: p = 0.5, in [0, 1)
 //   relu, batchnorm, flatten: no keys
+//   add, concat: inputs (required, two or more): the sum of equal shapes / the concatenation
+//                along the channels
 // Every type takes `name` (default: the layer's index, "0", "1", ..., like torch nn.Sequential;
-// names are unique and contain no '.', since parameter names are "<name>.weight").
+// names are unique and contain no '.', since parameter names are "<name>.weight") and `inputs`
+// (names of earlier layers; default: the previous layer), so the layers form a graph.
 // LayerSpec (one entry of model.layers) lives with the models: models/model_spec.h.
 
-// [model]: exactly one of `name` (a zoo model; validated by the zoo, not here) or `layers`.
+// [model]: exactly one of `name` (a zoo model; validated by the zoo, not here), `layers`, or
+// `onnx` (a file from torch.onnx.export; read by models/onnx when the model is built).
 struct ModelConfig {
   std::string name;
+  std::string onnx;
   int64_t classes = 10;  // >= 1
   std::vector<LayerSpec> layers;
   LossChoice loss = LossChoice::kAuto;
@@ -200,7 +207,12 @@ struct TrainConfig {
 LossKind ResolveLoss(const ModelConfig& m);
 
 // The shape of one input sample when no data file says it (synthetic data, `dptrain plan`): the
-// zoo model's default input, (1, 28, 28) for model.layers.
+// zoo model's default input, the ONNX file's input (ConfigError when it is not fixed there),
+// (1, 28, 28) for model.layers.
 Shape DefaultSampleShape(const ModelConfig& m);
+
+// The model's graph from model.name, model.layers or model.onnx, for samples of shape `sample`
+// (an ONNX file whose input disagrees with it is a ConfigError naming both).
+std::unique_ptr<Graph> BuildNet(Backend& be, const ModelConfig& m, const Shape& sample);
 
 }  // namespace dptrain

@@ -31,9 +31,8 @@ std::unique_ptr<Dataset> Trainer::OpenData(const std::string& path, const Shape&
   return OpenHdf5Dataset(path, o);
 }
 
-std::unique_ptr<Sequential> Trainer::BuildNet() const {
-  const auto& m = cfg_.model;
-  return m.name.empty() ? BuildFromLayers(be_, m.layers) : BuildZooModel(be_, m.name, m.classes);
+std::unique_ptr<Graph> Trainer::BuildNet() const {
+  return dptrain::BuildNet(be_, cfg_.model, sample_shape_);
 }
 
 void Trainer::SetupData() {
@@ -290,7 +289,8 @@ void Trainer::SetupModel() {
   if (kind == LossKind::kCrossEntropy) {
     DPT_CHECK_AS(ConfigError,
                  model_->output_shape().rank() == 2 && model_->output_shape()[1] == m.classes)
-        << "the model's output " << model_->output_shape().ToString() << " does not match "
+        << "the model's output " << model_->output_shape().ToString()
+        << (m.onnx.empty() ? "" : " (model.onnx " + m.onnx + ")") << " does not match "
         << "model.classes = " << m.classes;
   }
   loss_ = std::make_unique<Loss>(be_, kind, model_->output_shape());

@@ -23,13 +23,17 @@ set -euo pipefail
 # The shared libraries the dptrain binary links (`ldd`; the Dockerfile checks none is missing).
 runtime=(openmpi-bin "libopenmpi3t64|libopenmpi3" "libhdf5-103-1t64|libhdf5-103-1"
   "libdnnl3|libdnnl2" "libfmt10|libfmt9" "libtomlplusplus3t64|libtomlplusplus3"
-  zlib1g libgomp1 libstdc++6 ca-certificates)
+  "libonnx1t64|libonnx1" "libprotobuf32t64|libprotobuf32" zlib1g libgomp1 libstdc++6
+  ca-certificates)
 build=(build-essential cmake ninja-build pkg-config git ca-certificates
   openmpi-bin libopenmpi-dev libhdf5-dev libdnnl-dev zlib1g-dev
-  libtomlplusplus-dev libcli11-dev nlohmann-json3-dev libfmt-dev)
+  libtomlplusplus-dev libcli11-dev nlohmann-json3-dev libfmt-dev libonnx-dev
+  libprotobuf-dev)
 # chromium: tests/integration/report.sh opens `dptrain report`'s page in headless Chromium.
+# python3-torch/-torchvision/-onnx: the PyTorch oracle (ONNX import parity, checkpoint interop).
 tests=(libgtest-dev libgmock-dev libbenchmark-dev
   clang-format python3 python3-h5py python3-numpy dataset-fashion-mnist
+  python3-torch python3-torchvision python3-onnx
   clang libclang-rt-dev libomp-dev clang-tidy cppcheck chromium)
 report=(librsvg2-bin)
 # Debian's torch runs Linear on the system BLAS: without OpenBLAS that is the reference BLAS,

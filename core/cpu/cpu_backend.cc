@@ -70,6 +70,16 @@ void CpuBackend::Copy(const Tensor& src, Tensor* dst) {
   DPT_CHECK(src.bytes() == dst->bytes()) << src.bytes() << " vs " << dst->bytes();
   if (src.raw() != dst->raw()) std::memmove(dst->raw(), src.raw(), src.bytes());
 }
+void CpuBackend::CopyColumns(const Tensor& src, int64_t src_col, Tensor* dst, int64_t dst_col,
+                             int64_t cols) {
+  OpScope scope(this, "copy_columns");
+  const ColumnCopy c = CheckColumnCopy(src, src_col, *dst, dst_col, cols);
+  const float* s = src.data<float>() + src_col;
+  float* d = dst->data<float>() + dst_col;
+  const auto bytes = static_cast<size_t>(cols) * sizeof(float);
+#pragma omp parallel for if (c.rows * cols > (1 << 16))
+  for (int64_t r = 0; r < c.rows; ++r) std::memcpy(d + r * c.dst_pitch, s + r * c.src_pitch, bytes);
+}
 void CpuBackend::Zero(Tensor* t) { std::memset(t->raw(), 0, t->bytes()); }
 void CpuBackend::Fill(Tensor* t, float value) {
   CheckF32(*t, "Fill");

@@ -27,6 +27,8 @@ class CpuBackend final : public Backend {
   void CopyFromHost(const void* src, Tensor* dst) override;
   void CopyToHost(const Tensor& src, void* dst) override;
   void Copy(const Tensor& src, Tensor* dst) override;
+  void CopyColumns(const Tensor& src, int64_t src_col, Tensor* dst, int64_t dst_col,
+                   int64_t cols) override;
   void Zero(Tensor* t) override;
   void Fill(Tensor* t, float value) override;
   void Synchronize() override {}

@@ -266,6 +266,23 @@ void CudaBackend::Copy(const Tensor& src, Tensor* dst) {
       cudaMemcpyAsync(dst->raw(), src.raw(), src.bytes(), cudaMemcpyDeviceToDevice, stream_));
 }
 
+void CudaBackend::CopyColumns(const Tensor& src, int64_t src_col, Tensor* dst, int64_t dst_col,
+                              int64_t cols) {
+  OpScope scope(this, "copy_columns");
+  MakeCurrent();
+  CheckDev(src, "CopyColumns src");
+  CheckDev(*dst, "CopyColumns dst");
+  const ColumnCopy c = CheckColumnCopy(src, src_col, *dst, dst_col, cols);
+  if (c.rows == 0 || cols == 0) return;
+  // One strided copy engine transfer: rows of `cols` floats between row pitches.
+  constexpr size_t kF = sizeof(float);
+  DPT_CUDA_CHECK(
+      cudaMemcpy2DAsync(dst->data<float>() + dst_col, static_cast<size_t>(c.dst_pitch) * kF,
+                        src.data<float>() + src_col, static_cast<size_t>(c.src_pitch) * kF,
+                        static_cast<size_t>(cols) * kF, static_cast<size_t>(c.rows),
+                        cudaMemcpyDeviceToDevice, stream_));
+}
+
 void CudaBackend::Zero(Tensor* t) {
   MakeCurrent();
   CheckDev(*t, "Zero");

@@ -65,6 +65,8 @@ class CudaBackend final : public Backend {
   void CopyFromHostAsync(const void* src, Tensor* dst) override;
   void CopyToHost(const Tensor& src, void* dst) override;
   void Copy(const Tensor& src, Tensor* dst) override;
+  void CopyColumns(const Tensor& src, int64_t src_col, Tensor* dst, int64_t dst_col,
+                   int64_t cols) override;
   void Zero(Tensor* t) override;
   void Fill(Tensor* t, float value) override;
   void Synchronize() override;

@@ -10,7 +10,9 @@ namespace dptrain {
 
 class BatchNorm final : public Layer {
  public:
-  BatchNorm(Backend& be, std::string name) : Layer(be, std::move(name)) {}
+  // args: momentum and eps as PyTorch means them (defaults 0.1, 1e-5).
+  BatchNorm(Backend& be, std::string name, BatchNormArgs args = {})
+      : Layer(be, std::move(name)), args_(args) {}
   std::string type() const override { return "batchnorm"; }
   Shape Setup(const Shape& in, const SetupOptions& opts) override;
   void ListParams(std::vector<ParamRef>* out) override;

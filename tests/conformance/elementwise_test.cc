@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Elementwise ops on every built backend against the double reference: ReLU forward/backward
-// (inputs away from the kink), Add (including aliased outputs), Scale, and inverted dropout (p = 0
-// is the identity, the mask matches the shared stateless hash, keep-rate statistics).
+// (inputs away from the kink), Add (including aliased outputs), CopyColumns, Scale, and inverted
+// dropout (p = 0 is the identity, the mask matches the shared stateless hash, keep-rate
+// statistics).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "core/backend.h"
+#include "core/error.h"
 #include "tests/testing/backends.h"
 #include "tests/testing/reference_ops.h"
 #include "tests/testing/tolerances.h"
@@ -87,6 +89,32 @@ TEST_P(ElementwiseTest, AddSelf) {
   std::vector<double> ref_y;
   ref::Add(ToDouble(a), ToDouble(a), &ref_y);
   EXPECT_TRUE(AllClose(ToHost(be, a_t), ref_y, kExactTol));
+}
+
+// The channel concatenation's copy: columns of rows between different row lengths, exact.
+TEST_P(ElementwiseTest, CopyColumns) {
+  Backend& be = backend();
+  for (const int64_t rows : {int64_t{1}, int64_t{3}, int64_t{257}}) {
+    SCOPED_TRACE("rows=" + std::to_string(rows));
+    const Shape src_shape{rows, 2, 3, 3}, dst_shape{rows, 5, 3, 3};  // (N, C, H, W), 9 per channel
+    const std::vector<float> src = RandomUniform(static_cast<size_t>(src_shape.numel()), 21);
+    const std::vector<float> dst0 = RandomUniform(static_cast<size_t>(dst_shape.numel()), 22);
+    Tensor s = ToDevice(be, src, src_shape);
+    Tensor d = ToDevice(be, dst0, dst_shape);
+    be.CopyColumns(s, 9, &d, 27, 9);  // channel 1 of src into channel 3 of dst
+    std::vector<double> want = ToDouble(dst0);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t k = 0; k < 9; ++k) {
+        want[static_cast<size_t>(r * 45 + 27 + k)] = src[static_cast<size_t>(r * 18 + 9 + k)];
+      }
+    }
+    EXPECT_TRUE(AllClose(ToHost(be, d), want, kExactTol));
+  }
+  Tensor s = be.Zeros({2, 4}, DType::kF32, "s");
+  Tensor d = be.Zeros({2, 4}, DType::kF32, "d");
+  EXPECT_THROW(be.CopyColumns(s, 2, &d, 0, 3), InternalError);  // past the end of src's rows
+  Tensor other = be.Zeros({3, 4}, DType::kF32, "other");
+  EXPECT_THROW(be.CopyColumns(s, 0, &other, 0, 4), InternalError);  // different row counts
 }
 
 TEST_P(ElementwiseTest, Scale) {

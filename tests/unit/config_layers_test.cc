@@ -140,5 +140,50 @@ TEST(ConfigTest, LayerErrorsNameLayerKeyAndLine) {
               HasSubstr("configs/x.toml:2: model.layers: expected an array of layer tables"));
 }
 
+// A residual and a dense block written in TOML: `inputs` names earlier layers.
+constexpr char kGraphLayers[] = R"([model]
+layers = [
+  {type = "conv2d", name = "stem", out = 8, kernel = 3, pad = 1},
+  {type = "conv2d", name = "conv", out = 8, kernel = 3, pad = 1},
+  {type = "add", name = "sum", inputs = ["stem", "conv"]},
+  {type = "concat", name = "cat", inputs = ["sum", "stem"]},
+  {type = "relu", inputs = ["cat"]},
+  {type = "flatten"},
+  {type = "linear", name = "fc", out = 10},
+]
+[data]
+train = "synthetic"
+)";
+
+TEST(ConfigTest, LayersWithInputsParseAndRoundTrip) {
+  const TrainConfig c = Parse(kGraphLayers);
+  ASSERT_EQ(c.model.layers.size(), 7u);
+  EXPECT_EQ(c.model.layers[2].inputs, (std::vector<std::string>{"stem", "conv"}));
+  EXPECT_EQ(c.model.layers[4].inputs, (std::vector<std::string>{"cat"}));
+  EXPECT_TRUE(c.model.layers[5].inputs.empty());  // the previous layer
+  const std::string text = ToToml(c);
+  EXPECT_THAT(text, HasSubstr("inputs = [\"stem\", \"conv\"]"));
+  EXPECT_EQ(ParseConfig(text, kSource), c) << text;
+}
+
+TEST(ConfigTest, LayerInputErrorsNameTheLayer) {
+  EXPECT_THAT(ErrorOf(WithLayers("{type = \"relu\", name = \"a\"},\n{type = \"add\"},\n")),
+              HasSubstr("configs/x.toml:4: model.layers[1]: a add layer joins several layers: "
+                        "give inputs"));
+  EXPECT_THAT(ErrorOf(WithLayers("{type = \"relu\", name = \"a\"},\n{type = \"concat\", inputs = "
+                                 "[\"a\"]},\n")),
+              HasSubstr("at least two names of earlier layers"));
+  EXPECT_THAT(ErrorOf(WithLayers("{type = \"relu\", name = \"a\"},\n{type = \"add\", inputs = "
+                                 "[\"a\", \"b\"]},\n{type = \"relu\", name = \"b\"},\n")),
+              HasSubstr("configs/x.toml:4: model.layers[1].inputs: \"b\" is not the name of an "
+                        "earlier layer"));
+  EXPECT_THAT(ErrorOf(WithLayers("{type = \"relu\", name = \"a\"},\n{type = \"relu\", name = "
+                                 "\"b\", inputs = [\"a\", \"a\"]},\n")),
+              HasSubstr("model.layers[1].inputs: a relu layer reads one layer's output; only add "
+                        "and concat take several"));
+  EXPECT_THAT(ErrorOf(WithLayers("{type = \"relu\", name = \"a\", inputs = [1]},\n")),
+              HasSubstr("model.layers[0].inputs[0]: expected a string"));
+}
+
 }  // namespace
 }  // namespace dptrain

@@ -13,11 +13,10 @@
 #include "models/layers/conv2d.h"
 #include "models/layers/dropout.h"
 #include "models/layers/flatten.h"
+#include "models/layers/join.h"
 #include "models/layers/linear.h"
 #include "models/layers/pool.h"
 #include "models/layers/relu.h"
-#include "models/layers/residual.h"
-#include "models/layers/sequential.h"
 #include "models/loss.h"
 #include "models/model.h"
 #include "models/zoo/zoo.h"
@@ -152,26 +151,24 @@ TEST(LayerGradCheckTest, DropoutWithFixedMask) {
   CheckWithRandomProjection(*m, Input(Shape{3, 1, 3, 3}, 4));
 }
 
-// A residual block with a projection shortcut (as in ResNet-8's downsampling blocks), without
-// the ReLUs whose kinks make finite differences through batch norm unreliable; ReLU, batch norm
-// and pooling are checked on their own above.
+// A residual block with a projection shortcut (as in ResNet-8's downsampling blocks) and one with
+// an identity shortcut, as graph nodes, without the ReLUs whose kinks make finite differences
+// through batch norm unreliable; ReLU, batch norm and pooling are checked on their own above.
+// The stem's output is read twice (fan-out: its gradient is the sum of both readers').
 TEST(LayerGradCheckTest, ResidualWithProjectionShortcut) {
   Backend& be = GetBackend("cpu");
-  auto main = std::make_unique<Sequential>(be, "");
-  main->Add(std::make_unique<Conv2d>(be, "conv1", 4, 3, 2, 1, false));
-  main->Add(std::make_unique<BatchNorm>(be, "bn1"));
-  main->Add(std::make_unique<Conv2d>(be, "conv2", 4, 3, 1, 1, false));
-  auto shortcut = std::make_unique<Sequential>(be, "shortcut");
-  shortcut->Add(std::make_unique<Conv2d>(be, "0", 4, 1, 2, 0, false));
-  shortcut->Add(std::make_unique<BatchNorm>(be, "1"));
-  auto net = std::make_unique<Sequential>(be, "");
-  net->Add(std::make_unique<Conv2d>(be, "stem", 2, 3, 1, 1, true));
-  net->Add(std::make_unique<Residual>(be, "block", std::move(main), std::move(shortcut)));
-  net->Add(std::make_unique<Residual>(be, "identity", std::make_unique<Sequential>(be, ""),
-                                      std::make_unique<Sequential>(be, "shortcut")));
-  net->Add(std::make_unique<Flatten>(be, ""));
-  net->Add(std::make_unique<Linear>(be, "fc", 3, true));
-  Model m(be, std::move(net), Shape{2, 6, 6});
+  auto g = std::make_unique<Graph>(be);
+  const int stem = g->Add(std::make_unique<Conv2d>(be, "stem", 2, 3, 1, 1, true));
+  g->Add(std::make_unique<Conv2d>(be, "block.conv1", 4, 3, 2, 1, false));
+  g->Add(std::make_unique<BatchNorm>(be, "block.bn1"));
+  const int main = g->Add(std::make_unique<Conv2d>(be, "block.conv2", 4, 3, 1, 1, false));
+  g->Add(std::make_unique<Conv2d>(be, "block.shortcut.0", 4, 1, 2, 0, false), {stem});
+  const int sc = g->Add(std::make_unique<BatchNorm>(be, "block.shortcut.1"));
+  const int block = g->Add(std::make_unique<Add>(be, "block.add"), {main, sc});
+  g->Add(std::make_unique<Add>(be, "identity"), {block, block});
+  g->Add(std::make_unique<Flatten>(be, ""));
+  g->Add(std::make_unique<Linear>(be, "fc", 3, true));
+  Model m(be, std::move(g), Shape{2, 6, 6});
   m.Setup(3, Precision::kF32);
   m.InitParams(12);
   std::vector<std::string> names;
@@ -182,6 +179,27 @@ TEST(LayerGradCheckTest, ResidualWithProjectionShortcut) {
                                       "block.shortcut.0.weight", "block.shortcut.1.weight",
                                       "block.shortcut.1.bias", "fc.weight", "fc.bias"}));
   CheckWithRandomProjection(m, Input(Shape{3, 2, 6, 6}, 5), 1e-3f);
+}
+
+// model.layers as a graph: a dense-style block (concat of a conv and its input) and a residual
+// sum, written with `inputs` as a user would in TOML.
+TEST(LayerGradCheckTest, LayersWithInputsFormAGraph) {
+  std::vector<LayerSpec> specs = {L("conv2d", 3, 3, 1, 1),
+                                  L("conv2d", 2, 3, 1, 1),
+                                  L("concat"),
+                                  L("conv2d", 5, 1),
+                                  L("add"),
+                                  L("flatten"),
+                                  L("linear", 3)};
+  specs[0].name = "stem";
+  specs[1].name = "grow";
+  specs[2].inputs = {"stem", "grow"};
+  specs[2].name = "cat";
+  specs[3].name = "mix";
+  specs[4].inputs = {"cat", "mix"};
+  auto m = Build(specs, Shape{2, 5, 5}, 3);
+  EXPECT_EQ(m->output_shape(), (Shape{3, 3}));
+  CheckWithRandomProjection(*m, Input(Shape{3, 2, 5, 5}, 7));
 }
 
 TEST(LayerGradCheckTest, SoftmaxCrossEntropyLoss) {

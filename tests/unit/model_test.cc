@@ -10,6 +10,8 @@
 
 #include "core/backend_registry.h"
 #include "core/error.h"
+#include "models/layers/join.h"
+#include "models/layers/linear.h"
 #include "models/zoo/zoo.h"
 #include "tests/testing/backends.h"
 
@@ -17,6 +19,7 @@ namespace dptrain {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::ThrowsMessage;
 
 std::map<std::string, Shape> ParamShapes(const Model& m) {
   std::map<std::string, Shape> out;
@@ -83,12 +86,12 @@ TEST(ModelTest, ShardedLayoutGroupsWholeLayersPaddedToChunks) {
   std::map<std::string, int64_t> off;
   for (const auto& p : m.named_params()) off[p.name] = p.offset;
   EXPECT_EQ(off["fc1.bias"], g[1].first);  // the next group starts on its boundary
-  const auto children = m.net().children().size();
+  const auto children = m.net().size();
   EXPECT_EQ(m.group_of_child(children - 1), 0);  // fc2
   EXPECT_EQ(m.group_of_child(0), 3);             // conv1
   Tensor scratch = be.Zeros(Shape{g[0].second - g[0].first}, DType::kF32, "test");
   m.BindGroupGrads(0, scratch);
-  auto* fc2 = m.net().children()[children - 1].get();
+  auto* fc2 = &m.net().layer(children - 1);
   std::vector<ParamRef> refs;
   fc2->ListParams(&refs);
   for (const auto& r : refs) {
@@ -168,13 +171,62 @@ TEST(ModelTest, LayersFromConfigUseSequentialIndexNames) {
   EXPECT_EQ(m.output_shape(), (Shape{5, 3}));
 }
 
+// torchvision's resnet18 / resnet50 with num_classes=10: the same parameter count and names
+// (torchvision.models.resnet18(num_classes=10): 11,181,642; resnet50: 23,528,522 parameters).
+TEST(ModelTest, ZooResNetsMatchTorchvision) {
+  Backend& be = GetBackend("cpu");
+  struct Want {
+    const char* name;
+    int64_t params;
+    size_t tensors, buffers;
+  };
+  for (const Want& w : {Want{"resnet18", 11181642, 62, 40}, Want{"resnet50", 23528522, 161, 106},
+                        Want{"resnet18_cifar", 11173962, 62, 40}}) {
+    SCOPED_TRACE(w.name);
+    Model m(be, BuildZooModel(be, w.name, 10), Shape{3, 32, 32});
+    m.Setup(2, Precision::kF32);
+    EXPECT_EQ(m.num_params(), w.params);
+    EXPECT_EQ(m.named_params().size(), w.tensors);
+    EXPECT_EQ(m.named_buffers().size(), w.buffers);
+    EXPECT_EQ(m.output_shape(), (Shape{2, 10}));
+    const auto shapes = ParamShapes(m);
+    EXPECT_EQ(shapes.count("layer2.0.downsample.0.weight"), 1u);
+    EXPECT_EQ(shapes.count("layer4.1.bn2.bias"), 1u);
+  }
+}
+
+// A graph whose layer output nobody reads is a config error naming the layer; so are sums of
+// different shapes.
+TEST(ModelTest, GraphErrorsNameTheLayer) {
+  Backend& be = GetBackend("cpu");
+  {
+    auto g = std::make_unique<Graph>(be);
+    g->Add(std::make_unique<Linear>(be, "dangling", 4, true));
+    g->Add(std::make_unique<Linear>(be, "head", 3, true), {Graph::kInput});
+    Model m(be, std::move(g), Shape{5});
+    EXPECT_THAT(
+        [&] { m.Setup(2, Precision::kF32); },
+        ThrowsMessage<ConfigError>(HasSubstr("layer 'dangling': no layer reads its output")));
+  }
+  {
+    auto g = std::make_unique<Graph>(be);
+    const int a = g->Add(std::make_unique<Linear>(be, "a", 4, true));
+    const int b = g->Add(std::make_unique<Linear>(be, "b", 3, true), {Graph::kInput});
+    g->Add(std::make_unique<Add>(be, "sum"), {a, b});
+    Model m(be, std::move(g), Shape{5});
+    EXPECT_THAT([&] { m.Setup(2, Precision::kF32); },
+                ThrowsMessage<ConfigError>(HasSubstr(
+                    "layer 'sum' (add): input 1 has shape [2, 3] but input 0 has [2, 4]")));
+  }
+}
+
 TEST(ModelTest, UnknownZooNameListsKnownOnes) {
   Backend& be = GetBackend("cpu");
   try {
-    BuildZooModel(be, "resnet50", 10);
+    BuildZooModel(be, "resnet34", 10);
     FAIL() << "expected ConfigError";
   } catch (const ConfigError& e) {
-    EXPECT_THAT(e.what(), HasSubstr("model.name: unknown model 'resnet50'"));
+    EXPECT_THAT(e.what(), HasSubstr("model.name: unknown model 'resnet34'"));
     EXPECT_THAT(e.what(), HasSubstr("ref_cnn"));
     EXPECT_EQ(e.exit_code(), 2);
   }

@@ -1,0 +1,99 @@
+// SPDX-License-Identifier: Apache-2.0
+// Graph: a model's network as a directed acyclic graph of layers over their outputs. Every front
+// end builds one: the zoo (C++), model.layers (TOML, a chain unless a layer names its `inputs`)
+// and model.onnx. Nodes are kept in the order they were added, which is a topological order
+// (a node may only read the graph input or earlier nodes); the last node's output is the graph's
+// output. Backward runs the nodes in reverse, so after node i's backward every parameter
+// gradient of nodes i.. is final: what the Model's gradient buckets rely on.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "models/layer.h"
+
+namespace dptrain {
+
+class Graph {
+ public:
+  static constexpr int kInput = -1;  // the graph's input, as a node's input
+
+  explicit Graph(Backend& be) : backend_(be) {}
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+
+  // Appends `layer`, reading the outputs of `inputs` (earlier node indices or kInput); with no
+  // inputs given, the last node's output (the graph input for the first node). `node_name` names
+  // the node in summaries and memory reports (default: the layer's label); the layer's own name
+  // is its parameters' prefix ("layer1.0.conv1" gives "layer1.0.conv1.weight"). Returns the
+  // node's index. An input that is not an earlier node is an InternalError.
+  int Add(std::unique_ptr<Layer> layer, std::vector<int> inputs = {}, std::string node_name = "");
+
+  size_t size() const { return nodes_.size(); }
+  Layer& layer(size_t i) const { return *nodes_[i].layer; }
+  const std::vector<int>& inputs(size_t i) const { return nodes_[i].inputs; }
+  const std::string& node_name(size_t i) const { return nodes_[i].name; }
+  // The node's output shape, with the Setup batch (valid after Setup).
+  const Shape& output_shape(size_t i) const { return nodes_[i].shape; }
+
+  // Sets every node up for inputs of shape `in` (dimension 0 = the largest batch) and returns
+  // the output shape. A node whose output nobody reads (other than the last) is a ConfigError,
+  // as are shapes a layer refuses. Out-of-memory reports name the node being set up.
+  Shape Setup(const Shape& in, const SetupOptions& opts);
+
+  // Forward in node order. Returns the last node's output (owned by its layer).
+  const Tensor& Forward(const Tensor& x, const ForwardContext& ctx);
+  // Backward in reverse node order from d(loss)/d(output). `before(i)` runs before node i's
+  // backward, `after(i)` once it is done (node i's parameter gradients are final). A node
+  // output read by several nodes gets the sum of their gradients (in a buffer set up for it).
+  template <class B, class F>
+  void BackwardEach(const Tensor& dy, bool accumulate, B before, F after) {
+    StartBackward(dy);
+    for (size_t i = nodes_.size(); i-- > 0;) {
+      before(i);
+      BackwardNode(i, accumulate);
+      after(i);
+    }
+  }
+
+  // Starting values of parameters and buffers by full name ("layer1.0.conv1.weight"): an
+  // imported model's weights, which Model::InitParams puts over its own initialisation.
+  // `origin` names where they came from in errors (the ONNX file).
+  void SetInitialValue(const std::string& name, std::vector<float> values);
+  const std::map<std::string, std::vector<float>>& initial_values() const { return initial_; }
+  void set_origin(std::string origin) { origin_ = std::move(origin); }
+  const std::string& origin() const { return origin_; }
+
+  // Bytes of activations the graph holds per sample: the layers' plus the gradient sums.
+  int64_t ActivationBytesPerSample() const;
+  // Bytes per sample of the gradient sums of node i's output (0 unless several nodes read it).
+  int64_t GradSumBytesPerSample(size_t i) const;
+
+ private:
+  struct Node {
+    std::unique_ptr<Layer> layer;
+    std::vector<int> inputs;
+    std::string name;
+    Shape shape;
+    int readers = 0;               // nodes reading this output (+1 for the graph output)
+    Tensor grad_sum;               // (max N, ...) when readers > 1
+    const Tensor* out = nullptr;   // the last Forward's output
+    const Tensor* grad = nullptr;  // d(loss)/d(out) in the running backward
+    Tensor grad_view;              // grad_sum for the current batch
+  };
+  void StartBackward(const Tensor& dy);
+  void BackwardNode(size_t i, bool accumulate);
+  // Adds `g` to the gradient of node j's output (the first contribution is used as it is).
+  void AddGradient(int j, const Tensor& g);
+
+  Backend& backend_;
+  std::vector<Node> nodes_;
+  std::map<std::string, std::vector<float>> initial_;
+  std::string origin_;
+  std::vector<const Tensor*> xs_;   // scratch: a node's inputs
+  std::vector<const Tensor*> dxs_;  // scratch: a node's input gradients
+};
+
+}  // namespace dptrain

@@ -1,0 +1,116 @@
+// SPDX-License-Identifier: Apache-2.0
+// Add and Concat layers.
+#include "models/layers/join.h"
+
+#include "core/error.h"
+
+namespace dptrain {
+namespace {
+
+[[noreturn]] void NeedsInputs(const Layer& l) {
+  DPT_THROW(ConfigError) << "layer '" << l.label() << "' (" << l.type()
+                         << ") joins several layers: give it inputs = [\"a\", \"b\", ...]";
+}
+
+}  // namespace
+
+Shape Add::Setup(const Shape& /*in*/, const SetupOptions& /*opts*/) { NeedsInputs(*this); }
+const Tensor& Add::Forward(const Tensor& /*x*/, const ForwardContext& /*ctx*/) {
+  NeedsInputs(*this);
+}
+const Tensor& Add::Backward(const Tensor& /*dy*/, bool /*accumulate*/) { NeedsInputs(*this); }
+
+Shape Add::SetupInputs(const std::vector<Shape>& in, const SetupOptions& /*opts*/) {
+  if (in.size() < 2) NeedsInputs(*this);
+  for (size_t k = 1; k < in.size(); ++k) {
+    DPT_CHECK_AS(ConfigError, in[k] == in[0])
+        << "layer '" << label() << "' (add): input " << k << " has shape " << in[k].ToString()
+        << " but input 0 has " << in[0].ToString() << "; added tensors must have equal shapes";
+  }
+  inputs_ = in.size();
+  per_sample_ = in[0].numel() / in[0][0];
+  out_ = backend_.Empty(in[0], DType::kF32, label() + " output");
+  return in[0];
+}
+
+const Tensor& Add::ForwardInputs(const std::vector<const Tensor*>& x,
+                                 const ForwardContext& /*ctx*/) {
+  y_ = out_.Batch(x[0]->shape()[0]);
+  backend_.Add(*x[0], *x[1], &y_);
+  for (size_t k = 2; k < x.size(); ++k) backend_.Add(y_, *x[k], &y_);
+  return y_;
+}
+
+void Add::BackwardInputs(const Tensor& dy, bool /*accumulate*/, std::vector<const Tensor*>* dx) {
+  dx->assign(inputs_, &dy);
+}
+
+Shape Concat::Setup(const Shape& /*in*/, const SetupOptions& /*opts*/) { NeedsInputs(*this); }
+const Tensor& Concat::Forward(const Tensor& /*x*/, const ForwardContext& /*ctx*/) {
+  NeedsInputs(*this);
+}
+const Tensor& Concat::Backward(const Tensor& /*dy*/, bool /*accumulate*/) { NeedsInputs(*this); }
+
+Shape Concat::SetupInputs(const std::vector<Shape>& in, const SetupOptions& opts) {
+  if (in.size() < 2) NeedsInputs(*this);
+  std::vector<int64_t> dims = in[0].dims();
+  DPT_CHECK_AS(ConfigError, dims.size() >= 2)
+      << "layer '" << label() << "' (concat): inputs of shape " << in[0].ToString()
+      << " have no channel axis";
+  for (size_t k = 1; k < in.size(); ++k) {
+    std::vector<int64_t> d = in[k].dims();
+    const bool same_rest = d.size() == dims.size() && [&] {
+      for (size_t a = 0; a < d.size(); ++a) {
+        if (a != 1 && d[a] != dims[a]) return false;
+      }
+      return true;
+    }();
+    DPT_CHECK_AS(ConfigError, same_rest)
+        << "layer '" << label() << "' (concat): input " << k << " has shape " << in[k].ToString()
+        << " but input 0 has " << in[0].ToString()
+        << "; concatenated tensors may differ only in their channels (dimension 1)";
+    dims[1] += d[1];
+  }
+  const Shape out(dims);
+  need_dx_ = opts.need_dx;
+  widths_.clear();
+  for (const Shape& s : in) widths_.push_back(s.numel() / s[0]);
+  per_sample_ = out.numel() / out[0];
+  out_ = backend_.Empty(out, DType::kF32, label() + " output");
+  dx_buf_.clear();
+  dx_.assign(in.size(), Tensor());
+  if (need_dx_) {
+    for (size_t k = 0; k < in.size(); ++k) {
+      dx_buf_.push_back(backend_.Empty(in[k], DType::kF32, label() + " input gradient"));
+    }
+  }
+  return out;
+}
+
+const Tensor& Concat::ForwardInputs(const std::vector<const Tensor*>& x,
+                                    const ForwardContext& /*ctx*/) {
+  y_ = out_.Batch(x[0]->shape()[0]);
+  int64_t col = 0;
+  for (size_t k = 0; k < x.size(); ++k) {
+    backend_.CopyColumns(*x[k], 0, &y_, col, widths_[k]);
+    col += widths_[k];
+  }
+  return y_;
+}
+
+void Concat::BackwardInputs(const Tensor& dy, bool /*accumulate*/, std::vector<const Tensor*>* dx) {
+  dx->clear();
+  int64_t col = 0;
+  for (size_t k = 0; k < widths_.size(); ++k) {
+    if (need_dx_) {
+      dx_[k] = dx_buf_[k].Batch(dy.shape()[0]);
+      backend_.CopyColumns(dy, col, &dx_[k], 0, widths_[k]);
+    }
+    dx->push_back(&dx_[k]);
+    col += widths_[k];
+  }
+}
+
+int64_t Concat::ActivationBytesPerSample() const { return 4 * (need_dx_ ? 2 : 1) * per_sample_; }
+
+}  // namespace dptrain

@@ -1,0 +1,54 @@
+// SPDX-License-Identifier: Apache-2.0
+// Layers that join several node outputs: Add (elementwise sum of equal shapes: a residual
+// connection) and Concat (along the channel axis, dimension 1: a dense block). Graph-only: they
+// implement the *Inputs versions of the layer interface.
+#pragma once
+
+#include <vector>
+
+#include "models/layer.h"
+
+namespace dptrain {
+
+class Add final : public Layer {
+ public:
+  Add(Backend& be, std::string name) : Layer(be, std::move(name)) {}
+  std::string type() const override { return "add"; }
+  Shape Setup(const Shape& in, const SetupOptions& opts) override;
+  const Tensor& Forward(const Tensor& x, const ForwardContext& ctx) override;
+  const Tensor& Backward(const Tensor& dy, bool accumulate) override;
+  Shape SetupInputs(const std::vector<Shape>& in, const SetupOptions& opts) override;
+  const Tensor& ForwardInputs(const std::vector<const Tensor*>& x,
+                              const ForwardContext& ctx) override;
+  // Every input's gradient is dy itself: no copy.
+  void BackwardInputs(const Tensor& dy, bool accumulate, std::vector<const Tensor*>* dx) override;
+  int64_t ActivationBytesPerSample() const override { return 4 * per_sample_; }
+
+ private:
+  size_t inputs_ = 0;
+  int64_t per_sample_ = 0;
+  Tensor out_, y_;
+};
+
+class Concat final : public Layer {
+ public:
+  Concat(Backend& be, std::string name) : Layer(be, std::move(name)) {}
+  std::string type() const override { return "concat"; }
+  Shape Setup(const Shape& in, const SetupOptions& opts) override;
+  const Tensor& Forward(const Tensor& x, const ForwardContext& ctx) override;
+  const Tensor& Backward(const Tensor& dy, bool accumulate) override;
+  Shape SetupInputs(const std::vector<Shape>& in, const SetupOptions& opts) override;
+  const Tensor& ForwardInputs(const std::vector<const Tensor*>& x,
+                              const ForwardContext& ctx) override;
+  void BackwardInputs(const Tensor& dy, bool accumulate, std::vector<const Tensor*>* dx) override;
+  int64_t ActivationBytesPerSample() const override;
+
+ private:
+  std::vector<int64_t> widths_;  // floats per sample of each input
+  int64_t per_sample_ = 0;
+  bool need_dx_ = true;
+  Tensor out_, y_;
+  std::vector<Tensor> dx_buf_, dx_;
+};
+
+}  // namespace dptrain

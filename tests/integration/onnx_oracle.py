@@ -1,0 +1,114 @@
+# SPDX-License-Identifier: Apache-2.0
+# PyTorch as the oracle for model.onnx (tests/integration/onnx_import.sh), run with Debian's
+# /usr/bin/python3 (python3-torch, -torchvision, -onnx, -h5py).
+#
+#   onnx_oracle.py export MODEL DIR   torchvision MODEL (num_classes=10, dropout 0) exported in
+#       training mode at 32x32 to DIR/model.onnx; a fixed batch of 16 in DIR/batch.h5; and the
+#       state after one plain SGD step (lr 0.1, mean cross-entropy) from the file's own
+#       initializers in DIR/after.pt.
+#   onnx_oracle.py compare MODEL DIR CKPT   every parameter of the dptrain checkpoint equals
+#       PyTorch's to 1e-3 of the update's size, every batch-norm buffer to 1e-4, and the
+#       checkpoint loads into torchvision's MODEL with strict=True.
+#   onnx_oracle.py load MODEL DIR CKPT   only the strict=True load.
+import sys
+import warnings
+
+import h5py
+import numpy as np
+import onnx
+import onnx.numpy_helper
+import torch
+import torch.nn.functional as F
+import torchvision
+
+LR = 0.1
+warnings.filterwarnings("ignore")  # torch.onnx.export notes on num_batches_tracked
+
+
+def build(name):
+    torch.manual_seed(0)
+    m = getattr(torchvision.models, name)(num_classes=10)
+    for mod in m.modules():
+        if isinstance(mod, torch.nn.Dropout):
+            mod.p = 0.0
+    return m
+
+
+def from_onnx(name, path):
+    """The torchvision model holding the ONNX file's initializers (its starting weights)."""
+    m = build(name)
+    inits = {t.name: torch.from_numpy(onnx.numpy_helper.to_array(t).copy())
+             for t in onnx.load(path).graph.initializer}
+    state = m.state_dict()
+    for k in state:
+        if k.endswith("num_batches_tracked"):
+            continue
+        state[k] = inits[k].reshape(state[k].shape)
+    m.load_state_dict(state, strict=True)
+    return m
+
+
+def export(name, out):
+    m = build(name).train()
+    x = torch.randn(16, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    y = torch.randint(0, 10, (16,), generator=torch.Generator().manual_seed(2))
+    torch.onnx.export(m, x, f"{out}/model.onnx", training=torch.onnx.TrainingMode.TRAINING,
+                      do_constant_folding=False, opset_version=13)
+    with h5py.File(f"{out}/batch.h5", "w") as f:
+        f["images"] = x.numpy().astype(np.float32)
+        f["labels"] = y.numpy().astype(np.int32)
+        f.attrs["classes"] = 10
+    m = from_onnx(name, f"{out}/model.onnx").train()
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    loss = F.cross_entropy(m(x), y)
+    loss.backward()
+    with torch.no_grad():
+        for p in m.parameters():
+            p -= LR * p.grad
+    torch.save({"before": before, "after": m.state_dict()}, f"{out}/after.pt")
+
+
+def compare(name, out, ckpt):
+    ref = torch.load(f"{out}/after.pt")
+    before, after = ref["before"], ref["after"]
+    params = {n for n, _ in build(name).named_parameters()}
+    state = {}
+    with h5py.File(ckpt, "r") as f:
+        for k, d in f["params"].items():
+            state[k] = torch.from_numpy(np.array(d))
+    bad = []
+    for k, want in after.items():
+        if k.endswith("num_batches_tracked"):
+            continue
+        got = state[k].reshape(want.shape).to(want.dtype)
+        err = (got - want).abs().max().item()
+        if k in params:
+            step = (want - before[k]).abs().max().item()
+            tol = 1e-3 * max(step, 1e-12)
+        else:  # running mean / variance
+            tol = 1e-4 * max(1.0, want.abs().max().item())
+        if not err <= tol:
+            bad.append(f"{k}: max |dptrain - torch| {err:.3g} > {tol:.3g}")
+    if bad:
+        print("\n".join(bad[:20]))
+        sys.exit(1)
+    load(name, ckpt, state)
+
+
+def load(name, ckpt, state=None):
+    if state is None:
+        with h5py.File(ckpt, "r") as f:
+            state = {k: torch.from_numpy(np.array(d)) for k, d in f["params"].items()}
+    m = build(name)
+    m.load_state_dict({k: v.reshape(m.state_dict()[k].shape) for k, v in state.items()},
+                      strict=True)
+    print(f"{name}: {ckpt} loads with load_state_dict(strict=True)")
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "export":
+        export(sys.argv[2], sys.argv[3])
+    elif sys.argv[1] == "load":
+        load(sys.argv[2], sys.argv[4])
+    else:
+        compare(sys.argv[2], sys.argv[3], sys.argv[4])
