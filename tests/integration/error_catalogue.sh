@@ -73,7 +73,7 @@ both "a table name used as a key" 2 "$F:1: 'train' must be a table ([train]), go
 both "--set model.layers" 2 "model.layers cannot be set with --set" \
   train --config "$BASE" --set 'model.layers=[]'
 F=$(sed '/^name = "ref_cnn"$/d' "$BASE" | toml nomodel)
-both "no model" 2 "no model: set model.name (a zoo model, e.g. \"ref_cnn\") or model.layers" \
+both "no model" 2 "no model: set model.name (a zoo model, e.g. \"ref_cnn\"), model.layers" \
   train --config "$F"
 F=$(sed 's/^name = "ref_cnn"$/name = "ref_cnn"\nlayers = [{ type = "relu" }]/' "$BASE" | toml twomodels)
 both "model.name and model.layers" 2 "model.name and model.layers are both set" train --config "$F"
