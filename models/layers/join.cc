@@ -71,7 +71,7 @@ Shape Concat::SetupInputs(const std::vector<Shape>& in, const SetupOptions& opts
         << "; concatenated tensors may differ only in their channels (dimension 1)";
     dims[1] += d[1];
   }
-  const Shape out(dims);
+  Shape out(dims);
   need_dx_ = opts.need_dx;
   widths_.clear();
   for (const Shape& s : in) widths_.push_back(s.numel() / s[0]);

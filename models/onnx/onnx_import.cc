@@ -136,7 +136,8 @@ class Importer {
   }
   std::vector<int64_t> Ints(const char* name, std::vector<int64_t> def) const {
     const auto* a = Attr(name);
-    return a == nullptr ? def : std::vector<int64_t>(a->ints().begin(), a->ints().end());
+    if (a == nullptr) return def;
+    return {a->ints().begin(), a->ints().end()};
   }
   // Refuses every attribute of the node but `known`, so nothing is silently ignored.
   void OnlyAttributes(std::initializer_list<const char*> known) const {
