@@ -14,11 +14,11 @@ namespace {
 
 }  // namespace
 
-Shape Add::Setup(const Shape& /*in*/, const SetupOptions& /*opts*/) { NeedsInputs(*this); }
-const Tensor& Add::Forward(const Tensor& /*x*/, const ForwardContext& /*ctx*/) {
+Shape Join::Setup(const Shape& /*in*/, const SetupOptions& /*opts*/) { NeedsInputs(*this); }
+const Tensor& Join::Forward(const Tensor& /*x*/, const ForwardContext& /*ctx*/) {
   NeedsInputs(*this);
 }
-const Tensor& Add::Backward(const Tensor& /*dy*/, bool /*accumulate*/) { NeedsInputs(*this); }
+const Tensor& Join::Backward(const Tensor& /*dy*/, bool /*accumulate*/) { NeedsInputs(*this); }
 
 Shape Add::SetupInputs(const std::vector<Shape>& in, const SetupOptions& /*opts*/) {
   if (in.size() < 2) NeedsInputs(*this);
@@ -44,12 +44,6 @@ const Tensor& Add::ForwardInputs(const std::vector<const Tensor*>& x,
 void Add::BackwardInputs(const Tensor& dy, bool /*accumulate*/, std::vector<const Tensor*>* dx) {
   dx->assign(inputs_, &dy);
 }
-
-Shape Concat::Setup(const Shape& /*in*/, const SetupOptions& /*opts*/) { NeedsInputs(*this); }
-const Tensor& Concat::Forward(const Tensor& /*x*/, const ForwardContext& /*ctx*/) {
-  NeedsInputs(*this);
-}
-const Tensor& Concat::Backward(const Tensor& /*dy*/, bool /*accumulate*/) { NeedsInputs(*this); }
 
 Shape Concat::SetupInputs(const std::vector<Shape>& in, const SetupOptions& opts) {
   if (in.size() < 2) NeedsInputs(*this);

@@ -10,13 +10,20 @@
 
 namespace dptrain {
 
-class Add final : public Layer {
+// The one-input calls of a join are a ConfigError asking for `inputs`: only the graph's
+// several-input calls run it.
+class Join : public Layer {
  public:
-  Add(Backend& be, std::string name) : Layer(be, std::move(name)) {}
+  using Layer::Layer;
+  Shape Setup(const Shape& in, const SetupOptions& opts) final;
+  const Tensor& Forward(const Tensor& x, const ForwardContext& ctx) final;
+  const Tensor& Backward(const Tensor& dy, bool accumulate) final;
+};
+
+class Add final : public Join {
+ public:
+  Add(Backend& be, std::string name) : Join(be, std::move(name)) {}
   std::string type() const override { return "add"; }
-  Shape Setup(const Shape& in, const SetupOptions& opts) override;
-  const Tensor& Forward(const Tensor& x, const ForwardContext& ctx) override;
-  const Tensor& Backward(const Tensor& dy, bool accumulate) override;
   Shape SetupInputs(const std::vector<Shape>& in, const SetupOptions& opts) override;
   const Tensor& ForwardInputs(const std::vector<const Tensor*>& x,
                               const ForwardContext& ctx) override;
@@ -30,13 +37,10 @@ class Add final : public Layer {
   Tensor out_, y_;
 };
 
-class Concat final : public Layer {
+class Concat final : public Join {
  public:
-  Concat(Backend& be, std::string name) : Layer(be, std::move(name)) {}
+  Concat(Backend& be, std::string name) : Join(be, std::move(name)) {}
   std::string type() const override { return "concat"; }
-  Shape Setup(const Shape& in, const SetupOptions& opts) override;
-  const Tensor& Forward(const Tensor& x, const ForwardContext& ctx) override;
-  const Tensor& Backward(const Tensor& dy, bool accumulate) override;
   Shape SetupInputs(const std::vector<Shape>& in, const SetupOptions& opts) override;
   const Tensor& ForwardInputs(const std::vector<const Tensor*>& x,
                               const ForwardContext& ctx) override;
