@@ -24,9 +24,8 @@ int Push(Graph& g, Backend& be, std::string name, A&&... args) {
 }
 // Appends a layer reading the outputs of `inputs`.
 template <class L, class... A>
-int PushFrom(Graph& g, std::vector<int> inputs, Backend& be, std::string name, A&&... args) {
-  return g.Add(std::make_unique<L>(be, std::move(name), std::forward<A>(args)...),
-               std::move(inputs));
+int PushFrom(Graph& g, const std::vector<int>& inputs, Backend& be, std::string name, A&&... args) {
+  return g.Add(std::make_unique<L>(be, std::move(name), std::forward<A>(args)...), inputs);
 }
 
 std::unique_ptr<Graph> Linear10(Backend& be) {
