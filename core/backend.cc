@@ -92,9 +92,17 @@ ColumnCopy CheckColumnCopy(const Tensor& src, int64_t src_col, const Tensor& dst
 std::string Conv2dDesc::ToString() const {
   std::ostringstream os;
   os << "conv2d x=(" << n << "," << c << "," << h << "," << w << ") k=" << k << " kernel=" << r
-     << "x" << s << " stride=" << stride << " pad=" << pad << " bias=" << bias << " "
-     << PrecisionName(precision);
+     << "x" << s << " stride=" << stride << " pad=" << pad;
+  if (groups != 1) os << " groups=" << groups;
+  if (dilation != 1) os << " dilation=" << dilation;
+  os << " bias=" << bias << " " << PrecisionName(precision);
   return os.str();
+}
+
+bool Conv2dDesc::Valid() const {
+  return n > 0 && c > 0 && h > 0 && w > 0 && k > 0 && r > 0 && s > 0 && stride > 0 && pad >= 0 &&
+         groups > 0 && dilation > 0 && c % groups == 0 && k % groups == 0 && out_h() > 0 &&
+         out_w() > 0;
 }
 
 std::string LinearDesc::ToString() const {

@@ -32,14 +32,22 @@ namespace dptrain {
 enum class Precision : uint8_t { kF32, kBF16, kF16 };
 const char* PrecisionName(Precision p);
 
+// Groups split the channels as torch.nn.Conv2d's `groups`: group g maps input channels
+// [g*C/G, (g+1)*C/G) to output channels [g*K/G, (g+1)*K/G); G = C = K is depthwise. The weight is
+// (K, C/G, R, S). `dilation` spaces the kernel taps (PyTorch's dilation, 1 = dense).
 struct Conv2dDesc {
   int64_t n = 0, c = 0, h = 0, w = 0;  // input (N, C, H, W)
   int64_t k = 0, r = 0, s = 0;         // output channels, kernel height, width
   int64_t stride = 1, pad = 0;
   bool bias = true;
   Precision precision = Precision::kF32;
-  int64_t out_h() const { return (h + 2 * pad - r) / stride + 1; }
-  int64_t out_w() const { return (w + 2 * pad - s) / stride + 1; }
+  int64_t groups = 1, dilation = 1;
+  int64_t out_h() const { return (h + 2 * pad - dilation * (r - 1) - 1) / stride + 1; }
+  int64_t out_w() const { return (w + 2 * pad - dilation * (s - 1) - 1) / stride + 1; }
+  int64_t group_c() const { return c / groups; }  // input channels each output channel sees
+  int64_t weight_numel() const { return k * group_c() * r * s; }
+  // Positive sizes, groups dividing C and K, and a non-empty output.
+  bool Valid() const;
   std::string ToString() const;
 };
 
@@ -172,7 +180,18 @@ class Backend {
   // ---- elementwise ----
   virtual void ReluForward(const Tensor& x, Tensor* y) = 0;
   virtual void ReluBackward(const Tensor& y, const Tensor& dy, Tensor* dx) = 0;
+  // Clip, sigmoid, hard sigmoid, hard swish, tanh (ew::Activation); backward reads both the
+  // forward input x and output y. y and dx must not alias x.
+  virtual void ActivationForward(const ew::Activation& f, const Tensor& x, Tensor* y) = 0;
+  virtual void ActivationBackward(const ew::Activation& f, const Tensor& x, const Tensor& y,
+                                  const Tensor& dy, Tensor* dx) = 0;
   virtual void Add(const Tensor& a, const Tensor& b, Tensor* y) = 0;  // y may alias a or b
+  // x seen as (rows, cols) with rows = s.numel(): y[r, j] = x[r, j] * s[r]. cols = 1 is the
+  // elementwise product; s of shape (N, C, 1, 1) against x (N, C, H, W) is the channel scaling
+  // of a squeeze-and-excitation block. y may alias x.
+  virtual void MulRows(const Tensor& x, const Tensor& s, Tensor* y) = 0;
+  // ds[r] = sum_j dy[r, j] * x[r, j] with rows = ds.numel(): MulRows's gradient for s.
+  virtual void RowDot(const Tensor& dy, const Tensor& x, Tensor* ds) = 0;
   virtual void Scale(Tensor* t, float alpha) = 0;
   // Inverted dropout with a stateless mask from (seed, element index).
   virtual void DropoutForward(const Tensor& x, float p, uint64_t seed, Tensor* y) = 0;

@@ -21,6 +21,60 @@ DPT_HD float Relu(float x) { return x > 0.f ? x : 0.f; }
 // Gradient through ReLU given its output y (y > 0 <=> x > 0).
 DPT_HD float ReluGrad(float y, float dy) { return y > 0.f ? dy : 0.f; }
 
+// The other pointwise activations of the standard CNN families (ONNX op in brackets), with
+// PyTorch's gradients, including its choices at the kinks: clip passes the gradient only strictly
+// inside (lo, hi), as hardtanh/ReLU6; hard sigmoid only where alpha*x + beta is strictly inside
+// (0, 1); hard swish uses x/3 + 1/2 on [-3, 3]. The gradient reads the input x (clip, hard
+// sigmoid, hard swish) or the output y (sigmoid, tanh).
+enum class ActKind : uint8_t {
+  kClip,         // min(max(x, a), b) [Clip]; ReLU6 is a = 0, b = 6
+  kSigmoid,      // 1 / (1 + exp(-x)) [Sigmoid]
+  kHardSigmoid,  // max(0, min(1, a*x + b)) [HardSigmoid]; PyTorch's is a = 1/6, b = 1/2
+  kHardSwish,    // x * relu6(x + 3) / 6 [HardSwish]
+  kTanh,         // tanh(x) [Tanh]
+};
+struct Activation {
+  ActKind kind = ActKind::kClip;
+  float a = 0.f, b = 0.f;  // clip bounds, or hard sigmoid's slope and offset
+};
+DPT_HD float Activate(Activation f, float x) {
+  switch (f.kind) {
+    case ActKind::kClip:
+      return x < f.a ? f.a : (x > f.b ? f.b : x);
+    case ActKind::kSigmoid:
+      return 1.f / (1.f + expf(-x));
+    case ActKind::kHardSigmoid: {
+      const float t = f.a * x + f.b;
+      return t < 0.f ? 0.f : (t > 1.f ? 1.f : t);
+    }
+    case ActKind::kHardSwish: {
+      const float t = x + 3.f;
+      return x * (t < 0.f ? 0.f : (t > 6.f ? 6.f : t)) / 6.f;
+    }
+    case ActKind::kTanh:
+      return tanhf(x);
+  }
+  return x;
+}
+// dL/dx from dL/dy = dy, the input x and the output y.
+DPT_HD float ActivateGrad(Activation f, float x, float y, float dy) {
+  switch (f.kind) {
+    case ActKind::kClip:
+      return x > f.a && x < f.b ? dy : 0.f;
+    case ActKind::kSigmoid:
+      return dy * y * (1.f - y);
+    case ActKind::kHardSigmoid: {
+      const float t = f.a * x + f.b;
+      return t > 0.f && t < 1.f ? dy * f.a : 0.f;
+    }
+    case ActKind::kHardSwish:
+      return x < -3.f ? 0.f : (x <= 3.f ? dy * (x / 3.f + 0.5f) : dy);
+    case ActKind::kTanh:
+      return dy * (1.f - y * y);
+  }
+  return dy;
+}
+
 // ---- dropout: a counter-based hash, so backward regenerates the mask instead of storing it ----
 DPT_HD uint32_t Hash32(uint64_t seed, uint64_t index) {
   // SplitMix64 finaliser over (seed, index): stateless, identical on host and device.

@@ -93,8 +93,7 @@ void CpuBackend::Fill(Tensor* t, float value) {
 // fp32 runs natively, fp16 is emulated (operands and results rounded to fp16, see Staged), bf16
 // needs oneDNN's bf16 kernels.
 bool CpuBackend::Supports(const Conv2dDesc& d) const {
-  return d.n > 0 && d.c > 0 && d.h > 0 && d.w > 0 && d.k > 0 && d.r > 0 && d.s > 0 &&
-         d.stride > 0 && d.pad >= 0 && d.out_h() > 0 && d.out_w() > 0 && PrecisionOk(d.precision);
+  return d.Valid() && PrecisionOk(d.precision);
 }
 bool CpuBackend::Supports(const LinearDesc& d) const {
   return d.n > 0 && d.in > 0 && d.out > 0 && PrecisionOk(d.precision);

@@ -20,11 +20,16 @@ std::shared_ptr<OpPlan> CpuBackend::PrepareConv2d(const Conv2dDesc& d) {
   p->d = d;
   p->bias = d.bias;
   const auto& eng = impl_->engine;
-  const memory::dims strides{d.stride, d.stride}, pad{d.pad, d.pad};
-  const memory::dims xs{d.n, d.c, d.h, d.w}, ws{d.k, d.c, d.r, d.s},
-      ys{d.n, d.k, d.out_h(), d.out_w()};
-  const memory::desc x_user(xs, Dt::f32, Tag::nchw), w_user(ws, Dt::f32, Tag::oihw),
-      y_user(ys, Dt::f32, Tag::nchw);
+  // oneDNN counts dilation from 0 (0 = dense). A grouped weight is (G, K/G, C/G, R, S) in goihw,
+  // which is PyTorch's (K, C/G, R, S) in memory.
+  const memory::dims strides{d.stride, d.stride}, pad{d.pad, d.pad},
+      dilates{d.dilation - 1, d.dilation - 1};
+  const memory::dims xs{d.n, d.c, d.h, d.w}, ys{d.n, d.k, d.out_h(), d.out_w()};
+  const memory::dims ws = d.groups == 1
+                              ? memory::dims{d.k, d.c, d.r, d.s}
+                              : memory::dims{d.groups, d.k / d.groups, d.group_c(), d.r, d.s};
+  const memory::desc x_user(xs, Dt::f32, Tag::nchw),
+      w_user(ws, Dt::f32, d.groups == 1 ? Tag::oihw : Tag::goihw), y_user(ys, Dt::f32, Tag::nchw);
   // Let oneDNN pick its fastest (blocked) layouts; we reorder at the edges. bf16 runs the
   // convolution on bf16 data with f32 accumulation and f32 weight gradients.
   const Dt ct = ComputeType(d.precision);
@@ -35,17 +40,17 @@ std::shared_ptr<OpPlan> CpuBackend::PrepareConv2d(const Conv2dDesc& d) {
   const auto alg = dnnl::algorithm::convolution_direct;
   const auto fwd = DPT_DNNL(dnnl::convolution_forward::primitive_desc(
       dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, alg, x_any, w_any, p->b_md,
-                                      y_any, strides, pad, pad),
+                                      y_any, strides, dilates, pad, pad),
       attr, eng));
   const auto data = DPT_DNNL(dnnl::convolution_backward_data::primitive_desc(
-      dnnl::convolution_backward_data::desc(alg, x_any, w_any, y_any, strides, pad, pad), attr, eng,
-      fwd));
+      dnnl::convolution_backward_data::desc(alg, x_any, w_any, y_any, strides, dilates, pad, pad),
+      attr, eng, fwd));
   const auto weights = DPT_DNNL(dnnl::convolution_backward_weights::primitive_desc(
-      dnnl::convolution_backward_weights::desc(alg, x_any, dw_any, p->b_md, y_any, strides, pad,
-                                               pad),
+      dnnl::convolution_backward_weights::desc(alg, x_any, dw_any, p->b_md, y_any, strides, dilates,
+                                               pad, pad),
       attr, eng, fwd));
   impl_->Finish(*this, p.get(), "conv2d", d.precision == Precision::kF16, fwd, data, weights,
-                x_user, w_user, y_user, Shape{d.k, d.c, d.r, d.s});
+                x_user, w_user, y_user, Shape{d.k, d.group_c(), d.r, d.s});
   slot = p;
   return p;
 }

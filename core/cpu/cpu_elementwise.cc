@@ -33,6 +33,31 @@ void CpuBackend::ReluBackward(const Tensor& y, const Tensor& dy, Tensor* dx) {
   for (int64_t i = 0; i < n; ++i) out[i] = ew::ReluGrad(yy[i], g[i]);
 }
 
+void CpuBackend::ActivationForward(const ew::Activation& f, const Tensor& x, Tensor* y) {
+  OpScope scope(this, "activation_fwd");
+  CheckSame(x, *y, "activation");
+  const float* in = x.data<float>();
+  float* out = y->data<float>();
+  const int64_t n = x.numel();
+#pragma omp parallel for simd if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) out[i] = ew::Activate(f, in[i]);
+}
+
+void CpuBackend::ActivationBackward(const ew::Activation& f, const Tensor& x, const Tensor& y,
+                                    const Tensor& dy, Tensor* dx) {
+  OpScope scope(this, "activation_bwd");
+  CheckSame(x, y, "activation backward");
+  CheckSame(x, dy, "activation backward");
+  CheckSame(x, *dx, "activation backward");
+  const float* xx = x.data<float>();
+  const float* yy = y.data<float>();
+  const float* g = dy.data<float>();
+  float* out = dx->data<float>();
+  const int64_t n = x.numel();
+#pragma omp parallel for simd if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) out[i] = ew::ActivateGrad(f, xx[i], yy[i], g[i]);
+}
+
 void CpuBackend::Add(const Tensor& a, const Tensor& b, Tensor* y) {
   OpScope scope(this, "add");
   CheckSame(a, b, "add");
@@ -43,6 +68,37 @@ void CpuBackend::Add(const Tensor& a, const Tensor& b, Tensor* y) {
   const int64_t n = a.numel();
 #pragma omp parallel for simd if (n > kParallelMin)
   for (int64_t i = 0; i < n; ++i) out[i] = pa[i] + pb[i];
+}
+
+void CpuBackend::MulRows(const Tensor& x, const Tensor& s, Tensor* y) {
+  OpScope scope(this, "mul_rows");
+  CheckSame(x, *y, "mul_rows");
+  const int64_t rows = s.numel(), n = x.numel();
+  DPT_CHECK(rows > 0 && n % rows == 0) << "mul_rows: " << n << " values in rows of " << rows;
+  const int64_t cols = n / rows;
+  const float* in = x.data<float>();
+  const float* sc = s.data<float>();
+  float* out = y->data<float>();
+#pragma omp parallel for simd if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) out[i] = in[i] * sc[i / cols];
+}
+
+void CpuBackend::RowDot(const Tensor& dy, const Tensor& x, Tensor* ds) {
+  OpScope scope(this, "row_dot");
+  CheckSame(dy, x, "row_dot");
+  const int64_t rows = ds->numel(), n = x.numel();
+  DPT_CHECK(rows > 0 && n % rows == 0) << "row_dot: " << n << " values in rows of " << rows;
+  const int64_t cols = n / rows;
+  const float* g = dy.data<float>();
+  const float* in = x.data<float>();
+  float* out = ds->data<float>();
+#pragma omp parallel for if (n > kParallelMin)
+  for (int64_t r = 0; r < rows; ++r) {
+    double acc = 0;  // in double, as the batch-norm sums: one rounding per row
+    for (int64_t j = 0; j < cols; ++j)
+      acc += static_cast<double>(g[r * cols + j]) * in[r * cols + j];
+    out[r] = static_cast<float>(acc);
+  }
 }
 
 void CpuBackend::Scale(Tensor* t, float alpha) {

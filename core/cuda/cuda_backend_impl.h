@@ -97,7 +97,12 @@ class CudaBackend final : public Backend {
 
   void ReluForward(const Tensor& x, Tensor* y) override;
   void ReluBackward(const Tensor& y, const Tensor& dy, Tensor* dx) override;
+  void ActivationForward(const ew::Activation& f, const Tensor& x, Tensor* y) override;
+  void ActivationBackward(const ew::Activation& f, const Tensor& x, const Tensor& y,
+                          const Tensor& dy, Tensor* dx) override;
   void Add(const Tensor& a, const Tensor& b, Tensor* y) override;
+  void MulRows(const Tensor& x, const Tensor& s, Tensor* y) override;
+  void RowDot(const Tensor& dy, const Tensor& x, Tensor* ds) override;
   void Scale(Tensor* t, float alpha) override;
   void DropoutForward(const Tensor& x, float p, uint64_t seed, Tensor* y) override;
   void DropoutBackward(const Tensor& dy, float p, uint64_t seed, Tensor* dx) override;
@@ -185,7 +190,7 @@ class CudaBackend final : public Backend {
   std::mutex mu_;  // guards the plan caches and deterministic_
   bool deterministic_ = false;
   std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-                      int64_t, bool, int>,
+                      int64_t, bool, int, int64_t, int64_t>,
            std::shared_ptr<OpPlan>>
       conv_plans_;
   std::map<std::tuple<int64_t, int64_t, int64_t, bool, int>, std::shared_ptr<OpPlan>> linear_plans_;

@@ -21,8 +21,9 @@ namespace dptrain::cuda {
 std::shared_ptr<OpPlan> CudaBackend::PrepareConv2d(const Conv2dDesc& d) {
   if (!Supports(d)) DPT_THROW(UnsupportedError) << "cuda: conv2d " << d.ToString();
   std::lock_guard<std::mutex> lock(mu_);
-  auto& slot = conv_plans_[std::make_tuple(d.n, d.c, d.h, d.w, d.k, d.r, d.s, d.stride, d.pad,
-                                           d.bias, static_cast<int>(d.precision))];
+  auto& slot =
+      conv_plans_[std::make_tuple(d.n, d.c, d.h, d.w, d.k, d.r, d.s, d.stride, d.pad, d.bias,
+                                  static_cast<int>(d.precision), d.groups, d.dilation)];
   if (slot) return slot;
   MakeCurrent();
   auto p = std::make_shared<ConvPlan>();
@@ -37,8 +38,10 @@ std::shared_ptr<OpPlan> CudaBackend::PrepareConv2d(const Conv2dDesc& d) {
   p->y.Set(dt, d.n, d.k, P, Q);
   p->y32.Set(CUDNN_DATA_FLOAT, d.n, d.k, P, Q);
   p->b32.Set(CUDNN_DATA_FLOAT, 1, d.k, 1, 1);
+  // A grouped filter is (K, C/G, R, S), as PyTorch's; the group count goes on each convolution
+  // descriptor.
   DPT_CUDNN_CHECK(cudnnSetFilter4dDescriptor(p->w.d, dt, CUDNN_TENSOR_NCHW, static_cast<int>(d.k),
-                                             static_cast<int>(d.c), static_cast<int>(d.r),
+                                             static_cast<int>(d.group_c()), static_cast<int>(d.r),
                                              static_cast<int>(d.s)));
   // Cross-correlation (no kernel flip), as PyTorch's Conv2d; f32 accumulation in every precision.
   // fp32: FMA-only kernels (CUDNN_DEFAULT_MATH would allow TF32 on Ampere and newer).
@@ -46,7 +49,9 @@ std::shared_ptr<OpPlan> CudaBackend::PrepareConv2d(const Conv2dDesc& d) {
   for (ConvDesc* c : {&p->fwd, &p->bwd_data, &p->bwd_filter}) {
     DPT_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(
         c->d, static_cast<int>(d.pad), static_cast<int>(d.pad), static_cast<int>(d.stride),
-        static_cast<int>(d.stride), 1, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+        static_cast<int>(d.stride), static_cast<int>(d.dilation), static_cast<int>(d.dilation),
+        CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+    DPT_CUDNN_CHECK(cudnnSetConvolutionGroupCount(c->d, static_cast<int>(d.groups)));
     DPT_CUDNN_CHECK(cudnnSetConvolutionMathType(c->d, math));
   }
   int on = 0, oc = 0, oh = 0, ow = 0;
@@ -64,7 +69,7 @@ std::shared_ptr<OpPlan> CudaBackend::PrepareConv2d(const Conv2dDesc& d) {
     const DType ht = HalfDType(d.precision);
     p->x16 = Empty(Shape{d.n * d.c * d.h * d.w}, ht, "conv2d 16-bit x/dx");
     p->y16 = Empty(Shape{d.n * d.k * P * Q}, ht, "conv2d 16-bit y/dy");
-    p->w16 = Empty(Shape{d.k * d.c * d.r * d.s}, ht, "conv2d 16-bit w/dw");
+    p->w16 = Empty(Shape{d.weight_numel()}, ht, "conv2d 16-bit w/dw");
   }
   slot = p;
   return p;
@@ -79,7 +84,7 @@ void CudaBackend::Conv2dForward(const OpPlan& plan, const Tensor& x, const Tenso
   CheckF32(w, "conv2d w");
   CheckF32(*y, "conv2d y");
   CheckNumel(x, d.n * d.c * d.h * d.w, "conv2d x", d.ToString());
-  CheckNumel(w, d.k * d.c * d.r * d.s, "conv2d w", d.ToString());
+  CheckNumel(w, d.weight_numel(), "conv2d w", d.ToString());
   CheckNumel(*y, d.n * d.k * d.out_h() * d.out_w(), "conv2d y", d.ToString());
   DPT_CHECK(!d.bias || b != nullptr) << "conv2d with bias needs a bias tensor";
   const float one = 1.f, zero = 0.f;
@@ -141,7 +146,7 @@ void CudaBackend::Conv2dBackwardWeights(const OpPlan& plan, const Tensor& x, con
   CheckF32(*dw, "conv2d dw");
   CheckNumel(x, d.n * d.c * d.h * d.w, "conv2d x", d.ToString());
   CheckNumel(dy, d.n * d.k * d.out_h() * d.out_w(), "conv2d dy", d.ToString());
-  CheckNumel(*dw, d.k * d.c * d.r * d.s, "conv2d dw", d.ToString());
+  CheckNumel(*dw, d.weight_numel(), "conv2d dw", d.ToString());
   const float one = 1.f, zero = 0.f;
   const void* xin = x.raw();
   const void* dyin = dy.raw();

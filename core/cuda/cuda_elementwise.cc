@@ -34,6 +34,28 @@ void CudaBackend::ReluBackward(const Tensor& y, const Tensor& dy, Tensor* dx) {
   kernels::ReluBackward(y.data<float>(), dy.data<float>(), dx->data<float>(), y.numel(), stream_);
 }
 
+void CudaBackend::ActivationForward(const ew::Activation& f, const Tensor& x, Tensor* y) {
+  OpScope scope(this, "activation_fwd");
+  CheckF32(x, "activation x");
+  CheckF32(*y, "activation y");
+  CheckSame(x, *y, "activation");
+  kernels::Activate(f, x.data<float>(), y->data<float>(), x.numel(), stream_);
+}
+
+void CudaBackend::ActivationBackward(const ew::Activation& f, const Tensor& x, const Tensor& y,
+                                     const Tensor& dy, Tensor* dx) {
+  OpScope scope(this, "activation_bwd");
+  CheckF32(x, "activation x");
+  CheckF32(y, "activation y");
+  CheckF32(dy, "activation dy");
+  CheckF32(*dx, "activation dx");
+  CheckSame(x, y, "activation backward");
+  CheckSame(x, dy, "activation backward");
+  CheckSame(x, *dx, "activation backward");
+  kernels::ActivateBackward(f, x.data<float>(), y.data<float>(), dy.data<float>(),
+                            dx->data<float>(), x.numel(), stream_);
+}
+
 void CudaBackend::Add(const Tensor& a, const Tensor& b, Tensor* y) {
   OpScope scope(this, "add");
   CheckF32(a, "add a");
@@ -42,6 +64,28 @@ void CudaBackend::Add(const Tensor& a, const Tensor& b, Tensor* y) {
   CheckSame(a, b, "add");
   CheckSame(a, *y, "add");
   kernels::Add(a.data<float>(), b.data<float>(), y->data<float>(), a.numel(), stream_);
+}
+
+void CudaBackend::MulRows(const Tensor& x, const Tensor& s, Tensor* y) {
+  OpScope scope(this, "mul_rows");
+  CheckF32(x, "mul_rows x");
+  CheckF32(s, "mul_rows s");
+  CheckF32(*y, "mul_rows y");
+  CheckSame(x, *y, "mul_rows");
+  const int64_t rows = s.numel(), n = x.numel();
+  DPT_CHECK(rows > 0 && n % rows == 0) << "mul_rows: " << n << " values in rows of " << rows;
+  kernels::MulRows(x.data<float>(), s.data<float>(), y->data<float>(), rows, n / rows, stream_);
+}
+
+void CudaBackend::RowDot(const Tensor& dy, const Tensor& x, Tensor* ds) {
+  OpScope scope(this, "row_dot");
+  CheckF32(dy, "row_dot dy");
+  CheckF32(x, "row_dot x");
+  CheckF32(*ds, "row_dot ds");
+  CheckSame(dy, x, "row_dot");
+  const int64_t rows = ds->numel(), n = x.numel();
+  DPT_CHECK(rows > 0 && n % rows == 0) << "row_dot: " << n << " values in rows of " << rows;
+  kernels::RowDot(dy.data<float>(), x.data<float>(), ds->data<float>(), rows, n / rows, stream_);
 }
 
 void CudaBackend::Scale(Tensor* t, float alpha) {

@@ -8,12 +8,11 @@
 namespace dptrain::cuda {
 
 bool ConvFitsLegacyDescriptors(const Conv2dDesc& d) {
-  const bool shape = d.n > 0 && d.c > 0 && d.h > 0 && d.w > 0 && d.k > 0 && d.r > 0 && d.s > 0 &&
-                     d.stride > 0 && d.pad >= 0 && d.out_h() > 0 && d.out_w() > 0;
-  if (!shape) return false;
+  if (!d.Valid()) return false;
   const auto fits = [](int64_t v) { return v >= 0 && v <= INT_MAX; };
   if (!(fits(d.n) && fits(d.c) && fits(d.h) && fits(d.w) && fits(d.k) && fits(d.r) && fits(d.s) &&
-        fits(d.stride) && fits(d.pad) && fits(d.h + 2 * d.pad) && fits(d.w + 2 * d.pad))) {
+        fits(d.stride) && fits(d.pad) && fits(d.groups) && fits(d.dilation) &&
+        fits(d.h + 2 * d.pad) && fits(d.w + 2 * d.pad))) {
     return false;
   }
   // Element counts in double: the products cannot overflow, and INT_MAX is far inside double's
@@ -23,7 +22,7 @@ bool ConvFitsLegacyDescriptors(const Conv2dDesc& d) {
            static_cast<double>(e);
   };
   return count(d.n, d.c, d.h, d.w) <= INT_MAX && count(d.n, d.k, d.out_h(), d.out_w()) <= INT_MAX &&
-         count(d.k, d.c, d.r, d.s) <= INT_MAX;
+         count(d.k, d.group_c(), d.r, d.s) <= INT_MAX;
 }
 
 std::optional<size_t> PickConvAlgo(const std::vector<AlgoCandidate>& perfs, bool fp32_strict,

@@ -79,8 +79,34 @@ __global__ void ReluKernel(const float* x, float* y, int64_t n) {
 __global__ void ReluBackwardKernel(const float* y, const float* dy, float* dx, int64_t n) {
   DPT_GRID_LOOP(i, n) dx[i] = ew::ReluGrad(y[i], dy[i]);
 }
+__global__ void ActivateKernel(ew::Activation f, const float* x, float* y, int64_t n) {
+  DPT_GRID_LOOP(i, n) y[i] = ew::Activate(f, x[i]);
+}
+__global__ void ActivateBackwardKernel(ew::Activation f, const float* x, const float* y,
+                                       const float* dy, float* dx, int64_t n) {
+  DPT_GRID_LOOP(i, n) dx[i] = ew::ActivateGrad(f, x[i], y[i], dy[i]);
+}
 __global__ void AddKernel(const float* a, const float* b, float* y, int64_t n) {
   DPT_GRID_LOOP(i, n) y[i] = a[i] + b[i];
+}
+__global__ void MulRowsKernel(const float* x, const float* sc, float* y, int64_t n, int64_t cols) {
+  DPT_GRID_LOOP(i, n) y[i] = x[i] * sc[i / cols];
+}
+// One warp per row (grid-stride over rows): lanes take strided columns, then a fixed shuffle
+// tree; deterministic.
+__global__ void RowDotKernel(const float* dy, const float* x, float* ds, int64_t rows,
+                             int64_t cols) {
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+  const int64_t lane = threadIdx.x & 31;
+  for (int64_t r = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; r < rows;
+       r += warps) {
+    double acc = 0;
+    for (int64_t j = lane; j < cols; j += 32) {
+      acc += static_cast<double>(dy[r * cols + j]) * x[r * cols + j];
+    }
+    acc = WarpSum(acc);
+    if (lane == 0) ds[r] = static_cast<float>(acc);
+  }
 }
 __global__ void ScaleKernel(float* p, int64_t n, float alpha) { DPT_GRID_LOOP(i, n) p[i] *= alpha; }
 __global__ void AddIntoKernel(const float* x, float* y, int64_t n) {
@@ -444,8 +470,24 @@ void Relu(const float* x, float* y, int64_t n, cudaStream_t s) {
 void ReluBackward(const float* y, const float* dy, float* dx, int64_t n, cudaStream_t s) {
   if (n > 0) DPT_LAUNCH(ReluBackwardKernel, Blocks(n), kThreads, s, y, dy, dx, n);
 }
+void Activate(ew::Activation f, const float* x, float* y, int64_t n, cudaStream_t s) {
+  if (n > 0) DPT_LAUNCH(ActivateKernel, Blocks(n), kThreads, s, f, x, y, n);
+}
+void ActivateBackward(ew::Activation f, const float* x, const float* y, const float* dy, float* dx,
+                      int64_t n, cudaStream_t s) {
+  if (n > 0) DPT_LAUNCH(ActivateBackwardKernel, Blocks(n), kThreads, s, f, x, y, dy, dx, n);
+}
 void Add(const float* a, const float* b, float* y, int64_t n, cudaStream_t s) {
   if (n > 0) DPT_LAUNCH(AddKernel, Blocks(n), kThreads, s, a, b, y, n);
+}
+void MulRows(const float* x, const float* sc, float* y, int64_t rows, int64_t cols,
+             cudaStream_t s) {
+  const int64_t n = rows * cols;
+  if (n > 0) DPT_LAUNCH(MulRowsKernel, Blocks(n), kThreads, s, x, sc, y, n, cols);
+}
+void RowDot(const float* dy, const float* x, float* ds, int64_t rows, int64_t cols,
+            cudaStream_t s) {
+  if (rows > 0) DPT_LAUNCH(RowDotKernel, Blocks(rows * 32), kThreads, s, dy, x, ds, rows, cols);
 }
 void Scale(float* p, int64_t n, float alpha, cudaStream_t s) {
   if (n > 0) DPT_LAUNCH(ScaleKernel, Blocks(n), kThreads, s, p, n, alpha);

@@ -23,8 +23,15 @@ namespace dptrain::cuda::kernels {
 void Fill(float* p, int64_t n, float value, cudaStream_t s);
 void Relu(const float* x, float* y, int64_t n, cudaStream_t s);
 void ReluBackward(const float* y, const float* dy, float* dx, int64_t n, cudaStream_t s);
+void Activate(ew::Activation f, const float* x, float* y, int64_t n, cudaStream_t s);
+void ActivateBackward(ew::Activation f, const float* x, const float* y, const float* dy, float* dx,
+                      int64_t n, cudaStream_t s);
 void Add(const float* a, const float* b, float* y, int64_t n, cudaStream_t s);  // y may alias
 void Scale(float* p, int64_t n, float alpha, cudaStream_t s);
+// y[r, j] = x[r, j] * sc[r] over (rows, cols); y may alias x.
+void MulRows(const float* x, const float* sc, float* y, int64_t rows, int64_t cols, cudaStream_t s);
+// ds[r] = sum_j dy[r, j] * x[r, j], one warp per row, summed in double in a fixed order.
+void RowDot(const float* dy, const float* x, float* ds, int64_t rows, int64_t cols, cudaStream_t s);
 void AddInto(const float* x, float* y, int64_t n, cudaStream_t s);  // y += x
 void Dropout(const float* x, float* y, int64_t n, float p, uint64_t seed, cudaStream_t s);
 

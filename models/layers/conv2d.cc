@@ -2,28 +2,37 @@
 // Conv2d layer: plans the backend op once per batch size, runs forward/backward through it.
 #include "models/layers/conv2d.h"
 
+#include <string>
+
 #include "core/error.h"
 
 namespace dptrain {
 
 Conv2d::Conv2d(Backend& be, std::string name, int64_t out_channels, int64_t kernel, int64_t stride,
-               int64_t pad, bool bias)
+               int64_t pad, bool bias, int64_t groups, int64_t dilation)
     : Layer(be, std::move(name)),
       out_channels_(out_channels),
       kernel_(kernel),
       stride_(stride),
       pad_(pad),
+      groups_(groups),
+      dilation_(dilation),
       bias_(bias) {}
 
 Shape Conv2d::Setup(const Shape& in, const SetupOptions& opts) {
   DPT_CHECK_AS(ConfigError, in.rank() == 4)
       << "conv2d '" << name_ << "' needs (N, C, H, W) input, got " << in.ToString();
-  desc_ = Conv2dDesc{in[0],   in[1],   in[2], in[3], out_channels_, kernel_,
-                     kernel_, stride_, pad_,  bias_, opts.precision};
-  DPT_CHECK_AS(ConfigError, kernel_ <= in[2] + 2 * pad_ && kernel_ <= in[3] + 2 * pad_ &&
+  desc_ = Conv2dDesc{in[0],   in[1], in[2], in[3],          out_channels_, kernel_,  kernel_,
+                     stride_, pad_,  bias_, opts.precision, groups_,       dilation_};
+  DPT_CHECK_AS(ConfigError, groups_ > 0 && in[1] % groups_ == 0 && out_channels_ % groups_ == 0)
+      << "conv2d '" << name_ << "': groups " << groups_ << " must divide the " << in[1]
+      << " input channels and the " << out_channels_ << " output channels";
+  const int64_t span = dilation_ * (kernel_ - 1) + 1;
+  DPT_CHECK_AS(ConfigError, span <= in[2] + 2 * pad_ && span <= in[3] + 2 * pad_ &&
                                 desc_.out_h() > 0 && desc_.out_w() > 0)
-      << "conv2d '" << name_ << "': kernel " << kernel_ << " with pad " << pad_
-      << " does not fit input " << in.ToString();
+      << "conv2d '" << name_ << "': kernel " << kernel_
+      << (dilation_ != 1 ? " dilated " + std::to_string(dilation_) : std::string()) << " with pad "
+      << pad_ << " does not fit input " << in.ToString();
   if (!backend_.Supports(desc_)) {
     DPT_THROW(UnsupportedError)
         << "the " << backend_.name() << " backend does not support " << desc_.ToString()
@@ -40,9 +49,9 @@ Shape Conv2d::Setup(const Shape& in, const SetupOptions& opts) {
 }
 
 void Conv2d::ListParams(std::vector<ParamRef>* out) {
-  const int64_t fan_in = desc_.c * kernel_ * kernel_;
-  out->push_back({"weight", Shape{out_channels_, desc_.c, kernel_, kernel_}, Init::kFanInUniform,
-                  fan_in, &w_, &gw_});
+  const int64_t fan_in = desc_.group_c() * kernel_ * kernel_;  // as PyTorch's init
+  out->push_back({"weight", Shape{out_channels_, desc_.group_c(), kernel_, kernel_},
+                  Init::kFanInUniform, fan_in, &w_, &gw_});
   if (bias_) out->push_back({"bias", Shape{out_channels_}, Init::kFanInUniform, fan_in, &b_, &gb_});
 }
 

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// 2-D convolution, as torch.nn.Conv2d: weight (K, C, R, S), optional bias (K), square kernel,
-// symmetric padding. x: (N, C, H, W) -> y: (N, K, P, Q).
+// 2-D convolution, as torch.nn.Conv2d: weight (K, C/groups, R, S), optional bias (K), square
+// kernel, symmetric padding, groups (depthwise when groups = C) and dilation.
+// x: (N, C, H, W) -> y: (N, K, P, Q).
 #pragma once
 
 #include <memory>
@@ -12,7 +13,7 @@ namespace dptrain {
 class Conv2d final : public Layer {
  public:
   Conv2d(Backend& be, std::string name, int64_t out_channels, int64_t kernel, int64_t stride,
-         int64_t pad, bool bias);
+         int64_t pad, bool bias, int64_t groups = 1, int64_t dilation = 1);
   std::string type() const override { return "conv2d"; }
   Shape Setup(const Shape& in, const SetupOptions& opts) override;
   void ListParams(std::vector<ParamRef>* out) override;
@@ -24,7 +25,7 @@ class Conv2d final : public Layer {
  private:
   void PrepareFor(int64_t n);
 
-  int64_t out_channels_, kernel_, stride_, pad_;
+  int64_t out_channels_, kernel_, stride_, pad_, groups_, dilation_;
   bool bias_;
   bool need_dx_ = true;
   Conv2dDesc desc_;

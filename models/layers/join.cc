@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Add and Concat layers.
+// Add, Mul and Concat layers.
 #include "models/layers/join.h"
 
 #include "core/error.h"
@@ -43,6 +43,61 @@ const Tensor& Add::ForwardInputs(const std::vector<const Tensor*>& x,
 
 void Add::BackwardInputs(const Tensor& dy, bool /*accumulate*/, std::vector<const Tensor*>* dx) {
   dx->assign(inputs_, &dy);
+}
+
+Shape Mul::SetupInputs(const std::vector<Shape>& in, const SetupOptions& opts) {
+  if (in.size() < 2) NeedsInputs(*this);
+  DPT_CHECK_AS(ConfigError, in.size() == 2)
+      << "layer '" << label() << "' (mul) multiplies exactly two inputs, got " << in.size();
+  wide_ = in[1].numel() > in[0].numel() ? 1 : 0;
+  const Shape& w = in[wide_];
+  const Shape& s = in[1 - wide_];
+  const bool same = s == w;
+  const bool channels = w.rank() == 4 && s.rank() == 4 && s[0] == w[0] && s[1] == w[1] &&
+                        s[2] == 1 && s[3] == 1;
+  DPT_CHECK_AS(ConfigError, same || channels)
+      << "layer '" << label() << "' (mul): inputs of shapes " << in[0].ToString() << " and "
+      << in[1].ToString() << "; dptrain multiplies equal shapes, or (N, C, H, W) by (N, C, 1, 1)";
+  need_dx_ = opts.need_dx;
+  rows_ = s.numel() / s[0];
+  per_sample_ = w.numel() / w[0];
+  out_ = backend_.Empty(w, DType::kF32, label() + " output");
+  if (need_dx_) {
+    for (size_t k = 0; k < 2; ++k) {
+      dx_buf_[k] = backend_.Empty(in[k], DType::kF32, label() + " input gradient");
+    }
+  }
+  return w;
+}
+
+const Tensor& Mul::ForwardInputs(const std::vector<const Tensor*>& x,
+                                 const ForwardContext& /*ctx*/) {
+  x_[0] = *x[0];
+  x_[1] = *x[1];
+  y_ = out_.Batch(x[0]->shape()[0]);
+  backend_.MulRows(x_[wide_], x_[1 - wide_], &y_);
+  return y_;
+}
+
+void Mul::BackwardInputs(const Tensor& dy, bool /*accumulate*/, std::vector<const Tensor*>* dx) {
+  dx->clear();
+  if (need_dx_) {
+    const size_t narrow = 1 - wide_;
+    const int64_t n = dy.shape()[0];
+    for (size_t k = 0; k < 2; ++k) dx_[k] = dx_buf_[k].Batch(n);
+    backend_.MulRows(dy, x_[narrow], &dx_[wide_]);
+    if (rows_ == per_sample_) {
+      backend_.MulRows(dy, x_[wide_], &dx_[narrow]);
+    } else {
+      backend_.RowDot(dy, x_[wide_], &dx_[narrow]);
+    }
+  }
+  dx->push_back(&dx_[0]);
+  dx->push_back(&dx_[1]);
+}
+
+int64_t Mul::ActivationBytesPerSample() const {
+  return 4 * (per_sample_ + (need_dx_ ? per_sample_ + rows_ : 0));
 }
 
 Shape Concat::SetupInputs(const std::vector<Shape>& in, const SetupOptions& opts) {

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Layers that join several node outputs: Add (elementwise sum of equal shapes: a residual
-// connection) and Concat (along the channel axis, dimension 1: a dense block). Graph-only: they
+// connection), Mul (a product, or a per-channel scaling) and Concat (along the channel axis,
+// dimension 1: a dense block). Graph-only: they
 // implement the *Inputs versions of the layer interface.
 #pragma once
 
@@ -35,6 +36,27 @@ class Add final : public Join {
   size_t inputs_ = 0;
   int64_t per_sample_ = 0;
   Tensor out_, y_;
+};
+
+// The product of two inputs: of equal shapes, or one (N, C, H, W) and the other (N, C, 1, 1)
+// scaling each channel (squeeze-and-excitation), in either order.
+class Mul final : public Join {
+ public:
+  Mul(Backend& be, std::string name) : Join(be, std::move(name)) {}
+  std::string type() const override { return "mul"; }
+  Shape SetupInputs(const std::vector<Shape>& in, const SetupOptions& opts) override;
+  const Tensor& ForwardInputs(const std::vector<const Tensor*>& x,
+                              const ForwardContext& ctx) override;
+  void BackwardInputs(const Tensor& dy, bool accumulate, std::vector<const Tensor*>* dx) override;
+  int64_t ActivationBytesPerSample() const override;
+
+ private:
+  size_t wide_ = 0;         // which input has the output's shape; the other is broadcast
+  int64_t rows_ = 0;        // floats per sample of the narrow input
+  int64_t per_sample_ = 0;  // floats per sample of the output
+  bool need_dx_ = true;
+  Tensor out_, y_, x_[2];
+  Tensor dx_buf_[2], dx_[2];
 };
 
 class Concat final : public Join {

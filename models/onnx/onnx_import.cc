@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "models/layers/activation.h"
 #include "models/layers/batch_norm.h"
 #include "models/layers/conv2d.h"
 #include "models/layers/dropout.h"
@@ -30,8 +31,9 @@ namespace dptrain {
 namespace {
 
 constexpr char kSupported[] =
-    "Conv, Gemm, Relu, MaxPool, AveragePool, GlobalAveragePool, BatchNormalization, Add, Concat, "
-    "Flatten, Dropout, Identity, Constant";
+    "Conv (groups, dilations), Gemm, Relu, Clip, Sigmoid, HardSigmoid, HardSwish, Tanh, MaxPool, "
+    "AveragePool, GlobalAveragePool, BatchNormalization, Add, Mul (equal shapes or [N, C, 1, 1]), "
+    "Concat, Flatten, Dropout, Identity, Constant";
 constexpr char kExport[] =
     "torch.onnx.export(model, x, FILE, training=torch.onnx.TrainingMode.TRAINING, "
     "do_constant_folding=False)";
@@ -151,8 +153,12 @@ class Importer {
     const auto* a = Attr("auto_pad");
     if (a != nullptr && a->s() != "NOTSET") Fail("auto_pad=" + a->s() + " is not supported");
   }
-  // Square 2-D window: kernel, stride, symmetric pad, no dilation.
-  void Window(int64_t* kernel, int64_t* stride, int64_t* pad) const;
+  // Square 2-D window: kernel, stride, symmetric pad, and equal dilations (refused unless
+  // `dilation` is given).
+  void Window(int64_t* kernel, int64_t* stride, int64_t* pad, int64_t* dilation = nullptr) const;
+  // The value of optional input k when it is a constant scalar (a Constant node's output or an
+  // initializer); `def` when the input is absent; Fail naming `what` otherwise.
+  double ConstScalar(int k, const char* what, double def) const;
 
   // The graph node that computes value `name` (kInput for the graph input).
   int Source(const std::string& name) const {
@@ -180,7 +186,7 @@ class Importer {
   std::set<std::string> read_;                             // values some node or output reads
 };
 
-void Importer::Window(int64_t* kernel, int64_t* stride, int64_t* pad) const {
+void Importer::Window(int64_t* kernel, int64_t* stride, int64_t* pad, int64_t* dilation) const {
   NoAutoPad();
   const auto k = Ints("kernel_shape", {});
   if (k.size() != 2 || k[0] != k[1]) Fail("only square 2-D kernels are supported");
@@ -190,12 +196,28 @@ void Importer::Window(int64_t* kernel, int64_t* stride, int64_t* pad) const {
   if (p.size() != 4 || p[0] != p[1] || p[0] != p[2] || p[0] != p[3]) {
     Fail("only equal pads on every side are supported");
   }
-  for (int64_t d : Ints("dilations", {1, 1})) {
-    if (d != 1) Fail("dilations other than 1 are not supported");
-  }
+  const auto d = Ints("dilations", {1, 1});
+  if (d.size() != 2 || d[0] != d[1]) Fail("only equal dilations are supported");
+  if (dilation == nullptr && d[0] != 1) Fail("dilations other than 1 are not supported");
+  if (dilation != nullptr) *dilation = d[0];
   *kernel = k[0];
   *stride = s[0];
   *pad = p[0];
+}
+
+double Importer::ConstScalar(int k, const char* what, double def) const {
+  if (node_->input_size() <= k || node_->input(k).empty()) return def;
+  const std::string& name = node_->input(k);
+  const auto c = const_.find(name);
+  const auto it = init_.find(name);
+  const onnx::TensorProto* t = c != const_.end()   ? c->second
+                               : it != init_.end() ? it->second
+                                                   : nullptr;
+  std::vector<float> v;
+  if (t == nullptr || !ReadFloats(*t, &v) || v.size() != 1) {
+    Fail(std::string("the ") + what + " must be a constant scalar");
+  }
+  return v[0];
 }
 
 const onnx::TensorProto& Importer::Param(int k, const char* suffix, std::string* prefix) {
@@ -299,12 +321,10 @@ OnnxModel Importer::Run(const onnx::ModelProto& m, std::map<size_t, std::string>
       }
       if (op == "Conv") {
         OnlyAttributes({"kernel_shape", "strides", "pads", "dilations", "group", "auto_pad"});
-        if (Int("group", 1) != 1) {
-          Fail("group=" + std::to_string(Int("group", 1)) +
-               " (grouped or depthwise convolution) is not supported yet");
-        }
-        int64_t k = 0, s = 0, p = 0;
-        Window(&k, &s, &p);
+        const int64_t groups = Int("group", 1);
+        if (groups < 1) Fail("group=" + std::to_string(groups) + " is not a positive count");
+        int64_t k = 0, s = 0, p = 0, dil = 1;
+        Window(&k, &s, &p, &dil);
         std::string prefix;
         const auto& w = Param(1, "weight", &prefix);
         if (w.dims_size() != 4 || w.dims(2) != k || w.dims(3) != k) {
@@ -312,7 +332,7 @@ OnnxModel Importer::Run(const onnx::ModelProto& m, std::map<size_t, std::string>
         }
         const bool bias = n.input_size() > 2 && !n.input(2).empty();
         if (bias) Param(2, "bias", &prefix);
-        layer = std::make_unique<Conv2d>(be_, prefix, w.dims(0), k, s, p, bias);
+        layer = std::make_unique<Conv2d>(be_, prefix, w.dims(0), k, s, p, bias, groups, dil);
         from = {Source(n.input(0))};
       } else if (op == "Gemm") {
         OnlyAttributes({"alpha", "beta", "transA", "transB"});
@@ -344,6 +364,27 @@ OnnxModel Importer::Run(const onnx::ModelProto& m, std::map<size_t, std::string>
       } else if (op == "Relu") {
         layer = std::make_unique<Relu>(be_, "");
         from = {Source(n.input(0))};
+      } else if (op == "Clip" || op == "Sigmoid" || op == "HardSigmoid" || op == "HardSwish" ||
+                 op == "Tanh") {
+        ew::Activation f;
+        if (op == "Clip") {
+          OnlyAttributes({});
+          const double lo = ConstScalar(1, "min", -HUGE_VAL), hi = ConstScalar(2, "max", HUGE_VAL);
+          if (!(lo <= hi))
+            Fail("min " + std::to_string(lo) + " is above max " + std::to_string(hi));
+          f = {ew::ActKind::kClip, static_cast<float>(lo), static_cast<float>(hi)};
+        } else if (op == "HardSigmoid") {
+          OnlyAttributes({"alpha", "beta"});
+          f = {ew::ActKind::kHardSigmoid, static_cast<float>(Float("alpha", 0.2)),
+               static_cast<float>(Float("beta", 0.5))};
+        } else {
+          OnlyAttributes({});
+          f.kind = op == "Sigmoid"     ? ew::ActKind::kSigmoid
+                   : op == "HardSwish" ? ew::ActKind::kHardSwish
+                                       : ew::ActKind::kTanh;
+        }
+        layer = std::make_unique<Activation>(be_, "", f);
+        from = {Source(n.input(0))};
       } else if (op == "MaxPool" || op == "AveragePool") {
         OnlyAttributes({"kernel_shape", "strides", "pads", "dilations", "ceil_mode", "auto_pad",
                         "storage_order", "count_include_pad"});
@@ -367,8 +408,12 @@ OnnxModel Importer::Run(const onnx::ModelProto& m, std::map<size_t, std::string>
         if (Int("axis", 1) != 1) Fail("only axis=1 is supported");
         layer = std::make_unique<Flatten>(be_, "");
         from = {Source(n.input(0))};
-      } else if (op == "Add" || op == "Concat") {
-        if (op == "Concat") {
+      } else if (op == "Add" || op == "Mul" || op == "Concat") {
+        if (op == "Mul") {
+          OnlyAttributes({});
+          if (n.input_size() != 2) Fail("only the product of two inputs is supported");
+          layer = std::make_unique<Mul>(be_, "");
+        } else if (op == "Concat") {
           OnlyAttributes({"axis"});
           if (Int("axis", 0) != 1) Fail("only axis=1 (the channels) is supported");
           layer = std::make_unique<Concat>(be_, "");
@@ -379,19 +424,7 @@ OnnxModel Importer::Run(const onnx::ModelProto& m, std::map<size_t, std::string>
         for (const auto& in : n.input()) from.push_back(Source(in));
       } else if (op == "Dropout") {
         OnlyAttributes({"seed"});
-        double ratio = 0.5;
-        if (n.input_size() > 1 && !n.input(1).empty()) {
-          const auto c = const_.find(n.input(1));
-          const auto it = init_.find(n.input(1));
-          const onnx::TensorProto* t = c != const_.end()   ? c->second
-                                       : it != init_.end() ? it->second
-                                                           : nullptr;
-          std::vector<float> v;
-          if (t == nullptr || !ReadFloats(*t, &v) || v.size() != 1) {
-            Fail("the ratio must be a constant scalar");
-          }
-          ratio = v[0];
-        }
+        const double ratio = ConstScalar(1, "ratio", 0.5);
         if (!(ratio >= 0 && ratio < 1))
           Fail("ratio " + std::to_string(ratio) + " is not in [0, 1)");
         layer = std::make_unique<Dropout>(be_, "", static_cast<float>(Decimal(ratio)));

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Conv2d on every built backend against the double reference: forward, backward data, backward
 // weights (overwrite and accumulate), on awkward shapes (batch 1, odd and non-square images, prime
-// channel counts, padding 0/1/2, stride 1/2, kernels 1/3/5 and non-square) and in bf16/f16.
+// channel counts, padding 0/1/2, stride 1/2, kernels 1/3/5 and non-square, depthwise and grouped,
+// dilated) and in bf16/f16.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -26,6 +27,11 @@ Conv2dDesc MakeConv(int64_t n, int64_t c, int64_t h, int64_t w, int64_t k, int64
   d.stride = stride, d.pad = pad, d.bias = bias, d.precision = p;
   return d;
 }
+Conv2dDesc WithGroups(Conv2dDesc d, int64_t groups, int64_t dilation = 1) {
+  d.groups = groups;
+  d.dilation = dilation;
+  return d;
+}
 
 // The shapes every conv test runs.
 std::vector<Conv2dDesc> Cases(Precision p) {
@@ -40,11 +46,18 @@ std::vector<Conv2dDesc> Cases(Precision p) {
       MakeConv(1, 13, 5, 5, 17, 3, 3, 1, 1, true, p),  // prime channel counts
       MakeConv(4, 3, 16, 16, 8, 3, 3, 1, 1, true, p),  // larger: blocked / Winograd paths
       MakeConv(2, 3, 5, 5, 2, 5, 5, 1, 0, true, p),    // kernel = image: 1x1 output
+      // depthwise (MobileNet): groups = C = K, stride 1 and 2, with and without bias
+      WithGroups(MakeConv(2, 6, 7, 7, 6, 3, 3, 1, 1, false, p), 6),
+      WithGroups(MakeConv(2, 5, 8, 6, 5, 3, 3, 2, 1, true, p), 5),
+      WithGroups(MakeConv(1, 4, 6, 6, 8, 3, 3, 1, 1, true, p), 4),       // channel multiplier 2
+      WithGroups(MakeConv(2, 6, 7, 5, 9, 3, 3, 1, 1, true, p), 3),       // 3 groups of 2 -> 3
+      WithGroups(MakeConv(2, 4, 9, 9, 4, 3, 3, 1, 2, true, p), 1, 2),    // dilation 2
+      WithGroups(MakeConv(1, 4, 11, 8, 6, 3, 3, 2, 3, false, p), 2, 3),  // grouped, dilated
   };
 }
 
 Shape XShape(const Conv2dDesc& d) { return {d.n, d.c, d.h, d.w}; }
-Shape WShape(const Conv2dDesc& d) { return {d.k, d.c, d.r, d.s}; }
+Shape WShape(const Conv2dDesc& d) { return {d.k, d.group_c(), d.r, d.s}; }
 Shape YShape(const Conv2dDesc& d) { return {d.n, d.k, d.out_h(), d.out_w()}; }
 
 }  // namespace
@@ -57,8 +70,8 @@ struct WeightedOp<Conv2dDesc> {
   static Shape W(const D& d) { return WShape(d); }
   static Shape Y(const D& d) { return YShape(d); }
   static int64_t Bias(const D& d) { return d.k; }
-  static int64_t ForwardTerms(const D& d) { return d.c * d.r * d.s + 1; }
-  static int64_t DataTerms(const D& d) { return d.k * d.r * d.s; }
+  static int64_t ForwardTerms(const D& d) { return d.group_c() * d.r * d.s + 1; }
+  static int64_t DataTerms(const D& d) { return d.k / d.groups * d.r * d.s; }
   static int64_t WeightTerms(const D& d) { return d.n * d.out_h() * d.out_w(); }
   static std::shared_ptr<OpPlan> Prepare(Backend& be, const D& d) { return be.PrepareConv2d(d); }
   static void Forward(Backend& be, const OpPlan& p, const Tensor& x, const Tensor& w,

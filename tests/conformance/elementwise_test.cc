@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Elementwise ops on every built backend against the double reference: ReLU forward/backward
+// Elementwise ops on every built backend against the double reference: ReLU and the other
+// activations (clip, sigmoid, hard sigmoid, hard swish, tanh) forward/backward
 // (inputs away from the kink), Add (including aliased outputs), CopyColumns, Scale, and inverted
 // dropout (p = 0 is the identity, the mask matches the shared stateless hash, keep-rate
 // statistics).
@@ -7,6 +8,7 @@
 
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/backend.h"
@@ -41,6 +43,62 @@ TEST_P(ElementwiseTest, ReluForwardBackward) {
     be.ReluBackward(y, dy_t, &dx);
     ref::ReluBackward(ref_y, ToDouble(dy), &ref_dx);
     EXPECT_TRUE(AllClose(ToHost(be, dx), ref_dx, kExactTol)) << "backward";
+  }
+}
+
+// Every activation, forward and backward, against the double reference (PyTorch's definitions)
+// on inputs spread over [-8, 8]: both sides of each kink, and saturated sigmoid/tanh.
+TEST_P(ElementwiseTest, ActivationsForwardBackward) {
+  Backend& be = backend();
+  for (const auto& c : ref::ActivationCases()) {
+    for (int64_t n : kSizes) {
+      SCOPED_TRACE(std::string(c.name) + " n=" + std::to_string(n));
+      std::vector<float> x = RandomDistinct(static_cast<size_t>(n), 14);
+      for (float& v : x) v *= 8.f;
+      const std::vector<float> dy = RandomUniform(static_cast<size_t>(n), 15);
+      Tensor x_t = ToDevice(be, x, {n});
+      Tensor y = be.Empty({n}, DType::kF32, "y");
+      be.ActivationForward(c.f, x_t, &y);
+      std::vector<double> ref_y, ref_dx;
+      ref::ActivationForward(c.f, ToDouble(x), &ref_y);
+      const Tolerance tol = ForPrecision(Precision::kF32);
+      EXPECT_TRUE(AllClose(ToHost(be, y), ref_y, tol)) << "forward";
+
+      Tensor dy_t = ToDevice(be, dy, {n});
+      Tensor dx = be.Empty({n}, DType::kF32, "dx");
+      be.ActivationBackward(c.f, x_t, y, dy_t, &dx);
+      ref::ActivationBackward(c.f, ToDouble(x), ToDouble(dy), &ref_dx);
+      EXPECT_TRUE(AllClose(ToHost(be, dx), ref_dx, tol)) << "backward";
+    }
+  }
+}
+
+// The channel scaling of squeeze-and-excitation blocks and its gradient: rows of 1 (the
+// elementwise product), 7 and 3136 (56x56) columns.
+TEST_P(ElementwiseTest, MulRowsAndRowDot) {
+  Backend& be = backend();
+  for (const auto& [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{
+           {1009, 1}, {2 * 24, 7}, {2 * 16, 3136}, {1, 65537}}) {
+    SCOPED_TRACE(std::to_string(rows) + "x" + std::to_string(cols));
+    const std::vector<float> x = RandomUniform(static_cast<size_t>(rows * cols), 16);
+    const std::vector<float> s = RandomUniform(static_cast<size_t>(rows), 17);
+    const std::vector<float> dy = RandomUniform(static_cast<size_t>(rows * cols), 18);
+    Tensor x_t = ToDevice(be, x, {rows * cols});
+    Tensor s_t = ToDevice(be, s, {rows});
+    Tensor y = be.Empty({rows * cols}, DType::kF32, "y");
+    be.MulRows(x_t, s_t, &y);
+    std::vector<double> ref_y, ref_ds;
+    ref::MulRows(ToDouble(x), ToDouble(s), &ref_y);
+    EXPECT_TRUE(AllClose(ToHost(be, y), ref_y, ForPrecision(Precision::kF32))) << "mul_rows";
+
+    Tensor dy_t = ToDevice(be, dy, {rows * cols});
+    Tensor ds = be.Empty({rows}, DType::kF32, "ds");
+    be.RowDot(dy_t, x_t, &ds);
+    ref::RowDot(ToDouble(dy), ToDouble(x), rows, &ref_ds);
+    EXPECT_TRUE(AllClose(ToHost(be, ds), ref_ds, ForReduction(Precision::kF32, cols))) << "row_dot";
+
+    be.MulRows(x_t, s_t, &x_t);  // y aliases x
+    EXPECT_TRUE(AllClose(ToHost(be, x_t), ref_y, ForPrecision(Precision::kF32))) << "aliased";
   }
 }
 

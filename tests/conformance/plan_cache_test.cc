@@ -15,7 +15,7 @@ namespace {
 
 Conv2dDesc SomeConv() {
   Conv2dDesc d;
-  d.n = 2, d.c = 3, d.h = 7, d.w = 5, d.k = 4, d.r = 3, d.s = 3, d.stride = 1, d.pad = 1;
+  d.n = 2, d.c = 3, d.h = 7, d.w = 5, d.k = 6, d.r = 3, d.s = 3, d.stride = 1, d.pad = 1;
   return d;
 }
 
@@ -42,9 +42,11 @@ TEST_P(PlanCacheTest, Conv2d) {
   ASSERT_NE(p1, nullptr);
   EXPECT_EQ(p1.get(), p2.get()) << "identical descriptor, different plan";
 
-  for (auto change : {+[](Conv2dDesc& d) { d.n = 3; }, +[](Conv2dDesc& d) { d.stride = 2; },
-                      +[](Conv2dDesc& d) { d.pad = 0; }, +[](Conv2dDesc& d) { d.bias = false; },
-                      +[](Conv2dDesc& d) { d.s = 1; }, +[](Conv2dDesc& d) { d.k = 5; }}) {
+  for (auto change :
+       {+[](Conv2dDesc& d) { d.n = 3; }, +[](Conv2dDesc& d) { d.stride = 2; },
+        +[](Conv2dDesc& d) { d.pad = 0; }, +[](Conv2dDesc& d) { d.bias = false; },
+        +[](Conv2dDesc& d) { d.s = 1; }, +[](Conv2dDesc& d) { d.k = 9; },
+        +[](Conv2dDesc& d) { d.groups = 3; }, +[](Conv2dDesc& d) { d.dilation = 2; }}) {
     Conv2dDesc b = SomeConv();
     change(b);
     SCOPED_TRACE(b.ToString());
@@ -100,6 +102,10 @@ TEST_P(PlanCacheTest, RefusesImpossibleShapes) {
   conv.h = 0;  // padding alone would give a non-empty output
   EXPECT_FALSE(be.Supports(conv)) << conv.ToString();
   EXPECT_THROW(be.PrepareConv2d(conv), UnsupportedError);
+  Conv2dDesc grouped = SomeConv();
+  grouped.groups = 2;  // does not divide the 3 input channels
+  EXPECT_FALSE(be.Supports(grouped)) << grouped.ToString();
+  EXPECT_THROW(be.PrepareConv2d(grouped), UnsupportedError);
   LinearDesc linear = SomeLinear();
   linear.in = 0;
   EXPECT_FALSE(be.Supports(linear)) << linear.ToString();

@@ -57,13 +57,21 @@ double Dot(const Vec& a, const Vec& b) {
 }
 
 TEST(ReferenceOpsTest, ConvGradients) {
-  for (const auto& [stride, pad, r, s] : std::vector<std::array<int64_t, 4>>{
-           {1, 1, 3, 3}, {2, 0, 3, 3}, {2, 2, 5, 3}, {1, 0, 1, 1}}) {
+  // stride, pad, kernel height, width, channels, output channels, groups, dilation
+  for (const auto& [stride, pad, r, s, c, k, groups, dilation] :
+       std::vector<std::array<int64_t, 8>>{{1, 1, 3, 3, 3, 2, 1, 1},
+                                           {2, 0, 3, 3, 3, 2, 1, 1},
+                                           {2, 2, 5, 3, 3, 2, 1, 1},
+                                           {1, 0, 1, 1, 3, 2, 1, 1},
+                                           {1, 1, 3, 3, 4, 4, 4, 1},
+                                           {2, 1, 3, 3, 4, 6, 2, 1},
+                                           {1, 2, 3, 3, 3, 2, 1, 2}}) {
     Conv2dDesc d;
-    d.n = 2, d.c = 3, d.h = 6, d.w = 5, d.k = 2, d.r = r, d.s = s, d.stride = stride, d.pad = pad;
-    SCOPED_TRACE(std::to_string(stride) + "/" + std::to_string(pad) + "/" + std::to_string(r));
+    d.n = 2, d.c = c, d.h = 6, d.w = 5, d.k = k, d.r = r, d.s = s, d.stride = stride, d.pad = pad;
+    d.groups = groups, d.dilation = dilation;
+    SCOPED_TRACE(d.ToString());
     const Vec x = RandomVec(static_cast<size_t>(d.n * d.c * d.h * d.w), 1);
-    const Vec w = RandomVec(static_cast<size_t>(d.k * d.c * d.r * d.s), 2);
+    const Vec w = RandomVec(static_cast<size_t>(d.weight_numel()), 2);
     const Vec b = RandomVec(static_cast<size_t>(d.k), 3);
     const Vec rr = RandomVec(static_cast<size_t>(d.n * d.k * d.out_h() * d.out_w()), 4);
     Vec dx, dw, db;
@@ -198,6 +206,29 @@ TEST(ReferenceOpsTest, ReluAndDropoutGradients) {
   // p = 0 is the identity.
   ref::DropoutForward(x, 0.0f, 5, &y);
   EXPECT_EQ(y, x);
+}
+
+// Inputs spread over [-8, 8] so every branch (both sides of each kink) is exercised; distinct
+// values keep them off the kinks themselves.
+TEST(ReferenceOpsTest, ActivationGradients) {
+  Vec x = DistinctVec(61, 33);
+  for (double& v : x) v *= 8.0;
+  const Vec rr = RandomVec(61, 34);
+  for (const auto& c : ref::ActivationCases()) {
+    SCOPED_TRACE(c.name);
+    Vec dx;
+    ref::ActivationBackward(c.f, x, rr, &dx);
+    auto f = [&](const Vec& v) {
+      Vec out;
+      ref::ActivationForward(c.f, v, &out);
+      return out;
+    };
+    EXPECT_TRUE(GradCheck(f, x, rr, dx));
+  }
+  // ReLU6 by hand.
+  Vec y;
+  ref::ActivationForward(ref::ActivationCases()[0].f, {-1.0, 0.5, 7.0}, &y);
+  EXPECT_EQ(y, (Vec{0.0, 0.5, 6.0}));
 }
 
 TEST(ReferenceOpsTest, BatchNormGradients) {

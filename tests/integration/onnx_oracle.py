@@ -5,10 +5,21 @@
 #   onnx_oracle.py export MODEL DIR   torchvision MODEL (num_classes=10, dropout 0) exported in
 #       training mode at 32x32 to DIR/model.onnx; a fixed batch of 16 in DIR/batch.h5; and the
 #       state after one plain SGD step (lr 0.1, mean cross-entropy) from the file's own
-#       initializers in DIR/after.pt.
+#       initializers in DIR/after.pt, taken by PyTorch in float32 and in float64.
 #   onnx_oracle.py compare MODEL DIR CKPT   every parameter of the dptrain checkpoint equals
-#       PyTorch's to 1e-3 of the update's size, every batch-norm buffer to 1e-4, and the
+#       PyTorch's step to 1e-3 of the update's size, every batch-norm buffer to 1e-4, and the
 #       checkpoint loads into torchvision's MODEL with strict=True.
+#
+# "PyTorch's step" is its float64 step: the exact answer both float32 programs approximate. At
+# 32x32 the last stages of the deeper models see 1x1 maps, where batch norm over 16 values
+# amplifies rounding, and PyTorch's own float32 step is then further than 1e-3 of the update
+# from its float64 step (1.4% on resnet50's conv1). Where that happens a tensor may differ from
+# the float64 step by twice PyTorch's own float32 error, and no more: dptrain must be as close
+# to the exact step as PyTorch is.
+#
+# vgg11_bn: torchvision's VGG pools to 7x7 (AdaptiveAvgPool2d) before a 25088-wide classifier,
+# which torch cannot export from the 1x1 map of a 32x32 input; it runs in the usual CIFAR form,
+# no pooling and a 512-wide first classifier layer (same names).
 #   onnx_oracle.py load MODEL DIR CKPT   only the strict=True load.
 import sys
 import warnings
@@ -28,6 +39,9 @@ warnings.filterwarnings("ignore")  # torch.onnx.export notes on num_batches_trac
 def build(name):
     torch.manual_seed(0)
     m = getattr(torchvision.models, name)(num_classes=10)
+    if name.startswith("vgg"):
+        m.avgpool = torch.nn.Identity()
+        m.classifier[0] = torch.nn.Linear(512, 4096)
     for mod in m.modules():
         if isinstance(mod, torch.nn.Dropout):
             mod.p = 0.0
@@ -58,40 +72,55 @@ def export(name, out):
         f["images"] = x.numpy().astype(np.float32)
         f["labels"] = y.numpy().astype(np.int32)
         f.attrs["classes"] = 10
-    m = from_onnx(name, f"{out}/model.onnx").train()
-    before = {k: v.clone() for k, v in m.state_dict().items()}
-    loss = F.cross_entropy(m(x), y)
-    loss.backward()
-    with torch.no_grad():
-        for p in m.parameters():
-            p -= LR * p.grad
-    torch.save({"before": before, "after": m.state_dict()}, f"{out}/after.pt")
+    steps = {}
+    for dtype in (torch.float32, torch.float64):
+        m = from_onnx(name, f"{out}/model.onnx").to(dtype).train()
+        before = {k: v.clone().float() for k, v in m.state_dict().items()}
+        loss = F.cross_entropy(m(x.to(dtype)), y)
+        loss.backward()
+        with torch.no_grad():
+            for p in m.parameters():
+                p -= LR * p.grad
+        steps[dtype] = {k: v.clone() for k, v in m.state_dict().items()}
+    torch.save({"before": before, "after32": steps[torch.float32],
+                "after64": steps[torch.float64]}, f"{out}/after.pt")
 
 
 def compare(name, out, ckpt):
     ref = torch.load(f"{out}/after.pt")
-    before, after = ref["before"], ref["after"]
+    before, after, after32 = ref["before"], ref["after64"], ref["after32"]
     params = {n for n, _ in build(name).named_parameters()}
     state = {}
     with h5py.File(ckpt, "r") as f:
         for k, d in f["params"].items():
             state[k] = torch.from_numpy(np.array(d))
     bad = []
+    worst = (0.0, "")  # the largest error / tolerance
+    slack = 0  # tensors that need the float32 allowance (further than 1e-3 of the update)
     for k, want in after.items():
         if k.endswith("num_batches_tracked"):
             continue
         got = state[k].reshape(want.shape).to(want.dtype)
         err = (got - want).abs().max().item()
+        torch_err = (after32[k].to(want.dtype) - want).abs().max().item()
         if k in params:
-            step = (want - before[k]).abs().max().item()
+            step = (want - before[k].to(want.dtype)).abs().max().item()
             tol = 1e-3 * max(step, 1e-12)
         else:  # running mean / variance
             tol = 1e-4 * max(1.0, want.abs().max().item())
+        if err > tol:
+            slack += 1
+        tol = max(tol, 2 * torch_err)
+        if err / tol > worst[0]:
+            worst = (err / tol, k)
         if not err <= tol:
-            bad.append(f"{k}: max |dptrain - torch| {err:.3g} > {tol:.3g}")
+            bad.append(f"{k}: max |dptrain - torch fp64| {err:.3g} > {tol:.3g} "
+                       f"(torch fp32: {torch_err:.3g})")
     if bad:
         print("\n".join(bad[:20]))
         sys.exit(1)
+    print(f"{name}: {len(after)} tensors agree with PyTorch's float64 step; closest to its bound: "
+          f"{worst[1]} at {worst[0]:.2f}x; {slack} need the float32 allowance")
     load(name, ckpt, state)
 
 

@@ -5,6 +5,7 @@
 // purpose: the reference for every op of reference_ops.h in one place, in the header's order.
 #include "tests/testing/reference_ops.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -34,91 +35,71 @@ size_t At(int64_t i) { return static_cast<size_t>(i); }
 // ---------------------------------------------------------------------------------------------
 // conv2d
 
-void Conv2dForward(const Conv2dDesc& d, const Vec& x, const Vec& w, const Vec* b, Vec* y) {
-  const int64_t P = d.out_h(), Q = d.out_w();
-  CheckSize(x, d.n * d.c * d.h * d.w, "conv x");
-  CheckSize(w, d.k * d.c * d.r * d.s, "conv w");
-  if (b != nullptr) CheckSize(*b, d.k, "conv b");
-  y->assign(At(d.n * d.k * P * Q), 0.0);
-  for (int64_t n = 0; n < d.n; ++n) {
-    for (int64_t k = 0; k < d.k; ++k) {
-      for (int64_t p = 0; p < P; ++p) {
-        for (int64_t q = 0; q < Q; ++q) {
-          double acc = b != nullptr ? (*b)[At(k)] : 0.0;
-          for (int64_t c = 0; c < d.c; ++c) {
-            for (int64_t r = 0; r < d.r; ++r) {
-              for (int64_t s = 0; s < d.s; ++s) {
-                const int64_t ih = p * d.stride - d.pad + r;
-                const int64_t iw = q * d.stride - d.pad + s;
-                if (ih < 0 || ih >= d.h || iw < 0 || iw >= d.w) continue;  // zero padding
-                acc += x[At(((n * d.c + c) * d.h + ih) * d.w + iw)] *
-                       w[At(((k * d.c + c) * d.r + r) * d.s + s)];
-              }
-            }
-          }
-          (*y)[At(((n * d.k + k) * P + p) * Q + q)] = acc;
-        }
+// Calls f(x index, w index) for every tap that output (n, k, p, q) reads inside the input:
+// group gi = k / (K/G) sees input channels [gi*C/G, (gi+1)*C/G); taps are `dilation` apart.
+template <class F>
+void ForEachTap(const Conv2dDesc& d, int64_t n, int64_t k, int64_t p, int64_t q, F&& f) {
+  const int64_t cg = d.group_c(), first = k / (d.k / d.groups) * cg;
+  for (int64_t cc = 0; cc < cg; ++cc) {
+    for (int64_t r = 0; r < d.r; ++r) {
+      for (int64_t s = 0; s < d.s; ++s) {
+        const int64_t ih = p * d.stride - d.pad + r * d.dilation;
+        const int64_t iw = q * d.stride - d.pad + s * d.dilation;
+        if (ih < 0 || ih >= d.h || iw < 0 || iw >= d.w) continue;  // zero padding
+        f(At(((n * d.c + first + cc) * d.h + ih) * d.w + iw),
+          At(((k * cg + cc) * d.r + r) * d.s + s));
       }
     }
   }
 }
 
-void Conv2dBackwardData(const Conv2dDesc& d, const Vec& dy, const Vec& w, Vec* dx) {
+// Calls f(n, k, p, q, output index) for every output element.
+template <class F>
+void ForEachOutput(const Conv2dDesc& d, F&& f) {
   const int64_t P = d.out_h(), Q = d.out_w();
-  CheckSize(dy, d.n * d.k * P * Q, "conv dy");
-  CheckSize(w, d.k * d.c * d.r * d.s, "conv w");
-  dx->assign(At(d.n * d.c * d.h * d.w), 0.0);
-  // Scatter each output gradient back through the taps that produced that output.
   for (int64_t n = 0; n < d.n; ++n) {
     for (int64_t k = 0; k < d.k; ++k) {
       for (int64_t p = 0; p < P; ++p) {
-        for (int64_t q = 0; q < Q; ++q) {
-          const double g = dy[At(((n * d.k + k) * P + p) * Q + q)];
-          for (int64_t c = 0; c < d.c; ++c) {
-            for (int64_t r = 0; r < d.r; ++r) {
-              for (int64_t s = 0; s < d.s; ++s) {
-                const int64_t ih = p * d.stride - d.pad + r;
-                const int64_t iw = q * d.stride - d.pad + s;
-                if (ih < 0 || ih >= d.h || iw < 0 || iw >= d.w) continue;
-                (*dx)[At(((n * d.c + c) * d.h + ih) * d.w + iw)] +=
-                    g * w[At(((k * d.c + c) * d.r + r) * d.s + s)];
-              }
-            }
-          }
-        }
+        for (int64_t q = 0; q < Q; ++q) f(n, k, p, q, At(((n * d.k + k) * P + p) * Q + q));
       }
     }
   }
+}
+
+void Conv2dForward(const Conv2dDesc& d, const Vec& x, const Vec& w, const Vec* b, Vec* y) {
+  CheckSize(x, d.n * d.c * d.h * d.w, "conv x");
+  CheckSize(w, d.weight_numel(), "conv w");
+  if (b != nullptr) CheckSize(*b, d.k, "conv b");
+  y->assign(At(d.n * d.k * d.out_h() * d.out_w()), 0.0);
+  ForEachOutput(d, [&](int64_t n, int64_t k, int64_t p, int64_t q, size_t o) {
+    double acc = b != nullptr ? (*b)[At(k)] : 0.0;
+    ForEachTap(d, n, k, p, q, [&](size_t xi, size_t wi) { acc += x[xi] * w[wi]; });
+    (*y)[o] = acc;
+  });
+}
+
+void Conv2dBackwardData(const Conv2dDesc& d, const Vec& dy, const Vec& w, Vec* dx) {
+  CheckSize(dy, d.n * d.k * d.out_h() * d.out_w(), "conv dy");
+  CheckSize(w, d.weight_numel(), "conv w");
+  dx->assign(At(d.n * d.c * d.h * d.w), 0.0);
+  // Scatter each output gradient back through the taps that produced that output.
+  ForEachOutput(d, [&](int64_t n, int64_t k, int64_t p, int64_t q, size_t o) {
+    const double g = dy[o];
+    ForEachTap(d, n, k, p, q, [&](size_t xi, size_t wi) { (*dx)[xi] += g * w[wi]; });
+  });
 }
 
 void Conv2dBackwardWeights(const Conv2dDesc& d, const Vec& x, const Vec& dy, Vec* dw, Vec* db,
                            bool accumulate) {
-  const int64_t P = d.out_h(), Q = d.out_w();
   CheckSize(x, d.n * d.c * d.h * d.w, "conv x");
-  CheckSize(dy, d.n * d.k * P * Q, "conv dy");
-  PrepareGrad(dw, d.k * d.c * d.r * d.s, accumulate, "conv dw");
+  CheckSize(dy, d.n * d.k * d.out_h() * d.out_w(), "conv dy");
+  PrepareGrad(dw, d.weight_numel(), accumulate, "conv dw");
   if (db != nullptr) PrepareGrad(db, d.k, accumulate, "conv db");
-  for (int64_t n = 0; n < d.n; ++n) {
-    for (int64_t k = 0; k < d.k; ++k) {
-      for (int64_t p = 0; p < P; ++p) {
-        for (int64_t q = 0; q < Q; ++q) {
-          const double g = dy[At(((n * d.k + k) * P + p) * Q + q)];
-          if (db != nullptr) (*db)[At(k)] += g;
-          for (int64_t c = 0; c < d.c; ++c) {
-            for (int64_t r = 0; r < d.r; ++r) {
-              for (int64_t s = 0; s < d.s; ++s) {
-                const int64_t ih = p * d.stride - d.pad + r;
-                const int64_t iw = q * d.stride - d.pad + s;
-                if (ih < 0 || ih >= d.h || iw < 0 || iw >= d.w) continue;
-                (*dw)[At(((k * d.c + c) * d.r + r) * d.s + s)] +=
-                    g * x[At(((n * d.c + c) * d.h + ih) * d.w + iw)];
-              }
-            }
-          }
-        }
-      }
-    }
-  }
+  ForEachOutput(d, [&](int64_t n, int64_t k, int64_t p, int64_t q, size_t o) {
+    const double g = dy[o];
+    if (db != nullptr) (*db)[At(k)] += g;
+    ForEachTap(d, n, k, p, q, [&](size_t xi, size_t wi) { (*dw)[wi] += g * x[xi]; });
+  });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -244,6 +225,85 @@ void ReluBackward(const Vec& y, const Vec& dy, Vec* dx) {
   CheckSize(dy, static_cast<int64_t>(y.size()), "relu dy");
   dx->resize(y.size());
   for (size_t i = 0; i < y.size(); ++i) (*dx)[i] = y[i] > 0.0 ? dy[i] : 0.0;
+}
+
+void ActivationForward(const ew::Activation& f, const Vec& x, Vec* y) {
+  const double a = f.a, b = f.b;
+  y->resize(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double v = x[i];
+    switch (f.kind) {
+      case ew::ActKind::kClip:
+        (*y)[i] = std::min(std::max(v, a), b);
+        break;
+      case ew::ActKind::kSigmoid:
+        (*y)[i] = 1.0 / (1.0 + std::exp(-v));
+        break;
+      case ew::ActKind::kHardSigmoid:
+        (*y)[i] = std::min(1.0, std::max(0.0, a * v + b));
+        break;
+      case ew::ActKind::kHardSwish:
+        (*y)[i] = v * std::min(6.0, std::max(0.0, v + 3.0)) / 6.0;
+        break;
+      case ew::ActKind::kTanh:
+        (*y)[i] = std::tanh(v);
+        break;
+    }
+  }
+}
+
+void ActivationBackward(const ew::Activation& f, const Vec& x, const Vec& dy, Vec* dx) {
+  CheckSize(dy, static_cast<int64_t>(x.size()), "activation dy");
+  const double a = f.a, b = f.b;
+  dx->resize(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double v = x[i];
+    double g = 0;  // dy/dx
+    switch (f.kind) {
+      case ew::ActKind::kClip:
+        g = v > a && v < b ? 1.0 : 0.0;
+        break;
+      case ew::ActKind::kSigmoid: {
+        const double s = 1.0 / (1.0 + std::exp(-v));
+        g = s * (1.0 - s);
+        break;
+      }
+      case ew::ActKind::kHardSigmoid:
+        g = a * v + b > 0.0 && a * v + b < 1.0 ? a : 0.0;
+        break;
+      case ew::ActKind::kHardSwish:
+        g = v < -3.0 ? 0.0 : (v <= 3.0 ? (2.0 * v + 3.0) / 6.0 : 1.0);
+        break;
+      case ew::ActKind::kTanh:
+        g = 1.0 - std::tanh(v) * std::tanh(v);
+        break;
+    }
+    (*dx)[i] = g * dy[i];
+  }
+}
+
+void MulRows(const Vec& x, const Vec& s, Vec* y) {
+  DPT_CHECK(!s.empty() && x.size() % s.size() == 0)
+      << "mul_rows: " << x.size() << " by " << s.size();
+  const size_t cols = x.size() / s.size();
+  y->resize(x.size());
+  for (size_t i = 0; i < x.size(); ++i) (*y)[i] = x[i] * s[i / cols];
+}
+
+void RowDot(const Vec& dy, const Vec& x, int64_t rows, Vec* ds) {
+  CheckSize(dy, static_cast<int64_t>(x.size()), "row_dot dy");
+  DPT_CHECK(rows > 0 && x.size() % At(rows) == 0) << "row_dot: " << x.size() << " in " << rows;
+  const size_t cols = x.size() / At(rows);
+  ds->assign(At(rows), 0.0);
+  for (size_t i = 0; i < x.size(); ++i) (*ds)[i / cols] += dy[i] * x[i];
+}
+
+std::vector<ActivationCase> ActivationCases() {
+  using K = ew::ActKind;
+  return {
+      {"relu6", {K::kClip, 0.f, 6.f}},          {"clip(-1.5,2)", {K::kClip, -1.5f, 2.f}},
+      {"sigmoid", {K::kSigmoid, 0.f, 0.f}},     {"hardsigmoid", {K::kHardSigmoid, 1.f / 6.f, 0.5f}},
+      {"hardswish", {K::kHardSwish, 0.f, 0.f}}, {"tanh", {K::kTanh, 0.f, 0.f}}};
 }
 
 void Add(const Vec& a, const Vec& b, Vec* y) {

@@ -54,7 +54,22 @@ void PoolBackward(const PoolDesc& d, const Vec& x, const Vec& dy, Vec* dx);
 void ReluForward(const Vec& x, Vec* y);
 // dx = dy where y > 0, else 0 (y is the forward output).
 void ReluBackward(const Vec& y, const Vec& dy, Vec* dx);
+// The activations of ew::Activation, in double with PyTorch's definitions: clip to [a, b];
+// sigmoid; hard sigmoid max(0, min(1, a x + b)); hard swish x * clamp(x + 3, 0, 6) / 6; tanh.
+void ActivationForward(const ew::Activation& f, const Vec& x, Vec* y);
+// From the forward input x and dy (PyTorch's gradients, zero at and beyond the kinks as there).
+void ActivationBackward(const ew::Activation& f, const Vec& x, const Vec& dy, Vec* dx);
+// One of each kind as PyTorch's modules define them (ReLU6, Sigmoid, Hardsigmoid, Hardswish,
+// Tanh) plus an asymmetric clip, for the tests; `name` labels the case.
+struct ActivationCase {
+  const char* name;
+  ew::Activation f;
+};
+std::vector<ActivationCase> ActivationCases();
 void Add(const Vec& a, const Vec& b, Vec* y);
+// x as (s.size(), cols): y[r, j] = x[r, j] * s[r]; ds[r] = sum_j dy[r, j] * x[r, j].
+void MulRows(const Vec& x, const Vec& s, Vec* y);
+void RowDot(const Vec& dy, const Vec& x, int64_t rows, Vec* ds);
 void Scale(Vec* t, double alpha);
 // Inverted dropout: element i is kept iff ew::DropoutScale(seed, i, p) != 0 (the backends' shared
 // stateless mask) and then multiplied by 1 / (1 - p) in double; dropped elements are 0.

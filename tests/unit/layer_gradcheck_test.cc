@@ -9,6 +9,7 @@
 #include <functional>
 
 #include "core/backend_registry.h"
+#include "models/layers/activation.h"
 #include "models/layers/batch_norm.h"
 #include "models/layers/conv2d.h"
 #include "models/layers/dropout.h"
@@ -179,6 +180,35 @@ TEST(LayerGradCheckTest, ResidualWithProjectionShortcut) {
                                       "block.shortcut.0.weight", "block.shortcut.1.weight",
                                       "block.shortcut.1.bias", "fc.weight", "fc.bias"}));
   CheckWithRandomProjection(m, Input(Shape{3, 2, 6, 6}, 5), 1e-3f);
+}
+
+// A MobileNet-style block: a depthwise (dilated) conv, a grouped 1x1 conv, the smooth
+// activations, and a squeeze-and-excitation scaling (global pool, 1x1 convs, hard sigmoid, a
+// per-channel Mul with the scale as its first input, as torchvision exports it), then a same-
+// shape Mul (hard swish written as x * hardsigmoid(x)).
+TEST(LayerGradCheckTest, DepthwiseGroupedConvActivationsAndSqueezeExcitation) {
+  Backend& be = GetBackend("cpu");
+  using K = ew::ActKind;
+  auto g = std::make_unique<Graph>(be);
+  g->Add(std::make_unique<Conv2d>(be, "stem", 4, 3, 1, 1, true));
+  g->Add(std::make_unique<Conv2d>(be, "dw", 4, 3, 1, 2, false, /*groups=*/4, /*dilation=*/2));
+  const int act = g->Add(std::make_unique<Activation>(be, "", ew::Activation{K::kHardSwish}));
+  g->Add(std::make_unique<Pool2d>(be, "", PoolKind::kAvg, 0, 0, 0));
+  g->Add(std::make_unique<Conv2d>(be, "se.fc1", 2, 1, 1, 0, true));
+  g->Add(std::make_unique<Activation>(be, "", ew::Activation{K::kTanh}));
+  g->Add(std::make_unique<Conv2d>(be, "se.fc2", 4, 1, 1, 0, true));
+  const int scale = g->Add(
+      std::make_unique<Activation>(be, "", ew::Activation{K::kHardSigmoid, 1.f / 6.f, 0.5f}));
+  const int se = g->Add(std::make_unique<Mul>(be, "se.mul"), {scale, act});
+  g->Add(std::make_unique<Conv2d>(be, "project", 4, 1, 1, 0, false, /*groups=*/2));
+  const int sig = g->Add(std::make_unique<Activation>(be, "", ew::Activation{K::kSigmoid}));
+  g->Add(std::make_unique<Mul>(be, "gate"), {sig, se});
+  g->Add(std::make_unique<Flatten>(be, ""));
+  g->Add(std::make_unique<Linear>(be, "fc", 3, true));
+  Model m(be, std::move(g), Shape{2, 6, 6});
+  m.Setup(3, Precision::kF32);
+  m.InitParams(13);
+  CheckWithRandomProjection(m, Input(Shape{3, 2, 6, 6}, 6), 1e-3f);
 }
 
 // model.layers as a graph: a dense-style block (concat of a conv and its input) and a residual
