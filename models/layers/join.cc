@@ -53,8 +53,8 @@ Shape Mul::SetupInputs(const std::vector<Shape>& in, const SetupOptions& opts) {
   const Shape& w = in[wide_];
   const Shape& s = in[1 - wide_];
   const bool same = s == w;
-  const bool channels = w.rank() == 4 && s.rank() == 4 && s[0] == w[0] && s[1] == w[1] &&
-                        s[2] == 1 && s[3] == 1;
+  const bool channels =
+      w.rank() == 4 && s.rank() == 4 && s[0] == w[0] && s[1] == w[1] && s[2] == 1 && s[3] == 1;
   DPT_CHECK_AS(ConfigError, same || channels)
       << "layer '" << label() << "' (mul): inputs of shapes " << in[0].ToString() << " and "
       << in[1].ToString() << "; dptrain multiplies equal shapes, or (N, C, H, W) by (N, C, 1, 1)";
