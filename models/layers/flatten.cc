@@ -1,6 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
-// Flatten layer.
+// Flatten and Reshape layers.
 #include "models/layers/flatten.h"
+
+#include <string>
+
+#include "core/error.h"
 
 namespace dptrain {
 
@@ -16,6 +20,50 @@ const Tensor& Flatten::Forward(const Tensor& x, const ForwardContext& /*ctx*/) {
 }
 
 const Tensor& Flatten::Backward(const Tensor& dy, bool /*accumulate*/) {
+  dx_ = dy.View(in_.WithBatch(dy.shape()[0]));
+  return dx_;
+}
+
+Shape Reshape::Setup(const Shape& in, const SetupOptions& /*opts*/) {
+  in_ = in;
+  const int64_t per_sample = in.numel() / in[0];
+  std::vector<int64_t> out{in[0]};
+  int64_t known = 1, infer = -1;
+  std::string want = "[N";
+  for (size_t i = 0; i < dims_.size(); ++i) {
+    int64_t d = dims_[i];
+    want += ", " + std::to_string(d);
+    if (d == 0) {
+      DPT_CHECK_AS(ConfigError, static_cast<int>(i) + 1 < in.rank())
+          << "reshape '" << label() << "': 0 at place " << i + 1 << " copies a dimension that "
+          << in.ToString() << " does not have";
+      d = in[static_cast<int>(i) + 1];
+    }
+    if (d == -1) {
+      DPT_CHECK_AS(ConfigError, infer < 0) << "reshape '" << label() << "': more than one -1";
+      infer = static_cast<int64_t>(out.size());
+    } else {
+      DPT_CHECK_AS(ConfigError, d > 0)
+          << "reshape '" << label() << "': dimension " << d << " is not a size";
+      known *= d;
+    }
+    out.push_back(d);
+  }
+  want += "]";
+  if (infer >= 0 && known > 0 && per_sample % known == 0)
+    out[static_cast<size_t>(infer)] = per_sample / known;
+  out_ = Shape(out);
+  DPT_CHECK_AS(ConfigError, out_.numel() == in.numel())
+      << "reshape '" << label() << "': cannot view " << in.ToString() << " as " << want;
+  return out_;
+}
+
+const Tensor& Reshape::Forward(const Tensor& x, const ForwardContext& /*ctx*/) {
+  y_ = x.View(out_.WithBatch(x.shape()[0]));
+  return y_;
+}
+
+const Tensor& Reshape::Backward(const Tensor& dy, bool /*accumulate*/) {
   dx_ = dy.View(in_.WithBatch(dy.shape()[0]));
   return dx_;
 }

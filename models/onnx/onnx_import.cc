@@ -7,6 +7,7 @@
 #include <onnx/checker.h>
 #include <onnx/onnx_pb.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -33,7 +34,7 @@ namespace {
 constexpr char kSupported[] =
     "Conv (groups, dilations), Gemm, Relu, Clip, Sigmoid, HardSigmoid, HardSwish, Tanh, MaxPool, "
     "AveragePool, GlobalAveragePool, BatchNormalization, Add, Mul (equal shapes or [N, C, 1, 1]), "
-    "Concat, Flatten, Dropout, Identity, Constant";
+    "Concat, Flatten, Reshape (to a constant shape keeping the batch), Dropout, Identity, Constant";
 constexpr char kExport[] =
     "torch.onnx.export(model, x, FILE, training=torch.onnx.TrainingMode.TRAINING, "
     "do_constant_folding=False)";
@@ -89,6 +90,18 @@ bool ReadFloats(const onnx::TensorProto& t, std::vector<float>* out) {
     return true;
   }
   return false;
+}
+
+// An int64 tensor's values (raw little-endian bytes or int64_data); false on other types.
+bool ReadInts(const onnx::TensorProto& t, std::vector<int64_t>* out) {
+  if (t.data_type() != onnx::TensorProto::INT64) return false;
+  if (t.has_raw_data()) {
+    out->resize(t.raw_data().size() / sizeof(int64_t));
+    std::memcpy(out->data(), t.raw_data().data(), out->size() * sizeof(int64_t));
+  } else {
+    out->assign(t.int64_data().begin(), t.int64_data().end());
+  }
+  return true;
 }
 
 int64_t Numel(const onnx::TensorProto& t) {
@@ -403,6 +416,31 @@ OnnxModel Importer::Run(const onnx::ModelProto& m, std::map<size_t, std::string>
       } else if (op == "GlobalAveragePool") {
         layer = std::make_unique<Pool2d>(be_, "", PoolKind::kAvg, 0, 0, 0);
         from = {Source(n.input(0))};
+      } else if (op == "Reshape") {
+        OnlyAttributes({"allowzero"});
+        if (Int("allowzero", 0) != 0) Fail("allowzero=1 is not supported");
+        const std::string& sname = n.input_size() > 1 ? n.input(1) : std::string();
+        const auto c = const_.find(sname);
+        const auto it = init_.find(sname);
+        const onnx::TensorProto* t = c != const_.end()   ? c->second
+                                     : it != init_.end() ? it->second
+                                                         : nullptr;
+        std::vector<int64_t> dims;
+        if (t == nullptr || !ReadInts(*t, &dims) || dims.empty()) {
+          Fail(
+              "the shape must be a constant int64 tensor (a shape computed in the graph, as "
+              "x.view(x.size(0), -1) exports, is not supported: use torch.flatten(x, 1))");
+        }
+        if (dims[0] != 0 && dims[0] != -1) {
+          Fail("the shape's first dimension is " + std::to_string(dims[0]) +
+               "; it must keep the batch (0 or -1, as x.view(-1, ...) exports)");
+        }
+        if (dims[0] == -1 && std::count(dims.begin() + 1, dims.end(), -1) > 0) {
+          Fail("with -1 as the batch dimension the other dimensions must be given");
+        }
+        layer =
+            std::make_unique<Reshape>(be_, "", std::vector<int64_t>(dims.begin() + 1, dims.end()));
+        from = {Source(n.input(0))};
       } else if (op == "Flatten") {
         OnlyAttributes({"axis"});
         if (Int("axis", 1) != 1) Fail("only axis=1 is supported");
@@ -429,6 +467,10 @@ OnnxModel Importer::Run(const onnx::ModelProto& m, std::map<size_t, std::string>
           Fail("ratio " + std::to_string(ratio) + " is not in [0, 1)");
         layer = std::make_unique<Dropout>(be_, "", static_cast<float>(Decimal(ratio)));
         from = {Source(n.input(0))};
+      } else if (op == "Shape" || op == "Gather" || op == "Unsqueeze") {
+        Fail(op +
+             " is not supported: the graph computes a shape from the batch, as "
+             "x.view(x.size(0), -1) exports; write torch.flatten(x, 1) or x.view(-1, C*H*W)");
       } else {
         Fail(std::string("op is not supported; dptrain runs ") + kSupported);
       }

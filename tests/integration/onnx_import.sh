@@ -97,6 +97,15 @@ class Leaky(torch.nn.Module):
         self.fc = torch.nn.Linear(4 * 30 * 30, 10)
     def forward(self, x):
         return self.fc(torch.flatten(torch.nn.functional.leaky_relu(self.conv(x)), 1))
+class View(torch.nn.Module):
+    def __init__(self, dynamic):
+        super().__init__()
+        self.dynamic = dynamic
+        self.conv = torch.nn.Conv2d(3, 4, 3, stride=2)
+        self.fc = torch.nn.Linear(4 * 15 * 15, 10)
+    def forward(self, x):
+        y = torch.relu(self.conv(x))
+        return self.fc(y.view(y.size(0), -1) if self.dynamic else y.view(-1, 4 * 15 * 15))
 class TwoInputs(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -107,6 +116,8 @@ x = torch.zeros(2, 3, 32, 32)
 kw = dict(training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False, opset_version=13)
 torch.onnx.export(Leaky(), x, f"{out}/leaky.onnx", **kw)
 torch.onnx.export(TwoInputs(), (x, x), f"{out}/two_inputs.onnx", **kw)
+torch.onnx.export(View(False), x, f"{out}/view.onnx", **kw)
+torch.onnx.export(View(True), x, f"{out}/view_dynamic.onnx", **kw)
 # An initializer of the wrong size: fc.weight cut to half its columns.
 m = onnx.load(f"{out}/resnet18/model.onnx")
 for t in m.graph.initializer:
@@ -118,6 +129,12 @@ PYEOF
 CASE="an unsupported op"
 expect_fail 2 "(LeakyRelu): op is not supported; dptrain runs Conv" -- \
   "$DPTRAIN" train --config "$D/run.toml" --set "model.onnx=$TMP/leaky.onnx"
+CASE="x.view(-1, C*H*W): a Reshape to a constant shape trains"
+expect_ok -- "$DPTRAIN" train --config "$D/run.toml" --set "model.onnx=$TMP/view.onnx" \
+  --set "run_dir=$TMP/view_run"
+CASE="x.view(x.size(0), -1): a shape computed in the graph"
+expect_fail 2 "is not supported: the graph computes a shape from the batch" -- \
+  "$DPTRAIN" train --config "$D/run.toml" --set "model.onnx=$TMP/view_dynamic.onnx"
 CASE="two inputs"
 expect_fail 2 "two_inputs.onnx has 2 inputs" -- \
   "$DPTRAIN" train --config "$D/run.toml" --set "model.onnx=$TMP/two_inputs.onnx"
