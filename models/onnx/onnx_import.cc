@@ -172,6 +172,13 @@ class Importer {
   // The value of optional input k when it is a constant scalar (a Constant node's output or an
   // initializer); `def` when the input is absent; Fail naming `what` otherwise.
   double ConstScalar(int k, const char* what, double def) const;
+  // The tensor a Constant node or an initializer named `name` holds; nullptr for anything else.
+  const onnx::TensorProto* ConstantValue(const std::string& name) const {
+    const auto c = const_.find(name);
+    if (c != const_.end()) return c->second;
+    const auto it = init_.find(name);
+    return it != init_.end() ? it->second : nullptr;
+  }
 
   // The graph node that computes value `name` (kInput for the graph input).
   int Source(const std::string& name) const {
@@ -220,12 +227,7 @@ void Importer::Window(int64_t* kernel, int64_t* stride, int64_t* pad, int64_t* d
 
 double Importer::ConstScalar(int k, const char* what, double def) const {
   if (node_->input_size() <= k || node_->input(k).empty()) return def;
-  const std::string& name = node_->input(k);
-  const auto c = const_.find(name);
-  const auto it = init_.find(name);
-  const onnx::TensorProto* t = c != const_.end()   ? c->second
-                               : it != init_.end() ? it->second
-                                                   : nullptr;
+  const onnx::TensorProto* t = ConstantValue(node_->input(k));
   std::vector<float> v;
   if (t == nullptr || !ReadFloats(*t, &v) || v.size() != 1) {
     Fail(std::string("the ") + what + " must be a constant scalar");
@@ -419,12 +421,7 @@ OnnxModel Importer::Run(const onnx::ModelProto& m, std::map<size_t, std::string>
       } else if (op == "Reshape") {
         OnlyAttributes({"allowzero"});
         if (Int("allowzero", 0) != 0) Fail("allowzero=1 is not supported");
-        const std::string& sname = n.input_size() > 1 ? n.input(1) : std::string();
-        const auto c = const_.find(sname);
-        const auto it = init_.find(sname);
-        const onnx::TensorProto* t = c != const_.end()   ? c->second
-                                     : it != init_.end() ? it->second
-                                                         : nullptr;
+        const onnx::TensorProto* t = n.input_size() > 1 ? ConstantValue(n.input(1)) : nullptr;
         std::vector<int64_t> dims;
         if (t == nullptr || !ReadInts(*t, &dims) || dims.empty()) {
           Fail(
