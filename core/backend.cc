@@ -89,6 +89,20 @@ ColumnCopy CheckColumnCopy(const Tensor& src, int64_t src_col, const Tensor& dst
   return c;
 }
 
+PadDims CheckPad2d(const Tensor& x, const Tensor& y) {
+  DPT_CHECK(x.dtype() == DType::kF32 && y.dtype() == DType::kF32) << "Pad2d: f32 only";
+  const Shape& a = x.shape();
+  const Shape& b = y.shape();
+  DPT_CHECK(a.rank() == 4 && b.rank() == 4 && a[0] == b[0] && a[1] == b[1])
+      << "Pad2d: " << a.ToString() << " into " << b.ToString();
+  return PadDims{a[0] * a[1], a[2], a[3], b[2], b[3]};
+}
+
+int64_t RowLength(int64_t n, int64_t rows, const char* op) {
+  DPT_CHECK(rows > 0 && n % rows == 0) << op << ": " << n << " values in rows of " << rows;
+  return n / rows;
+}
+
 std::string Conv2dDesc::ToString() const {
   std::ostringstream os;
   os << "conv2d x=(" << n << "," << c << "," << h << "," << w << ") k=" << k << " kernel=" << r
@@ -112,10 +126,26 @@ std::string LinearDesc::ToString() const {
   return os.str();
 }
 
+int64_t PoolDesc::OutSize(int64_t in) const {
+  const int64_t span = in + 2 * pad - kernel;
+  if (span < 0 || stride <= 0) return 0;
+  int64_t out = (ceil_mode ? (span + stride - 1) / stride : span / stride) + 1;
+  // PyTorch's rule: the last window must start inside the input or its left padding.
+  if (ceil_mode && (out - 1) * stride >= in + pad) --out;
+  return out;
+}
+
+bool PoolDesc::Valid() const {
+  return n > 0 && c > 0 && h > 0 && w > 0 && kernel > 0 && stride > 0 && pad >= 0 &&
+         pad * 2 <= kernel && out_h() > 0 && out_w() > 0;
+}
+
 std::string PoolDesc::ToString() const {
   std::ostringstream os;
   os << (kind == PoolKind::kMax ? "maxpool" : "avgpool") << " x=(" << n << "," << c << "," << h
      << "," << w << ") kernel=" << kernel << " stride=" << stride << " pad=" << pad;
+  if (ceil_mode) os << " ceil_mode";
+  if (kind == PoolKind::kAvg && !count_include_pad) os << " count_include_pad=0";
   return os.str();
 }
 

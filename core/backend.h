@@ -58,14 +58,24 @@ struct LinearDesc {
   std::string ToString() const;
 };
 
+// Square-window pooling as torch.nn.MaxPool2d / AvgPool2d: `ceil_mode` rounds the output size
+// up (a last window may hang past the padding, but never starts in it), `count_include_pad`
+// makes the average count padded zeros (PyTorch's default; ONNX AveragePool's default is 0).
 enum class PoolKind : uint8_t { kMax, kAvg };
 struct PoolDesc {
   PoolKind kind = PoolKind::kMax;
   int64_t n = 0, c = 0, h = 0, w = 0;
-  int64_t kernel = 2, stride = 2, pad = 0;  // average pooling counts padding (PyTorch default)
-  int64_t out_h() const { return (h + 2 * pad - kernel) / stride + 1; }
-  int64_t out_w() const { return (w + 2 * pad - kernel) / stride + 1; }
+  int64_t kernel = 2, stride = 2, pad = 0;
+  bool ceil_mode = false;
+  bool count_include_pad = true;
+  int64_t out_h() const { return OutSize(h); }
+  int64_t out_w() const { return OutSize(w); }
+  // Positive sizes, the padding within half the window (as PyTorch asks), a non-empty output.
+  bool Valid() const;
   std::string ToString() const;
+
+ private:
+  int64_t OutSize(int64_t in) const;
 };
 
 // What Prepare* returns: backend-specific state for one shape. `workspace_bytes` is the size of
@@ -105,6 +115,16 @@ struct ColumnCopy {
 };
 ColumnCopy CheckColumnCopy(const Tensor& src, int64_t src_col, const Tensor& dst, int64_t dst_col,
                            int64_t cols);
+
+// The planes (N * C) and plane sizes of a Pad2d call, after checking that both tensors are f32
+// (N, C, H, W) with equal N and C (InternalError otherwise).
+struct PadDims {
+  int64_t planes, h, w, out_h, out_w;
+};
+PadDims CheckPad2d(const Tensor& x, const Tensor& y);
+// The rows of a MulRows / AddRows / RowDot / RowSum call: `n` values in rows of n / rows
+// (InternalError unless rows divides n).
+int64_t RowLength(int64_t n, int64_t rows, const char* op);
 
 class Backend {
  public:
@@ -192,6 +212,15 @@ class Backend {
   virtual void MulRows(const Tensor& x, const Tensor& s, Tensor* y) = 0;
   // ds[r] = sum_j dy[r, j] * x[r, j] with rows = ds.numel(): MulRows's gradient for s.
   virtual void RowDot(const Tensor& dy, const Tensor& x, Tensor* ds) = 0;
+  // As MulRows with a sum: y[r, j] = x[r, j] + s[r] (a (N, C, 1, 1) tensor added to every
+  // position of its channel). y may alias x.
+  virtual void AddRows(const Tensor& x, const Tensor& s, Tensor* y) = 0;
+  // ds[r] = sum_j dy[r, j] with rows = ds.numel(): AddRows's gradient for s.
+  virtual void RowSum(const Tensor& dy, Tensor* ds) = 0;
+  // Zero padding of the (H, W) planes of x (N, C, H, W) into y (N, C, H', W'): input (0, 0) lands
+  // at (top, left) of y, everything else is 0. Negative offsets crop instead, so the gradient of
+  // a padding is Pad2d(dy, -top, -left, dx). y must not alias x.
+  virtual void Pad2d(const Tensor& x, int64_t top, int64_t left, Tensor* y) = 0;
   virtual void Scale(Tensor* t, float alpha) = 0;
   // Inverted dropout with a stateless mask from (seed, element index).
   virtual void DropoutForward(const Tensor& x, float p, uint64_t seed, Tensor* y) = 0;

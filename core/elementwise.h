@@ -75,6 +75,14 @@ DPT_HD float ActivateGrad(Activation f, float x, float y, float dy) {
   return dy;
 }
 
+// ---- zero padding / cropping of (H, W) planes (Backend::Pad2d) ----
+// Element (i, j) of the output plane: the input plane's (i - top, j - left), 0 outside it.
+DPT_HD float ShiftedAt(const float* plane, int64_t h, int64_t w, int64_t top, int64_t left,
+                       int64_t i, int64_t j) {
+  const int64_t ih = i - top, iw = j - left;
+  return ih >= 0 && ih < h && iw >= 0 && iw < w ? plane[ih * w + iw] : 0.f;
+}
+
 // ---- dropout: a counter-based hash, so backward regenerates the mask instead of storing it ----
 DPT_HD uint32_t Hash32(uint64_t seed, uint64_t index) {
   // SplitMix64 finaliser over (seed, index): stateless, identical on host and device.

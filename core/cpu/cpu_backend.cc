@@ -98,11 +98,7 @@ bool CpuBackend::Supports(const Conv2dDesc& d) const {
 bool CpuBackend::Supports(const LinearDesc& d) const {
   return d.n > 0 && d.in > 0 && d.out > 0 && PrecisionOk(d.precision);
 }
-// oneDNN pooling needs the padding within half the window (as PyTorch does).
-bool CpuBackend::Supports(const PoolDesc& d) const {
-  return d.n > 0 && d.c > 0 && d.h > 0 && d.w > 0 && d.kernel > 0 && d.stride > 0 && d.pad >= 0 &&
-         d.pad * 2 <= d.kernel && d.out_h() > 0 && d.out_w() > 0;
-}
+bool CpuBackend::Supports(const PoolDesc& d) const { return d.Valid(); }
 
 std::string OneDnnVersion() {
   const dnnl_version_t* v = dnnl_version();

@@ -16,6 +16,7 @@
 
 #include "core/cpu/cpu_backend.h"
 #include "core/error.h"
+#include "core/pool_window.h"
 
 namespace dptrain::cpu {
 
@@ -100,8 +101,12 @@ struct LinearPlan final : WeightedPlan {
   LinearDesc d;
 };
 
+// Max pooling runs on oneDNN primitives; average pooling on dptrain's own loops over the window
+// arithmetic the CUDA kernels share (core/pool_window.h), which has PyTorch's divisor in ceil
+// mode (oneDNN's include-padding average divides by kernel^2 there). `g` is set for both.
 struct PoolPlan final : OpPlan {
   PoolDesc d;
+  ew::PoolGeom g{};
   memory::desc x_md, y_md;
   dnnl::pooling_forward::primitive_desc train_pd, infer_pd;
   dnnl::pooling_backward::primitive_desc bwd_pd;
@@ -118,7 +123,8 @@ inline auto LinearKey(const LinearDesc& d) {
   return std::make_tuple(d.n, d.in, d.out, d.bias, static_cast<int>(d.precision));
 }
 inline auto PoolKey(const PoolDesc& d) {
-  return std::make_tuple(static_cast<int>(d.kind), d.n, d.c, d.h, d.w, d.kernel, d.stride, d.pad);
+  return std::make_tuple(static_cast<int>(d.kind), d.n, d.c, d.h, d.w, d.kernel, d.stride, d.pad,
+                         d.ceil_mode, d.count_include_pad);
 }
 
 struct CpuBackend::Impl {

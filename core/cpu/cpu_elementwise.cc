@@ -73,9 +73,7 @@ void CpuBackend::Add(const Tensor& a, const Tensor& b, Tensor* y) {
 void CpuBackend::MulRows(const Tensor& x, const Tensor& s, Tensor* y) {
   OpScope scope(this, "mul_rows");
   CheckSame(x, *y, "mul_rows");
-  const int64_t rows = s.numel(), n = x.numel();
-  DPT_CHECK(rows > 0 && n % rows == 0) << "mul_rows: " << n << " values in rows of " << rows;
-  const int64_t cols = n / rows;
+  const int64_t n = x.numel(), cols = RowLength(n, s.numel(), "mul_rows");
   const float* in = x.data<float>();
   const float* sc = s.data<float>();
   float* out = y->data<float>();
@@ -83,21 +81,60 @@ void CpuBackend::MulRows(const Tensor& x, const Tensor& s, Tensor* y) {
   for (int64_t i = 0; i < n; ++i) out[i] = in[i] * sc[i / cols];
 }
 
+void CpuBackend::AddRows(const Tensor& x, const Tensor& s, Tensor* y) {
+  OpScope scope(this, "add_rows");
+  CheckSame(x, *y, "add_rows");
+  const int64_t n = x.numel(), cols = RowLength(n, s.numel(), "add_rows");
+  const float* in = x.data<float>();
+  const float* sc = s.data<float>();
+  float* out = y->data<float>();
+#pragma omp parallel for simd if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) out[i] = in[i] + sc[i / cols];
+}
+
+namespace {
+
+// ds[r] = sum_j dy[r, j] * x[r, j] (x = nullptr: a plain sum), in double: one rounding per row,
+// as the batch-norm sums.
+void RowSums(const float* dy, const float* x, int64_t rows, int64_t cols, float* ds) {
+#pragma omp parallel for if (rows * cols > kParallelMin)
+  for (int64_t r = 0; r < rows; ++r) {
+    double acc = 0;
+    for (int64_t j = 0; j < cols; ++j) {
+      acc += static_cast<double>(dy[r * cols + j]) * (x != nullptr ? x[r * cols + j] : 1.f);
+    }
+    ds[r] = static_cast<float>(acc);
+  }
+}
+
+}  // namespace
+
 void CpuBackend::RowDot(const Tensor& dy, const Tensor& x, Tensor* ds) {
   OpScope scope(this, "row_dot");
   CheckSame(dy, x, "row_dot");
-  const int64_t rows = ds->numel(), n = x.numel();
-  DPT_CHECK(rows > 0 && n % rows == 0) << "row_dot: " << n << " values in rows of " << rows;
-  const int64_t cols = n / rows;
-  const float* g = dy.data<float>();
+  const int64_t rows = ds->numel();
+  RowSums(dy.data<float>(), x.data<float>(), rows, RowLength(x.numel(), rows, "row_dot"),
+          ds->data<float>());
+}
+
+void CpuBackend::RowSum(const Tensor& dy, Tensor* ds) {
+  OpScope scope(this, "row_sum");
+  const int64_t rows = ds->numel();
+  RowSums(dy.data<float>(), nullptr, rows, RowLength(dy.numel(), rows, "row_sum"),
+          ds->data<float>());
+}
+
+void CpuBackend::Pad2d(const Tensor& x, int64_t top, int64_t left, Tensor* y) {
+  OpScope scope(this, "pad2d");
+  const PadDims d = CheckPad2d(x, *y);
   const float* in = x.data<float>();
-  float* out = ds->data<float>();
+  float* out = y->data<float>();
+  const int64_t n = d.planes * d.out_h * d.out_w;
 #pragma omp parallel for if (n > kParallelMin)
-  for (int64_t r = 0; r < rows; ++r) {
-    double acc = 0;  // in double, as the batch-norm sums: one rounding per row
-    for (int64_t j = 0; j < cols; ++j)
-      acc += static_cast<double>(g[r * cols + j]) * in[r * cols + j];
-    out[r] = static_cast<float>(acc);
+  for (int64_t e = 0; e < n; ++e) {
+    const int64_t plane = e / (d.out_h * d.out_w), pos = e % (d.out_h * d.out_w);
+    out[e] =
+        ew::ShiftedAt(in + plane * d.h * d.w, d.h, d.w, top, left, pos / d.out_w, pos % d.out_w);
   }
 }
 

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// CPU backend: max and average pooling on oneDNN pooling primitives, planned once per shape and
-// cached; max pooling keeps its argmax in the caller's workspace.
+// CPU backend: max pooling on oneDNN pooling primitives (planned once per shape and cached, the
+// argmax kept in the caller's workspace); average pooling on loops over the window arithmetic
+// of core/pool_window.h, which the CUDA kernels share.
+#include <algorithm>
 #include <dnnl.hpp>
 #include <memory>
 #include <mutex>
@@ -19,28 +21,38 @@ std::shared_ptr<OpPlan> CpuBackend::PreparePool(const PoolDesc& d) {
   if (slot) return slot;
   auto p = std::make_shared<PoolPlan>();
   p->d = d;
+  p->g = ew::PoolGeom{d.n * d.c, d.h,      d.w,   d.out_h(),          d.out_w(),
+                      d.kernel,  d.stride, d.pad, d.count_include_pad};
+  if (d.kind == PoolKind::kAvg) {
+    slot = p;
+    return p;
+  }
   p->x_md = memory::desc({d.n, d.c, d.h, d.w}, Dt::f32, Tag::nchw);
   p->y_md = memory::desc({d.n, d.c, d.out_h(), d.out_w()}, Dt::f32, Tag::nchw);
-  const memory::dims strides{d.stride, d.stride}, kernel{d.kernel, d.kernel}, pad{d.pad, d.pad};
-  // PyTorch's AvgPool2d counts padded zeros (count_include_pad=True); MaxPool2d pads with -inf.
-  const auto alg = d.kind == PoolKind::kMax ? dnnl::algorithm::pooling_max
-                                            : dnnl::algorithm::pooling_avg_include_padding;
+  // oneDNN derives the output size from the padding: in ceil mode the right/bottom padding
+  // grows to cover the last window (padded with -inf, so it never wins).
+  const auto pad_r = [&](int64_t in, int64_t out) {
+    return std::max<int64_t>(d.pad, (out - 1) * d.stride + d.kernel - in - d.pad);
+  };
+  const memory::dims strides{d.stride, d.stride}, kernel{d.kernel, d.kernel}, pad_l{d.pad, d.pad},
+      pad_rb{pad_r(d.h, d.out_h()), pad_r(d.w, d.out_w())};
+  const auto alg = dnnl::algorithm::pooling_max;
   const auto attr = MakeAttr();
   p->train_pd = DPT_DNNL(dnnl::pooling_forward::primitive_desc(
       dnnl::pooling_forward::desc(dnnl::prop_kind::forward_training, alg, p->x_md, p->y_md, strides,
-                                  kernel, pad, pad),
+                                  kernel, pad_l, pad_rb),
       attr, impl_->engine));
   p->infer_pd = DPT_DNNL(dnnl::pooling_forward::primitive_desc(
       dnnl::pooling_forward::desc(dnnl::prop_kind::forward_inference, alg, p->x_md, p->y_md,
-                                  strides, kernel, pad, pad),
+                                  strides, kernel, pad_l, pad_rb),
       attr, impl_->engine));
   p->bwd_pd = DPT_DNNL(dnnl::pooling_backward::primitive_desc(
-      dnnl::pooling_backward::desc(alg, p->x_md, p->y_md, strides, kernel, pad, pad), attr,
+      dnnl::pooling_backward::desc(alg, p->x_md, p->y_md, strides, kernel, pad_l, pad_rb), attr,
       impl_->engine, p->train_pd));
   p->train = dnnl::pooling_forward(p->train_pd);
   p->infer = dnnl::pooling_forward(p->infer_pd);
   p->bwd = dnnl::pooling_backward(p->bwd_pd);
-  p->workspace_bytes = d.kind == PoolKind::kMax ? p->train_pd.workspace_desc().get_size() : 0;
+  p->workspace_bytes = p->train_pd.workspace_desc().get_size();
   impl_->Reserve(*this, p->train_pd.scratchpad_desc());
   impl_->Reserve(*this, p->infer_pd.scratchpad_desc());
   impl_->Reserve(*this, p->bwd_pd.scratchpad_desc());
@@ -51,15 +63,28 @@ std::shared_ptr<OpPlan> CpuBackend::PreparePool(const PoolDesc& d) {
 void CpuBackend::PoolForward(const OpPlan& plan, const Tensor& x, Tensor* y, Tensor* ws) {
   OpScope scope(this, "pool_fwd");
   const auto& p = static_cast<const PoolPlan&>(plan);
+  const ew::PoolGeom& g = p.g;
   CheckF32(x, "pool x");
-  DPT_CHECK(x.numel() == p.d.n * p.d.c * p.d.h * p.d.w)
-      << x.shape().ToString() << " for " << p.d.ToString();
-  const bool training = ws != nullptr || p.d.kind == PoolKind::kAvg;
+  DPT_CHECK(x.numel() == g.planes * g.h * g.w) << x.shape().ToString() << " for " << p.d.ToString();
+  DPT_CHECK(y->numel() == g.planes * g.p * g.q)
+      << y->shape().ToString() << " for " << p.d.ToString();
+  if (p.d.kind == PoolKind::kAvg) {
+    const float* in = x.data<float>();
+    float* out = y->data<float>();
+    const int64_t n = g.planes * g.p * g.q;
+#pragma omp parallel for if (n * g.kernel * g.kernel > kParallelMin)
+    for (int64_t o = 0; o < n; ++o) {
+      const int64_t plane = o / (g.p * g.q), rem = o % (g.p * g.q);
+      out[o] = ew::AvgPoolAt(g, in + plane * g.h * g.w, rem / g.q, rem % g.q);
+    }
+    return;
+  }
+  const bool training = ws != nullptr;
   const auto& pd = training ? p.train_pd : p.infer_pd;
   std::unordered_map<int, memory> args{{DNNL_ARG_SRC, impl_->Mem(p.x_md, x)},
                                        {DNNL_ARG_DST, impl_->Mem(p.y_md, *y)},
                                        {DNNL_ARG_SCRATCHPAD, impl_->Scratch(pd.scratchpad_desc())}};
-  if (p.d.kind == PoolKind::kMax && ws != nullptr) {
+  if (training) {
     DPT_CHECK(ws->bytes() >= p.workspace_bytes) << "pool workspace too small";
     args.emplace(DNNL_ARG_WORKSPACE, impl_->Mem(p.train_pd.workspace_desc(), *ws));
   }
@@ -69,14 +94,28 @@ void CpuBackend::PoolForward(const OpPlan& plan, const Tensor& x, Tensor* y, Ten
 void CpuBackend::PoolBackward(const OpPlan& plan, const Tensor& dy, const Tensor* ws, Tensor* dx) {
   OpScope scope(this, "pool_bwd");
   const auto& p = static_cast<const PoolPlan&>(plan);
+  const ew::PoolGeom& g = p.g;
+  CheckF32(dy, "pool dy");
+  DPT_CHECK(dy.numel() == g.planes * g.p * g.q && dx->numel() == g.planes * g.h * g.w)
+      << "pool backward: dy " << dy.shape().ToString() << ", dx " << dx->shape().ToString()
+      << " for " << p.d.ToString();
+  if (p.d.kind == PoolKind::kAvg) {
+    const float* gy = dy.data<float>();
+    float* out = dx->data<float>();
+    const int64_t n = g.planes * g.h * g.w;
+#pragma omp parallel for if (n > kParallelMin)
+    for (int64_t e = 0; e < n; ++e) {
+      const int64_t plane = e / (g.h * g.w), pos = e % (g.h * g.w);
+      out[e] = ew::AvgPoolGradAt(g, gy + plane * g.p * g.q, pos / g.w, pos % g.w);
+    }
+    return;
+  }
+  DPT_CHECK(ws != nullptr) << "max-pool backward needs the forward workspace";
   std::unordered_map<int, memory> args{
       {DNNL_ARG_DIFF_DST, impl_->Mem(p.y_md, dy)},
       {DNNL_ARG_DIFF_SRC, impl_->Mem(p.x_md, *dx)},
-      {DNNL_ARG_SCRATCHPAD, impl_->Scratch(p.bwd_pd.scratchpad_desc())}};
-  if (p.d.kind == PoolKind::kMax) {
-    DPT_CHECK(ws != nullptr) << "max-pool backward needs the forward workspace";
-    args.emplace(DNNL_ARG_WORKSPACE, impl_->Mem(p.train_pd.workspace_desc(), *ws));
-  }
+      {DNNL_ARG_SCRATCHPAD, impl_->Scratch(p.bwd_pd.scratchpad_desc())},
+      {DNNL_ARG_WORKSPACE, impl_->Mem(p.train_pd.workspace_desc(), *ws)}};
   DPT_DNNL(p.bwd.execute(impl_->stream, args));
 }
 

@@ -317,9 +317,7 @@ bool CudaBackend::Supports(const LinearDesc& d) const {
 // Own kernels (kernels.cu): 64-bit indexing, but max pooling stores each window's argmax as an
 // int32 position within its H x W plane.
 bool CudaBackend::Supports(const PoolDesc& d) const {
-  return d.n > 0 && d.c > 0 && d.h > 0 && d.w > 0 && d.kernel > 0 && d.stride > 0 && d.pad >= 0 &&
-         d.pad * 2 <= d.kernel && d.out_h() > 0 && d.out_w() > 0 &&
-         static_cast<double>(d.h) * static_cast<double>(d.w) <= INT_MAX;
+  return d.Valid() && static_cast<double>(d.h) * static_cast<double>(d.w) <= INT_MAX;
 }
 
 // ---- the public functions of cuda_backend.h -----------------------------------------------------

@@ -103,6 +103,9 @@ class CudaBackend final : public Backend {
   void Add(const Tensor& a, const Tensor& b, Tensor* y) override;
   void MulRows(const Tensor& x, const Tensor& s, Tensor* y) override;
   void RowDot(const Tensor& dy, const Tensor& x, Tensor* ds) override;
+  void AddRows(const Tensor& x, const Tensor& s, Tensor* y) override;
+  void RowSum(const Tensor& dy, Tensor* ds) override;
+  void Pad2d(const Tensor& x, int64_t top, int64_t left, Tensor* y) override;
   void Scale(Tensor* t, float alpha) override;
   void DropoutForward(const Tensor& x, float p, uint64_t seed, Tensor* y) override;
   void DropoutBackward(const Tensor& dy, float p, uint64_t seed, Tensor* dx) override;
@@ -194,8 +197,9 @@ class CudaBackend final : public Backend {
            std::shared_ptr<OpPlan>>
       conv_plans_;
   std::map<std::tuple<int64_t, int64_t, int64_t, bool, int>, std::shared_ptr<OpPlan>> linear_plans_;
-  std::map<std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>,
-           std::shared_ptr<OpPlan>>
+  std::map<
+      std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool>,
+      std::shared_ptr<OpPlan>>
       pool_plans_;
 };
 

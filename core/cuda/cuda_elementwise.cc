@@ -72,9 +72,20 @@ void CudaBackend::MulRows(const Tensor& x, const Tensor& s, Tensor* y) {
   CheckF32(s, "mul_rows s");
   CheckF32(*y, "mul_rows y");
   CheckSame(x, *y, "mul_rows");
-  const int64_t rows = s.numel(), n = x.numel();
-  DPT_CHECK(rows > 0 && n % rows == 0) << "mul_rows: " << n << " values in rows of " << rows;
-  kernels::MulRows(x.data<float>(), s.data<float>(), y->data<float>(), rows, n / rows, stream_);
+  const int64_t rows = s.numel();
+  kernels::MulRows(x.data<float>(), s.data<float>(), y->data<float>(), rows,
+                   RowLength(x.numel(), rows, "mul_rows"), stream_);
+}
+
+void CudaBackend::AddRows(const Tensor& x, const Tensor& s, Tensor* y) {
+  OpScope scope(this, "add_rows");
+  CheckF32(x, "add_rows x");
+  CheckF32(s, "add_rows s");
+  CheckF32(*y, "add_rows y");
+  CheckSame(x, *y, "add_rows");
+  const int64_t rows = s.numel();
+  kernels::AddRows(x.data<float>(), s.data<float>(), y->data<float>(), rows,
+                   RowLength(x.numel(), rows, "add_rows"), stream_);
 }
 
 void CudaBackend::RowDot(const Tensor& dy, const Tensor& x, Tensor* ds) {
@@ -83,9 +94,27 @@ void CudaBackend::RowDot(const Tensor& dy, const Tensor& x, Tensor* ds) {
   CheckF32(x, "row_dot x");
   CheckF32(*ds, "row_dot ds");
   CheckSame(dy, x, "row_dot");
-  const int64_t rows = ds->numel(), n = x.numel();
-  DPT_CHECK(rows > 0 && n % rows == 0) << "row_dot: " << n << " values in rows of " << rows;
-  kernels::RowDot(dy.data<float>(), x.data<float>(), ds->data<float>(), rows, n / rows, stream_);
+  const int64_t rows = ds->numel();
+  kernels::RowDot(dy.data<float>(), x.data<float>(), ds->data<float>(), rows,
+                  RowLength(x.numel(), rows, "row_dot"), stream_);
+}
+
+void CudaBackend::RowSum(const Tensor& dy, Tensor* ds) {
+  OpScope scope(this, "row_sum");
+  CheckF32(dy, "row_sum dy");
+  CheckF32(*ds, "row_sum ds");
+  const int64_t rows = ds->numel();
+  kernels::RowDot(dy.data<float>(), nullptr, ds->data<float>(), rows,
+                  RowLength(dy.numel(), rows, "row_sum"), stream_);
+}
+
+void CudaBackend::Pad2d(const Tensor& x, int64_t top, int64_t left, Tensor* y) {
+  OpScope scope(this, "pad2d");
+  CheckDev(x, "pad2d x");
+  CheckDev(*y, "pad2d y");
+  const PadDims d = CheckPad2d(x, *y);
+  kernels::Pad2d(x.data<float>(), y->data<float>(), d.planes, d.h, d.w, d.out_h, d.out_w, top, left,
+                 stream_);
 }
 
 void CudaBackend::Scale(Tensor* t, float alpha) {

@@ -25,11 +25,12 @@ std::shared_ptr<OpPlan> CudaBackend::PreparePool(const PoolDesc& d) {
   if (!Supports(d)) DPT_THROW(UnsupportedError) << "cuda: pool " << d.ToString();
   std::lock_guard<std::mutex> lock(mu_);
   auto& slot = pool_plans_[std::make_tuple(static_cast<int>(d.kind), d.n, d.c, d.h, d.w, d.kernel,
-                                           d.stride, d.pad)];
+                                           d.stride, d.pad, d.ceil_mode, d.count_include_pad)];
   if (slot) return slot;
   auto p = std::make_shared<PoolPlan>();
   p->d = d;
-  p->g = kernels::PoolGeom{d.n * d.c, d.h, d.w, d.out_h(), d.out_w(), d.kernel, d.stride, d.pad};
+  p->g = kernels::PoolGeom{d.n * d.c, d.h,      d.w,   d.out_h(),          d.out_w(),
+                           d.kernel,  d.stride, d.pad, d.count_include_pad};
   p->workspace_bytes =
       d.kind == PoolKind::kMax ? static_cast<size_t>(d.n * d.c * d.out_h() * d.out_w()) * 4 : 0;
   slot = p;

@@ -40,9 +40,6 @@ unsigned Blocks(int64_t n) {
     DPT_CUDA_CHECK_LAUNCH(#kernel);                        \
   } while (false)
 
-__device__ int64_t Min64(int64_t a, int64_t b) { return a < b ? a : b; }
-__device__ int64_t Max64(int64_t a, int64_t b) { return a > b ? a : b; }
-
 // ---- block reductions (blockDim.x a multiple of 32, at most 1024) ------------------------------
 
 template <class T>
@@ -92,8 +89,11 @@ __global__ void AddKernel(const float* a, const float* b, float* y, int64_t n) {
 __global__ void MulRowsKernel(const float* x, const float* sc, float* y, int64_t n, int64_t cols) {
   DPT_GRID_LOOP(i, n) y[i] = x[i] * sc[i / cols];
 }
+__global__ void AddRowsKernel(const float* x, const float* sc, float* y, int64_t n, int64_t cols) {
+  DPT_GRID_LOOP(i, n) y[i] = x[i] + sc[i / cols];
+}
 // One warp per row (grid-stride over rows): lanes take strided columns, then a fixed shuffle
-// tree; deterministic.
+// tree; deterministic. x = nullptr: the plain row sum.
 __global__ void RowDotKernel(const float* dy, const float* x, float* ds, int64_t rows,
                              int64_t cols) {
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
@@ -102,10 +102,17 @@ __global__ void RowDotKernel(const float* dy, const float* x, float* ds, int64_t
        r += warps) {
     double acc = 0;
     for (int64_t j = lane; j < cols; j += 32) {
-      acc += static_cast<double>(dy[r * cols + j]) * x[r * cols + j];
+      acc += static_cast<double>(dy[r * cols + j]) * (x != nullptr ? x[r * cols + j] : 1.f);
     }
     acc = WarpSum(acc);
     if (lane == 0) ds[r] = static_cast<float>(acc);
+  }
+}
+__global__ void Pad2dKernel(const float* x, float* y, int64_t planes, int64_t h, int64_t w,
+                            int64_t out_h, int64_t out_w, int64_t top, int64_t left) {
+  DPT_GRID_LOOP(e, planes * out_h * out_w) {
+    const int64_t plane = e / (out_h * out_w), pos = e % (out_h * out_w);
+    y[e] = ew::ShiftedAt(x + plane * h * w, h, w, top, left, pos / out_w, pos % out_w);
   }
 }
 __global__ void ScaleKernel(float* p, int64_t n, float alpha) { DPT_GRID_LOOP(i, n) p[i] *= alpha; }
@@ -152,16 +159,12 @@ __global__ void ColumnSumsKernel(const float* dy, int64_t rows, int64_t cols, fl
 __global__ void MaxPoolForwardKernel(PoolGeom g, const float* x, float* y, int32_t* argmax) {
   DPT_GRID_LOOP(o, g.planes * g.p * g.q) {
     const int64_t plane = o / (g.p * g.q), rem = o % (g.p * g.q);
-    const int64_t hs = rem / g.q * g.stride - g.pad, ws = rem % g.q * g.stride - g.pad;
+    const ew::PoolWindow win = ew::WindowOf(g, rem / g.q, rem % g.q);
     const float* in = x + plane * g.h * g.w;
     float best = 0.f;
     int64_t arg = -1;
-    for (int64_t i = 0; i < g.kernel; ++i) {
-      const int64_t ih = hs + i;
-      if (ih < 0 || ih >= g.h) continue;
-      for (int64_t j = 0; j < g.kernel; ++j) {
-        const int64_t iw = ws + j;
-        if (iw < 0 || iw >= g.w) continue;
+    for (int64_t ih = win.h0; ih < win.h1; ++ih) {
+      for (int64_t iw = win.w0; iw < win.w1; ++iw) {
         const float v = in[ih * g.w + iw];
         // Strictly greater: the first maximum in row-major window order wins ties.
         if (arg < 0 || v > best) {
@@ -175,24 +178,11 @@ __global__ void MaxPoolForwardKernel(PoolGeom g, const float* x, float* y, int32
   }
 }
 
-// The output windows [p0, p1) x [q0, q1) that contain input position (ih, iw).
-struct Windows {
-  int64_t p0, p1, q0, q1;
-};
-__device__ Windows Covering(const PoolGeom& g, int64_t ih, int64_t iw) {
-  Windows r;
-  r.p0 = ih + g.pad < g.kernel ? 0 : (ih + g.pad - g.kernel) / g.stride + 1;
-  r.p1 = Min64((ih + g.pad) / g.stride + 1, g.p);
-  r.q0 = iw + g.pad < g.kernel ? 0 : (iw + g.pad - g.kernel) / g.stride + 1;
-  r.q1 = Min64((iw + g.pad) / g.stride + 1, g.q);
-  return r;
-}
-
 __global__ void MaxPoolBackwardKernel(PoolGeom g, const float* dy, const int32_t* argmax,
                                       float* dx) {
   DPT_GRID_LOOP(e, g.planes * g.h * g.w) {
     const int64_t plane = e / (g.h * g.w), pos = e % (g.h * g.w);
-    const Windows win = Covering(g, pos / g.w, pos % g.w);
+    const ew::PoolCover win = ew::Covering(g, pos / g.w, pos % g.w);
     const int64_t base = plane * g.p * g.q;
     float s = 0.f;
     for (int64_t p = win.p0; p < win.p1; ++p) {
@@ -206,30 +196,16 @@ __global__ void MaxPoolBackwardKernel(PoolGeom g, const float* dy, const int32_t
 }
 
 __global__ void AvgPoolForwardKernel(PoolGeom g, const float* x, float* y) {
-  const float divisor = static_cast<float>(g.kernel * g.kernel);
   DPT_GRID_LOOP(o, g.planes * g.p * g.q) {
     const int64_t plane = o / (g.p * g.q), rem = o % (g.p * g.q);
-    const int64_t hs = rem / g.q * g.stride - g.pad, ws = rem % g.q * g.stride - g.pad;
-    const float* in = x + plane * g.h * g.w;
-    float s = 0.f;
-    for (int64_t i = Max64(hs, 0); i < Min64(hs + g.kernel, g.h); ++i) {
-      for (int64_t j = Max64(ws, 0); j < Min64(ws + g.kernel, g.w); ++j) s += in[i * g.w + j];
-    }
-    y[o] = s / divisor;
+    y[o] = ew::AvgPoolAt(g, x + plane * g.h * g.w, rem / g.q, rem % g.q);
   }
 }
 
 __global__ void AvgPoolBackwardKernel(PoolGeom g, const float* dy, float* dx) {
-  const float divisor = static_cast<float>(g.kernel * g.kernel);
   DPT_GRID_LOOP(e, g.planes * g.h * g.w) {
     const int64_t plane = e / (g.h * g.w), pos = e % (g.h * g.w);
-    const Windows win = Covering(g, pos / g.w, pos % g.w);
-    const int64_t base = plane * g.p * g.q;
-    float s = 0.f;
-    for (int64_t p = win.p0; p < win.p1; ++p) {
-      for (int64_t q = win.q0; q < win.q1; ++q) s += dy[base + p * g.q + q] / divisor;
-    }
-    dx[e] = s;
+    dx[e] = ew::AvgPoolGradAt(g, dy + plane * g.p * g.q, pos / g.w, pos % g.w);
   }
 }
 
@@ -488,6 +464,18 @@ void MulRows(const float* x, const float* sc, float* y, int64_t rows, int64_t co
 void RowDot(const float* dy, const float* x, float* ds, int64_t rows, int64_t cols,
             cudaStream_t s) {
   if (rows > 0) DPT_LAUNCH(RowDotKernel, Blocks(rows * 32), kThreads, s, dy, x, ds, rows, cols);
+}
+void AddRows(const float* x, const float* sc, float* y, int64_t rows, int64_t cols,
+             cudaStream_t s) {
+  const int64_t n = rows * cols;
+  if (n > 0) DPT_LAUNCH(AddRowsKernel, Blocks(n), kThreads, s, x, sc, y, n, cols);
+}
+void Pad2d(const float* x, float* y, int64_t planes, int64_t h, int64_t w, int64_t out_h,
+           int64_t out_w, int64_t top, int64_t left, cudaStream_t s) {
+  const int64_t n = planes * out_h * out_w;
+  if (n > 0) {
+    DPT_LAUNCH(Pad2dKernel, Blocks(n), kThreads, s, x, y, planes, h, w, out_h, out_w, top, left);
+  }
 }
 void Scale(float* p, int64_t n, float alpha, cudaStream_t s) {
   if (n > 0) DPT_LAUNCH(ScaleKernel, Blocks(n), kThreads, s, p, n, alpha);

@@ -16,6 +16,7 @@
 #include <cstdint>
 
 #include "core/elementwise.h"
+#include "core/pool_window.h"
 
 namespace dptrain::cuda::kernels {
 
@@ -30,8 +31,14 @@ void Add(const float* a, const float* b, float* y, int64_t n, cudaStream_t s);  
 void Scale(float* p, int64_t n, float alpha, cudaStream_t s);
 // y[r, j] = x[r, j] * sc[r] over (rows, cols); y may alias x.
 void MulRows(const float* x, const float* sc, float* y, int64_t rows, int64_t cols, cudaStream_t s);
-// ds[r] = sum_j dy[r, j] * x[r, j], one warp per row, summed in double in a fixed order.
+// ds[r] = sum_j dy[r, j] * x[r, j] (x = nullptr: sum_j dy[r, j]), one warp per row, summed in
+// double in a fixed order.
 void RowDot(const float* dy, const float* x, float* ds, int64_t rows, int64_t cols, cudaStream_t s);
+// y[r, j] = x[r, j] + sc[r] over (rows, cols); y may alias x.
+void AddRows(const float* x, const float* sc, float* y, int64_t rows, int64_t cols, cudaStream_t s);
+// (planes) h x w into out_h x out_w, input (0, 0) at (top, left), zeros elsewhere (ew::ShiftedAt).
+void Pad2d(const float* x, float* y, int64_t planes, int64_t h, int64_t w, int64_t out_h,
+           int64_t out_w, int64_t top, int64_t left, cudaStream_t s);
 void AddInto(const float* x, float* y, int64_t n, cudaStream_t s);  // y += x
 void Dropout(const float* x, float* y, int64_t n, float p, uint64_t seed, cudaStream_t s);
 
@@ -47,14 +54,12 @@ void ColumnSums(const float* dy, int64_t rows, int64_t cols, float* db, bool acc
                 cudaStream_t s);
 
 // ---- pooling over (N*C) planes of H x W into P x Q ----
-struct PoolGeom {
-  int64_t planes, h, w, p, q, kernel, stride, pad;
-};
+using ew::PoolGeom;  // core/pool_window.h: the window arithmetic shared with the CPU
 // argmax (nullable): int32 position ih * W + iw of each window's first maximum (row-major order).
 void MaxPoolForward(const PoolGeom& g, const float* x, float* y, int32_t* argmax, cudaStream_t s);
 void MaxPoolBackward(const PoolGeom& g, const float* dy, const int32_t* argmax, float* dx,
                      cudaStream_t s);
-// Average pooling counting padded zeros (divisor kernel^2, PyTorch's count_include_pad=True).
+// Average pooling with torch.nn.AvgPool2d's divisor (ew::WindowOf).
 void AvgPoolForward(const PoolGeom& g, const float* x, float* y, cudaStream_t s);
 void AvgPoolBackward(const PoolGeom& g, const float* dy, float* dx, cudaStream_t s);
 

@@ -102,6 +102,62 @@ TEST_P(ElementwiseTest, MulRowsAndRowDot) {
   }
 }
 
+// The per-channel shift (a (N, C, 1, 1) tensor added to (N, C, H, W)) and its gradient.
+TEST_P(ElementwiseTest, AddRowsAndRowSum) {
+  Backend& be = backend();
+  for (const auto& [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{
+           {1009, 1}, {2 * 24, 7}, {2 * 16, 3136}, {1, 65537}}) {
+    SCOPED_TRACE(std::to_string(rows) + "x" + std::to_string(cols));
+    const std::vector<float> x = RandomUniform(static_cast<size_t>(rows * cols), 26);
+    const std::vector<float> s = RandomUniform(static_cast<size_t>(rows), 27);
+    const std::vector<float> dy = RandomUniform(static_cast<size_t>(rows * cols), 28);
+    Tensor x_t = ToDevice(be, x, {rows * cols});
+    Tensor s_t = ToDevice(be, s, {rows});
+    Tensor y = be.Empty({rows * cols}, DType::kF32, "y");
+    be.AddRows(x_t, s_t, &y);
+    std::vector<double> ref_y, ref_ds;
+    ref::AddRows(ToDouble(x), ToDouble(s), &ref_y);
+    EXPECT_TRUE(AllClose(ToHost(be, y), ref_y, ForPrecision(Precision::kF32))) << "add_rows";
+
+    Tensor dy_t = ToDevice(be, dy, {rows * cols});
+    Tensor ds = be.Empty({rows}, DType::kF32, "ds");
+    be.RowSum(dy_t, &ds);
+    ref::RowDot(ToDouble(dy), std::vector<double>(x.size(), 1.0), rows, &ref_ds);
+    EXPECT_TRUE(AllClose(ToHost(be, ds), ref_ds, ForReduction(Precision::kF32, cols))) << "row_sum";
+
+    be.AddRows(x_t, s_t, &x_t);  // y aliases x
+    EXPECT_TRUE(AllClose(ToHost(be, x_t), ref_y, ForPrecision(Precision::kF32))) << "aliased";
+  }
+}
+
+// Zero padding on each side, asymmetric, and cropping (negative amounts: the gradient of a
+// padding); the values are copied, so exact.
+TEST_P(ElementwiseTest, Pad2dPadsAndCrops) {
+  Backend& be = backend();
+  struct Case {
+    int64_t n, c, h, w, top, left, bottom, right;
+  };
+  for (const Case& k : std::vector<Case>{{2, 3, 5, 7, 1, 1, 1, 1},
+                                         {1, 2, 4, 4, 0, 1, 2, 0},
+                                         {3, 1, 6, 5, 2, 0, 0, 3},
+                                         {2, 2, 7, 6, -1, -2, -1, 0},
+                                         {1, 1, 1, 1, 0, 0, 0, 0},
+                                         {2, 4, 33, 17, 3, -1, -2, 5}}) {
+    SCOPED_TRACE(std::to_string(k.h) + "x" + std::to_string(k.w) + " pads " +
+                 std::to_string(k.top) + "," + std::to_string(k.left) + "," +
+                 std::to_string(k.bottom) + "," + std::to_string(k.right));
+    const Shape in{k.n, k.c, k.h, k.w};
+    const Shape out{k.n, k.c, k.h + k.top + k.bottom, k.w + k.left + k.right};
+    const std::vector<float> x = RandomUniform(static_cast<size_t>(in.numel()), 31);
+    Tensor x_t = ToDevice(be, x, in);
+    Tensor y = ToDevice(be, RandomUniform(static_cast<size_t>(out.numel()), 32), out);
+    be.Pad2d(x_t, k.top, k.left, &y);
+    std::vector<double> ref_y;
+    ref::Pad2d(ToDouble(x), k.n * k.c, k.h, k.w, k.top, k.left, k.bottom, k.right, &ref_y);
+    EXPECT_TRUE(AllClose(ToHost(be, y), ref_y, kExactTol));
+  }
+}
+
 TEST_P(ElementwiseTest, ReluOnImageShape) {
   Backend& be = backend();
   const Shape shape{2, 3, 7, 5};

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Max and average pooling on every built backend against the double reference: forward (training
 // with workspace, inference without) and backward on odd sizes, padding, overlapping windows
-// (stride < kernel) and global pooling. Max-pool inputs are distinct, so there are no ties.
+// (stride < kernel), global pooling, ceil mode and count_include_pad both ways. Max-pool inputs are
+// distinct, so there are no ties.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -16,10 +17,12 @@ namespace dptrain::testing {
 namespace {
 
 PoolDesc MakePool(PoolKind kind, int64_t n, int64_t c, int64_t h, int64_t w, int64_t kernel,
-                  int64_t stride, int64_t pad) {
+                  int64_t stride, int64_t pad, bool ceil_mode = false,
+                  bool count_include_pad = true) {
   PoolDesc d;
   d.kind = kind, d.n = n, d.c = c, d.h = h, d.w = w;
   d.kernel = kernel, d.stride = stride, d.pad = pad;
+  d.ceil_mode = ceil_mode, d.count_include_pad = count_include_pad;
   return d;
 }
 
@@ -34,6 +37,16 @@ std::vector<PoolDesc> Cases(PoolKind kind) {
       MakePool(kind, 2, 3, 11, 13, 5, 3, 2),  // kernel 5, pad 2
       MakePool(kind, 3, 5, 6, 6, 6, 6, 0),    // global pooling
       MakePool(kind, 1, 7, 5, 9, 3, 3, 1),    // prime channels, pad 1 stride 3
+      // ceil mode: the last window hangs past the input (6 rows -> 3 outputs of 3/2, not 2)
+      // and, with padding, past the padding too (divisor below kernel^2 with count_include_pad)
+      MakePool(kind, 2, 3, 6, 7, 3, 2, 0, true),
+      MakePool(kind, 1, 2, 6, 8, 3, 2, 1, true),
+      MakePool(kind, 2, 2, 5, 5, 2, 2, 0, true),  // squeezenet/googlenet's odd-size pooling
+      MakePool(kind, 1, 3, 9, 6, 4, 3, 2, true),  // stride < kernel
+      MakePool(kind, 1, 2, 5, 5, 2, 2, 1, true),  // a window starting in the padding is dropped
+      // count_include_pad = 0: the average over the real inputs only
+      MakePool(kind, 2, 3, 7, 5, 3, 2, 1, false, false),
+      MakePool(kind, 1, 2, 6, 8, 3, 2, 1, true, false),
   };
 }
 

@@ -155,11 +155,30 @@ void LinearBackwardWeights(const LinearDesc& d, const Vec& x, const Vec& dy, Vec
 // ---------------------------------------------------------------------------------------------
 // pooling
 
+namespace {
+
+// The average's divisor for output (p, q), from PyTorch's definition: with count_include_pad
+// the window's positions inside the padded input [-pad, H + pad), else its real inputs.
+double PoolDivisor(const PoolDesc& d, int64_t p, int64_t q) {
+  int64_t count = 0;
+  for (int64_t i = 0; i < d.kernel; ++i) {
+    for (int64_t j = 0; j < d.kernel; ++j) {
+      const int64_t ih = p * d.stride - d.pad + i;
+      const int64_t iw = q * d.stride - d.pad + j;
+      const bool real = ih >= 0 && ih < d.h && iw >= 0 && iw < d.w;
+      const bool padded = ih < d.h + d.pad && iw < d.w + d.pad;
+      if (d.count_include_pad ? padded : real) ++count;
+    }
+  }
+  return static_cast<double>(count);
+}
+
+}  // namespace
+
 void PoolForward(const PoolDesc& d, const Vec& x, Vec* y) {
   const int64_t P = d.out_h(), Q = d.out_w();
   CheckSize(x, d.n * d.c * d.h * d.w, "pool x");
   y->assign(At(d.n * d.c * P * Q), 0.0);
-  const double area = static_cast<double>(d.kernel * d.kernel);
   for (int64_t nc = 0; nc < d.n * d.c; ++nc) {
     for (int64_t p = 0; p < P; ++p) {
       for (int64_t q = 0; q < Q; ++q) {
@@ -175,7 +194,8 @@ void PoolForward(const PoolDesc& d, const Vec& x, Vec* y) {
             sum += v;
           }
         }
-        (*y)[At((nc * P + p) * Q + q)] = d.kind == PoolKind::kMax ? best : sum / area;
+        (*y)[At((nc * P + p) * Q + q)] =
+            d.kind == PoolKind::kMax ? best : sum / PoolDivisor(d, p, q);
       }
     }
   }
@@ -186,11 +206,11 @@ void PoolBackward(const PoolDesc& d, const Vec& x, const Vec& dy, Vec* dx) {
   CheckSize(x, d.n * d.c * d.h * d.w, "pool x");
   CheckSize(dy, d.n * d.c * P * Q, "pool dy");
   dx->assign(At(d.n * d.c * d.h * d.w), 0.0);
-  const double area = static_cast<double>(d.kernel * d.kernel);
   for (int64_t nc = 0; nc < d.n * d.c; ++nc) {
     for (int64_t p = 0; p < P; ++p) {
       for (int64_t q = 0; q < Q; ++q) {
         const double g = dy[At((nc * P + p) * Q + q)];
+        const double area = d.kind == PoolKind::kAvg ? PoolDivisor(d, p, q) : 1.0;
         int64_t arg = -1;  // flat input index of the first maximum
         double best = -std::numeric_limits<double>::infinity();
         for (int64_t i = 0; i < d.kernel; ++i) {
@@ -296,6 +316,31 @@ void RowDot(const Vec& dy, const Vec& x, int64_t rows, Vec* ds) {
   const size_t cols = x.size() / At(rows);
   ds->assign(At(rows), 0.0);
   for (size_t i = 0; i < x.size(); ++i) (*ds)[i / cols] += dy[i] * x[i];
+}
+
+void AddRows(const Vec& x, const Vec& s, Vec* y) {
+  DPT_CHECK(!s.empty() && x.size() % s.size() == 0)
+      << "add_rows: " << x.size() << " by " << s.size();
+  const size_t cols = x.size() / s.size();
+  y->resize(x.size());
+  for (size_t i = 0; i < x.size(); ++i) (*y)[i] = x[i] + s[i / cols];
+}
+
+void Pad2d(const Vec& x, int64_t planes, int64_t h, int64_t w, int64_t top, int64_t left,
+           int64_t bottom, int64_t right, Vec* y) {
+  CheckSize(x, planes * h * w, "pad x");
+  const int64_t oh = h + top + bottom, ow = w + left + right;
+  y->assign(At(planes * oh * ow), 0.0);
+  for (int64_t p = 0; p < planes; ++p) {
+    for (int64_t i = 0; i < h; ++i) {
+      for (int64_t j = 0; j < w; ++j) {
+        const int64_t oi = i + top, oj = j + left;
+        if (oi >= 0 && oi < oh && oj >= 0 && oj < ow) {
+          (*y)[At((p * oh + oi) * ow + oj)] = x[At((p * h + i) * w + j)];
+        }
+      }
+    }
+  }
 }
 
 std::vector<ActivationCase> ActivationCases() {

@@ -70,6 +70,12 @@ void Add(const Vec& a, const Vec& b, Vec* y);
 // x as (s.size(), cols): y[r, j] = x[r, j] * s[r]; ds[r] = sum_j dy[r, j] * x[r, j].
 void MulRows(const Vec& x, const Vec& s, Vec* y);
 void RowDot(const Vec& dy, const Vec& x, int64_t rows, Vec* ds);
+// y[r, j] = x[r, j] + s[r]; its gradient for s is RowDot with x = 1.
+void AddRows(const Vec& x, const Vec& s, Vec* y);
+// x (planes, h, w) zero-padded (negative amounts: cropped) to (planes, h + top + bottom,
+// w + left + right).
+void Pad2d(const Vec& x, int64_t planes, int64_t h, int64_t w, int64_t top, int64_t left,
+           int64_t bottom, int64_t right, Vec* y);
 void Scale(Vec* t, double alpha);
 // Inverted dropout: element i is kept iff ew::DropoutScale(seed, i, p) != 0 (the backends' shared
 // stateless mask) and then multiplied by 1 / (1 - p) in double; dropped elements are 0.
