@@ -27,7 +27,9 @@ std::string FormatValue(const FieldRef& ref, TrainConfig& c) {
 // One layer as an inline table: type, name, then the keys its type takes.
 std::string FormatLayer(const LayerSpec& l) {
   std::string out = "{ type = " + Quote(l.type) + ", name = " + Quote(l.name);
-  static const std::vector<std::string_view> kAll = {"out", "kernel", "stride", "pad", "bias", "p"};
+  static const std::vector<std::string_view> kAll = {
+      "out", "kernel", "stride",   "pad",       "bias",
+      "p",   "groups", "dilation", "ceil_mode", "count_include_pad"};
   const LayerType* type = FindLayerType(l.type);
   for (const auto key : type != nullptr ? type->keys : kAll) {
     out += ", " + std::string(key) + " = ";
@@ -41,6 +43,14 @@ std::string FormatLayer(const LayerSpec& l) {
       out += std::to_string(l.pad);
     } else if (key == "bias") {
       out += l.bias ? "true" : "false";
+    } else if (key == "groups") {
+      out += std::to_string(l.groups);
+    } else if (key == "dilation") {
+      out += std::to_string(l.dilation);
+    } else if (key == "ceil_mode") {
+      out += l.ceil_mode ? "true" : "false";
+    } else if (key == "count_include_pad") {
+      out += l.count_include_pad ? "true" : "false";
     } else {
       out += FormatFloat(l.p);
     }

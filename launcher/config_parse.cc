@@ -328,6 +328,14 @@ LayerSpec ConfigParser::ParseLayer(const toml::node& n, size_t index,
       l.bias = ReadBool(v, full, w);
     } else if (key == "p") {
       l.p = ReadFloat(v, full, w);
+    } else if (key == "groups") {
+      l.groups = ReadInt(v, full, w);
+    } else if (key == "dilation") {
+      l.dilation = ReadInt(v, full, w);
+    } else if (key == "ceil_mode") {
+      l.ceil_mode = ReadBool(v, full, w);
+    } else if (key == "count_include_pad") {
+      l.count_include_pad = ReadBool(v, full, w);
     } else if (key == "inputs") {
       l.inputs = ReadStringList(v, full, w);
     } else {
@@ -390,11 +398,17 @@ LayerSpec ConfigParser::ParseLayer(const toml::node& n, size_t index,
   if (applies("kernel")) at_least("kernel", l.kernel, 1);
   if (applies("stride")) at_least("stride", l.stride, 1);
   if (applies("pad")) at_least("pad", l.pad, 0);
+  if (applies("groups")) at_least("groups", l.groups, 1);
+  if (applies("dilation")) at_least("dilation", l.dilation, 1);
+  if (applies("groups") && l.out % l.groups != 0) {
+    Fail(at("groups"), base + ".groups (" + std::to_string(l.groups) + ") must divide out (" +
+                           std::to_string(l.out) + ")");
+  }
   if (pool && 2 * l.pad > l.kernel) {
     Fail(at("pad"), base + ".pad must be <= kernel / 2 (" + std::to_string(l.kernel / 2) +
                         "), got " + std::to_string(l.pad));
   }
-  const bool joins = l.type == "add" || l.type == "concat";
+  const bool joins = l.type == "add" || l.type == "mul" || l.type == "concat";
   if (joins && l.inputs.size() < 2) {
     Fail(at("inputs"), base + ": a " + l.type +
                            " layer joins several layers: give inputs = [\"a\", \"b\", ...] "
@@ -402,7 +416,8 @@ LayerSpec ConfigParser::ParseLayer(const toml::node& n, size_t index,
   }
   if (!joins && l.inputs.size() > 1) {
     Fail(at("inputs"), base + ".inputs: a " + l.type +
-                           " layer reads one layer's output; only add and concat take several");
+                           " layer reads one layer's output; only add, mul and concat take "
+                           "several");
   }
   if (applies("p") && !(l.p >= 0 && l.p < 1)) {
     Fail(at("p"), base + ".p must be in [0, 1), got " + FormatFloat(l.p));

@@ -122,15 +122,23 @@ std::vector<std::string> AllKeys() {
 
 const std::vector<LayerType>& LayerTypes() {
   static const std::vector<LayerType> types = {
-      {"conv2d", {"out", "kernel", "stride", "pad", "bias"}, {"out", "kernel"}},
+      {"conv2d",
+       {"out", "kernel", "stride", "pad", "bias", "groups", "dilation"},
+       {"out", "kernel"}},
       {"linear", {"out", "bias"}, {"out"}},
       {"relu", {}, {}},
-      {"maxpool", {"kernel", "stride", "pad"}, {}},
-      {"avgpool", {"kernel", "stride", "pad"}, {}},
+      {"relu6", {}, {}},
+      {"sigmoid", {}, {}},
+      {"hardsigmoid", {}, {}},
+      {"hardswish", {}, {}},
+      {"tanh", {}, {}},
+      {"maxpool", {"kernel", "stride", "pad", "ceil_mode"}, {}},
+      {"avgpool", {"kernel", "stride", "pad", "ceil_mode", "count_include_pad"}, {}},
       {"batchnorm", {}, {}},
       {"dropout", {"p"}, {}},
       {"flatten", {}, {}},
       {"add", {}, {}},
+      {"mul", {}, {}},
       {"concat", {}, {}},
   };
   return types;
@@ -144,8 +152,10 @@ const LayerType* FindLayerType(std::string_view type) {
 }
 
 const std::vector<std::string>& LayerKeys() {
-  static const std::vector<std::string> keys = {"type", "name", "out", "kernel", "stride",
-                                                "pad",  "bias", "p",   "inputs"};
+  static const std::vector<std::string> keys = {
+      "type",  "name", "out",    "kernel",   "stride",    "pad",
+      "bias",  "p",    "groups", "dilation", "ceil_mode", "count_include_pad",
+      "inputs"};
   return keys;
 }
 

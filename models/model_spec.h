@@ -10,8 +10,8 @@
 namespace dptrain {
 
 struct LayerSpec {     // one entry of model.layers
-  std::string type;    // conv2d, linear, relu, maxpool, avgpool, batchnorm, dropout, flatten,
-                       // add, concat
+  std::string type;    // conv2d, linear, relu, relu6, sigmoid, hardsigmoid, hardswish, tanh,
+                       // maxpool, avgpool, batchnorm, dropout, flatten, add, mul, concat
   std::string name;    // parameter prefix; default: the index in the list ("0", "1", ...) as in
                        // torch.nn.Sequential, so a state_dict loads with strict=True
   int64_t out = 0;     // conv2d/linear output channels/features
@@ -19,9 +19,12 @@ struct LayerSpec {     // one entry of model.layers
   int64_t stride = 1;  // conv2d default 1; pools default = kernel
   int64_t pad = 0;
   bool bias = true;
-  double p = 0.5;  // dropout probability in [0, 1)
+  double p = 0.5;                    // dropout probability in [0, 1)
+  int64_t groups = 1, dilation = 1;  // conv2d, as torch.nn.Conv2d
+  bool ceil_mode = false;            // pools, as torch.nn.MaxPool2d / AvgPool2d
+  bool count_include_pad = true;     // avgpool
   // Names of the earlier layers whose outputs this layer reads; empty: the previous layer's
-  // (the model's input for the first). add and concat take two or more.
+  // (the model's input for the first). add, mul and concat take two or more (mul: two).
   std::vector<std::string> inputs;
 
   bool operator==(const LayerSpec&) const = default;

@@ -20,22 +20,46 @@ const Tensor& Join::Forward(const Tensor& /*x*/, const ForwardContext& /*ctx*/) 
 }
 const Tensor& Join::Backward(const Tensor& /*dy*/, bool /*accumulate*/) { NeedsInputs(*this); }
 
-Shape Add::SetupInputs(const std::vector<Shape>& in, const SetupOptions& /*opts*/) {
+namespace {
+
+// Whether `s` is `w` with its (H, W) reduced to 1 x 1: a per-channel value of an image batch.
+bool PerChannel(const Shape& s, const Shape& w) {
+  return w.rank() == 4 && s.rank() == 4 && s[0] == w[0] && s[1] == w[1] && s[2] == 1 && s[3] == 1;
+}
+
+}  // namespace
+
+Shape Add::SetupInputs(const std::vector<Shape>& in, const SetupOptions& opts) {
   if (in.size() < 2) NeedsInputs(*this);
-  for (size_t k = 1; k < in.size(); ++k) {
-    DPT_CHECK_AS(ConfigError, in[k] == in[0])
-        << "layer '" << label() << "' (add): input " << k << " has shape " << in[k].ToString()
-        << " but input 0 has " << in[0].ToString() << "; added tensors must have equal shapes";
+  wide_ = in.size() == 2 && in[1].numel() > in[0].numel() ? 1 : 0;
+  broadcast_ = in.size() == 2 && PerChannel(in[1 - wide_], in[wide_]) && in[0] != in[1];
+  if (!broadcast_) {
+    for (size_t k = 1; k < in.size(); ++k) {
+      DPT_CHECK_AS(ConfigError, in[k] == in[0])
+          << "layer '" << label() << "' (add): input " << k << " has shape " << in[k].ToString()
+          << " but input 0 has " << in[0].ToString()
+          << "; dptrain adds equal shapes, or (N, C, H, W) and (N, C, 1, 1)";
+    }
   }
   inputs_ = in.size();
-  per_sample_ = in[0].numel() / in[0][0];
-  out_ = backend_.Empty(in[0], DType::kF32, label() + " output");
-  return in[0];
+  need_dx_ = opts.need_dx;
+  const Shape& out = in[wide_];
+  per_sample_ = out.numel() / out[0];
+  rows_ = broadcast_ ? in[1 - wide_].numel() / in[1 - wide_][0] : 0;
+  out_ = backend_.Empty(out, DType::kF32, label() + " output");
+  if (broadcast_ && need_dx_) {
+    narrow_buf_ = backend_.Empty(in[1 - wide_], DType::kF32, label() + " input gradient");
+  }
+  return out;
 }
 
 const Tensor& Add::ForwardInputs(const std::vector<const Tensor*>& x,
                                  const ForwardContext& /*ctx*/) {
   y_ = out_.Batch(x[0]->shape()[0]);
+  if (broadcast_) {
+    backend_.AddRows(*x[wide_], *x[1 - wide_], &y_);
+    return y_;
+  }
   backend_.Add(*x[0], *x[1], &y_);
   for (size_t k = 2; k < x.size(); ++k) backend_.Add(y_, *x[k], &y_);
   return y_;
@@ -43,6 +67,13 @@ const Tensor& Add::ForwardInputs(const std::vector<const Tensor*>& x,
 
 void Add::BackwardInputs(const Tensor& dy, bool /*accumulate*/, std::vector<const Tensor*>* dx) {
   dx->assign(inputs_, &dy);
+  if (broadcast_) {
+    if (need_dx_) {
+      narrow_dx_ = narrow_buf_.Batch(dy.shape()[0]);
+      backend_.RowSum(dy, &narrow_dx_);
+    }
+    (*dx)[1 - wide_] = &narrow_dx_;
+  }
 }
 
 Shape Mul::SetupInputs(const std::vector<Shape>& in, const SetupOptions& opts) {
@@ -52,10 +83,7 @@ Shape Mul::SetupInputs(const std::vector<Shape>& in, const SetupOptions& opts) {
   wide_ = in[1].numel() > in[0].numel() ? 1 : 0;
   const Shape& w = in[wide_];
   const Shape& s = in[1 - wide_];
-  const bool same = s == w;
-  const bool channels =
-      w.rank() == 4 && s.rank() == 4 && s[0] == w[0] && s[1] == w[1] && s[2] == 1 && s[3] == 1;
-  DPT_CHECK_AS(ConfigError, same || channels)
+  DPT_CHECK_AS(ConfigError, s == w || PerChannel(s, w))
       << "layer '" << label() << "' (mul): inputs of shapes " << in[0].ToString() << " and "
       << in[1].ToString() << "; dptrain multiplies equal shapes, or (N, C, H, W) by (N, C, 1, 1)";
   need_dx_ = opts.need_dx;

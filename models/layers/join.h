@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Layers that join several node outputs: Add (elementwise sum of equal shapes: a residual
-// connection), Mul (a product, or a per-channel scaling) and Concat (along the channel axis,
-// dimension 1: a dense block). Graph-only: they
-// implement the *Inputs versions of the layer interface.
+// connection; or a per-channel shift), Mul (a product, or a per-channel scaling) and Concat
+// (along the channel axis, dimension 1: a dense block). Graph-only: they implement the *Inputs
+// versions of the layer interface.
 #pragma once
 
 #include <vector>
@@ -21,6 +21,8 @@ class Join : public Layer {
   const Tensor& Backward(const Tensor& dy, bool accumulate) final;
 };
 
+// The sum of two or more inputs of equal shapes, or of two where one is (N, C, H, W) and the
+// other (N, C, 1, 1), added to every position of its channel (either order).
 class Add final : public Join {
  public:
   Add(Backend& be, std::string name) : Join(be, std::move(name)) {}
@@ -28,14 +30,20 @@ class Add final : public Join {
   Shape SetupInputs(const std::vector<Shape>& in, const SetupOptions& opts) override;
   const Tensor& ForwardInputs(const std::vector<const Tensor*>& x,
                               const ForwardContext& ctx) override;
-  // Every input's gradient is dy itself: no copy.
+  // An input of the output's shape gets dy itself (no copy); a broadcast one, dy's channel sums.
   void BackwardInputs(const Tensor& dy, bool accumulate, std::vector<const Tensor*>* dx) override;
-  int64_t ActivationBytesPerSample() const override { return 4 * per_sample_; }
+  int64_t ActivationBytesPerSample() const override {
+    return 4 * (per_sample_ + (broadcast_ && need_dx_ ? rows_ : 0));
+  }
 
  private:
   size_t inputs_ = 0;
   int64_t per_sample_ = 0;
-  Tensor out_, y_;
+  bool broadcast_ = false;  // two inputs, input 1 - wide_ of shape (N, C, 1, 1)
+  size_t wide_ = 0;
+  int64_t rows_ = 0;  // floats per sample of the broadcast input
+  bool need_dx_ = true;
+  Tensor out_, y_, narrow_buf_, narrow_dx_;
 };
 
 // The product of two inputs: of equal shapes, or one (N, C, H, W) and the other (N, C, 1, 1)

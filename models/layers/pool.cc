@@ -8,8 +8,14 @@
 namespace dptrain {
 
 Pool2d::Pool2d(Backend& be, std::string name, PoolKind kind, int64_t kernel, int64_t stride,
-               int64_t pad)
-    : Layer(be, std::move(name)), kind_(kind), kernel_(kernel), stride_(stride), pad_(pad) {}
+               int64_t pad, bool ceil_mode, bool count_include_pad)
+    : Layer(be, std::move(name)),
+      kind_(kind),
+      kernel_(kernel),
+      stride_(stride),
+      pad_(pad),
+      ceil_mode_(ceil_mode),
+      count_include_pad_(count_include_pad) {}
 
 Shape Pool2d::Setup(const Shape& in, const SetupOptions& opts) {
   DPT_CHECK_AS(ConfigError, in.rank() == 4)
@@ -21,11 +27,20 @@ Shape Pool2d::Setup(const Shape& in, const SetupOptions& opts) {
     kernel = in[2];
     stride = in[2];
   }
-  desc_ = PoolDesc{kind_, in[0], in[1], in[2], in[3], kernel, stride == 0 ? kernel : stride, pad_};
-  DPT_CHECK_AS(ConfigError, kernel <= in[2] + 2 * pad_ && kernel <= in[3] + 2 * pad_ &&
-                                desc_.out_h() > 0 && desc_.out_w() > 0 && pad_ * 2 <= kernel)
-      << type() << " '" << name_ << "': kernel " << kernel << " pad " << pad_
-      << " does not fit input " << in.ToString();
+  desc_ = PoolDesc{kind_,
+                   in[0],
+                   in[1],
+                   in[2],
+                   in[3],
+                   kernel,
+                   stride == 0 ? kernel : stride,
+                   pad_,
+                   ceil_mode_,
+                   count_include_pad_};
+  DPT_CHECK_AS(ConfigError, desc_.Valid())
+      << type() << " '" << label() << "': kernel " << kernel << " stride " << desc_.stride
+      << " pad " << pad_ << " does not fit input " << in.ToString()
+      << " (the kernel must fit the padded input, and pad be at most half the kernel)";
   if (!backend_.Supports(desc_))
     DPT_THROW(UnsupportedError) << "the " << backend_.name() << " backend does not support "
                                 << desc_.ToString() << " (layer '" << label()

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Max and average pooling, as torch.nn.MaxPool2d / AvgPool2d (floor mode, average counts padding).
-// kernel = 0 means global pooling over the whole (H, W).
+// Max and average pooling, as torch.nn.MaxPool2d / AvgPool2d with their ceil_mode and (for the
+// average) count_include_pad. kernel = 0 means global pooling over the whole (H, W).
 #pragma once
 
 #include <memory>
@@ -11,7 +11,8 @@ namespace dptrain {
 
 class Pool2d final : public Layer {
  public:
-  Pool2d(Backend& be, std::string name, PoolKind kind, int64_t kernel, int64_t stride, int64_t pad);
+  Pool2d(Backend& be, std::string name, PoolKind kind, int64_t kernel, int64_t stride, int64_t pad,
+         bool ceil_mode = false, bool count_include_pad = true);
   std::string type() const override { return kind_ == PoolKind::kMax ? "maxpool" : "avgpool"; }
   Shape Setup(const Shape& in, const SetupOptions& opts) override;
   const Tensor& Forward(const Tensor& x, const ForwardContext& ctx) override;
@@ -22,6 +23,7 @@ class Pool2d final : public Layer {
  private:
   PoolKind kind_;
   int64_t kernel_, stride_, pad_;
+  bool ceil_mode_, count_include_pad_;
   bool need_dx_ = true;
   PoolDesc desc_;
   std::shared_ptr<OpPlan> plan_;

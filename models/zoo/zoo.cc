@@ -3,8 +3,10 @@
 #include "models/zoo/zoo.h"
 
 #include <map>
+#include <optional>
 
 #include "core/error.h"
+#include "models/layers/activation.h"
 #include "models/layers/batch_norm.h"
 #include "models/layers/conv2d.h"
 #include "models/layers/dropout.h"
@@ -191,6 +193,21 @@ std::unique_ptr<Graph> BuildZooModel(Backend& be, const std::string& name, int64
                          << "; or give model.layers)";
 }
 
+namespace {
+
+// The model.layers types of the pointwise activations, as PyTorch's modules define them.
+std::optional<ew::Activation> ActivationOf(const std::string& type) {
+  using K = ew::ActKind;
+  if (type == "relu6") return ew::Activation{K::kClip, 0.f, 6.f};
+  if (type == "sigmoid") return ew::Activation{K::kSigmoid};
+  if (type == "hardsigmoid") return ew::Activation{K::kHardSigmoid, 1.f / 6.f, 0.5f};
+  if (type == "hardswish") return ew::Activation{K::kHardSwish};
+  if (type == "tanh") return ew::Activation{K::kTanh};
+  return std::nullopt;
+}
+
+}  // namespace
+
 std::unique_ptr<Graph> BuildFromLayers(Backend& be, const std::vector<LayerSpec>& layers) {
   DPT_CHECK_AS(ConfigError, !layers.empty()) << "model.layers is empty";
   auto g = std::make_unique<Graph>(be);
@@ -207,17 +224,21 @@ std::unique_ptr<Graph> BuildFromLayers(Backend& be, const std::vector<LayerSpec>
     }
     std::unique_ptr<Layer> layer;
     if (l.type == "conv2d") {
-      layer = std::make_unique<Conv2d>(be, name, l.out, l.kernel, l.stride, l.pad, l.bias);
+      layer = std::make_unique<Conv2d>(be, name, l.out, l.kernel, l.stride, l.pad, l.bias, l.groups,
+                                       l.dilation);
     } else if (l.type == "linear") {
       layer = std::make_unique<Linear>(be, name, l.out, l.bias);
     } else if (l.type == "relu") {
       layer = std::make_unique<Relu>(be, name);
+    } else if (const auto act = ActivationOf(l.type)) {
+      layer = std::make_unique<Activation>(be, name, *act);
     } else if (l.type == "maxpool" || l.type == "avgpool") {
       // The config gives pools stride = kernel unless written; 0 here means "as the kernel".
       const int64_t k = l.kernel == 0 ? 2 : l.kernel;
       const int64_t stride = l.stride > 0 ? l.stride : k;
-      layer = std::make_unique<Pool2d>(
-          be, name, l.type == "maxpool" ? PoolKind::kMax : PoolKind::kAvg, k, stride, l.pad);
+      layer =
+          std::make_unique<Pool2d>(be, name, l.type == "maxpool" ? PoolKind::kMax : PoolKind::kAvg,
+                                   k, stride, l.pad, l.ceil_mode, l.count_include_pad);
     } else if (l.type == "batchnorm") {
       layer = std::make_unique<BatchNorm>(be, name);
     } else if (l.type == "dropout") {
@@ -226,6 +247,8 @@ std::unique_ptr<Graph> BuildFromLayers(Backend& be, const std::vector<LayerSpec>
       layer = std::make_unique<Flatten>(be, name);
     } else if (l.type == "add") {
       layer = std::make_unique<Add>(be, name);
+    } else if (l.type == "mul") {
+      layer = std::make_unique<Mul>(be, name);
     } else if (l.type == "concat") {
       layer = std::make_unique<Concat>(be, name);
     } else {

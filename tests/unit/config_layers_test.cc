@@ -76,6 +76,41 @@ TEST(ConfigTest, LayersRoundTripThroughToToml) {
   EXPECT_THAT(text, Not(HasSubstr("name = \"\"")));
 }
 
+// The keys and types of the standard CNN families: grouped and dilated convs, ceil-mode pools,
+// an average without the padding, the activations and a squeeze-and-excitation product.
+TEST(ConfigTest, LayersOfMobileNetStyleBlocksParseAndRoundTrip) {
+  const TrainConfig c = Parse(R"([model]
+classes = 10
+layers = [
+  {type = "conv2d", name = "dw", out = 8, kernel = 3, pad = 2, groups = 8, dilation = 2},
+  {type = "hardswish", name = "act"},
+  {type = "avgpool", kernel = 3, stride = 2, pad = 1, ceil_mode = true, count_include_pad = false},
+  {type = "conv2d", name = "fc1", out = 8, kernel = 1},
+  {type = "hardsigmoid"},
+  {type = "mul", name = "scale", inputs = ["4", "act"]},
+  {type = "maxpool", kernel = 3, stride = 2, ceil_mode = true},
+  {type = "relu6"}, {type = "sigmoid"}, {type = "tanh"},
+  {type = "flatten"},
+  {type = "linear", name = "fc", out = 10},
+]
+[data]
+train = "synthetic"
+)");
+  const auto& L = c.model.layers;
+  ASSERT_EQ(L.size(), 12u);
+  EXPECT_EQ(L[0].groups, 8);
+  EXPECT_EQ(L[0].dilation, 2);
+  EXPECT_TRUE(L[2].ceil_mode);
+  EXPECT_FALSE(L[2].count_include_pad);
+  EXPECT_EQ(L[3].groups, 1);  // defaults
+  EXPECT_EQ(L[3].dilation, 1);
+  EXPECT_EQ(L[5].type, "mul");
+  EXPECT_TRUE(L[6].ceil_mode);
+  EXPECT_TRUE(L[6].count_include_pad);
+  const std::string text = ToToml(c);
+  EXPECT_EQ(ParseConfig(text, kSource), c) << text;
+}
+
 TEST(ConfigTest, LayersAsArrayOfTables) {
   const TrainConfig c = Parse(R"([[model.layers]]
 type = "flatten"
@@ -179,10 +214,21 @@ TEST(ConfigTest, LayerInputErrorsNameTheLayer) {
                         "earlier layer"));
   EXPECT_THAT(ErrorOf(WithLayers("{type = \"relu\", name = \"a\"},\n{type = \"relu\", name = "
                                  "\"b\", inputs = [\"a\", \"a\"]},\n")),
-              HasSubstr("model.layers[1].inputs: a relu layer reads one layer's output; only add "
-                        "and concat take several"));
+              HasSubstr("model.layers[1].inputs: a relu layer reads one layer's output; only add, "
+                        "mul and concat take several"));
   EXPECT_THAT(ErrorOf(WithLayers("{type = \"relu\", name = \"a\", inputs = [1]},\n")),
               HasSubstr("model.layers[0].inputs[0]: expected a string"));
+}
+
+TEST(ConfigTest, LayerKeysOfTheCnnFamiliesAreChecked) {
+  EXPECT_THAT(ErrorOf(WithLayers("{type = \"conv2d\", out = 6, kernel = 3, groups = 4},\n")),
+              HasSubstr("model.layers[0].groups (4) must divide out (6)"));
+  EXPECT_THAT(ErrorOf(WithLayers("{type = \"conv2d\", out = 6, kernel = 3, dilation = 0},\n")),
+              HasSubstr("model.layers[0].dilation must be >= 1, got 0"));
+  EXPECT_THAT(ErrorOf(WithLayers("{type = \"maxpool\", count_include_pad = false},\n")),
+              HasSubstr("count_include_pad does not apply to a maxpool layer"));
+  EXPECT_THAT(ErrorOf(WithLayers("{type = \"mul\", inputs = [\"a\"]},\n")),
+              HasSubstr("a mul layer joins several layers"));
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include "models/layers/flatten.h"
 #include "models/layers/join.h"
 #include "models/layers/linear.h"
+#include "models/layers/pad.h"
 #include "models/layers/pool.h"
 #include "models/layers/relu.h"
 #include "models/loss.h"
@@ -209,6 +210,30 @@ TEST(LayerGradCheckTest, DepthwiseGroupedConvActivationsAndSqueezeExcitation) {
   m.Setup(3, Precision::kF32);
   m.InitParams(13);
   CheckWithRandomProjection(m, Input(Shape{3, 2, 6, 6}, 6), 1e-3f);
+}
+
+// Zero padding that differs between sides (as the ONNX import puts before a conv with uneven
+// pads), a per-channel shift (Add of an (N, C, 1, 1) tensor), a ceil-mode average that leaves
+// the padding out of its divisor, and a ceil-mode max pool.
+TEST(LayerGradCheckTest, PadChannelAddAndCeilModePools) {
+  Backend& be = GetBackend("cpu");
+  auto g = std::make_unique<Graph>(be);
+  g->Add(std::make_unique<Pad2d>(be, "", 0, 1, 2, 1));                              // 6x6 -> 8x8
+  const int conv = g->Add(std::make_unique<Conv2d>(be, "conv", 3, 3, 1, 0, true));  // 6x6
+  g->Add(std::make_unique<Pool2d>(be, "", PoolKind::kAvg, 0, 0, 0));
+  const int shift = g->Add(std::make_unique<Conv2d>(be, "shift", 3, 1, 1, 0, true));
+  g->Add(std::make_unique<Add>(be, "add"), {shift, conv});
+  g->Add(std::make_unique<Pool2d>(be, "", PoolKind::kAvg, 3, 2, 1, /*ceil_mode=*/true,
+                                  /*count_include_pad=*/false));                          // 4x4
+  g->Add(std::make_unique<Pool2d>(be, "", PoolKind::kMax, 3, 2, 0, /*ceil_mode=*/true));  // 2x2
+  g->Add(std::make_unique<Flatten>(be, ""));
+  g->Add(std::make_unique<Linear>(be, "fc", 3, true));
+  Model m(be, std::move(g), Shape{2, 6, 6});
+  m.Setup(3, Precision::kF32);
+  EXPECT_EQ(m.net().output_shape(5), (Shape{3, 3, 4, 4}));
+  EXPECT_EQ(m.net().output_shape(6), (Shape{3, 3, 2, 2}));
+  m.InitParams(17);
+  CheckWithRandomProjection(m, Input(Shape{3, 2, 6, 6}, 8), 1e-3f);
 }
 
 // model.layers as a graph: a dense-style block (concat of a conv and its input) and a residual
