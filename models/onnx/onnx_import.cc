@@ -24,6 +24,7 @@
 #include "models/layers/flatten.h"
 #include "models/layers/join.h"
 #include "models/layers/linear.h"
+#include "models/layers/pad.h"
 #include "models/layers/pool.h"
 #include "models/layers/relu.h"
 #include "models/model.h"
@@ -32,9 +33,11 @@ namespace dptrain {
 namespace {
 
 constexpr char kSupported[] =
-    "Conv (groups, dilations), Gemm, Relu, Clip, Sigmoid, HardSigmoid, HardSwish, Tanh, MaxPool, "
-    "AveragePool, GlobalAveragePool, BatchNormalization, Add, Mul (equal shapes or [N, C, 1, 1]), "
-    "Concat, Flatten, Reshape (to a constant shape keeping the batch), Dropout, Identity, Constant";
+    "Conv (groups, dilations, asymmetric pads), Gemm, MatMul (x @ W^T), Relu, Clip, Sigmoid, "
+    "HardSigmoid, HardSwish, Tanh, MaxPool and AveragePool (ceil_mode, count_include_pad), "
+    "GlobalAveragePool, BatchNormalization, Add and Mul (equal shapes or [N, C, 1, 1]), Concat, "
+    "Flatten, Reshape (to a constant shape keeping the batch), Pad (zero), Dropout, Identity, "
+    "Constant, and shape arithmetic on constants";
 constexpr char kExport[] =
     "torch.onnx.export(model, x, FILE, training=torch.onnx.TrainingMode.TRAINING, "
     "do_constant_folding=False)";
@@ -118,6 +121,48 @@ double Decimal(double v) {
   return std::strtod(buf, nullptr);
 }
 
+// A small int64 tensor computed at load time from constants alone: the shape arithmetic
+// torch.onnx writes around F.pad (Shape, Gather, Sub, ConstantOfShape, Concat, Reshape, Slice,
+// Transpose, Cast of constant lists). Such nodes are folded, never run.
+struct IntTensor {
+  std::vector<int64_t> dims;
+  std::vector<int64_t> v;
+};
+
+int64_t Count(const std::vector<int64_t>& dims) {
+  int64_t n = 1;
+  for (int64_t d : dims) n *= d;
+  return n;
+}
+
+// Row-major strides of dims.
+std::vector<int64_t> Strides(const std::vector<int64_t>& dims) {
+  std::vector<int64_t> st(dims.size(), 1);
+  for (size_t a = dims.size(); a-- > 1;) st[a - 1] = st[a] * dims[a];
+  return st;
+}
+
+// out[i] = in[sum_a index[a][i_a] * stride_a]: the tensor of the elements `index` picks on
+// every axis (Slice, Gather on one axis, Transpose via `axes`).
+IntTensor Pick(const IntTensor& in, const std::vector<std::vector<int64_t>>& index,
+               const std::vector<size_t>& axes) {
+  IntTensor out;
+  const std::vector<int64_t> st = Strides(in.dims);
+  for (size_t a : axes) out.dims.push_back(static_cast<int64_t>(index[a].size()));
+  const int64_t n = Count(out.dims);
+  std::vector<int64_t> at(axes.size(), 0);
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t src = 0;
+    for (size_t k = 0; k < axes.size(); ++k) src += index[axes[k]][at[k]] * st[axes[k]];
+    out.v.push_back(in.v[src]);
+    for (size_t k = axes.size(); k-- > 0;) {
+      if (++at[k] < out.dims[k]) break;
+      at[k] = 0;
+    }
+  }
+  return out;
+}
+
 class Importer {
  public:
   Importer(Backend& be, std::string path) : be_(be), path_(std::move(path)) {}
@@ -167,8 +212,10 @@ class Importer {
     if (a != nullptr && a->s() != "NOTSET") Fail("auto_pad=" + a->s() + " is not supported");
   }
   // Square 2-D window: kernel, stride, symmetric pad, and equal dilations (refused unless
-  // `dilation` is given).
-  void Window(int64_t* kernel, int64_t* stride, int64_t* pad, int64_t* dilation = nullptr) const;
+  // `dilation` is given). Pads that differ between sides are refused unless `sides` is given:
+  // then it gets them (top, left, bottom, right) and *pad is 0.
+  void Window(int64_t* kernel, int64_t* stride, int64_t* pad, int64_t* dilation = nullptr,
+              std::vector<int64_t>* sides = nullptr) const;
   // The value of optional input k when it is a constant scalar (a Constant node's output or an
   // initializer); `def` when the input is absent; Fail naming `what` otherwise.
   double ConstScalar(int k, const char* what, double def) const;
@@ -180,41 +227,57 @@ class Importer {
     return it != init_.end() ? it->second : nullptr;
   }
 
+  // The int64 value `name` holds when it is a constant, an int64 initializer or a folded node.
+  bool ConstInts(const std::string& name, IntTensor* out) const;
+  // Folds the node when it is shape arithmetic over constants only; false otherwise.
+  bool Fold();
+
   // The graph node that computes value `name` (kInput for the graph input).
   int Source(const std::string& name) const {
     const auto it = value_.find(name);
     if (it == value_.end()) {
-      if (init_.count(name) != 0)
+      if (init_.count(name) != 0 || transposed_.count(name) != 0)
         Fail("input '" + name +
              "' is an initializer; dptrain runs "
              "this op on computed tensors only");
+      if (const_.count(name) != 0 || folded_.count(name) != 0)
+        Fail("input '" + name + "' is a constant; dptrain runs this op on computed tensors only");
       Fail("input '" + name + "' is not computed by an earlier node");
     }
     return it->second;
   }
-  // The initializer feeding input `k` of the node, which must be named `<prefix>.<suffix>`
+  // The initializer `name` (input `k` of the node), which must be named `<prefix>.<suffix>`
   // (the PyTorch parameter name); sets prefix when empty. Stores its values as the parameter's
   // starting value.
   const onnx::TensorProto& Param(int k, const char* suffix, std::string* prefix);
+  const onnx::TensorProto& Param(const std::string& name, const char* suffix, std::string* prefix);
 
   Backend& be_;
   std::string path_;
   std::unique_ptr<Graph> graph_;
   std::map<std::string, const onnx::TensorProto*> init_;
   std::map<std::string, const onnx::TensorProto*> const_;  // Constant node outputs
+  std::map<std::string, IntTensor> folded_;                // shape arithmetic done at load
+  std::map<std::string, std::string> transposed_;          // Transpose output -> initializer
   std::map<std::string, int> value_;                       // value name -> graph node
   std::set<std::string> read_;                             // values some node or output reads
 };
 
-void Importer::Window(int64_t* kernel, int64_t* stride, int64_t* pad, int64_t* dilation) const {
+void Importer::Window(int64_t* kernel, int64_t* stride, int64_t* pad, int64_t* dilation,
+                      std::vector<int64_t>* sides) const {
   NoAutoPad();
   const auto k = Ints("kernel_shape", {});
   if (k.size() != 2 || k[0] != k[1]) Fail("only square 2-D kernels are supported");
   const auto s = Ints("strides", {1, 1});
   if (s.size() != 2 || s[0] != s[1]) Fail("only equal strides are supported");
   const auto p = Ints("pads", {0, 0, 0, 0});
-  if (p.size() != 4 || p[0] != p[1] || p[0] != p[2] || p[0] != p[3]) {
-    Fail("only equal pads on every side are supported");
+  if (p.size() != 4) Fail("pads must have 4 values (2-D)");
+  for (int64_t v : p) {
+    if (v < 0) Fail("negative pads are not supported");
+  }
+  if (p[0] != p[1] || p[0] != p[2] || p[0] != p[3]) {
+    if (sides == nullptr) Fail("only equal pads on every side are supported");
+    *sides = {p[0], p[1], p[2], p[3]};  // ONNX: begins (top, left), then ends (bottom, right)
   }
   const auto d = Ints("dilations", {1, 1});
   if (d.size() != 2 || d[0] != d[1]) Fail("only equal dilations are supported");
@@ -222,7 +285,7 @@ void Importer::Window(int64_t* kernel, int64_t* stride, int64_t* pad, int64_t* d
   if (dilation != nullptr) *dilation = d[0];
   *kernel = k[0];
   *stride = s[0];
-  *pad = p[0];
+  *pad = sides != nullptr && !sides->empty() ? 0 : p[0];
 }
 
 double Importer::ConstScalar(int k, const char* what, double def) const {
@@ -239,7 +302,11 @@ const onnx::TensorProto& Importer::Param(int k, const char* suffix, std::string*
   if (node_->input_size() <= k || node_->input(k).empty()) {
     Fail(std::string("the ") + suffix + " input is missing");
   }
-  const std::string& name = node_->input(k);
+  return Param(node_->input(k), suffix, prefix);
+}
+
+const onnx::TensorProto& Importer::Param(const std::string& name, const char* suffix,
+                                         std::string* prefix) {
   const auto it = init_.find(name);
   if (it == init_.end()) {
     Fail("input '" + name + "' (the " + suffix +
@@ -269,6 +336,185 @@ const onnx::TensorProto& Importer::Param(int k, const char* suffix, std::string*
   }
   graph_->SetInitialValue(name, std::move(v));
   return *it->second;
+}
+
+bool Importer::ConstInts(const std::string& name, IntTensor* out) const {
+  const auto f = folded_.find(name);
+  if (f != folded_.end()) {
+    *out = f->second;
+    return true;
+  }
+  const onnx::TensorProto* t = ConstantValue(name);
+  if (t == nullptr || !ReadInts(*t, &out->v)) return false;
+  out->dims.assign(t->dims().begin(), t->dims().end());
+  return static_cast<int64_t>(out->v.size()) == Count(out->dims);
+}
+
+bool Importer::Fold() {
+  const onnx::NodeProto& n = *node_;
+  static const std::set<std::string> kFoldable = {
+      "Shape",     "Size",    "Gather",    "Add",     "Sub",
+      "Mul",       "Div",     "Cast",      "Reshape", "Concat",
+      "Unsqueeze", "Squeeze", "Transpose", "Slice",   "ConstantOfShape"};
+  if (kFoldable.count(n.op_type()) == 0 || n.input_size() == 0) return false;
+  std::vector<IntTensor> in(static_cast<size_t>(n.input_size()));
+  std::vector<bool> given(in.size(), false);
+  for (int k = 0; k < n.input_size(); ++k) {
+    if (n.input(k).empty()) continue;
+    // Shape and Size read only the dims: a float constant will do.
+    const onnx::TensorProto* t = ConstantValue(n.input(k));
+    if ((n.op_type() == "Shape" || n.op_type() == "Size") && t != nullptr) {
+      in[k].dims.assign(t->dims().begin(), t->dims().end());
+    } else if (!ConstInts(n.input(k), &in[k])) {
+      return false;
+    }
+    given[k] = true;
+  }
+  const std::string& op = n.op_type();
+  const auto scalar = [](int64_t v) { return IntTensor{{}, {v}}; };
+  const auto axis_of = [&](int64_t a, size_t rank) {
+    if (a < 0) a += static_cast<int64_t>(rank);
+    if (a < 0 || a >= static_cast<int64_t>(rank)) Fail("axis out of range");
+    return static_cast<size_t>(a);
+  };
+  const auto all = [](int64_t d) {
+    std::vector<int64_t> i(static_cast<size_t>(d));
+    for (int64_t k = 0; k < d; ++k) i[static_cast<size_t>(k)] = k;
+    return i;
+  };
+  const auto every_axis = [](size_t rank) {
+    std::vector<size_t> a(rank);
+    for (size_t k = 0; k < rank; ++k) a[k] = k;
+    return a;
+  };
+  IntTensor r;
+  if (op == "Shape") {
+    r = IntTensor{{static_cast<int64_t>(in[0].dims.size())}, in[0].dims};
+  } else if (op == "Size") {
+    r = scalar(Count(in[0].dims));
+  } else if (op == "Cast") {
+    if (Int("to", 0) != onnx::TensorProto::INT64) return false;
+    r = in[0];
+  } else if (op == "Add" || op == "Sub" || op == "Mul" || op == "Div") {
+    const IntTensor& a = in[0];
+    const IntTensor& b = in[1];
+    if (a.v.size() != b.v.size() && a.v.size() != 1 && b.v.size() != 1) return false;
+    r = a.v.size() >= b.v.size() ? a : b;
+    for (size_t i = 0; i < r.v.size(); ++i) {
+      const int64_t x = a.v[a.v.size() == 1 ? 0 : i], y = b.v[b.v.size() == 1 ? 0 : i];
+      if (op == "Div" && y == 0) Fail("division by zero in constant shape arithmetic");
+      r.v[i] = op == "Add" ? x + y : op == "Sub" ? x - y : op == "Mul" ? x * y : x / y;
+    }
+  } else if (op == "ConstantOfShape") {
+    const auto* v = Attr("value");
+    std::vector<int64_t> fill{0};
+    if (v == nullptr || !ReadInts(v->t(), &fill) || fill.size() != 1) return false;
+    r.dims = in[0].v;
+    r.v.assign(static_cast<size_t>(Count(r.dims)), fill[0]);
+  } else if (op == "Reshape") {
+    r.v = in[0].v;
+    int64_t known = 1, infer = -1;
+    for (size_t a = 0; a < in[1].v.size(); ++a) {
+      int64_t d = in[1].v[a];
+      if (d == 0 && a < in[0].dims.size()) d = in[0].dims[a];
+      if (d == -1) infer = static_cast<int64_t>(a);
+      r.dims.push_back(d);
+      if (d != -1) known *= d;
+    }
+    if (infer >= 0 && known > 0) r.dims[static_cast<size_t>(infer)] = Count(in[0].dims) / known;
+    if (Count(r.dims) != Count(in[0].dims)) Fail("Reshape of a constant to a different size");
+  } else if (op == "Concat") {
+    const size_t rank = in[0].dims.size();
+    const size_t axis = axis_of(Int("axis", 0), rank);
+    r.dims = in[0].dims;
+    r.dims[axis] = 0;
+    for (const IntTensor& t : in) r.dims[axis] += t.dims.size() == rank ? t.dims[axis] : 0;
+    const int64_t outer = Count(std::vector<int64_t>(r.dims.begin(), r.dims.begin() + axis));
+    for (int64_t o = 0; o < outer; ++o) {
+      for (const IntTensor& t : in) {
+        if (t.dims.size() != rank) Fail("Concat of constants of different ranks");
+        const int64_t chunk = Count(std::vector<int64_t>(t.dims.begin() + axis, t.dims.end()));
+        r.v.insert(r.v.end(), t.v.begin() + o * chunk, t.v.begin() + (o + 1) * chunk);
+      }
+    }
+  } else if (op == "Unsqueeze" || op == "Squeeze") {
+    r = in[0];
+    std::vector<int64_t> axes = given.size() > 1 && given[1] ? in[1].v : std::vector<int64_t>{};
+    if (op == "Unsqueeze") {
+      const size_t rank = r.dims.size() + axes.size();
+      std::vector<size_t> at;
+      for (int64_t a : axes) at.push_back(axis_of(a, rank));
+      std::sort(at.begin(), at.end());
+      for (size_t a : at) r.dims.insert(r.dims.begin() + static_cast<int64_t>(a), 1);
+    } else {
+      std::vector<int64_t> dims;
+      for (size_t a = 0; a < r.dims.size(); ++a) {
+        bool drop = axes.empty() && r.dims[a] == 1;
+        for (int64_t x : axes) drop = drop || axis_of(x, r.dims.size()) == a;
+        if (!drop) dims.push_back(r.dims[a]);
+      }
+      r.dims = dims;
+    }
+  } else if (op == "Transpose") {
+    const size_t rank = in[0].dims.size();
+    std::vector<int64_t> perm = Ints("perm", {});
+    if (perm.empty()) {
+      for (size_t a = rank; a-- > 0;) perm.push_back(static_cast<int64_t>(a));
+    }
+    std::vector<std::vector<int64_t>> index;
+    std::vector<size_t> axes;
+    for (int64_t d : in[0].dims) index.push_back(all(d));
+    for (int64_t a : perm) axes.push_back(axis_of(a, rank));
+    r = Pick(in[0], index, axes);
+  } else if (op == "Gather") {
+    const size_t rank = in[0].dims.size();
+    const size_t axis = axis_of(Int("axis", 0), rank);
+    if (in[1].dims.size() > 1) return false;
+    std::vector<std::vector<int64_t>> index;
+    for (int64_t d : in[0].dims) index.push_back(all(d));
+    index[axis].clear();
+    for (int64_t i : in[1].v) {
+      if (i < -in[0].dims[axis] || i >= in[0].dims[axis]) Fail("Gather index out of range");
+      index[axis].push_back(i < 0 ? i + in[0].dims[axis] : i);
+    }
+    r = Pick(in[0], index, every_axis(rank));
+    if (in[1].dims.empty()) r.dims.erase(r.dims.begin() + static_cast<int64_t>(axis));
+  } else if (op == "Slice") {
+    const size_t rank = in[0].dims.size();
+    const std::vector<int64_t>& starts = in[1].v;
+    const std::vector<int64_t>& ends = in[2].v;
+    std::vector<int64_t> axes = given.size() > 3 && given[3] ? in[3].v : std::vector<int64_t>{};
+    const std::vector<int64_t> steps =
+        given.size() > 4 && given[4] ? in[4].v : std::vector<int64_t>(starts.size(), 1);
+    if (axes.empty()) {
+      for (size_t a = 0; a < starts.size(); ++a) axes.push_back(static_cast<int64_t>(a));
+    }
+    if (ends.size() != starts.size() || axes.size() != starts.size() ||
+        steps.size() != starts.size()) {
+      Fail("Slice of a constant with starts, ends, axes and steps of different lengths");
+    }
+    std::vector<std::vector<int64_t>> index;
+    for (int64_t d : in[0].dims) index.push_back(all(d));
+    for (size_t k = 0; k < starts.size(); ++k) {
+      const size_t a = axis_of(axes[k], rank);
+      const int64_t d = in[0].dims[a], step = steps[k];
+      if (step == 0) Fail("Slice with step 0");
+      // ONNX's clamping: negative indices count from the end; starts clamp to [0, d] (to
+      // [0, d - 1] stepping backwards), ends to [-1, d].
+      const auto clamp = [](int64_t v, int64_t lo, int64_t hi) {
+        return v < lo ? lo : (v > hi ? hi : v);
+      };
+      int64_t b = starts[k] < 0 ? starts[k] + d : starts[k];
+      int64_t e = ends[k] < 0 ? ends[k] + d : ends[k];
+      b = step > 0 ? clamp(b, 0, d) : clamp(b, 0, d - 1);
+      e = step > 0 ? clamp(e, 0, d) : clamp(e, -1, d - 1);
+      index[a].clear();
+      for (int64_t i = b; step > 0 ? i < e : i > e; i += step) index[a].push_back(i);
+    }
+    r = Pick(in[0], index, every_axis(rank));
+  }
+  folded_[n.output(0)] = std::move(r);
+  return true;
 }
 
 OnnxModel Importer::Run(const onnx::ModelProto& m, std::map<size_t, std::string>* problems) {
@@ -330,8 +576,17 @@ OnnxModel Importer::Run(const onnx::ModelProto& m, std::map<size_t, std::string>
         const_[n.output(0)] = &v->t();
         continue;
       }
+      if (Fold()) continue;
       if (op == "Identity") {
         value_[n.output(0)] = Source(n.input(0));
+        continue;
+      }
+      if (op == "Transpose" && n.input_size() == 1 && init_.count(n.input(0)) != 0) {
+        // nn.Linear without bias exports x @ W^T as MatMul(x, Transpose(W)).
+        OnlyAttributes({"perm"});
+        if (Ints("perm", {1, 0}) != std::vector<int64_t>{1, 0})
+          Fail("only perm=[1, 0] of a matrix");
+        transposed_[n.output(0)] = n.input(0);
         continue;
       }
       if (op == "Conv") {
@@ -339,7 +594,8 @@ OnnxModel Importer::Run(const onnx::ModelProto& m, std::map<size_t, std::string>
         const int64_t groups = Int("group", 1);
         if (groups < 1) Fail("group=" + std::to_string(groups) + " is not a positive count");
         int64_t k = 0, s = 0, p = 0, dil = 1;
-        Window(&k, &s, &p, &dil);
+        std::vector<int64_t> sides;
+        Window(&k, &s, &p, &dil, &sides);
         std::string prefix;
         const auto& w = Param(1, "weight", &prefix);
         if (w.dims_size() != 4 || w.dims(2) != k || w.dims(3) != k) {
@@ -349,6 +605,11 @@ OnnxModel Importer::Run(const onnx::ModelProto& m, std::map<size_t, std::string>
         if (bias) Param(2, "bias", &prefix);
         layer = std::make_unique<Conv2d>(be_, prefix, w.dims(0), k, s, p, bias, groups, dil);
         from = {Source(n.input(0))};
+        if (!sides.empty()) {  // pads that differ between sides: zero-pad first, then conv
+          from = {
+              graph_->Add(std::make_unique<Pad2d>(be_, "", sides[0], sides[1], sides[2], sides[3]),
+                          std::move(from), node_name_ + "/pad")};
+        }
       } else if (op == "Gemm") {
         OnlyAttributes({"alpha", "beta", "transA", "transB"});
         if (Int("transA", 0) != 0 || Int("transB", 0) != 1 || Float("alpha", 1) != 1 ||
@@ -363,6 +624,36 @@ OnnxModel Importer::Run(const onnx::ModelProto& m, std::map<size_t, std::string>
         const bool bias = n.input_size() > 2 && !n.input(2).empty();
         if (bias) Param(2, "bias", &prefix);
         layer = std::make_unique<Linear>(be_, prefix, w.dims(0), bias);
+        from = {Source(n.input(0))};
+      } else if (op == "MatMul") {
+        OnlyAttributes({});
+        const auto t = transposed_.find(n.input(1));
+        if (t == transposed_.end()) {
+          Fail(
+              "only x @ W^T with W a weight in the file (nn.Linear without bias exports it as "
+              "MatMul(x, Transpose(W))) is supported; use nn.Linear for x @ W");
+        }
+        std::string prefix;
+        const auto& w = Param(t->second, "weight", &prefix);
+        if (w.dims_size() != 2) Fail("weight '" + t->second + "' is not a matrix");
+        layer = std::make_unique<Linear>(be_, prefix, w.dims(0), false);
+        from = {Source(n.input(0))};
+      } else if (op == "Pad") {
+        OnlyAttributes({"mode"});
+        const auto* mode = Attr("mode");
+        if (mode != nullptr && mode->s() != "constant") {
+          Fail("mode=" + mode->s() + " is not supported (only constant zero padding)");
+        }
+        IntTensor pads;
+        if (n.input_size() < 2 || !ConstInts(n.input(1), &pads)) {
+          Fail("the pads must be constant (as F.pad / nn.ZeroPad2d with fixed amounts export)");
+        }
+        if (pads.v.size() != 8) Fail("only the padding of (N, C, H, W) tensors is supported");
+        if (pads.v[0] != 0 || pads.v[1] != 0 || pads.v[4] != 0 || pads.v[5] != 0) {
+          Fail("only the image planes (H, W) can be padded, not the batch or the channels");
+        }
+        if (ConstScalar(2, "constant value", 0.0) != 0.0) Fail("only zero padding is supported");
+        layer = std::make_unique<Pad2d>(be_, "", pads.v[2], pads.v[3], pads.v[6], pads.v[7]);
         from = {Source(n.input(0))};
       } else if (op == "BatchNormalization") {
         OnlyAttributes({"epsilon", "momentum", "training_mode"});
@@ -403,17 +694,18 @@ OnnxModel Importer::Run(const onnx::ModelProto& m, std::map<size_t, std::string>
       } else if (op == "MaxPool" || op == "AveragePool") {
         OnlyAttributes({"kernel_shape", "strides", "pads", "dilations", "ceil_mode", "auto_pad",
                         "storage_order", "count_include_pad"});
-        if (Int("ceil_mode", 0) != 0) Fail("ceil_mode=1 is not supported yet");
         if (Int("storage_order", 0) != 0) Fail("storage_order=1 is not supported");
         int64_t k = 0, s = 0, p = 0;
         Window(&k, &s, &p);
-        const bool avg = op == "AveragePool";
-        if (avg && p > 0 && Int("count_include_pad", 0) == 0) {
-          Fail(
-              "count_include_pad=0 with padding is not supported yet (dptrain's average "
-              "counts the padding, as nn.AvgPool2d does by default)");
+        if (p * 2 > k) {
+          Fail("pads " + std::to_string(p) + " exceed half the kernel " + std::to_string(k) +
+               " (PyTorch refuses them too)");
         }
-        layer = std::make_unique<Pool2d>(be_, "", avg ? PoolKind::kAvg : PoolKind::kMax, k, s, p);
+        const bool avg = op == "AveragePool";
+        // ONNX's count_include_pad defaults to 0; torch.onnx writes nn.AvgPool2d's 1 explicitly.
+        layer =
+            std::make_unique<Pool2d>(be_, "", avg ? PoolKind::kAvg : PoolKind::kMax, k, s, p,
+                                     Int("ceil_mode", 0) != 0, Int("count_include_pad", 0) != 0);
         from = {Source(n.input(0))};
       } else if (op == "GlobalAveragePool") {
         layer = std::make_unique<Pool2d>(be_, "", PoolKind::kAvg, 0, 0, 0);
@@ -421,16 +713,17 @@ OnnxModel Importer::Run(const onnx::ModelProto& m, std::map<size_t, std::string>
       } else if (op == "Reshape") {
         OnlyAttributes({"allowzero"});
         if (Int("allowzero", 0) != 0) Fail("allowzero=1 is not supported");
-        const onnx::TensorProto* t = n.input_size() > 1 ? ConstantValue(n.input(1)) : nullptr;
-        std::vector<int64_t> dims;
-        if (t == nullptr || !ReadInts(*t, &dims) || dims.empty()) {
+        IntTensor shape;
+        if (n.input_size() < 2 || !ConstInts(n.input(1), &shape) || shape.v.empty()) {
           Fail(
               "the shape must be a constant int64 tensor (a shape computed in the graph, as "
               "x.view(x.size(0), -1) exports, is not supported: use torch.flatten(x, 1))");
         }
+        const std::vector<int64_t>& dims = shape.v;
         if (dims[0] != 0 && dims[0] != -1) {
           Fail("the shape's first dimension is " + std::to_string(dims[0]) +
-               "; it must keep the batch (0 or -1, as x.view(-1, ...) exports)");
+               " where the batch goes: the export fixed the batch size (x.view(x.size(0), -1) "
+               "exports that way); write torch.flatten(x, 1) or x.view(-1, C*H*W)");
         }
         if (dims[0] == -1 && std::count(dims.begin() + 1, dims.end(), -1) > 0) {
           Fail("with -1 as the batch dimension the other dimensions must be given");

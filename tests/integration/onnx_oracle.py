@@ -17,10 +17,22 @@
 # the float64 step by twice PyTorch's own float32 error, and no more: dptrain must be as close
 # to the exact step as PyTorch is.
 #
+# ops: a small network of the ops torchvision's families do not reach (nn.ZeroPad2d, which
+# torch.onnx writes as a Pad fed by shape arithmetic on constants; a per-channel Add; ceil-mode
+# max and average pooling, an average without the padding; nn.Linear without bias, written as
+# MatMul of a Transpose). `export` also writes DIR/model_fused.onnx, the same file with the Pad
+# merged into the next Conv's pads (top 0, left 1, bottom 2, right 1), as converters from other
+# frameworks write uneven padding: the same model, so the same step.
+#
 # vgg11_bn: torchvision's VGG pools to 7x7 (AdaptiveAvgPool2d) before a 25088-wide classifier,
 # which torch cannot export from the 1x1 map of a 32x32 input; it runs in the usual CIFAR form,
 # no pooling and a 512-wide first classifier layer (same names).
 #   onnx_oracle.py load MODEL DIR CKPT   only the strict=True load.
+#   onnx_oracle.py torch_ckpt MODEL DIR OUT   PyTorch's float32 state after the step, written
+#       with h5py as a DataParallel state_dict (`module.` names) to OUT, and that model's
+#       eval-mode loss and accuracy on the batch in DIR/torch_eval.txt, as `dptrain eval` prints.
+#   onnx_oracle.py same CKPT_A CKPT_B   every parameter and optimizer tensor bitwise equal.
+#   onnx_oracle.py close A B REL   the numbers A and B agree to REL (relative).
 import sys
 import warnings
 
@@ -36,8 +48,30 @@ LR = 0.1
 warnings.filterwarnings("ignore")  # torch.onnx.export notes on num_batches_tracked
 
 
+class Ops(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.pad = torch.nn.ZeroPad2d((1, 1, 0, 2))  # left, right, top, bottom
+        self.conv = torch.nn.Conv2d(3, 8, 3)
+        self.bn = torch.nn.BatchNorm2d(8)
+        self.shift = torch.nn.Conv2d(8, 8, 1)
+        self.conv2 = torch.nn.Conv2d(8, 8, 3, padding=1)
+        self.fc = torch.nn.Linear(8 * 5 * 5, 10, bias=False)
+
+    def forward(self, x):
+        y = torch.relu(self.bn(self.conv(self.pad(x))))  # 32x32 -> 34x34 -> 32x32
+        y = y + self.shift(F.adaptive_avg_pool2d(y, 1))  # per-channel shift
+        y = F.max_pool2d(y, 3, 2, ceil_mode=True)  # 32 -> 16 (15 in floor mode)
+        y = torch.tanh(self.conv2(y))
+        y = F.avg_pool2d(y, 3, 2, 1, ceil_mode=True)  # 16 -> 9, last window past the padding
+        y = F.avg_pool2d(y, 3, 2, 1, ceil_mode=True, count_include_pad=False)  # 9 -> 5
+        return self.fc(torch.flatten(y, 1))
+
+
 def build(name):
     torch.manual_seed(0)
+    if name == "ops":
+        return Ops()
     m = getattr(torchvision.models, name)(num_classes=10)
     if name.startswith("vgg"):
         m.avgpool = torch.nn.Identity()
@@ -68,6 +102,8 @@ def export(name, out):
     y = torch.randint(0, 10, (16,), generator=torch.Generator().manual_seed(2))
     torch.onnx.export(m, x, f"{out}/model.onnx", training=torch.onnx.TrainingMode.TRAINING,
                       do_constant_folding=False, opset_version=13)
+    if name == "ops":
+        fuse_pad(f"{out}/model.onnx", f"{out}/model_fused.onnx")
     with h5py.File(f"{out}/batch.h5", "w") as f:
         f["images"] = x.numpy().astype(np.float32)
         f["labels"] = y.numpy().astype(np.int32)
@@ -84,6 +120,22 @@ def export(name, out):
         steps[dtype] = {k: v.clone() for k, v in m.state_dict().items()}
     torch.save({"before": before, "after32": steps[torch.float32],
                 "after64": steps[torch.float64]}, f"{out}/after.pt")
+
+
+def fuse_pad(src, dst):
+    """src with its Pad node folded into the Conv reading it (ONNX pads: begins, then ends)."""
+    m = onnx.load(src)
+    nodes = list(m.graph.node)
+    pad = next(n for n in nodes if n.op_type == "Pad")
+    conv = next(n for n in nodes if n.op_type == "Conv" and n.input[0] == pad.output[0])
+    conv.input[0] = pad.input[0]
+    for a in conv.attribute:
+        if a.name == "pads":
+            a.ints[:] = [0, 1, 2, 1]  # top, left, bottom, right
+    m.graph.ClearField("node")
+    m.graph.node.extend(n for n in nodes if n is not pad)
+    onnx.checker.check_model(m)
+    onnx.save(m, dst)
 
 
 def compare(name, out, ckpt):
@@ -134,10 +186,59 @@ def load(name, ckpt, state=None):
     print(f"{name}: {ckpt} loads with load_state_dict(strict=True)")
 
 
+def torch_ckpt(name, out, path):
+    state = torch.load(f"{out}/after.pt")["after32"]
+    m = build(name)
+    m.load_state_dict({k: v.to(m.state_dict()[k].dtype) for k, v in state.items()}, strict=True)
+    wrapped = torch.nn.DataParallel(m)
+    with h5py.File(path, "w") as f:
+        for k, t in wrapped.state_dict().items():
+            assert k.startswith("module.")
+            f["params/" + k] = t.numpy()
+    with h5py.File(f"{out}/batch.h5", "r") as f:
+        x = torch.from_numpy(np.array(f["images"]))
+        y = torch.from_numpy(np.array(f["labels"])).long()
+    with torch.no_grad():
+        logits = m.eval()(x)
+    loss = F.cross_entropy(logits, y).item()
+    acc = (logits.argmax(1) == y).float().mean().item()
+    open(f"{out}/torch_eval.txt", "w").write(f"test_loss {loss:.6f} test_accuracy {acc:.4f}")
+
+
+def same(a, b):
+    """Exit 0 when every tensor of checkpoints a and b (params, optimizer) is bitwise equal."""
+    def tensors(path):
+        out = {}
+        with h5py.File(path, "r") as f:
+            for group in ("params", "optimizer"):
+                if group in f:
+                    f[group].visititems(lambda n, o, g=group: out.__setitem__(
+                        g + "/" + n, o[()]) if isinstance(o, h5py.Dataset) else None)
+        return out
+    ta, tb = tensors(a), tensors(b)
+    diff = sorted(k for k in ta.keys() | tb.keys()
+                  if k not in ta or k not in tb or ta[k].tobytes() != tb[k].tobytes())
+    print(f"{len(ta)} tensors, {len(diff)} differ" + (f" (first {diff[0]})" if diff else ""))
+    sys.exit(1 if diff else 0)
+
+
+def close(a, b, rel):
+    a, b, rel = float(a), float(b), float(rel)
+    ok = abs(a - b) <= rel * max(abs(a), abs(b))
+    print(f"{a} vs {b}: {'within' if ok else 'NOT within'} {rel} (relative)")
+    sys.exit(0 if ok else 1)
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "export":
         export(sys.argv[2], sys.argv[3])
     elif sys.argv[1] == "load":
         load(sys.argv[2], sys.argv[4])
+    elif sys.argv[1] == "torch_ckpt":
+        torch_ckpt(sys.argv[2], sys.argv[3], sys.argv[4])
+    elif sys.argv[1] == "same":
+        same(sys.argv[2], sys.argv[3])
+    elif sys.argv[1] == "close":
+        close(sys.argv[2], sys.argv[3], sys.argv[4])
     else:
         compare(sys.argv[2], sys.argv[3], sys.argv[4])
