@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <set>
 
 #include "core/memory/caching_allocator.h"
@@ -96,20 +97,24 @@ int64_t MemoryPlan::Sum(int64_t LayerMemory::*field) const {
 
 std::string MemoryPlan::ToTable() const {
   auto mb = [](int64_t v) { return fmt::format("{:.2f}", static_cast<double>(v) / (1 << 20)); };
+  // The first column fits the longest node name (ONNX names such as
+  // /features/features.3/expand3x3/Conv), 22 at least.
+  size_t w = 22;
+  for (const auto& l : layers) w = std::max(w, l.name.size());
   std::string s = fmt::format("memory per rank at micro-batch {} ({}, dist.shard = {}), MiB:\n",
                               micro_batch, precision, shard);
-  s += fmt::format("{:<22} {:<11} {:>9} {:>9} {:>9} {:>11} {:>10} {:>9}\n", "layer", "type",
+  s += fmt::format("{:<{}} {:<11} {:>9} {:>9} {:>9} {:>11} {:>10} {:>9}\n", "layer", w, "type",
                    "params", "grads", "optim", "activations", "workspace", "total");
   for (const auto& l : layers) {
-    s += fmt::format("{:<22} {:<11} {:>9} {:>9} {:>9} {:>11} {:>10} {:>9}\n", l.name, l.type,
+    s += fmt::format("{:<{}} {:<11} {:>9} {:>9} {:>9} {:>11} {:>10} {:>9}\n", l.name, w, l.type,
                      mb(l.params), mb(l.grads), mb(l.optimizer), mb(l.activations), mb(l.workspace),
                      mb(l.total()));
   }
   if (grad_scratch > 0) {
-    s += fmt::format("{:<22} {:<11} {:>61}\n", "gradient groups", "in flight", mb(grad_scratch));
+    s += fmt::format("{:<{}} {:<11} {:>61}\n", "gradient groups", w, "in flight", mb(grad_scratch));
   }
-  s += fmt::format("{:<22} {:<11} {:>61}\n", "other", "inputs/loss", mb(other));
-  s += fmt::format("{:<22} {:<11} {:>61}\n", "total", "", mb(total));
+  s += fmt::format("{:<{}} {:<11} {:>61}\n", "other", w, "inputs/loss", mb(other));
+  s += fmt::format("{:<{}} {:<11} {:>61}\n", "total", w, "", mb(total));
   s += fmt::format("fixed {} MiB + {:.1f} KiB per sample\n", mb(fixed),
                    static_cast<double>(per_sample) / 1024);
   if (budget > 0) {

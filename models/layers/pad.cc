@@ -9,7 +9,7 @@ namespace dptrain {
 Shape Pad2d::Setup(const Shape& in, const SetupOptions& opts) {
   DPT_CHECK_AS(ConfigError, in.rank() == 4)
       << "pad '" << label() << "' needs (N, C, H, W) input, got " << in.ToString();
-  const Shape out{in[0], in[1], in[2] + top_ + bottom_, in[3] + left_ + right_};
+  Shape out{in[0], in[1], in[2] + top_ + bottom_, in[3] + left_ + right_};
   DPT_CHECK_AS(ConfigError, out[2] > 0 && out[3] > 0)
       << "pad '" << label() << "': padding (top " << top_ << ", left " << left_ << ", bottom "
       << bottom_ << ", right " << right_ << ") crops all of input " << in.ToString();

@@ -382,6 +382,12 @@ bool Importer::Fold() {
     for (int64_t k = 0; k < d; ++k) i[static_cast<size_t>(k)] = k;
     return i;
   };
+  // Every index of every axis: Pick's `index` for the whole tensor.
+  const auto every_index = [&](const std::vector<int64_t>& dims) {
+    std::vector<std::vector<int64_t>> index(dims.size());
+    for (size_t a = 0; a < dims.size(); ++a) index[a] = all(dims[a]);
+    return index;
+  };
   const auto every_axis = [](size_t rank) {
     std::vector<size_t> a(rank);
     for (size_t k = 0; k < rank; ++k) a[k] = k;
@@ -442,8 +448,8 @@ bool Importer::Fold() {
     std::vector<int64_t> axes = given.size() > 1 && given[1] ? in[1].v : std::vector<int64_t>{};
     if (op == "Unsqueeze") {
       const size_t rank = r.dims.size() + axes.size();
-      std::vector<size_t> at;
-      for (int64_t a : axes) at.push_back(axis_of(a, rank));
+      std::vector<size_t> at(axes.size());
+      for (size_t k = 0; k < axes.size(); ++k) at[k] = axis_of(axes[k], rank);
       std::sort(at.begin(), at.end());
       for (size_t a : at) r.dims.insert(r.dims.begin() + static_cast<int64_t>(a), 1);
     } else {
@@ -461,17 +467,15 @@ bool Importer::Fold() {
     if (perm.empty()) {
       for (size_t a = rank; a-- > 0;) perm.push_back(static_cast<int64_t>(a));
     }
-    std::vector<std::vector<int64_t>> index;
-    std::vector<size_t> axes;
-    for (int64_t d : in[0].dims) index.push_back(all(d));
-    for (int64_t a : perm) axes.push_back(axis_of(a, rank));
+    std::vector<std::vector<int64_t>> index = every_index(in[0].dims);
+    std::vector<size_t> axes(perm.size());
+    for (size_t k = 0; k < perm.size(); ++k) axes[k] = axis_of(perm[k], rank);
     r = Pick(in[0], index, axes);
   } else if (op == "Gather") {
     const size_t rank = in[0].dims.size();
     const size_t axis = axis_of(Int("axis", 0), rank);
     if (in[1].dims.size() > 1) return false;
-    std::vector<std::vector<int64_t>> index;
-    for (int64_t d : in[0].dims) index.push_back(all(d));
+    std::vector<std::vector<int64_t>> index = every_index(in[0].dims);
     index[axis].clear();
     for (int64_t i : in[1].v) {
       if (i < -in[0].dims[axis] || i >= in[0].dims[axis]) Fail("Gather index out of range");
@@ -493,8 +497,7 @@ bool Importer::Fold() {
         steps.size() != starts.size()) {
       Fail("Slice of a constant with starts, ends, axes and steps of different lengths");
     }
-    std::vector<std::vector<int64_t>> index;
-    for (int64_t d : in[0].dims) index.push_back(all(d));
+    std::vector<std::vector<int64_t>> index = every_index(in[0].dims);
     for (size_t k = 0; k < starts.size(); ++k) {
       const size_t a = axis_of(axes[k], rank);
       const int64_t d = in[0].dims[a], step = steps[k];
