@@ -39,6 +39,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+import torchvision  # noqa: E402
 
 
 class RefCnn(nn.Module):
@@ -99,8 +100,19 @@ class ResNet8(nn.Module):
         return self.fc(x)
 
 
+def ResNet18Cifar(classes=10):
+    """zoo.cc resnet18_cifar: torchvision's resnet18 (its names) with the CIFAR stem, conv1 3x3/1
+    and no max pool."""
+    m = torchvision.models.resnet18(num_classes=classes)
+    m.conv1 = nn.Conv2d(3, 64, 3, 1, 1, bias=False)
+    m.maxpool = nn.Identity()
+    return m
+
+
 # model -> (class, input sample shape, optimizer settings of its configs/*.toml)
 MODELS = {
+    "resnet18_cifar": (ResNet18Cifar, (3, 32, 32), dict(lr=0.1, momentum=0.9, nesterov=True,
+                                                         weight_decay=5e-4)),
     "ref_cnn": (RefCnn, (1, 28, 28), dict(lr=0.05, momentum=0.9, weight_decay=5e-4)),
     "resnet8": (ResNet8, (3, 32, 32), dict(lr=0.1, momentum=0.9, nesterov=True,
                                             weight_decay=5e-4)),

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # End-to-end benchmark (not a test): training throughput of dptrain next to PyTorch at its best on
-# the same machine in the same run (ref_cnn and resnet8; batch 64 and 256; fp32 and bf16; 1 rank x
-# 2 threads and 2 ranks x 1 thread), with FLOPs per sample and each side's fraction of the
-# machine's peak; then dptrain's per-step breakdown, the reducer against a bare MPI_Allreduce, and
-# the framework overhead of a step. Method and the latest table: bench/README.md.
+# the same machine in the same run (ref_cnn and resnet8 at batch 64 and 256, resnet18_cifar at
+# 64; fp32 and bf16; 1 rank x 2 threads and 2 ranks x 1 thread), with FLOPs per sample and each
+# side's fraction of the machine's peak; then dptrain's per-step breakdown, the reducer against a
+# bare MPI_Allreduce, and the framework overhead of a step. Method and the latest table: bench/README.md.
 #
 #   bash bench/run.sh [BUILD_DIR]        (make bench does this)
 #   BENCH_REPEAT=N    processes per measurement on each side (default 5)
@@ -33,6 +33,8 @@ if [ "${BENCH_QUICK:-0}" = 1 ]; then
   repeat=1 batches=(64) scale=8
 fi
 pt_format=${BENCH_PT_FORMAT:-channels_last}
+# BENCH_MODELS: a subset of the models, e.g. BENCH_MODELS=resnet18_cifar (default: all three).
+read -r -a models <<<"${BENCH_MODELS:-ref_cnn resnet8 resnet18_cifar}"
 layouts=("1 2" "2 1")  # ranks threads: both use the machine's 2 cores
 cores=2
 
@@ -92,12 +94,19 @@ echo
 echo "== models (FLOPs per sample = 3 x forward multiply-adds x 2: forward, backward-data and"
 echo "   backward-weights; Conv2d and Linear only, from the layer shapes)"
 declare -A flops
-for model in ref_cnn resnet8; do
-  config=configs/resnet8.toml
-  [ "$model" = ref_cnn ] && config=configs/fmnist_cnn.toml
+# model_args MODEL: dptrain's config for the model (resnet18_cifar: resnet8's training settings).
+model_args() {
+  case $1 in
+    ref_cnn) echo "--config configs/fmnist_cnn.toml" ;;
+    resnet8) echo "--config configs/resnet8.toml" ;;
+    resnet18_cifar) echo "--config configs/resnet8.toml --set model.name=resnet18_cifar" ;;
+  esac
+}
+for model in "${models[@]}"; do
   # Same job: dptrain's checkpoint holds the names and shapes of PyTorch's state_dict.
   ck=$work/describe-$model
-  "$dptrain" train --config "$config" --set "run_dir=$ck" --set data.train=synthetic \
+  # shellcheck disable=SC2046  # model_args is a list of words
+  "$dptrain" train $(model_args "$model") --set "run_dir=$ck" --set data.train=synthetic \
     --set data.test= --set data.synthetic_samples=64 --set train.global_batch=32 \
     --set train.max_steps=1 --set checkpoint.resume=never --set data.workers=0 >"$ck.log" 2>&1 ||
     { cat "$ck.log" >&2; exit 1; }
@@ -105,24 +114,22 @@ for model in ref_cnn resnet8; do
   desc=$("$py" bench/pytorch_baseline.py --describe "$model" --against "$ck.txt")
   read -r _ _ _ params _ macs <<<"$desc"
   flops[$model]=$((6 * macs))
-  printf '%-8s %7s parameters (same names and shapes in both),' "$model" "$params"
+  printf '%-14s %8s parameters (same names and shapes in both),' "$model" "$params"
   printf ' %5.2f M multiply-adds forward, %6.2f MFLOP per sample trained\n' \
     "$(calc %.2f "$macs / 1e6")" "$(calc %.2f "6 * $macs / 1e6")"
 done
-echo "resnet18 (32x32): pending, it comes with the graph-models issue; not measured"
 
 # dptrain samples/s between the log line at the end of warm-up and the last one (metrics.jsonl).
 run_id=0
 dptrain_run() {  # model ranks threads batch precision warmup_steps steps
-  local model=$1 ranks=$2 threads=$3 batch=$4 prec=$5 warm=$6 steps=$7 config data
+  local model=$1 ranks=$2 threads=$3 batch=$4 prec=$5 warm=$6 steps=$7 data=synthetic
   run_id=$((run_id + 1))
   local run=$work/dpt-$model-$ranks-$threads-$batch-$prec-$run_id
-  if [ "$model" = ref_cnn ]; then
-    config=configs/fmnist_cnn.toml data=$fmnist
-  else
-    config=configs/$model.toml data=synthetic  # in RAM, 3x32x32, as PyTorch's random tensors
-  fi
-  local args=(train --config "$config" --set "run_dir=$run" --set "data.train=$data"
+  # Fashion-MNIST for ref_cnn; else in RAM, 3x32x32, as PyTorch's random tensors.
+  [ "$model" = ref_cnn ] && data=$fmnist
+  local config_args
+  read -r -a config_args <<<"$(model_args "$model")"
+  local args=(train "${config_args[@]}" --set "run_dir=$run" --set "data.train=$data"
     --set data.test= --set data.augment=none --set data.synthetic_samples=4096
     --set "train.global_batch=$batch" --set "train.precision=$prec" --set "dist.threads=$threads"
     --set data.workers=1 --set "train.max_steps=$((warm + steps))"
@@ -155,7 +162,7 @@ echo "== training throughput, samples/s (PyTorch: best and median of $repeat pro
   "$pt_format, ${pt_env[*]}${pt_unset[*]:+, env ${pt_unset[*]}};"
 echo "   dptrain: median of $repeat runs; the two interleaved; data in RAM: Fashion-MNIST for" \
   "ref_cnn, random 3x32x32 for resnet8)"
-fmt='%-8s %-4s %5s %-4s %7s %7s %5s %7s %5s %6s %-12s %12s %12s %6s %-12s\n'
+fmt='%-14s %-4s %5s %-4s %7s %7s %5s %7s %5s %6s %-12s %12s %12s %6s %-12s\n'
 # shellcheck disable=SC2059
 printf "$fmt" model ly batch prec pt_best pt_med pt_sp dpt_med dpt_sp ratio target \
   "pt_GF/s(%pk)" "dpt_GF/s(%pk)" "v_fp32" target
@@ -169,11 +176,13 @@ verdict() {  # value target: sets $v to "met" or "NOT met" and counts it
 }
 gf() { calc %.0f "$1 * ${flops[$model]} / 1e9"; }  # samples/s -> GFLOP/s of $model
 pct() { calc %.0f "100 * $1 * ${flops[$model]} / 1e9 / $peak"; }  # ... as % of $peak
-for model in ref_cnn resnet8; do
-  # About 4 s of timed steps per process after the warm-up (the whole run: about 11 minutes).
-  warm_samples=2560 measure_samples=30720
+for model in "${models[@]}"; do
+  # About 4 s of timed steps per process after the warm-up (the whole run: about 11 minutes;
+  # resnet18_cifar, batch 64 only, about 8 more).
+  warm_samples=2560 measure_samples=30720 model_batches=("${batches[@]}")
   [ "$model" = resnet8 ] && warm_samples=1024 measure_samples=12288
-  for batch in "${batches[@]}"; do
+  [ "$model" = resnet18_cifar ] && warm_samples=128 measure_samples=512 model_batches=(64)
+  for batch in "${model_batches[@]}"; do
     warm=$((warm_samples / scale / batch)) steps=$((measure_samples / scale / batch))
     [ $warm -ge 2 ] || warm=2
     [ $steps -ge 4 ] || steps=4
@@ -192,9 +201,12 @@ for model in ref_cnn resnet8; do
         [ "$prec" = bf16 ] && peak=$peak_bf16
         ratio=$(calc %.2f "$dpt_med / $pt_max")
         # Targets (issue 17 point 2): 2 ranks x 1 thread >= 2.5x DDP; 1 x 2 fp32 >= 2.5x on
-        # ref_cnn, >= 2x on resnet8; bf16 >= 1.8x dptrain's own fp32.
+        # ref_cnn, >= 2x on resnet8; bf16 >= 1.8x dptrain's own fp32. Issue 12: resnet18 at
+        # 32x32 >= 2x PyTorch, fp32 and bf16.
         tgt=""
-        if [ "$ranks" = 2 ]; then
+        if [ "$model" = resnet18_cifar ]; then
+          tgt=2.0
+        elif [ "$ranks" = 2 ]; then
           tgt=2.5
         elif [ "$prec" = fp32 ]; then
           tgt=2.5
@@ -224,12 +236,12 @@ for model in ref_cnn resnet8; do
     done
   done
 done
-echo "resnet18 (32x32): pending (graph-models issue); no row"
 cat <<EOF
 (ly: ranks x threads per rank; pt_sp, dpt_sp: (max - min) / median over the processes;
  ratio: dptrain median / PyTorch best at the same precision, PyTorch bf16 = torch.autocast on CPU;
  target, from issue 17 point 2: 2 ranks x 1 thread >= 2.5x DDP, 1 rank fp32 >= 2.5x on ref_cnn
- and >= 2x on resnet8; v_fp32: dptrain bf16 / its own fp32, target >= 1.8x;
+ and >= 2x on resnet8; from issue 12: resnet18_cifar (torchvision's resnet18, CIFAR stem, at
+ 32x32) >= 2x in fp32 and bf16; v_fp32: dptrain bf16 / its own fp32, target >= 1.8x;
  %pk: of the $peak_fp32 GFLOP/s fp32 or $peak_bf16 GFLOP/s bf16 peak of the $cores cores)
 targets met: $met of $rows
 EOF

@@ -215,11 +215,11 @@ void Primitive(benchmark::State& state) {
       keep.push_back(labels);
       if (prim == kLossFwd) {
         run = [&be, logits, labels, probs, l, c]() mutable {
-          be.SoftmaxCrossEntropy(logits, labels, &probs, &l, &c);
+          be.SoftmaxCrossEntropy(logits, labels, 0.f, &probs, &l, &c);
         };
       } else {
         run = [&be, probs, labels, logits]() mutable {
-          be.SoftmaxCrossEntropyBackward(probs, labels, 0.01f, &logits);
+          be.SoftmaxCrossEntropyBackward(probs, labels, 0.f, 0.01f, &logits);
         };
       }
       break;

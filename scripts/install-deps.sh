@@ -38,7 +38,7 @@ tests=(libgtest-dev libgmock-dev libbenchmark-dev
 report=(librsvg2-bin)
 # Debian's torch runs Linear on the system BLAS: without OpenBLAS that is the reference BLAS,
 # about 15x slower, and the baseline would be handicapped (bench/run.sh refuses to run on it).
-bench=(python3-torch libopenblas0-pthread)
+bench=(python3-torch python3-torchvision libopenblas0-pthread)
 # tests/integration/{slurm,two_hosts,docker}.sh (iproute2: ip netns; util-linux: unshare;
 # procps: ps/pgrep; zstd: the cached base image).
 cluster_tests=(slurmctld slurmd slurm-client munge docker.io debootstrap
