@@ -95,6 +95,7 @@ PadDims CheckPad2d(const Tensor& x, const Tensor& y) {
   const Shape& b = y.shape();
   DPT_CHECK(a.rank() == 4 && b.rank() == 4 && a[0] == b[0] && a[1] == b[1])
       << "Pad2d: " << a.ToString() << " into " << b.ToString();
+  DPT_CHECK(x.raw() != y.raw()) << "Pad2d: y aliases x";
   return PadDims{a[0] * a[1], a[2], a[3], b[2], b[3]};
 }
 

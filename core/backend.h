@@ -247,11 +247,13 @@ class Backend {
   // not stall its stream to find out, it reports the error at its next call that synchronises
   // (CopyToHost, Synchronize, the checks). Callers validate labels on the host first (datasets
   // do when they open a file), so this is a backstop.
-  virtual void SoftmaxCrossEntropy(const Tensor& logits, const Tensor& labels, Tensor* probs,
-                                   Tensor* loss_sum, Tensor* correct) = 0;
-  // dlogits = (probs - onehot(labels)) * scale
-  virtual void SoftmaxCrossEntropyBackward(const Tensor& probs, const Tensor& labels, float scale,
-                                           Tensor* dlogits) = 0;
+  // `label_smoothing` in [0, 1) mixes the one-hot target with the uniform one (ew::SoftmaxXentRow).
+  virtual void SoftmaxCrossEntropy(const Tensor& logits, const Tensor& labels,
+                                   float label_smoothing, Tensor* probs, Tensor* loss_sum,
+                                   Tensor* correct) = 0;
+  // dlogits = (probs - smoothed onehot(labels)) * scale
+  virtual void SoftmaxCrossEntropyBackward(const Tensor& probs, const Tensor& labels,
+                                           float label_smoothing, float scale, Tensor* dlogits) = 0;
   // loss_sum = sum((y - t)^2); dy = 2 (y - t) * scale
   virtual void MseLoss(const Tensor& y, const Tensor& t, Tensor* loss_sum) = 0;
   virtual void MseBackward(const Tensor& y, const Tensor& t, float scale, Tensor* dy) = 0;

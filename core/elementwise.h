@@ -153,9 +153,18 @@ DPT_HD float BnParamGrad(double sum, float old, bool accumulate) {
 // Squared error of one element and its gradient for a mean over `count` elements.
 DPT_HD float SquaredError(float y, float t) { return (y - t) * (y - t); }
 DPT_HD float MseGrad(float y, float t, float inv_count) { return 2.f * (y - t) * inv_count; }
-// Softmax cross-entropy gradient of one logit: (p - onehot) / batch.
-DPT_HD float SoftmaxXentGrad(float prob, bool is_target, float inv_batch) {
-  return (prob - (is_target ? 1.f : 0.f)) * inv_batch;
+// Softmax cross-entropy of one row with label smoothing eps (F.cross_entropy's
+// label_smoothing): (1 - eps) * -log p_t + eps * mean_j(-log p_j), from log(sum_j exp(x_j - m))
+// and the target's and the row's mean x - m (m: the row maximum). eps = 0 is plain
+// cross-entropy, bit for bit.
+DPT_HD double SoftmaxXentRow(double log_sum, double target, double mean, float eps) {
+  return eps > 0.f ? log_sum - (1.0 - eps) * target - eps * mean : log_sum - target;
+}
+// Its gradient for one of the k logits: (p - ((1 - eps) * onehot + eps / k)) * scale, scale
+// being 1 / batch (times the loss scale).
+DPT_HD float SoftmaxXentGrad(float prob, bool is_target, float eps, int64_t k, float scale) {
+  const float target = (is_target ? 1.f - eps : 0.f) + eps / static_cast<float>(k);
+  return (prob - target) * scale;
 }
 
 // ---- optimizers (PyTorch semantics; grad_scale turns summed gradients into the mean) -------

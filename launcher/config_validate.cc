@@ -111,6 +111,32 @@ void Validate(TrainConfig& c, const Origins& origins) {
   AtLeast(origins, "train.step_size", t.step_size, 0);
   Positive(origins, "train.gamma", t.gamma);
   AtLeast(origins, "train.warmup_steps", t.warmup_steps, 0);
+  if (t.schedule == ScheduleKind::kMultiStep && t.milestones.empty()) {
+    Fail(origins.WhereAny({"train.milestones", "train.schedule"}),
+         "train.schedule = \"multistep\" needs train.milestones, the epochs at which lr is "
+         "multiplied by train.gamma (e.g. [30, 60, 80])");
+  }
+  if (t.schedule != ScheduleKind::kMultiStep && !t.milestones.empty()) {
+    Fail(origins.Where("train.milestones"),
+         "train.milestones applies to train.schedule = \"multistep\" only");
+  }
+  for (size_t i = 0; i < t.milestones.size(); ++i) {
+    if (!(t.milestones[i] > (i > 0 ? t.milestones[i - 1] : 0.0))) {
+      Fail(origins.Where("train.milestones"),
+           "train.milestones must be ascending epochs > 0, got " + FormatFloatList(t.milestones));
+    }
+  }
+  if (t.schedule == ScheduleKind::kOneCycle && t.warmup_steps > 0) {
+    Fail(origins.WhereAny({"train.warmup_steps", "train.schedule"}),
+         "train.warmup_steps does not apply to train.schedule = \"onecycle\", which ramps up "
+         "over its first 30% of steps itself; set warmup_steps = 0");
+  }
+  UnitInterval(origins, "train.label_smoothing", t.label_smoothing);
+  if (t.label_smoothing > 0 && c.model.loss == LossChoice::kMse) {
+    Fail(origins.WhereAny({"train.label_smoothing", "model.loss"}),
+         "train.label_smoothing applies to the cross-entropy loss, not model.loss = \"mse\"");
+  }
+  NonNegative(origins, "train.clip_grad_norm", t.clip_grad_norm);
   AtLeast(origins, "train.log_every_steps", t.log_every_steps, 1);
   AtLeast(origins, "train.eval_every_epochs", t.eval_every_epochs, 0);
 

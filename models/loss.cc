@@ -6,8 +6,11 @@
 
 namespace dptrain {
 
-Loss::Loss(Backend& be, LossKind kind, const Shape& output_shape)
-    : backend_(be), kind_(kind), per_sample_(output_shape.numel() / output_shape[0]) {
+Loss::Loss(Backend& be, LossKind kind, const Shape& output_shape, float label_smoothing)
+    : backend_(be),
+      kind_(kind),
+      per_sample_(output_shape.numel() / output_shape[0]),
+      label_smoothing_(label_smoothing) {
   if (kind_ == LossKind::kCrossEntropy) {
     DPT_CHECK_AS(ConfigError, output_shape.rank() == 2)
         << "cross-entropy needs a (N, classes) model output, got " << output_shape.ToString();
@@ -18,10 +21,11 @@ Loss::Loss(Backend& be, LossKind kind, const Shape& output_shape)
   dout_buf_ = be.Empty(output_shape, DType::kF32, "output gradient");
 }
 
-void Loss::Forward(const Tensor& output, const Tensor& targets) {
+void Loss::Forward(const Tensor& output, const Tensor& targets, bool training) {
   if (kind_ == LossKind::kCrossEntropy) {
     Tensor probs = probs_.Batch(output.shape()[0]);
-    backend_.SoftmaxCrossEntropy(output, targets, &probs, &loss_sum_, &correct_);
+    backend_.SoftmaxCrossEntropy(output, targets, training ? label_smoothing_ : 0.f, &probs,
+                                 &loss_sum_, &correct_);
   } else {
     DPT_CHECK_AS(DataError, targets.numel() == output.numel())
         << "mse: targets " << targets.shape().ToString() << " do not match the model output "
@@ -35,7 +39,7 @@ const Tensor& Loss::Backward(const Tensor& output, const Tensor& targets, int64_
   const int64_t n = output.shape()[0];
   dout_ = dout_buf_.Batch(n);
   if (kind_ == LossKind::kCrossEntropy) {
-    backend_.SoftmaxCrossEntropyBackward(probs_.Batch(n), targets,
+    backend_.SoftmaxCrossEntropyBackward(probs_.Batch(n), targets, label_smoothing_,
                                          scale / static_cast<float>(mean_over), &dout_);
   } else {
     // PyTorch's MSELoss averages over every element: mean_over samples x per-sample outputs.

@@ -32,7 +32,7 @@ Trainer::EvalSums Trainer::RunTestSet() {
     for (int attempt = 0; out == nullptr; ++attempt) {
       try {
         out = &model_->Forward(x, ctx);
-        loss_->Forward(*out, y);
+        loss_->Forward(*out, y, /*training=*/false);
       } catch (const OutOfMemory&) {
         if (attempt > 0) throw;
         out = nullptr;

@@ -55,7 +55,8 @@ struct ConfigNames<OptimizerKind> {
 };
 template <>
 struct ConfigNames<ScheduleKind> {
-  static constexpr std::array<std::string_view, 3> kNames{"constant", "step", "cosine"};
+  static constexpr std::array<std::string_view, 5> kNames{"constant", "step", "cosine", "multistep",
+                                                          "onecycle"};
 };
 template <>
 struct ConfigNames<Precision> {
@@ -138,9 +139,13 @@ struct TrainLoopConfig {
   double beta1 = 0.9, beta2 = 0.999;  // adamw, in [0, 1)
   double eps = 1e-8;                  // adamw, > 0
   ScheduleKind schedule = ScheduleKind::kConstant;
-  int64_t step_size = 0;     // step schedule: steps between decays (>= 0); 0 = one epoch
-  double gamma = 0.1;        // step schedule decay factor (> 0)
-  int64_t warmup_steps = 0;  // >= 0
+  int64_t step_size = 0;  // step schedule: steps between decays (>= 0); 0 = one epoch
+  double gamma = 0.1;     // step and multistep decay factor (> 0)
+  // multistep: the epochs (after the warm-up; ascending, > 0) at which lr is multiplied by gamma
+  std::vector<double> milestones;
+  int64_t warmup_steps = 0;    // >= 0; not with onecycle (which warms up itself)
+  double label_smoothing = 0;  // [0, 1): cross-entropy's, as F.cross_entropy(label_smoothing=)
+  double clip_grad_norm = 0;   // >= 0; 0 = off: the global norm's limit, as clip_grad_norm_
   Precision precision = Precision::kF32;
   int64_t log_every_steps = 50;   // >= 1
   int64_t eval_every_epochs = 1;  // >= 0; 0 = never

@@ -282,6 +282,9 @@ void Trainer::SetupModel() {
   model_->InitParams(static_cast<uint64_t>(cfg_.seed));
   const LossKind kind = regression_ ? LossKind::kMse : LossKind::kCrossEntropy;
   if (kind == LossKind::kMse) {
+    DPT_CHECK_AS(ConfigError, cfg_.train.label_smoothing == 0)
+        << "train.label_smoothing applies to the cross-entropy loss, but this model trains with "
+           "mse";
     DPT_CHECK_AS(ConfigError, model_->output_shape().numel() == micro_)
         << "model.loss = \"mse\" regresses one value per sample, but the model outputs "
         << model_->output_shape().ToString() << "; end the model with a linear layer of out = 1";
@@ -293,7 +296,8 @@ void Trainer::SetupModel() {
         << (m.onnx.empty() ? "" : " (model.onnx " + m.onnx + ")") << " does not match "
         << "model.classes = " << m.classes;
   }
-  loss_ = std::make_unique<Loss>(be_, kind, model_->output_shape());
+  loss_ = std::make_unique<Loss>(be_, kind, model_->output_shape(),
+                                 static_cast<float>(cfg_.train.label_smoothing));
   Shape xs = model_->input_shape();
   std::vector<int64_t> dims{micro_};
   for (int64_t v : xs.dims()) dims.push_back(v);
@@ -325,6 +329,11 @@ void Trainer::SetupModel() {
   sched_.step_size =
       cfg_.train.step_size > 0 ? cfg_.train.step_size : std::max<int64_t>(steps_per_epoch_, 1);
   sched_.gamma = cfg_.train.gamma;
+  sched_.milestones.clear();
+  for (double epochs : cfg_.train.milestones) {  // epochs -> optimizer steps
+    sched_.milestones.push_back(
+        std::llround(epochs * static_cast<double>(std::max<int64_t>(steps_per_epoch_, 1))));
+  }
   if (world_ > 1 && !sharded) {
     reducer_ = std::make_unique<Reducer>(comm_, model_->grads(),
                                          static_cast<size_t>(cfg_.dist.bucket_mb) << 20);

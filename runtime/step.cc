@@ -115,7 +115,16 @@ void Trainer::TrainStep(const HostBatch& batch) {
     ++skipped_steps_;  // every rank skips this step together (loss scaling)
     skipped_in_window_.push_back(step_ + 1);
   } else {
-    const float scale = 1.f / (static_cast<float>(world_ * accumulate_) * scaler_->scale());
+    float scale = 1.f / (static_cast<float>(world_ * accumulate_) * scaler_->scale());
+    if (cfg_.train.clip_grad_norm > 0) {
+      // clip_grad_norm_ after the allreduce: the global L2 norm of the averaged gradient, and
+      // its coefficient folded into the update's gradient scale (no pass over the gradients).
+      // The norm is the one metrics.jsonl reports (before clipping, as clip_grad_norm_ returns).
+      const double sq = sharded_ ? GradSquaredNorm() : be_.SumSquares(model_->grads());
+      grad_sq_saved_ = sq;
+      const double coef = cfg_.train.clip_grad_norm / (std::sqrt(sq) * scale + 1e-6);
+      if (coef < 1) scale = static_cast<float>(scale * coef);
+    }
     if (sharded_) {
       // Each rank updates its chunks and sends each group as soon as it is updated.
       opt_->StepShard(&model_->params(), sharded_->step_grads(), static_cast<float>(lr_), scale,

@@ -110,8 +110,9 @@ void CpuBackend::BatchNormBackward(const Tensor& x, const Tensor& dy, const Tens
 
 // ---- losses ------------------------------------------------------------------------------
 
-void CpuBackend::SoftmaxCrossEntropy(const Tensor& logits, const Tensor& labels, Tensor* probs,
-                                     Tensor* loss_sum, Tensor* correct) {
+void CpuBackend::SoftmaxCrossEntropy(const Tensor& logits, const Tensor& labels,
+                                     float label_smoothing, Tensor* probs, Tensor* loss_sum,
+                                     Tensor* correct) {
   OpScope scope(this, "softmax_xent");
   DPT_CHECK(logits.shape().rank() == 2) << "logits " << logits.shape().ToString();
   const int64_t n = logits.shape()[0], k = logits.shape()[1];
@@ -132,8 +133,11 @@ void CpuBackend::SoftmaxCrossEntropy(const Tensor& logits, const Tensor& labels,
         arg = j;
       }
     }
-    double sum = 0;
-    for (int64_t j = 0; j < k; ++j) sum += std::exp(static_cast<double>(row[j] - mx));
+    double sum = 0, shifted = 0;
+    for (int64_t j = 0; j < k; ++j) {
+      sum += std::exp(static_cast<double>(row[j] - mx));
+      shifted += static_cast<double>(row[j] - mx);
+    }
     const double inv = 1.0 / sum;
     for (int64_t j = 0; j < k; ++j) {
       pr[i * k + j] = static_cast<float>(std::exp(static_cast<double>(row[j] - mx)) * inv);
@@ -144,7 +148,8 @@ void CpuBackend::SoftmaxCrossEntropy(const Tensor& logits, const Tensor& labels,
       bad = i;
       continue;
     }
-    loss += std::log(sum) - static_cast<double>(row[t] - mx);
+    loss += ew::SoftmaxXentRow(std::log(sum), static_cast<double>(row[t] - mx),
+                               shifted / static_cast<double>(k), label_smoothing);
     hits += arg == t ? 1 : 0;
   }
   if (bad >= 0) {
@@ -155,8 +160,8 @@ void CpuBackend::SoftmaxCrossEntropy(const Tensor& logits, const Tensor& labels,
   if (correct != nullptr) correct->data<float>()[0] = static_cast<float>(hits);
 }
 
-void CpuBackend::SoftmaxCrossEntropyBackward(const Tensor& probs, const Tensor& labels, float scale,
-                                             Tensor* dlogits) {
+void CpuBackend::SoftmaxCrossEntropyBackward(const Tensor& probs, const Tensor& labels,
+                                             float label_smoothing, float scale, Tensor* dlogits) {
   OpScope scope(this, "softmax_xent_bwd");
   const int64_t n = probs.shape()[0], k = probs.shape()[1];
   const float* pr = probs.data<float>();
@@ -165,7 +170,7 @@ void CpuBackend::SoftmaxCrossEntropyBackward(const Tensor& probs, const Tensor& 
 #pragma omp parallel for if (n * k > kParallelMin)
   for (int64_t i = 0; i < n; ++i) {
     for (int64_t j = 0; j < k; ++j) {
-      out[i * k + j] = ew::SoftmaxXentGrad(pr[i * k + j], j == y[i], scale);
+      out[i * k + j] = ew::SoftmaxXentGrad(pr[i * k + j], j == y[i], label_smoothing, k, scale);
     }
   }
 }

@@ -120,10 +120,10 @@ class CudaBackend final : public Backend {
                          const Tensor& save_mean, const Tensor& save_invstd, Tensor* dx,
                          Tensor* dgamma, Tensor* dbeta, bool accumulate) override;
 
-  void SoftmaxCrossEntropy(const Tensor& logits, const Tensor& labels, Tensor* probs,
-                           Tensor* loss_sum, Tensor* correct) override;
-  void SoftmaxCrossEntropyBackward(const Tensor& probs, const Tensor& labels, float scale,
-                                   Tensor* dlogits) override;
+  void SoftmaxCrossEntropy(const Tensor& logits, const Tensor& labels, float label_smoothing,
+                           Tensor* probs, Tensor* loss_sum, Tensor* correct) override;
+  void SoftmaxCrossEntropyBackward(const Tensor& probs, const Tensor& labels, float label_smoothing,
+                                   float scale, Tensor* dlogits) override;
   void MseLoss(const Tensor& y, const Tensor& t, Tensor* loss_sum) override;
   void MseBackward(const Tensor& y, const Tensor& t, float scale, Tensor* dy) override;
 

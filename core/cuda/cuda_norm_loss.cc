@@ -84,8 +84,9 @@ void CudaBackend::BatchNormBackward(const Tensor& x, const Tensor& dy, const Ten
 
 // ---- losses -------------------------------------------------------------------------------------
 
-void CudaBackend::SoftmaxCrossEntropy(const Tensor& logits, const Tensor& labels, Tensor* probs,
-                                      Tensor* loss_sum, Tensor* correct) {
+void CudaBackend::SoftmaxCrossEntropy(const Tensor& logits, const Tensor& labels,
+                                      float label_smoothing, Tensor* probs, Tensor* loss_sum,
+                                      Tensor* correct) {
   OpScope scope(this, "softmax_xent");
   CheckF32(logits, "softmax logits");
   DPT_CHECK(logits.shape().rank() == 2) << "logits " << logits.shape().ToString();
@@ -105,8 +106,9 @@ void CudaBackend::SoftmaxCrossEntropy(const Tensor& logits, const Tensor& labels
   // kernel records it in a sticky device code, copied here into pinned memory that the next
   // synchronising call reads (SyncStream), normally within the same training step.
   auto* bad_label = ScalarSlot<unsigned long long>(scalars_, kBadLabelSlot);
-  kernels::SoftmaxXent(n, k, logits.data<float>(), labels.data<int32_t>(), probs->data<float>(),
-                       row_loss.data<double>(), row_hit.data<int32_t>(), bad_label, stream_);
+  kernels::SoftmaxXent(n, k, logits.data<float>(), labels.data<int32_t>(), label_smoothing,
+                       probs->data<float>(), row_loss.data<double>(), row_hit.data<int32_t>(),
+                       bad_label, stream_);
   kernels::SumRows(n, row_loss.data<double>(), row_hit.data<int32_t>(), loss_sum->data<float>(),
                    correct != nullptr ? correct->data<float>() : nullptr, stream_);
   bad_label_classes_ = k;
@@ -115,7 +117,7 @@ void CudaBackend::SoftmaxCrossEntropy(const Tensor& logits, const Tensor& labels
 }
 
 void CudaBackend::SoftmaxCrossEntropyBackward(const Tensor& probs, const Tensor& labels,
-                                              float scale, Tensor* dlogits) {
+                                              float label_smoothing, float scale, Tensor* dlogits) {
   OpScope scope(this, "softmax_xent_bwd");
   CheckF32(probs, "softmax probs");
   DPT_CHECK(probs.shape().rank() == 2) << "probs " << probs.shape().ToString();
@@ -124,8 +126,8 @@ void CudaBackend::SoftmaxCrossEntropyBackward(const Tensor& probs, const Tensor&
   DPT_CHECK(labels.numel() == n && labels.dtype() == DType::kI32) << "labels for " << n;
   CheckF32(*dlogits, "softmax dlogits");
   CheckSame(probs, *dlogits, "softmax backward");
-  kernels::SoftmaxXentBackward(n, k, probs.data<float>(), labels.data<int32_t>(), scale,
-                               dlogits->data<float>(), stream_);
+  kernels::SoftmaxXentBackward(n, k, probs.data<float>(), labels.data<int32_t>(), label_smoothing,
+                               scale, dlogits->data<float>(), stream_);
 }
 
 void CudaBackend::MseLoss(const Tensor& y, const Tensor& t, Tensor* loss_sum) {

@@ -166,8 +166,9 @@ __global__ void MaxPoolForwardKernel(PoolGeom g, const float* x, float* y, int32
     for (int64_t ih = win.h0; ih < win.h1; ++ih) {
       for (int64_t iw = win.w0; iw < win.w1; ++iw) {
         const float v = in[ih * g.w + iw];
-        // Strictly greater: the first maximum in row-major window order wins ties.
-        if (arg < 0 || v > best) {
+        // Strictly greater: the first maximum in row-major window order wins ties. A NaN wins,
+        // as in PyTorch, so a diverging model shows it.
+        if (arg < 0 || v > best || isnan(v)) {
           best = v;
           arg = ih * g.w + iw;
         }
@@ -293,7 +294,7 @@ __global__ void BatchNormBackwardKernel(int64_t n, int64_t c, int64_t hw, const 
 constexpr int kRowsPerBlock = kThreads / 32;  // one warp per row
 
 __global__ void SoftmaxXentKernel(int64_t n, int64_t k, const float* logits, const int32_t* labels,
-                                  float* probs, double* row_loss, int32_t* row_hit,
+                                  float eps, float* probs, double* row_loss, int32_t* row_hit,
                                   unsigned long long* bad_label) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
   if (i >= n) return;  // whole warps leave together
@@ -317,9 +318,13 @@ __global__ void SoftmaxXentKernel(int64_t n, int64_t k, const float* logits, con
       arg = oa;
     }
   }
-  double sum = 0;
-  for (int64_t j = lane; j < k; j += 32) sum += exp(static_cast<double>(row[j] - mx));
+  double sum = 0, shifted = 0;
+  for (int64_t j = lane; j < k; j += 32) {
+    sum += exp(static_cast<double>(row[j] - mx));
+    shifted += static_cast<double>(row[j] - mx);
+  }
   sum = WarpSum(sum);
+  shifted = WarpSum(shifted);
   const double inv = 1.0 / sum;
   for (int64_t j = lane; j < k; j += 32) {
     probs[i * k + j] = static_cast<float>(exp(static_cast<double>(row[j] - mx)) * inv);
@@ -331,7 +336,8 @@ __global__ void SoftmaxXentKernel(int64_t n, int64_t k, const float* logits, con
       row_loss[i] = static_cast<double>(NAN);
       row_hit[i] = 0;
     } else {
-      row_loss[i] = log(sum) - static_cast<double>(row[t] - mx);
+      row_loss[i] = ew::SoftmaxXentRow(log(sum), static_cast<double>(row[t] - mx),
+                                       shifted / static_cast<double>(k), eps);
       row_hit[i] = arg == t ? 1 : 0;
     }
   }
@@ -353,10 +359,11 @@ __global__ void SumRowsKernel(int64_t n, const double* row_loss, const int32_t* 
 }
 
 __global__ void SoftmaxXentBackwardKernel(int64_t n, int64_t k, const float* probs,
-                                          const int32_t* labels, float scale, float* dlogits) {
+                                          const int32_t* labels, float eps, float scale,
+                                          float* dlogits) {
   DPT_GRID_LOOP(e, n * k) {
     const int64_t i = e / k, j = e % k;
-    dlogits[e] = ew::SoftmaxXentGrad(probs[e], j == labels[i], scale);
+    dlogits[e] = ew::SoftmaxXentGrad(probs[e], j == labels[i], eps, k, scale);
   }
 }
 
@@ -560,23 +567,23 @@ void BatchNormBackward(int64_t n, int64_t c, int64_t hw, const float* x, const f
              gamma, save_mean, save_invstd, dx, dgamma, dbeta, accumulate);
 }
 
-void SoftmaxXent(int64_t n, int64_t k, const float* logits, const int32_t* labels, float* probs,
-                 double* row_loss, int32_t* row_hit, unsigned long long* bad_label,
+void SoftmaxXent(int64_t n, int64_t k, const float* logits, const int32_t* labels, float eps,
+                 float* probs, double* row_loss, int32_t* row_hit, unsigned long long* bad_label,
                  cudaStream_t s) {
   if (n == 0 || k == 0) return;
   const auto blocks = static_cast<unsigned>((n + kRowsPerBlock - 1) / kRowsPerBlock);
-  DPT_LAUNCH(SoftmaxXentKernel, blocks, kThreads, s, n, k, logits, labels, probs, row_loss, row_hit,
-             bad_label);
+  DPT_LAUNCH(SoftmaxXentKernel, blocks, kThreads, s, n, k, logits, labels, eps, probs, row_loss,
+             row_hit, bad_label);
 }
 void SumRows(int64_t n, const double* row_loss, const int32_t* row_hit, float* loss_sum,
              float* correct, cudaStream_t s) {
   DPT_LAUNCH(SumRowsKernel, 1, kThreads, s, n, row_loss, row_hit, loss_sum, correct);
 }
-void SoftmaxXentBackward(int64_t n, int64_t k, const float* probs, const int32_t* labels,
+void SoftmaxXentBackward(int64_t n, int64_t k, const float* probs, const int32_t* labels, float eps,
                          float scale, float* dlogits, cudaStream_t s) {
   if (n * k > 0) {
-    DPT_LAUNCH(SoftmaxXentBackwardKernel, Blocks(n * k), kThreads, s, n, k, probs, labels, scale,
-               dlogits);
+    DPT_LAUNCH(SoftmaxXentBackwardKernel, Blocks(n * k), kThreads, s, n, k, probs, labels, eps,
+               scale, dlogits);
   }
 }
 void MseBackward(const float* y, const float* t, float scale, float* dy, int64_t n,

@@ -83,12 +83,13 @@ inline constexpr unsigned long long kNoBadLabel = ~0ull;
 DPT_HD unsigned long long BadLabelCode(int64_t row, int32_t label) {
   return (static_cast<unsigned long long>(row) << 32) | static_cast<uint32_t>(label);
 }
-void SoftmaxXent(int64_t n, int64_t k, const float* logits, const int32_t* labels, float* probs,
-                 double* row_loss, int32_t* row_hit, unsigned long long* bad_label, cudaStream_t s);
+void SoftmaxXent(int64_t n, int64_t k, const float* logits, const int32_t* labels, float eps,
+                 float* probs, double* row_loss, int32_t* row_hit, unsigned long long* bad_label,
+                 cudaStream_t s);
 // loss_sum[0] = sum(row_loss); correct[0] = sum(row_hit) when correct != nullptr.
 void SumRows(int64_t n, const double* row_loss, const int32_t* row_hit, float* loss_sum,
              float* correct, cudaStream_t s);
-void SoftmaxXentBackward(int64_t n, int64_t k, const float* probs, const int32_t* labels,
+void SoftmaxXentBackward(int64_t n, int64_t k, const float* probs, const int32_t* labels, float eps,
                          float scale, float* dlogits, cudaStream_t s);
 void MseBackward(const float* y, const float* t, float scale, float* dy, int64_t n, cudaStream_t s);
 

@@ -93,6 +93,24 @@ double LearningRate(const ScheduleConfig& c, int64_t s) {
       const double frac = std::min(1.0, static_cast<double>(t) / static_cast<double>(span));
       return c.base_lr * 0.5 * (1 + std::cos(M_PI * frac));
     }
+    case ScheduleKind::kMultiStep: {
+      const auto passed = std::count_if(c.milestones.begin(), c.milestones.end(),
+                                        [t](int64_t m) { return m <= t; });
+      return c.base_lr * std::pow(c.gamma, static_cast<double>(passed));
+    }
+    case ScheduleKind::kOneCycle: {
+      // torch.optim.lr_scheduler.OneCycleLR (pct_start 0.3, div_factor 25, final_div_factor
+      // 1e4, cosine annealing, two phases), step by step as torch computes it.
+      const double initial = c.base_lr / 25, final_lr = initial / 1e4;
+      const double up_end = 0.3 * static_cast<double>(c.total_steps) - 1;
+      const double down_end = static_cast<double>(c.total_steps) - 1;
+      const auto anneal = [](double from, double to, double pct) {
+        return to + (from - to) / 2 * (std::cos(M_PI * pct) + 1);
+      };
+      const auto x = static_cast<double>(s);
+      if (x <= up_end) return anneal(initial, c.base_lr, x / up_end);
+      return anneal(c.base_lr, final_lr, (x - up_end) / (down_end - up_end));
+    }
   }
   return c.base_lr;
 }

@@ -18,7 +18,7 @@ namespace dptrain {
 // train.optimizer
 enum class OptimizerKind : uint8_t { kSgd, kAdamW };
 // train.schedule
-enum class ScheduleKind : uint8_t { kConstant, kStep, kCosine };
+enum class ScheduleKind : uint8_t { kConstant, kStep, kCosine, kMultiStep, kOneCycle };
 
 struct OptimizerConfig {
   OptimizerKind kind = OptimizerKind::kSgd;
@@ -73,6 +73,12 @@ struct ScheduleConfig {
   int64_t total_steps = 1;   // cosine: decays to 0 at total_steps
   int64_t step_size = 1;     // step: multiply by gamma every step_size steps after warm-up
   double gamma = 0.1;
+  // multistep: multiply by gamma at each of these steps after warm-up (ascending), as
+  // torch.optim.lr_scheduler.MultiStepLR.
+  std::vector<int64_t> milestones;
+  // onecycle (no warm-up of its own: it ramps up itself), as torch's OneCycleLR with its
+  // defaults: cosine from base_lr / 25 up to base_lr over the first 30% of total_steps, then
+  // down to base_lr / 25 / 1e4 at the last step.
 };
 // Learning rate of optimizer step s (0-based).
 double LearningRate(const ScheduleConfig& c, int64_t s);

@@ -37,31 +37,33 @@ TEST_P(LossTest, SoftmaxCrossEntropy) {
   Backend& be = backend();
   uint32_t seed = 7000;
   for (const XentCase& c : kXentCases) {
-    seed += 10;
-    SCOPED_TRACE("n=" + std::to_string(c.n) + " k=" + std::to_string(c.k) +
-                 " offset=" + std::to_string(c.offset));
-    std::vector<float> logits = RandomUniform(static_cast<size_t>(c.n * c.k), seed);
-    for (float& v : logits) v = c.offset + c.spread * v;
-    const std::vector<int32_t> labels =
-        RandomLabels(static_cast<size_t>(c.n), static_cast<int32_t>(c.k), seed + 1);
+    for (const float eps : {0.f, 0.1f}) {  // train.label_smoothing
+      seed += 10;
+      SCOPED_TRACE("n=" + std::to_string(c.n) + " k=" + std::to_string(c.k) + " offset=" +
+                   std::to_string(c.offset) + " label_smoothing=" + std::to_string(eps));
+      std::vector<float> logits = RandomUniform(static_cast<size_t>(c.n * c.k), seed);
+      for (float& v : logits) v = c.offset + c.spread * v;
+      const std::vector<int32_t> labels =
+          RandomLabels(static_cast<size_t>(c.n), static_cast<int32_t>(c.k), seed + 1);
 
-    Tensor logits_t = ToDevice(be, logits, {c.n, c.k});
-    Tensor labels_t = ToDeviceI32(be, labels, {c.n});
-    Tensor probs = be.Empty({c.n, c.k}, DType::kF32, "probs");
-    Tensor loss = be.Empty({1}, DType::kF32, "loss");
-    Tensor correct = be.Empty({1}, DType::kF32, "correct");
-    be.SoftmaxCrossEntropy(logits_t, labels_t, &probs, &loss, &correct);
+      Tensor logits_t = ToDevice(be, logits, {c.n, c.k});
+      Tensor labels_t = ToDeviceI32(be, labels, {c.n});
+      Tensor probs = be.Empty({c.n, c.k}, DType::kF32, "probs");
+      Tensor loss = be.Empty({1}, DType::kF32, "loss");
+      Tensor correct = be.Empty({1}, DType::kF32, "correct");
+      be.SoftmaxCrossEntropy(logits_t, labels_t, eps, &probs, &loss, &correct);
 
-    std::vector<double> ref_probs;
-    double ref_loss = 0.0;
-    int64_t ref_correct = 0;
-    ref::SoftmaxCrossEntropy(c.n, c.k, ToDouble(logits), labels, &ref_probs, &ref_loss,
-                             &ref_correct);
-    EXPECT_TRUE(AllClose(ToHost(be, probs), ref_probs, ForPrecision(Precision::kF32))) << "probs";
-    // The loss is a sum over the batch of log-sum-exps over k classes.
-    EXPECT_TRUE(Close(ScalarToHost(be, loss), ref_loss, ForReduction(Precision::kF32, c.n * c.k)))
-        << "loss_sum";
-    EXPECT_EQ(ScalarToHost(be, correct), static_cast<double>(ref_correct)) << "correct";
+      std::vector<double> ref_probs;
+      double ref_loss = 0.0;
+      int64_t ref_correct = 0;
+      ref::SoftmaxCrossEntropy(c.n, c.k, ToDouble(logits), labels, &ref_probs, &ref_loss,
+                               &ref_correct, eps);
+      EXPECT_TRUE(AllClose(ToHost(be, probs), ref_probs, ForPrecision(Precision::kF32))) << "probs";
+      // The loss is a sum over the batch of log-sum-exps over k classes.
+      EXPECT_TRUE(Close(ScalarToHost(be, loss), ref_loss, ForReduction(Precision::kF32, c.n * c.k)))
+          << "loss_sum";
+      EXPECT_EQ(ScalarToHost(be, correct), static_cast<double>(ref_correct)) << "correct";
+    }
   }
 }
 
@@ -81,8 +83,8 @@ TEST_P(LossTest, ArgmaxTiesPickLowestIndex) {
   Tensor probs = be.Empty({n, k}, DType::kF32, "probs");
   Tensor loss = be.Empty({1}, DType::kF32, "loss");
   Tensor correct = be.Empty({1}, DType::kF32, "correct");
-  be.SoftmaxCrossEntropy(ToDevice(be, logits, {n, k}), ToDeviceI32(be, labels, {n}), &probs, &loss,
-                         &correct);
+  be.SoftmaxCrossEntropy(ToDevice(be, logits, {n, k}), ToDeviceI32(be, labels, {n}), 0.f, &probs,
+                         &loss, &correct);
   std::vector<double> ref_probs;
   double ref_loss = 0.0;
   int64_t ref_correct = 0;
@@ -98,8 +100,9 @@ TEST_P(LossTest, SoftmaxCrossEntropyBackward) {
   for (const XentCase& c : kXentCases) {
     for (float scale : {1.0f, 1.0f / static_cast<float>(c.n), -0.5f}) {
       seed += 10;
+      const float eps = scale == 1.0f ? 0.f : 0.2f;  // label smoothing on two of the three
       SCOPED_TRACE("n=" + std::to_string(c.n) + " k=" + std::to_string(c.k) +
-                   " scale=" + std::to_string(scale));
+                   " scale=" + std::to_string(scale) + " label_smoothing=" + std::to_string(eps));
       // Probabilities as the forward leaves them: rows of a softmax, rounded to f32.
       std::vector<float> logits = RandomUniform(static_cast<size_t>(c.n * c.k), seed);
       for (float& v : logits) v = c.spread * v;
@@ -114,9 +117,9 @@ TEST_P(LossTest, SoftmaxCrossEntropyBackward) {
 
       Tensor dlogits = be.Empty({c.n, c.k}, DType::kF32, "dlogits");
       be.SoftmaxCrossEntropyBackward(ToDevice(be, probs, {c.n, c.k}),
-                                     ToDeviceI32(be, labels, {c.n}), scale, &dlogits);
+                                     ToDeviceI32(be, labels, {c.n}), eps, scale, &dlogits);
       std::vector<double> ref_d;
-      ref::SoftmaxCrossEntropyBackward(c.n, c.k, ToDouble(probs), labels, scale, &ref_d);
+      ref::SoftmaxCrossEntropyBackward(c.n, c.k, ToDouble(probs), labels, scale, &ref_d, eps);
       EXPECT_TRUE(AllClose(ToHost(be, dlogits), ref_d, ForPrecision(Precision::kF32)));
     }
   }

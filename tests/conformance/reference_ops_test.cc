@@ -289,6 +289,32 @@ TEST(ReferenceOpsTest, SoftmaxCrossEntropyGradient) {
   EXPECT_TRUE(GradCheck(f, logits, Vec{1.0}, dlogits));
 }
 
+// Label smoothing: the loss is F.cross_entropy(x, y, label_smoothing=0.1, reduction="sum") of
+// PyTorch 1.13 in float64 on these logits, and the gradient passes a numerical check.
+TEST(ReferenceOpsTest, SoftmaxCrossEntropyWithLabelSmoothingIsPyTorchs) {
+  const int64_t n = 3, k = 5;
+  const Vec logits = {1.5409961082440433,   -0.2934289057609464, -2.1787893820745574,
+                      0.5684312772806678,   -1.084522342424021,  -1.3985953953708767,
+                      0.4033468476292993,   0.8380263329976598,  -0.7192575784693592,
+                      -0.40334352493217457, -0.5966353626151273, 0.18203648506130554,
+                      -0.8566745932963743,  1.100604170903427,   -1.0711873631091473};
+  const std::vector<int32_t> labels = {1, 4, 0};
+  Vec probs, dlogits;
+  double loss = 0.0;
+  int64_t correct = 0;
+  ref::SoftmaxCrossEntropy(n, k, logits, labels, &probs, &loss, &correct, 0.1);
+  EXPECT_NEAR(loss, 6.6354884538501491, 1e-12);
+  ref::SoftmaxCrossEntropyBackward(n, k, probs, labels, 1.0, &dlogits, 0.1);
+  auto f = [&](const Vec& v) {
+    Vec p;
+    double l = 0.0;
+    int64_t cnt = 0;
+    ref::SoftmaxCrossEntropy(n, k, v, labels, &p, &l, &cnt, 0.1);
+    return Vec{l};
+  };
+  EXPECT_TRUE(GradCheck(f, logits, Vec{1.0}, dlogits));
+}
+
 TEST(ReferenceOpsTest, SoftmaxCrossEntropyLargeLogits) {
   // Shifting every logit by 1e3 changes nothing.
   const Vec logits = {1.0, 2.0, 3.0, 0.5, 0.5, 0.1};

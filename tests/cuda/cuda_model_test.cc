@@ -187,8 +187,8 @@ TEST(CudaBackendTest, BadLabelIsDataErrorAtTheNextSynchronisation) {
   Tensor loss = cuda->Empty({1}, DType::kF32, "loss");
   const Tensor bad = ToDeviceI32(*cuda, {0, 1, 3, 2}, {n});
   const Tensor good = ToDeviceI32(*cuda, {0, 1, 2, 2}, {n});
-  cuda->SoftmaxCrossEntropy(logits, bad, &probs, &loss, nullptr);
-  cuda->SoftmaxCrossEntropy(logits, good, &probs, &loss, nullptr);
+  cuda->SoftmaxCrossEntropy(logits, bad, 0.f, &probs, &loss, nullptr);
+  cuda->SoftmaxCrossEntropy(logits, good, 0.f, &probs, &loss, nullptr);
   try {
     cuda->Synchronize();
     ADD_FAILURE() << "expected a DataError";
@@ -198,7 +198,7 @@ TEST(CudaBackendTest, BadLabelIsDataErrorAtTheNextSynchronisation) {
         << e.what();
   }
   cuda->Synchronize();  // reported once
-  cuda->SoftmaxCrossEntropy(logits, good, &probs, &loss, nullptr);
+  cuda->SoftmaxCrossEntropy(logits, good, 0.f, &probs, &loss, nullptr);
   EXPECT_TRUE(std::isfinite(ScalarToHost(*cuda, loss)));
 }
 

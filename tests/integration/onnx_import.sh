@@ -93,6 +93,17 @@ for MODEL in "${MODELS[@]}"; do
     "$PY" "$ORACLE" load "$MODEL" "$D" "$D/run2/checkpoints/ckpt-00000001.h5"
 done
 
+D=$TMP/recipe
+mkdir -p "$D"
+check "ops: PyTorch's step with label_smoothing=0.1 and clip_grad_norm_(0.5)" \
+  "$PY" "$ORACLE" export ops "$D" 0.1 0.5
+config "$D"
+CASE="ops: the step with train.label_smoothing = 0.1, train.clip_grad_norm = 0.5"
+expect_ok -- "$DPTRAIN" train --config "$D/run.toml" --set train.label_smoothing=0.1 \
+  --set train.clip_grad_norm=0.5
+check "ops, label smoothing and clipping: parameters and buffers equal PyTorch's" \
+  "$PY" "$ORACLE" compare ops "$D" "$D/run/checkpoints/ckpt-00000001.h5"
+
 D=$TMP/ops
 CASE="ops with the padding merged into the conv (pads 0, 1, 2, 1): the same step"
 expect_ok -- "$DPTRAIN" train --config "$D/run.toml" --set "model.onnx=$D/model_fused.onnx" \

@@ -2,10 +2,12 @@
 # PyTorch as the oracle for model.onnx (tests/integration/onnx_import.sh), run with Debian's
 # /usr/bin/python3 (python3-torch, -torchvision, -onnx, -h5py).
 #
-#   onnx_oracle.py export MODEL DIR   torchvision MODEL (num_classes=10, dropout 0) exported in
-#       training mode at 32x32 to DIR/model.onnx; a fixed batch of 16 in DIR/batch.h5; and the
-#       state after one plain SGD step (lr 0.1, mean cross-entropy) from the file's own
-#       initializers in DIR/after.pt, taken by PyTorch in float32 and in float64.
+#   onnx_oracle.py export MODEL DIR [SMOOTHING CLIP]   torchvision MODEL (num_classes=10,
+#       dropout 0) exported in training mode at 32x32 to DIR/model.onnx; a fixed batch of 16 in
+#       DIR/batch.h5; and the state after one plain SGD step (lr 0.1, mean cross-entropy with
+#       label_smoothing=SMOOTHING, gradients clipped by clip_grad_norm_(CLIP) when CLIP > 0)
+#       from the file's own initializers in DIR/after.pt, taken by PyTorch in float32 and in
+#       float64.
 #   onnx_oracle.py compare MODEL DIR CKPT   every parameter of the dptrain checkpoint equals
 #       PyTorch's step to 1e-3 of the update's size, every batch-norm buffer to 1e-4, and the
 #       checkpoint loads into torchvision's MODEL with strict=True.
@@ -15,7 +17,9 @@
 # amplifies rounding, and PyTorch's own float32 step is then further than 1e-3 of the update
 # from its float64 step (1.4% on resnet50's conv1). Where that happens a tensor may differ from
 # the float64 step by twice PyTorch's own float32 error, and no more: dptrain must be as close
-# to the exact step as PyTorch is.
+# to the exact step as PyTorch is. A tensor whose exact update is (almost) zero, as the bias of a
+# batch norm that the next batch norm cancels, is compared at 1e-3 of 1% of the model's median
+# update: all there is to compare there is rounding noise.
 #
 # ops: a small network of the ops torchvision's families do not reach (nn.ZeroPad2d, which
 # torch.onnx writes as a Pad fed by shape arithmetic on constants; a per-channel Add; ceil-mode
@@ -33,6 +37,7 @@
 #       eval-mode loss and accuracy on the batch in DIR/torch_eval.txt, as `dptrain eval` prints.
 #   onnx_oracle.py same CKPT_A CKPT_B   every parameter and optimizer tensor bitwise equal.
 #   onnx_oracle.py close A B REL   the numbers A and B agree to REL (relative).
+import statistics
 import sys
 import warnings
 
@@ -96,7 +101,7 @@ def from_onnx(name, path):
     return m
 
 
-def export(name, out):
+def export(name, out, smoothing=0.0, clip=0.0):
     m = build(name).train()
     x = torch.randn(16, 3, 32, 32, generator=torch.Generator().manual_seed(1))
     y = torch.randint(0, 10, (16,), generator=torch.Generator().manual_seed(2))
@@ -112,8 +117,11 @@ def export(name, out):
     for dtype in (torch.float32, torch.float64):
         m = from_onnx(name, f"{out}/model.onnx").to(dtype).train()
         before = {k: v.clone().float() for k, v in m.state_dict().items()}
-        loss = F.cross_entropy(m(x.to(dtype)), y)
+        loss = F.cross_entropy(m(x.to(dtype)), y, label_smoothing=smoothing)
         loss.backward()
+        if clip > 0:
+            norm = torch.nn.utils.clip_grad_norm_(m.parameters(), clip)
+            print(f"{name} ({dtype}): gradient norm {norm.item():.4g}, clipped to {clip}")
         with torch.no_grad():
             for p in m.parameters():
                 p -= LR * p.grad
@@ -149,6 +157,8 @@ def compare(name, out, ckpt):
     bad = []
     worst = (0.0, "")  # the largest error / tolerance
     slack = 0  # tensors that need the float32 allowance (further than 1e-3 of the update)
+    steps = {k: (after[k] - before[k].to(after[k].dtype)).abs().max().item() for k in params}
+    typical = statistics.median(steps.values())
     for k, want in after.items():
         if k.endswith("num_batches_tracked"):
             continue
@@ -156,8 +166,10 @@ def compare(name, out, ckpt):
         err = (got - want).abs().max().item()
         torch_err = (after32[k].to(want.dtype) - want).abs().max().item()
         if k in params:
-            step = (want - before[k].to(want.dtype)).abs().max().item()
-            tol = 1e-3 * max(step, 1e-12)
+            # A tensor with (almost) no update of its own, such as the bias of a batch norm that
+            # the next batch norm cancels (exactly zero gradient), has only rounding noise to
+            # compare: 1e-3 of at least 1% of the model's median update.
+            tol = 1e-3 * max(steps[k], 1e-2 * typical)
         else:  # running mean / variance
             tol = 1e-4 * max(1.0, want.abs().max().item())
         if err > tol:
@@ -231,7 +243,7 @@ def close(a, b, rel):
 
 if __name__ == "__main__":
     if sys.argv[1] == "export":
-        export(sys.argv[2], sys.argv[3])
+        export(sys.argv[2], sys.argv[3], *[float(a) for a in sys.argv[4:6]])
     elif sys.argv[1] == "load":
         load(sys.argv[2], sys.argv[4])
     elif sys.argv[1] == "torch_ckpt":

@@ -487,7 +487,7 @@ void BatchNormBackward(const BatchNormShape& s, const Vec& x, const Vec& dy, con
 
 void SoftmaxCrossEntropy(int64_t n, int64_t k, const Vec& logits,
                          const std::vector<int32_t>& labels, Vec* probs, double* loss_sum,
-                         int64_t* correct) {
+                         int64_t* correct, double smoothing) {
   CheckSize(logits, n * k, "softmax logits");
   DPT_CHECK(static_cast<int64_t>(labels.size()) == n) << "labels " << labels.size() << " != " << n;
   probs->assign(At(n * k), 0.0);
@@ -505,19 +505,24 @@ void SoftmaxCrossEntropy(int64_t n, int64_t k, const Vec& logits,
     for (int64_t j = 0; j < k; ++j) (*probs)[At(i * k + j)] = std::exp(row[j] - mx) / z;
     const int32_t label = labels[At(i)];
     DPT_CHECK(label >= 0 && label < k) << "label " << label << " out of [0, " << k << ")";
-    *loss_sum += (mx + std::log(z)) - row[label];
+    for (int64_t j = 0; j < k; ++j) {
+      const double q = (j == label ? 1.0 - smoothing : 0.0) + smoothing / static_cast<double>(k);
+      *loss_sum += q * ((mx + std::log(z)) - row[j]);  // q_j * -log p_j
+    }
     if (argmax == label) ++*correct;
   }
 }
 
 void SoftmaxCrossEntropyBackward(int64_t n, int64_t k, const Vec& probs,
-                                 const std::vector<int32_t>& labels, double scale, Vec* dlogits) {
+                                 const std::vector<int32_t>& labels, double scale, Vec* dlogits,
+                                 double smoothing) {
   CheckSize(probs, n * k, "softmax probs");
   dlogits->assign(At(n * k), 0.0);
   for (int64_t i = 0; i < n; ++i) {
     for (int64_t j = 0; j < k; ++j) {
-      const double onehot = j == labels[At(i)] ? 1.0 : 0.0;
-      (*dlogits)[At(i * k + j)] = (probs[At(i * k + j)] - onehot) * scale;
+      const double q =
+          (j == labels[At(i)] ? 1.0 - smoothing : 0.0) + smoothing / static_cast<double>(k);
+      (*dlogits)[At(i * k + j)] = (probs[At(i * k + j)] - q) * scale;
     }
   }
 }

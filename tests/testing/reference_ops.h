@@ -108,13 +108,16 @@ void BatchNormBackward(const BatchNormShape& s, const Vec& x, const Vec& dy, con
 // ---- losses ----
 // logits (n, k), labels in [0, k). probs = softmax(logits) (max-subtracted, so logits of 1e3 are
 // fine); loss_sum = sum_i -log probs[i, label_i] computed as logsumexp - logit (no log(0));
-// correct = number of rows whose argmax (ties -> lowest index) equals the label.
+// correct = number of rows whose argmax (ties -> lowest index) equals the label. With label
+// smoothing eps the target distribution is q = (1 - eps) onehot + eps / k and the loss
+// sum_j q_j * -log probs[i, j] (F.cross_entropy's label_smoothing, by its definition).
 void SoftmaxCrossEntropy(int64_t n, int64_t k, const Vec& logits,
                          const std::vector<int32_t>& labels, Vec* probs, double* loss_sum,
-                         int64_t* correct);
-// dlogits = (probs - onehot(labels)) * scale.
+                         int64_t* correct, double smoothing = 0);
+// dlogits = (probs - q) * scale.
 void SoftmaxCrossEntropyBackward(int64_t n, int64_t k, const Vec& probs,
-                                 const std::vector<int32_t>& labels, double scale, Vec* dlogits);
+                                 const std::vector<int32_t>& labels, double scale, Vec* dlogits,
+                                 double smoothing = 0);
 // sum((y - t)^2) and dy = 2 (y - t) * scale.
 double MseLoss(const Vec& y, const Vec& t);
 void MseBackward(const Vec& y, const Vec& t, double scale, Vec* dy);

@@ -142,6 +142,10 @@ TEST(ConfigTest, EveryRangeCheckNamesKeyAndSet) {
       {"train.step_size=-1", "train.step_size must be >= 0"},
       {"train.gamma=0", "train.gamma must be > 0"},
       {"train.warmup_steps=-5", "train.warmup_steps must be >= 0"},
+      {"train.label_smoothing=1", "train.label_smoothing must be in [0, 1)"},
+      {"train.clip_grad_norm=-1", "train.clip_grad_norm must be >= 0"},
+      {"train.schedule=multistep", "train.schedule = \"multistep\" needs train.milestones"},
+      {"train.milestones=[30, 60]", "train.milestones applies to train.schedule = \"multistep\""},
       {"train.precision=fp8", "train.precision must be one of"},
       {"train.log_every_steps=0", "train.log_every_steps must be >= 1"},
       {"train.eval_every_epochs=-1", "train.eval_every_epochs must be >= 0"},
@@ -180,6 +184,25 @@ TEST(ConfigTest, CrossKeyChecks) {
   EXPECT_THAT(ErrorOf(MinimalWith("[train]\nglobal_batch = 100\naccumulate = 8\n")),
               HasSubstr("configs/x.toml:8: train.global_batch (100) must be divisible by "
                         "train.accumulate (8)"));
+}
+
+// The recipe knobs of issue 14: milestones with multistep (ascending), no warm-up under
+// onecycle (it has its own), no label smoothing on a regression.
+TEST(ConfigTest, ScheduleAndLossRecipeChecks) {
+  const TrainConfig c =
+      Parse(kMinimal, {"train.schedule=multistep", "train.milestones=[30, 60, 80]",
+                       "train.label_smoothing=0.1", "train.clip_grad_norm=1"});
+  EXPECT_EQ(c.train.milestones, (std::vector<double>{30, 60, 80}));
+  EXPECT_DOUBLE_EQ(c.train.label_smoothing, 0.1);
+  EXPECT_DOUBLE_EQ(c.train.clip_grad_norm, 1.0);
+  EXPECT_EQ(ParseConfig(ToToml(c), kSource), c);
+  EXPECT_THAT(ErrorOf(kMinimal, {"train.schedule=multistep", "train.milestones=[30, 20]"}),
+              HasSubstr("train.milestones must be ascending epochs > 0, got [30.0, 20.0]"));
+  EXPECT_THAT(ErrorOf(kMinimal, {"train.schedule=onecycle", "train.warmup_steps=100"}),
+              HasSubstr("train.warmup_steps does not apply to train.schedule = \"onecycle\""));
+  EXPECT_THAT(ErrorOf(kMinimal, {"model.loss=mse", "train.label_smoothing=0.1"}),
+              HasSubstr("train.label_smoothing applies to the cross-entropy loss"));
+  EXPECT_EQ(Parse(kMinimal, {"train.schedule=onecycle"}).train.schedule, ScheduleKind::kOneCycle);
 }
 
 TEST(ConfigTest, DataChecks) {

@@ -130,5 +130,37 @@ TEST(ScheduleTest, CosineStartsAtBaseEndsAtZero) {
   EXPECT_NEAR(LearningRate(c, 55), 0.1, 1e-12);
 }
 
+// torch.optim.lr_scheduler.MultiStepLR(milestones=[3, 5], gamma=0.1) stepped once per step:
+// the lr of steps 0..7 (PyTorch 1.13).
+TEST(ScheduleTest, MultiStepIsPyTorchs) {
+  ScheduleConfig c;
+  c.kind = ScheduleKind::kMultiStep;
+  c.base_lr = 0.1;
+  c.gamma = 0.1;
+  c.milestones = {3, 5};
+  const double torch_lr[] = {0.1, 0.1, 0.1, 0.01, 0.01, 0.001, 0.001, 0.001};
+  for (int64_t s = 0; s < 8; ++s) EXPECT_NEAR(LearningRate(c, s), torch_lr[s], 1e-15) << s;
+  c.warmup_steps = 2;  // milestones count from the end of warm-up, as torchvision chains them
+  EXPECT_DOUBLE_EQ(LearningRate(c, 0), 0.05);
+  EXPECT_NEAR(LearningRate(c, 4), 0.1, 1e-15);
+  EXPECT_NEAR(LearningRate(c, 5), 0.01, 1e-15);
+}
+
+// torch.optim.lr_scheduler.OneCycleLR(max_lr=0.1, total_steps=20) with its defaults: the lr of
+// steps 0..19 (PyTorch 1.13, printed with 17 digits).
+TEST(ScheduleTest, OneCycleIsPyTorchs) {
+  ScheduleConfig c;
+  c.kind = ScheduleKind::kOneCycle;
+  c.base_lr = 0.1;
+  c.total_steps = 20;
+  const double torch_lr[] = {
+      0.0040000000000000036, 0.013167184270002533,  0.037167184270002526,  0.066832815729997469,
+      0.090832815729997476,  0.10000000000000001,   0.098746400623508743,  0.095048463201347383,
+      0.089091617757105002,  0.081174565394976306,  0.071694300179130088,  0.06112620219362893,
+      0.050000200000000002,  0.038874197806371073,  0.028306099820869922,  0.018825834605023701,
+      0.010908782242895003,  0.0049519367986526289, 0.0012539993764912555, 3.9999999999999998e-07};
+  for (int64_t s = 0; s < 20; ++s) EXPECT_NEAR(LearningRate(c, s), torch_lr[s], 1e-15) << s;
+}
+
 }  // namespace
 }  // namespace dptrain
