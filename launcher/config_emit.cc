@@ -20,6 +20,13 @@ std::string FormatValue(const FieldRef& ref, TrainConfig& c) {
                         [&](FloatListRef r) { return FormatFloatList(r(c)); },
                         [&](LayersRef) { return std::string(); },  // written by FormatLayer
                         [&](const EnumRef& r) { return Quote(r.names[r.get(c)]); },
+                        [&](StringListRef r) {
+                          std::string out = "[";
+                          for (const std::string& s : r(c)) {
+                            out += (out.size() > 1 ? ", " : "") + Quote(s);
+                          }
+                          return out + "]";
+                        },
                     },
                     ref);
 }

@@ -199,6 +199,7 @@ void ConfigParser::Assign(const Field& f, const toml::node& n, const std::string
                  [&](FloatListRef r) { r(cfg_) = ReadFloatList(n, key, where); },
                  [&](LayersRef r) { r(cfg_) = ParseLayers(n, where); },
                  [&](const EnumRef& r) { r.set(cfg_, ReadChoice(r, n, key, where)); },
+                 [&](StringListRef r) { r(cfg_) = ReadStringList(n, key, where); },
              },
              f.ref);
   origins_.Set(key, where);

@@ -58,6 +58,7 @@ const std::vector<Field>& Schema() {
       DPT_CONFIG_FIELD(train.momentum),
       DPT_CONFIG_FIELD(train.nesterov),
       DPT_CONFIG_FIELD(train.weight_decay),
+      DPT_CONFIG_FIELD(train.no_weight_decay),
       DPT_CONFIG_FIELD(train.beta1),
       DPT_CONFIG_FIELD(train.beta2),
       DPT_CONFIG_FIELD(train.eps),
@@ -102,7 +103,8 @@ std::string_view Expected(const FieldRef& ref) {
                                                 "a string",
                                                 "an array of numbers",
                                                 "an array of layer tables",
-                                                "a string"};
+                                                "a string",
+                                                "an array of strings"};
   return kNames[ref.index()];
 }
 

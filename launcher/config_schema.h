@@ -28,14 +28,15 @@ using BoolRef = bool& (*)(TrainConfig&);
 using StringRef = std::string& (*)(TrainConfig&);
 using FloatListRef = std::vector<double>& (*)(TrainConfig&);
 using LayersRef = std::vector<LayerSpec>& (*)(TrainConfig&);
+using StringListRef = std::vector<std::string>& (*)(TrainConfig&);
 // A choice among named values: the enum's spellings (ConfigNames) and its value as an index.
 struct EnumRef {
   std::span<const std::string_view> names;
   size_t (*get)(const TrainConfig&);
   void (*set)(TrainConfig&, size_t);
 };
-using FieldRef =
-    std::variant<IntRef, FloatRef, BoolRef, StringRef, FloatListRef, LayersRef, EnumRef>;
+using FieldRef = std::variant<IntRef, FloatRef, BoolRef, StringRef, FloatListRef, LayersRef,
+                              EnumRef, StringListRef>;
 
 struct Field {
   std::string_view key;  // "train.lr"; no dot for top-level keys

@@ -105,6 +105,14 @@ void Validate(TrainConfig& c, const Origins& origins) {
          "train.nesterov = true needs train.momentum > 0");
   }
   NonNegative(origins, "train.weight_decay", t.weight_decay);
+  for (const std::string& group : t.no_weight_decay) {
+    if (group != "bias" && group != "bn") {
+      Fail(origins.Where("train.no_weight_decay"),
+           "train.no_weight_decay: unknown group " + Quote(group) +
+               "; the groups are \"bias\" (every bias) and \"bn\" (batch-norm weights and "
+               "biases)");
+    }
+  }
   UnitInterval(origins, "train.beta1", t.beta1);
   UnitInterval(origins, "train.beta2", t.beta2);
   Positive(origins, "train.eps", t.eps);

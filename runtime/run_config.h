@@ -135,7 +135,9 @@ struct TrainLoopConfig {
   double lr = 0.05;       // > 0
   double momentum = 0.9;  // [0, 1); nesterov needs momentum > 0 with sgd
   bool nesterov = false;
-  double weight_decay = 5e-4;         // >= 0
+  double weight_decay = 5e-4;  // >= 0
+  // Parameters without weight decay: "bias" (every *.bias), "bn" (batch-norm weight and bias).
+  std::vector<std::string> no_weight_decay;
   double beta1 = 0.9, beta2 = 0.999;  // adamw, in [0, 1)
   double eps = 1e-8;                  // adamw, > 0
   ScheduleKind schedule = ScheduleKind::kConstant;

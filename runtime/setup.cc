@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <filesystem>
 #include <optional>
+#include <set>
+#include <utility>
 
 #include "core/error.h"
 #include "datasets/synthetic.h"
@@ -16,6 +18,46 @@
 #include "runtime/trainer_impl.h"
 
 namespace dptrain {
+namespace {
+
+// train.no_weight_decay: the flat-buffer ranges (floats) of every bias ("bias") and of the
+// batch-norm layers' weights and biases ("bn"), ascending and merged.
+std::vector<std::pair<int64_t, int64_t>> NoDecayRanges(Model& m,
+                                                       const std::vector<std::string>& groups) {
+  const auto has = [&](const char* g) {
+    return std::find(groups.begin(), groups.end(), g) != groups.end();
+  };
+  std::set<const void*> bn;
+  if (has("bn")) {
+    for (size_t i = 0; i < m.net().size(); ++i) {
+      Layer& l = m.net().layer(i);
+      if (l.type() != "batchnorm") continue;
+      std::vector<ParamRef> refs;
+      l.ListParams(&refs);
+      for (const ParamRef& r : refs) bn.insert(r.value->raw());
+    }
+  }
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  for (const NamedTensor& p : m.named_params()) {
+    const std::string& n = p.name;
+    const bool bias = has("bias") && (n == "bias" || (n.size() > 5 && n.ends_with(".bias")));
+    if (bias || bn.count(p.tensor.raw()) != 0) {
+      ranges.emplace_back(p.offset, p.offset + p.tensor.numel());
+    }
+  }
+  std::sort(ranges.begin(), ranges.end());
+  std::vector<std::pair<int64_t, int64_t>> merged;
+  for (const auto& r : ranges) {
+    if (!merged.empty() && r.first <= merged.back().second) {
+      merged.back().second = std::max(merged.back().second, r.second);
+    } else {
+      merged.push_back(r);
+    }
+  }
+  return merged;
+}
+
+}  // namespace
 
 bool Trainer::IsRegression() const { return ResolveLoss(cfg_.model) == LossKind::kMse; }
 
@@ -317,6 +359,7 @@ void Trainer::SetupModel() {
   oc.beta1 = cfg_.train.beta1;
   oc.beta2 = cfg_.train.beta2;
   oc.eps = cfg_.train.eps;
+  oc.no_decay = NoDecayRanges(*model_, cfg_.train.no_weight_decay);
   if (sharded) {
     sharded_ = std::make_unique<ShardedReducer>(be_, comm_, *model_, cfg_.dist.shard);
   }

@@ -31,7 +31,7 @@ Optimizer::Optimizer(Backend& be, const OptimizerConfig& cfg, const Tensor& para
 void Optimizer::Step(Tensor* params, const Tensor& grads, float lr, float grad_scale) {
   DPT_CHECK(!shard_) << "Optimizer::Step on a sharded optimizer";
   ++steps_;
-  Update(params, grads, slots_, lr, grad_scale);
+  Update(params, grads, slots_, lr, grad_scale, 0);
 }
 
 void Optimizer::StepShard(Tensor* params, const Tensor& grads, float lr, float grad_scale,
@@ -51,16 +51,44 @@ void Optimizer::StepShard(Tensor* params, const Tensor& grads, float lr, float g
     Tensor p = params->View(s, own);
     const Tensor gr = grads.View(s, flat ? own : in_shard);
     for (size_t k = 0; k < slots_.size(); ++k) slot_views[k] = slots_[k].View(s, in_shard);
-    Update(&p, gr, slot_views, lr, grad_scale);
+    Update(&p, gr, slot_views, lr, grad_scale, shard_->OwnBegin(g));
     if (stepped) stepped(g);
   }
 }
 
 void Optimizer::Update(Tensor* params, const Tensor& grads, std::vector<Tensor>& slots, float lr,
-                       float grad_scale) {
+                       float grad_scale, int64_t begin) {
+  const int64_t n = params->numel();
+  if (cfg_.no_decay.empty() || cfg_.weight_decay == 0) {
+    UpdateRun(params, grads, slots, lr, grad_scale, cfg_.weight_decay);
+    return;
+  }
+  // Cut [begin, begin + n) where no-decay ranges start and end; update each run alike.
+  std::vector<Tensor> slot_views(slots.size());
+  auto range = std::upper_bound(cfg_.no_decay.begin(), cfg_.no_decay.end(), begin,
+                                [](int64_t v, const auto& r) { return v < r.second; });
+  for (int64_t at = 0; at < n;) {
+    const int64_t pos = begin + at;
+    const bool inside = range != cfg_.no_decay.end() && range->first <= pos;
+    const int64_t limit =
+        range == cfg_.no_decay.end() ? begin + n : (inside ? range->second : range->first);
+    const int64_t len = std::min(limit, begin + n) - pos;
+    const Shape s{len};
+    const auto bytes = static_cast<size_t>(at) * 4;
+    Tensor p = params->View(s, bytes);
+    const Tensor g = grads.View(s, bytes);
+    for (size_t k = 0; k < slots.size(); ++k) slot_views[k] = slots[k].View(s, bytes);
+    UpdateRun(&p, g, slot_views, lr, grad_scale, inside ? 0.0 : cfg_.weight_decay);
+    if (inside && pos + len == range->second) ++range;
+    at += len;
+  }
+}
+
+void Optimizer::UpdateRun(Tensor* params, const Tensor& grads, std::vector<Tensor>& slots, float lr,
+                          float grad_scale, double weight_decay) {
   if (cfg_.kind == OptimizerKind::kSgd) {
-    const ew::SgdHyper h{lr, static_cast<float>(cfg_.momentum),
-                         static_cast<float>(cfg_.weight_decay), grad_scale, cfg_.nesterov};
+    const ew::SgdHyper h{lr, static_cast<float>(cfg_.momentum), static_cast<float>(weight_decay),
+                         grad_scale, cfg_.nesterov};
     backend_.SgdStep(h, params, grads, slots.empty() ? nullptr : &slots[0]);
   } else {
     const double t = static_cast<double>(steps_);
@@ -68,7 +96,7 @@ void Optimizer::Update(Tensor* params, const Tensor& grads, std::vector<Tensor>&
                            static_cast<float>(cfg_.beta1),
                            static_cast<float>(cfg_.beta2),
                            static_cast<float>(cfg_.eps),
-                           static_cast<float>(cfg_.weight_decay),
+                           static_cast<float>(weight_decay),
                            grad_scale,
                            static_cast<float>(1 - std::pow(cfg_.beta1, t)),
                            static_cast<float>(1 - std::pow(cfg_.beta2, t))};

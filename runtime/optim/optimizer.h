@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/backend.h"
@@ -26,6 +27,9 @@ struct OptimizerConfig {
   bool nesterov = false;
   double weight_decay = 0;
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  // [begin, end) ranges of the flat parameter buffer, in floats, ascending and disjoint, that
+  // take no weight decay (train.no_weight_decay: biases, batch-norm parameters).
+  std::vector<std::pair<int64_t, int64_t>> no_decay;
 };
 
 class Optimizer {
@@ -54,9 +58,13 @@ class Optimizer {
   const ShardLayout* shard() const { return shard_ ? &*shard_ : nullptr; }
 
  private:
-  // One fused update of `param` from `grad` with state views `slots` (same length each).
+  // One fused update of `param` from `grad` with state views `slots` (same length each);
+  // `begin` is where `param` starts in the flat buffer (floats): the no-decay ranges inside it
+  // are updated with weight decay 0, each run of one kind by one backend call.
   void Update(Tensor* param, const Tensor& grad, std::vector<Tensor>& slots, float lr,
-              float grad_scale);
+              float grad_scale, int64_t begin);
+  void UpdateRun(Tensor* param, const Tensor& grad, std::vector<Tensor>& slots, float lr,
+                 float grad_scale, double weight_decay);
 
   Backend& backend_;
   OptimizerConfig cfg_;

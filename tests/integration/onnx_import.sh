@@ -95,13 +95,14 @@ done
 
 D=$TMP/recipe
 mkdir -p "$D"
-check "ops: PyTorch's step with label_smoothing=0.1 and clip_grad_norm_(0.5)" \
-  "$PY" "$ORACLE" export ops "$D" 0.1 0.5
+check "ops: PyTorch's step with label_smoothing=0.1, clip_grad_norm_(0.5), weight decay 0.01 but on biases and batch norm" \
+  "$PY" "$ORACLE" export ops "$D" 0.1 0.5 0.01
 config "$D"
-CASE="ops: the step with train.label_smoothing = 0.1, train.clip_grad_norm = 0.5"
+CASE="ops: the step with train.label_smoothing = 0.1, train.clip_grad_norm = 0.5, train.weight_decay = 0.01, train.no_weight_decay = [\"bias\", \"bn\"]"
 expect_ok -- "$DPTRAIN" train --config "$D/run.toml" --set train.label_smoothing=0.1 \
-  --set train.clip_grad_norm=0.5
-check "ops, label smoothing and clipping: parameters and buffers equal PyTorch's" \
+  --set train.clip_grad_norm=0.5 --set train.weight_decay=0.01 \
+  --set 'train.no_weight_decay=["bias", "bn"]'
+check "ops, the recipe knobs: parameters and buffers equal PyTorch's" \
   "$PY" "$ORACLE" compare ops "$D" "$D/run/checkpoints/ckpt-00000001.h5"
 
 D=$TMP/ops

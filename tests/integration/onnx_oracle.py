@@ -2,10 +2,11 @@
 # PyTorch as the oracle for model.onnx (tests/integration/onnx_import.sh), run with Debian's
 # /usr/bin/python3 (python3-torch, -torchvision, -onnx, -h5py).
 #
-#   onnx_oracle.py export MODEL DIR [SMOOTHING CLIP]   torchvision MODEL (num_classes=10,
+#   onnx_oracle.py export MODEL DIR [SMOOTHING CLIP WD]   torchvision MODEL (num_classes=10,
 #       dropout 0) exported in training mode at 32x32 to DIR/model.onnx; a fixed batch of 16 in
 #       DIR/batch.h5; and the state after one plain SGD step (lr 0.1, mean cross-entropy with
-#       label_smoothing=SMOOTHING, gradients clipped by clip_grad_norm_(CLIP) when CLIP > 0)
+#       label_smoothing=SMOOTHING, gradients clipped by clip_grad_norm_(CLIP) when CLIP > 0,
+#       weight decay WD on every parameter but biases and batch-norm ones)
 #       from the file's own initializers in DIR/after.pt, taken by PyTorch in float32 and in
 #       float64.
 #   onnx_oracle.py compare MODEL DIR CKPT   every parameter of the dptrain checkpoint equals
@@ -101,7 +102,7 @@ def from_onnx(name, path):
     return m
 
 
-def export(name, out, smoothing=0.0, clip=0.0):
+def export(name, out, smoothing=0.0, clip=0.0, wd=0.0):
     m = build(name).train()
     x = torch.randn(16, 3, 32, 32, generator=torch.Generator().manual_seed(1))
     y = torch.randint(0, 10, (16,), generator=torch.Generator().manual_seed(2))
@@ -122,9 +123,14 @@ def export(name, out, smoothing=0.0, clip=0.0):
         if clip > 0:
             norm = torch.nn.utils.clip_grad_norm_(m.parameters(), clip)
             print(f"{name} ({dtype}): gradient norm {norm.item():.4g}, clipped to {clip}")
+        # Weight decay wd on every parameter but biases and batch-norm ones (the param groups of
+        # torchvision's recipes; dptrain's train.no_weight_decay = ["bias", "bn"]).
+        bn = {id(p) for mod in m.modules() if isinstance(mod, torch.nn.BatchNorm2d)
+              for p in mod.parameters()}
         with torch.no_grad():
-            for p in m.parameters():
-                p -= LR * p.grad
+            for n, p in m.named_parameters():
+                decay = 0.0 if n.endswith(".bias") or id(p) in bn else wd
+                p -= LR * (p.grad + decay * p)
         steps[dtype] = {k: v.clone() for k, v in m.state_dict().items()}
     torch.save({"before": before, "after32": steps[torch.float32],
                 "after64": steps[torch.float64]}, f"{out}/after.pt")
@@ -243,7 +249,7 @@ def close(a, b, rel):
 
 if __name__ == "__main__":
     if sys.argv[1] == "export":
-        export(sys.argv[2], sys.argv[3], *[float(a) for a in sys.argv[4:6]])
+        export(sys.argv[2], sys.argv[3], *[float(a) for a in sys.argv[4:7]])
     elif sys.argv[1] == "load":
         load(sys.argv[2], sys.argv[4])
     elif sys.argv[1] == "torch_ckpt":

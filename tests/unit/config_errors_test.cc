@@ -203,6 +203,16 @@ TEST(ConfigTest, ScheduleAndLossRecipeChecks) {
   EXPECT_THAT(ErrorOf(kMinimal, {"model.loss=mse", "train.label_smoothing=0.1"}),
               HasSubstr("train.label_smoothing applies to the cross-entropy loss"));
   EXPECT_EQ(Parse(kMinimal, {"train.schedule=onecycle"}).train.schedule, ScheduleKind::kOneCycle);
+  const TrainConfig d = Parse(MinimalWith("[train]\nno_weight_decay = [\"bias\", \"bn\"]\n"));
+  EXPECT_EQ(d.train.no_weight_decay, (std::vector<std::string>{"bias", "bn"}));
+  EXPECT_EQ(ParseConfig(ToToml(d), kSource), d);
+  EXPECT_EQ(Parse(kMinimal, {"train.no_weight_decay=[\"bn\"]"}).train.no_weight_decay,
+            (std::vector<std::string>{"bn"}));
+  EXPECT_THAT(ErrorOf(MinimalWith("[train]\nno_weight_decay = [\"norm\"]\n")),
+              HasSubstr("configs/x.toml:7: train.no_weight_decay: unknown group \"norm\"; the "
+                        "groups are \"bias\""));
+  EXPECT_THAT(ErrorOf(MinimalWith("[train]\nno_weight_decay = \"bias\"\n")),
+              HasSubstr("train.no_weight_decay: expected an array of strings"));
 }
 
 TEST(ConfigTest, DataChecks) {

@@ -37,6 +37,32 @@ TEST(OptimizerTest, SgdMomentumMatchesHandComputed) {
   EXPECT_EQ(opt.steps(), 2);
 }
 
+// train.no_weight_decay: the flat ranges listed take no decay, SGD (with its momentum state cut
+// the same way) and AdamW alike; the rest decays as before.
+TEST(OptimizerTest, NoDecayRangesSkipWeightDecay) {
+  Backend& be = GetBackend("cpu");
+  for (const OptimizerKind kind : {OptimizerKind::kSgd, OptimizerKind::kAdamW}) {
+    SCOPED_TRACE(kind == OptimizerKind::kSgd ? "sgd" : "adamw");
+    const std::vector<float> start = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+    Tensor p = ToDevice(be, start, Shape{10});
+    Tensor g = ToDevice(be, std::vector<float>(10, 0.f), Shape{10});
+    OptimizerConfig c;
+    c.kind = kind;
+    c.momentum = 0.9;
+    c.weight_decay = 0.5;
+    c.no_decay = {{2, 4}, {6, 10}};  // up to the end
+    Optimizer opt(be, c, p);
+    opt.Step(&p, g, 0.1f, 1.f);
+    const std::vector<float> got = ToHost(be, p);
+    for (int64_t i = 0; i < 10; ++i) {
+      const bool decays = i < 2 || (i >= 4 && i < 6);
+      // SGD: p -= lr * wd * p; AdamW: p *= 1 - lr * wd (zero gradient: no Adam step).
+      const float want = decays ? start[i] * (1.f - 0.05f) : start[i];
+      EXPECT_NEAR(got[i], want, 1e-6) << "element " << i;
+    }
+  }
+}
+
 TEST(OptimizerTest, SgdNesterov) {
   Backend& be = GetBackend("cpu");
   Tensor p = ToDevice(be, std::vector<float>{1.f}, Shape{1});
