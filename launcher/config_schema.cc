@@ -62,6 +62,7 @@ const std::vector<Field>& Schema() {
       DPT_CONFIG_FIELD(train.beta1),
       DPT_CONFIG_FIELD(train.beta2),
       DPT_CONFIG_FIELD(train.eps),
+      DPT_CONFIG_FIELD(train.lars_eta),
       DPT_CONFIG_ENUM(train.schedule),
       DPT_CONFIG_FIELD(train.step_size),
       DPT_CONFIG_FIELD(train.gamma),

@@ -100,7 +100,13 @@ void Validate(TrainConfig& c, const Origins& origins) {
   }
   Positive(origins, "train.lr", t.lr);
   UnitInterval(origins, "train.momentum", t.momentum);
-  if (t.nesterov && t.optimizer == OptimizerKind::kSgd && t.momentum == 0) {
+  Positive(origins, "train.lars_eta", t.lars_eta);
+  if (t.optimizer == OptimizerKind::kLars && c.dist.shard != ShardMode::kNone) {
+    Fail(origins.WhereAny({"dist.shard", "train.optimizer"}),
+         "train.optimizer = \"lars\" needs every tensor whole on each rank for its per-layer "
+         "trust ratio; use dist.shard = \"none\"");
+  }
+  if (t.nesterov && t.optimizer != OptimizerKind::kAdamW && t.momentum == 0) {
     Fail(origins.WhereAny({"train.nesterov", "train.momentum"}),
          "train.nesterov = true needs train.momentum > 0");
   }

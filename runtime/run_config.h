@@ -51,7 +51,7 @@ struct ConfigNames<CacheMode> {
 };
 template <>
 struct ConfigNames<OptimizerKind> {
-  static constexpr std::array<std::string_view, 2> kNames{"sgd", "adamw"};
+  static constexpr std::array<std::string_view, 3> kNames{"sgd", "adamw", "lars"};
 };
 template <>
 struct ConfigNames<ScheduleKind> {
@@ -140,6 +140,7 @@ struct TrainLoopConfig {
   std::vector<std::string> no_weight_decay;
   double beta1 = 0.9, beta2 = 0.999;  // adamw, in [0, 1)
   double eps = 1e-8;                  // adamw, > 0
+  double lars_eta = 0.001;            // lars trust coefficient, > 0
   ScheduleKind schedule = ScheduleKind::kConstant;
   int64_t step_size = 0;  // step schedule: steps between decays (>= 0); 0 = one epoch
   double gamma = 0.1;     // step and multistep decay factor (> 0)

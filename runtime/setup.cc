@@ -360,6 +360,10 @@ void Trainer::SetupModel() {
   oc.beta2 = cfg_.train.beta2;
   oc.eps = cfg_.train.eps;
   oc.no_decay = NoDecayRanges(*model_, cfg_.train.no_weight_decay);
+  oc.lars_eta = cfg_.train.lars_eta;
+  for (const NamedTensor& p : model_->named_params()) {
+    oc.tensors.emplace_back(p.offset, p.offset + p.tensor.numel());
+  }
   if (sharded) {
     sharded_ = std::make_unique<ShardedReducer>(be_, comm_, *model_, cfg_.dist.shard);
   }

@@ -16,6 +16,7 @@ Optimizer::Optimizer(Backend& be, const OptimizerConfig& cfg, const Tensor& para
   const Shape state_shape = shard_ ? Shape{shard_->shard_floats} : params.shape();
   switch (cfg_.kind) {
     case OptimizerKind::kSgd:
+    case OptimizerKind::kLars:
       if (cfg_.momentum != 0) slot_names_ = {"momentum_buffer"};
       break;
     case OptimizerKind::kAdamW:
@@ -31,12 +32,43 @@ Optimizer::Optimizer(Backend& be, const OptimizerConfig& cfg, const Tensor& para
 void Optimizer::Step(Tensor* params, const Tensor& grads, float lr, float grad_scale) {
   DPT_CHECK(!shard_) << "Optimizer::Step on a sharded optimizer";
   ++steps_;
+  if (cfg_.kind == OptimizerKind::kLars) {
+    LarsStep(params, grads, lr, grad_scale);
+    return;
+  }
   Update(params, grads, slots_, lr, grad_scale, 0);
+}
+
+void Optimizer::LarsStep(Tensor* params, const Tensor& grads, float lr, float grad_scale) {
+  std::vector<Tensor> slot_views(slots_.size());
+  for (const auto& range : cfg_.tensors) {
+    // Plain names, not a structured binding: clang 14 cannot capture those in the lambda.
+    const int64_t begin = range.first, end = range.second;
+    const Shape s{end - begin};
+    const auto bytes = static_cast<size_t>(begin) * 4;
+    Tensor p = params->View(s, bytes);
+    const Tensor g = grads.View(s, bytes);
+    for (size_t k = 0; k < slots_.size(); ++k) slot_views[k] = slots_[k].View(s, bytes);
+    const bool excluded =
+        std::any_of(cfg_.no_decay.begin(), cfg_.no_decay.end(),
+                    [&](const auto& r) { return r.first <= begin && end <= r.second; });
+    if (excluded) {  // no decay, no adaptation: plain SGD
+      UpdateRun(&p, g, slot_views, lr, grad_scale, 0.0);
+      continue;
+    }
+    const double wn = std::sqrt(backend_.SumSquares(p));
+    const double gn = std::sqrt(backend_.SumSquares(g)) * grad_scale;
+    const double trust =
+        wn > 0 && gn > 0 ? cfg_.lars_eta * wn / (gn + cfg_.weight_decay * wn + 1e-8) : 1.0;
+    UpdateRun(&p, g, slot_views, lr, static_cast<float>(grad_scale * trust),
+              cfg_.weight_decay * trust);
+  }
 }
 
 void Optimizer::StepShard(Tensor* params, const Tensor& grads, float lr, float grad_scale,
                           const std::function<void(size_t)>& stepped) {
   DPT_CHECK(shard_) << "Optimizer::StepShard without a shard layout";
+  DPT_CHECK(cfg_.kind != OptimizerKind::kLars) << "lars is not sharded (config validation)";
   const bool flat = grads.numel() == params->numel();
   DPT_CHECK(flat || grads.numel() == shard_->shard_floats)
       << "sharded step: " << grads.numel() << " gradients for " << params->numel()
@@ -86,7 +118,7 @@ void Optimizer::Update(Tensor* params, const Tensor& grads, std::vector<Tensor>&
 
 void Optimizer::UpdateRun(Tensor* params, const Tensor& grads, std::vector<Tensor>& slots, float lr,
                           float grad_scale, double weight_decay) {
-  if (cfg_.kind == OptimizerKind::kSgd) {
+  if (cfg_.kind != OptimizerKind::kAdamW) {  // sgd, and lars's step once scaled
     const ew::SgdHyper h{lr, static_cast<float>(cfg_.momentum), static_cast<float>(weight_decay),
                          grad_scale, cfg_.nesterov};
     backend_.SgdStep(h, params, grads, slots.empty() ? nullptr : &slots[0]);

@@ -17,7 +17,7 @@
 namespace dptrain {
 
 // train.optimizer
-enum class OptimizerKind : uint8_t { kSgd, kAdamW };
+enum class OptimizerKind : uint8_t { kSgd, kAdamW, kLars };
 // train.schedule
 enum class ScheduleKind : uint8_t { kConstant, kStep, kCosine, kMultiStep, kOneCycle };
 
@@ -30,6 +30,10 @@ struct OptimizerConfig {
   // [begin, end) ranges of the flat parameter buffer, in floats, ascending and disjoint, that
   // take no weight decay (train.no_weight_decay: biases, batch-norm parameters).
   std::vector<std::pair<int64_t, int64_t>> no_decay;
+  // lars: the trust coefficient, and the [begin, end) range of every parameter tensor (each gets
+  // its own trust ratio; those inside no_decay are neither decayed nor adapted).
+  double lars_eta = 0.001;
+  std::vector<std::pair<int64_t, int64_t>> tensors;
 };
 
 class Optimizer {
@@ -65,6 +69,10 @@ class Optimizer {
               float grad_scale, int64_t begin);
   void UpdateRun(Tensor* param, const Tensor& grad, std::vector<Tensor>& slots, float lr,
                  float grad_scale, double weight_decay);
+  // LARS (You et al. 2017, as torchlars wraps SGD): per tensor, d = trust * (g + wd * w) with
+  // trust = eta * |w| / (|g| + wd * |w| + 1e-8) (1 when either norm is 0), then SGD's momentum
+  // step. Two norms per tensor (each a SumSquares, which synchronises a device backend).
+  void LarsStep(Tensor* params, const Tensor& grads, float lr, float grad_scale);
 
   Backend& backend_;
   OptimizerConfig cfg_;

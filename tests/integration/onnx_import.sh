@@ -104,6 +104,17 @@ expect_ok -- "$DPTRAIN" train --config "$D/run.toml" --set train.label_smoothing
   --set 'train.no_weight_decay=["bias", "bn"]'
 check "ops, the recipe knobs: parameters and buffers equal PyTorch's" \
   "$PY" "$ORACLE" compare ops "$D" "$D/run/checkpoints/ckpt-00000001.h5"
+D=$TMP/lars
+mkdir -p "$D"
+check "ops: PyTorch's LARS step (eta 0.02, weight decay 0.01, biases and batch norm excluded)" \
+  "$PY" "$ORACLE" export ops "$D" 0 0 0.01 0.02
+config "$D"
+CASE="ops: the step with train.optimizer = \"lars\""
+expect_ok -- "$DPTRAIN" train --config "$D/run.toml" --set train.optimizer=lars \
+  --set train.lars_eta=0.02 --set train.weight_decay=0.01 \
+  --set 'train.no_weight_decay=["bias", "bn"]'
+check "ops, LARS: parameters and buffers equal PyTorch's" \
+  "$PY" "$ORACLE" compare ops "$D" "$D/run/checkpoints/ckpt-00000001.h5"
 
 D=$TMP/ops
 CASE="ops with the padding merged into the conv (pads 0, 1, 2, 1): the same step"

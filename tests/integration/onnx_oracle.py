@@ -2,11 +2,12 @@
 # PyTorch as the oracle for model.onnx (tests/integration/onnx_import.sh), run with Debian's
 # /usr/bin/python3 (python3-torch, -torchvision, -onnx, -h5py).
 #
-#   onnx_oracle.py export MODEL DIR [SMOOTHING CLIP WD]   torchvision MODEL (num_classes=10,
+#   onnx_oracle.py export MODEL DIR [SMOOTHING CLIP WD LARS_ETA]   torchvision MODEL (num_classes=10,
 #       dropout 0) exported in training mode at 32x32 to DIR/model.onnx; a fixed batch of 16 in
 #       DIR/batch.h5; and the state after one plain SGD step (lr 0.1, mean cross-entropy with
 #       label_smoothing=SMOOTHING, gradients clipped by clip_grad_norm_(CLIP) when CLIP > 0,
-#       weight decay WD on every parameter but biases and batch-norm ones)
+#       weight decay WD on every parameter but biases and batch-norm ones, and with LARS_ETA > 0
+#       LARS's per-tensor trust ratio on those)
 #       from the file's own initializers in DIR/after.pt, taken by PyTorch in float32 and in
 #       float64.
 #   onnx_oracle.py compare MODEL DIR CKPT   every parameter of the dptrain checkpoint equals
@@ -102,7 +103,7 @@ def from_onnx(name, path):
     return m
 
 
-def export(name, out, smoothing=0.0, clip=0.0, wd=0.0):
+def export(name, out, smoothing=0.0, clip=0.0, wd=0.0, lars_eta=0.0):
     m = build(name).train()
     x = torch.randn(16, 3, 32, 32, generator=torch.Generator().manual_seed(1))
     y = torch.randint(0, 10, (16,), generator=torch.Generator().manual_seed(2))
@@ -129,8 +130,14 @@ def export(name, out, smoothing=0.0, clip=0.0, wd=0.0):
               for p in mod.parameters()}
         with torch.no_grad():
             for n, p in m.named_parameters():
-                decay = 0.0 if n.endswith(".bias") or id(p) in bn else wd
-                p -= LR * (p.grad + decay * p)
+                excluded = n.endswith(".bias") or id(p) in bn
+                decay = 0.0 if excluded else wd
+                trust = 1.0
+                if lars_eta > 0 and not excluded:  # LARS as torchlars computes it
+                    wn, gn = p.norm().item(), p.grad.norm().item()
+                    if wn > 0 and gn > 0:
+                        trust = lars_eta * wn / (gn + wd * wn + 1e-8)
+                p -= LR * trust * (p.grad + decay * p)
         steps[dtype] = {k: v.clone() for k, v in m.state_dict().items()}
     torch.save({"before": before, "after32": steps[torch.float32],
                 "after64": steps[torch.float64]}, f"{out}/after.pt")
@@ -249,7 +256,7 @@ def close(a, b, rel):
 
 if __name__ == "__main__":
     if sys.argv[1] == "export":
-        export(sys.argv[2], sys.argv[3], *[float(a) for a in sys.argv[4:7]])
+        export(sys.argv[2], sys.argv[3], *[float(a) for a in sys.argv[4:8]])
     elif sys.argv[1] == "load":
         load(sys.argv[2], sys.argv[4])
     elif sys.argv[1] == "torch_ckpt":

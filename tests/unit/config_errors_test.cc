@@ -129,7 +129,7 @@ TEST(ConfigTest, EveryRangeCheckNamesKeyAndSet) {
       {"train.accumulate=0", "train.accumulate must be >= 1"},
       {"train.accumulate=3", "train.global_batch (128) must be divisible by train.accumulate (3)"},
       {"train.optimizer=adam",
-       "train.optimizer must be one of \"sgd\", \"adamw\", got \"adam\" "
+       "train.optimizer must be one of \"sgd\", \"adamw\", \"lars\", got \"adam\" "
        "(did you mean \"adamw\"?)"},
       {"train.lr=0", "train.lr must be > 0"},
       {"train.momentum=1", "train.momentum must be in [0, 1)"},
@@ -144,6 +144,7 @@ TEST(ConfigTest, EveryRangeCheckNamesKeyAndSet) {
       {"train.warmup_steps=-5", "train.warmup_steps must be >= 0"},
       {"train.label_smoothing=1", "train.label_smoothing must be in [0, 1)"},
       {"train.clip_grad_norm=-1", "train.clip_grad_norm must be >= 0"},
+      {"train.lars_eta=0", "train.lars_eta must be > 0"},
       {"train.schedule=multistep", "train.schedule = \"multistep\" needs train.milestones"},
       {"train.milestones=[30, 60]", "train.milestones applies to train.schedule = \"multistep\""},
       {"train.precision=fp8", "train.precision must be one of"},
@@ -211,6 +212,9 @@ TEST(ConfigTest, ScheduleAndLossRecipeChecks) {
   EXPECT_THAT(ErrorOf(MinimalWith("[train]\nno_weight_decay = [\"norm\"]\n")),
               HasSubstr("configs/x.toml:7: train.no_weight_decay: unknown group \"norm\"; the "
                         "groups are \"bias\""));
+  EXPECT_THAT(ErrorOf(kMinimal, {"train.optimizer=lars", "dist.shard=optimizer"}),
+              HasSubstr("train.optimizer = \"lars\" needs every tensor whole on each rank"));
+  EXPECT_EQ(Parse(kMinimal, {"train.optimizer=lars"}).train.optimizer, OptimizerKind::kLars);
   EXPECT_THAT(ErrorOf(MinimalWith("[train]\nno_weight_decay = \"bias\"\n")),
               HasSubstr("train.no_weight_decay: expected an array of strings"));
 }

@@ -63,6 +63,28 @@ TEST(OptimizerTest, NoDecayRangesSkipWeightDecay) {
   }
 }
 
+// LARS: the first tensor (|w| = 5, |g| = 1) is scaled by its trust ratio
+// 0.01 * 5 / (1 + 0.1 * 5 + 1e-8); the second is excluded (no decay, no adaptation).
+TEST(OptimizerTest, LarsScalesEachTensorByItsTrustRatio) {
+  Backend& be = GetBackend("cpu");
+  Tensor p = ToDevice(be, std::vector<float>{3.f, 4.f, 2.f}, Shape{3});
+  Tensor g = ToDevice(be, std::vector<float>{0.6f, 0.8f, 0.5f}, Shape{3});
+  OptimizerConfig c;
+  c.kind = OptimizerKind::kLars;
+  c.momentum = 0;
+  c.weight_decay = 0.1;
+  c.lars_eta = 0.01;
+  c.tensors = {{0, 2}, {2, 3}};
+  c.no_decay = {{2, 3}};
+  Optimizer opt(be, c, p);
+  opt.Step(&p, g, 1.f, 1.f);
+  const double trust = 0.01 * 5 / (1 + 0.5 + 1e-8);
+  const std::vector<float> got = ToHost(be, p);
+  EXPECT_NEAR(got[0], 3 - trust * (0.6 + 0.3), 1e-6);
+  EXPECT_NEAR(got[1], 4 - trust * (0.8 + 0.4), 1e-6);
+  EXPECT_NEAR(got[2], 2 - 0.5, 1e-6);
+}
+
 TEST(OptimizerTest, SgdNesterov) {
   Backend& be = GetBackend("cpu");
   Tensor p = ToDevice(be, std::vector<float>{1.f}, Shape{1});
