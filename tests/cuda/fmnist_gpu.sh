@@ -8,17 +8,7 @@
 # shellcheck source-path=SCRIPTDIR source=../integration/lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/../integration/lib.sh"
 require_fmnist
-
-"$DPTRAIN" info >"$TMP/info.out" 2>&1 || true
-NGPU=$(sed -n 's/^GPUs (NVML[^)]*): \([0-9]*\)$/\1/p' "$TMP/info.out")
-if [[ -z $NGPU || $NGPU == 0 ]]; then
-  echo "SKIP: no GPU: $(grep '^GPUs' "$TMP/info.out")"
-  exit 77
-fi
-if ! grep -q '^  cuda: available' "$TMP/info.out"; then
-  echo "SKIP: the CUDA backend cannot run here: $(grep '^  cuda:' "$TMP/info.out")"
-  exit 77
-fi
+require_cuda
 echo "dptrain info:"
 sed 's/^/  | /' "$TMP/info.out"
 check "dptrain info shows one binding line per GPU" \

@@ -80,6 +80,21 @@ require_fmnist() {
   done
 }
 
+# Exits 77 (ctest: skipped) with the reason unless a GPU is visible and the CUDA backend can use
+# it; sets NGPU (the GPUs NVML sees) and leaves `dptrain info`'s output in $TMP/info.out.
+require_cuda() {
+  "$DPTRAIN" info >"$TMP/info.out" 2>&1 || true
+  NGPU=$(sed -n 's/^GPUs (NVML[^)]*): \([0-9]*\)$/\1/p' "$TMP/info.out")
+  if [[ -z $NGPU || $NGPU == 0 ]]; then
+    echo "SKIP: no GPU: $(grep '^GPUs' "$TMP/info.out")"
+    exit 77
+  fi
+  if ! grep -q '^  cuda: available' "$TMP/info.out"; then
+    echo "SKIP: the CUDA backend cannot run here: $(grep '^  cuda:' "$TMP/info.out")"
+    exit 77
+  fi
+}
+
 # A python3 that has h5py and numpy (pyenv's python3 may not; Debian's /usr/bin/python3 does),
 # in PY; returns 1 when there is none.
 find_h5py_python() {

@@ -28,18 +28,7 @@ ORACLE=$DPTRAIN_SRC/tests/integration/onnx_oracle.py
 # cases with two GPUs or more; without a usable GPU it is skipped (exit 77).
 DEVICE=${ONNX_DEVICE:-cpu}
 NGPU=0
-if [[ $DEVICE == cuda ]]; then
-  "$DPTRAIN" info >"$TMP/info.out" 2>&1 || true
-  NGPU=$(sed -n 's/^GPUs (NVML[^)]*): \([0-9]*\)$/\1/p' "$TMP/info.out")
-  if [[ -z $NGPU || $NGPU == 0 ]]; then
-    echo "SKIP: no GPU: $(grep '^GPUs' "$TMP/info.out")"
-    exit 77
-  fi
-  if ! grep -q '^  cuda: available' "$TMP/info.out"; then
-    echo "SKIP: the CUDA backend cannot run here: $(grep '^  cuda:' "$TMP/info.out")"
-    exit 77
-  fi
-fi
+if [[ $DEVICE == cuda ]]; then require_cuda; fi
 # Two ranks: always on CPU; on CUDA with a GPU each.
 two_ranks() { [[ $DEVICE == cpu || $NGPU -ge 2 ]]; }
 
