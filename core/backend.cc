@@ -55,8 +55,10 @@ Backend::OpScope::~OpScope() {
   } catch (...) {
     return;
   }
-  OpStat& s = be_->stats_[name_];
+  const std::string& node = be_->profile_node_ != nullptr ? *be_->profile_node_ : std::string();
+  OpStat& s = be_->stats_[{node, name_}];
   s.name = name_;
+  s.node = node;
   ++s.calls;
   s.seconds += static_cast<double>(NowNs() - start_ns_) * 1e-9;
 }

@@ -89,9 +89,10 @@ class OpPlan {
   size_t held_bytes = 0;
 };
 
-// Time spent in one kind of op (profiling, see Backend::EnableProfiling).
+// Time spent in one kind of op for one graph node (profiling, see Backend::EnableProfiling).
 struct OpStat {
   std::string name;
+  std::string node;  // the graph node it ran for; "" outside the graph (loss, optimizer, ...)
   int64_t calls = 0;
   double seconds = 0;
 };
@@ -270,6 +271,8 @@ class Backend {
   bool profiling() const { return profiling_; }
   std::vector<OpStat> Profile() const;  // sorted by time, descending
   void ResetProfile() { stats_.clear(); }
+  // The graph node whose ops run now (Graph sets it around each node; nullptr outside).
+  void SetProfileNode(const std::string* node) { profile_node_ = node; }
 
   // ---- checks (synchronise) ----
   virtual int64_t CountNonFinite(const Tensor& t) = 0;  // f32
@@ -297,7 +300,8 @@ class Backend {
  private:
   std::unique_ptr<CachingAllocator> allocator_;
   bool profiling_ = false;
-  std::map<std::string, OpStat> stats_;
+  const std::string* profile_node_ = nullptr;
+  std::map<std::pair<std::string, std::string>, OpStat> stats_;  // by (node, op)
 };
 
 }  // namespace dptrain

@@ -19,6 +19,7 @@ int Graph::Add(std::unique_ptr<Layer> layer, std::vector<int> inputs, std::strin
   if (node_name.empty()) node_name = layer->name().empty() ? "" : layer->name();
   n.name = std::move(node_name);
   n.layer = std::move(layer);
+  n.label = n.name.empty() ? n.layer->type() + " #" + std::to_string(index) : n.name;
   n.inputs = std::move(inputs);
   nodes_.push_back(std::move(n));
   return index;
@@ -64,8 +65,10 @@ const Tensor& Graph::Forward(const Tensor& x, const ForwardContext& ctx) {
   for (auto& n : nodes_) {
     xs_.clear();
     for (int j : n.inputs) xs_.push_back(j == kInput ? &x : nodes_[static_cast<size_t>(j)].out);
+    backend_.SetProfileNode(&n.label);
     n.out = &n.layer->ForwardInputs(xs_, ctx);
   }
+  backend_.SetProfileNode(nullptr);
   return *nodes_.back().out;
 }
 
@@ -77,6 +80,7 @@ void Graph::StartBackward(const Tensor& dy) {
 void Graph::BackwardNode(size_t i, bool accumulate) {
   Node& n = nodes_[i];
   DPT_CHECK(n.grad != nullptr) << "graph node " << i << " has no gradient";
+  backend_.SetProfileNode(&n.label);
   n.layer->BackwardInputs(*n.grad, accumulate, &dxs_);
   DPT_CHECK(dxs_.size() == n.inputs.size())
       << "layer '" << n.layer->label() << "' returned " << dxs_.size() << " gradients for "
@@ -84,6 +88,7 @@ void Graph::BackwardNode(size_t i, bool accumulate) {
   for (size_t k = 0; k < n.inputs.size(); ++k) {
     if (n.inputs[k] != kInput) AddGradient(n.inputs[k], *dxs_[k]);
   }
+  backend_.SetProfileNode(nullptr);
 }
 
 void Graph::AddGradient(int j, const Tensor& g) {

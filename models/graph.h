@@ -76,6 +76,7 @@ class Graph {
     std::unique_ptr<Layer> layer;
     std::vector<int> inputs;
     std::string name;
+    std::string label;  // name, or "<type> #<index>" when unnamed (profiles)
     Shape shape;
     int readers = 0;               // nodes reading this output (+1 for the graph output)
     Tensor grad_sum;               // (max N, ...) when readers > 1

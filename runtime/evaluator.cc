@@ -57,7 +57,10 @@ void Trainer::Evaluate(int64_t epoch) {
   if (!test_) return;
   last_eval_step_ = step_;
   const auto t0 = Clock::now();
+  const bool profiling = be_.profiling();  // train.profile measures training steps only
+  be_.EnableProfiling(false);
   const EvalSums sums = RunTestSet();
+  be_.EnableProfiling(profiling);
   result_.test_loss = sums.loss / std::max(sums.samples, 1.0);
   result_.test_accuracy = regression_ ? -1 : sums.correct / std::max(sums.samples, 1.0);
   if (is_root()) {

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <numeric>
 #include <set>
 
@@ -252,6 +253,62 @@ void Trainer::PrintSummary(bool stopped, int64_t session_steps, double total) {
     if (result_.test_accuracy >= 0) j["test_accuracy"] = result_.test_accuracy;
     WriteMetrics(j);
   }
+}
+
+void Trainer::PrintProfile() {
+  if (!is_root()) return;
+  const std::vector<OpStat> ops = be_.Profile();
+  const double steps = static_cast<double>(std::max<int64_t>(profiled_steps_, 1));
+  double op_s = 0;
+  for (const OpStat& o : ops) op_s += o.seconds;
+  const double step_ms = 1e3 * profiled_s_ / steps;
+  // Per op kind, then the graph nodes' ops that took the most time.
+  std::map<std::string, OpStat> kinds;
+  for (const OpStat& o : ops) {
+    OpStat& k = kinds[o.name];
+    k.name = o.name;
+    k.calls += o.calls;
+    k.seconds += o.seconds;
+  }
+  std::vector<OpStat> by_kind;
+  by_kind.reserve(kinds.size());
+  for (const auto& [name, k] : kinds) by_kind.push_back(k);
+  std::sort(by_kind.begin(), by_kind.end(),
+            [](const OpStat& a, const OpStat& b) { return a.seconds > b.seconds; });
+  auto pct = [&](double s) { return op_s > 0 ? 100.0 * s / op_s : 0.0; };
+  fmt::print(
+      "profile (rank 0, {} steps after the first; every op synchronised: {:.2f} ms per step, "
+      "{:.2f} ms of it in ops):\n",
+      profiled_steps_, step_ms, 1e3 * op_s / steps);
+  fmt::print("  {:<24} {:>10} {:>10} {:>7}\n", "op", "calls/step", "ms/step", "%");
+  for (const OpStat& k : by_kind) {
+    fmt::print("  {:<24} {:>10.1f} {:>10.3f} {:>6.1f}%\n", k.name,
+               static_cast<double>(k.calls) / steps, 1e3 * k.seconds / steps, pct(k.seconds));
+  }
+  size_t width = 4;
+  const size_t top = std::min<size_t>(ops.size(), 20);
+  for (size_t i = 0; i < top; ++i) width = std::max(width, ops[i].node.size());
+  fmt::print("  the {} slowest (node, op):\n  {:<{}} {:<24} {:>10} {:>7}\n", top, "node", width,
+             "op", "ms/step", "%");
+  for (size_t i = 0; i < top; ++i) {
+    const OpStat& o = ops[i];
+    fmt::print("  {:<{}} {:<24} {:>10.3f} {:>6.1f}%\n", o.node.empty() ? "-" : o.node, width,
+               o.name, 1e3 * o.seconds / steps, pct(o.seconds));
+  }
+  nlohmann::json rows = nlohmann::json::array();
+  for (const OpStat& o : ops) {
+    rows.push_back({{"node", o.node},
+                    {"op", o.name},
+                    {"calls_per_step", static_cast<double>(o.calls) / steps},
+                    {"ms_per_step", 1e3 * o.seconds / steps}});
+  }
+  WriteMetrics({{"kind", "profile"},
+                {"step", step_},
+                {"steps", profiled_steps_},
+                {"step_ms", step_ms},
+                {"ops_ms", 1e3 * op_s / steps},
+                {"ops", rows}});
+  std::fflush(stdout);
 }
 
 void Trainer::WriteStartRecord() {

@@ -157,7 +157,18 @@ TrainResult Trainer::Run() {
       auto t0 = Clock::now();
       HostBatch batch = loader_->Next();
       data_wait_s_ += Since(t0);
+      // train.profile measures from the session's second step (the first chooses algorithms
+      // and allocates).
+      const bool profiled = be_.profiling();
+      const auto t_step = Clock::now();
       TrainStep(batch);
+      if (profiled) {
+        ++profiled_steps_;
+        profiled_s_ += Since(t_step);
+      } else if (cfg_.train.profile) {
+        be_.ResetProfile();
+        be_.EnableProfiling(true);
+      }
       ++in_epoch_;
       LogStep(epoch_, false);
       // A step checkpoint that falls on the epoch's last step waits for the epoch's end.
@@ -216,6 +227,8 @@ TrainResult Trainer::Run() {
     keep(model_->named_buffers(), &result_.final_buffers);
   }
   PrintSummary(stopped, session_steps, total);
+  if (cfg_.train.profile) PrintProfile();
+  be_.EnableProfiling(false);
   if (StopSignalCount() > 1) {
     Say(
         fmt::format("dptrain: {} stop signals received on this rank; the first one counted, the "

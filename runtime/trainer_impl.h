@@ -140,6 +140,8 @@ class Trainer {
   // Collective (every rank's host and device); rank 0 writes the "start" record: what ran.
   void WriteStartRecord();
   void PrintSummary(bool stopped, int64_t session_steps, double total_s);
+  // train.profile: rank 0's table per op kind and per graph node, and its metrics.jsonl record.
+  void PrintProfile();
   bool is_root() const { return comm_.rank() == 0 && !env_.hooks.quiet; }
   double RunTime() const { return elapsed_offset_ + Since(run_start_); }
 
@@ -223,6 +225,9 @@ class Trainer {
   int64_t win_samples_ = 0, win_steps_ = 0;
   Clock::time_point win_start_, run_start_;
   double data_wait_s_ = 0, fwd_s_ = 0, bwd_s_ = 0, comm_s_ = 0, opt_s_ = 0;
+  // train.profile: the steps measured (every step after the session's first) and their time.
+  int64_t profiled_steps_ = 0;
+  double profiled_s_ = 0;
   // The five phase totals above when the logging window started (data wait, forward, backward,
   // exposed communication, optimizer), and the steps skipped by loss scaling within it.
   double win_phase_start_[5] = {0, 0, 0, 0, 0};

@@ -125,6 +125,40 @@ TEST(ModelTest, BackwardReportsReadyGradientsInOrder) {
   EXPECT_LT(ready.front(), end["conv1.weight"]);
 }
 
+// train.profile's rows: every op a graph node runs is recorded under the node's name (forward and
+// backward, the residual sums included); ops outside the graph under "".
+TEST(ModelTest, ProfileNamesTheGraphNodeOfEachOp) {
+  Backend& be = GetBackend("cpu");
+  Model m(be, BuildZooModel(be, "resnet8", 10), Shape{3, 32, 32});
+  m.Setup(2, Precision::kF32);
+  m.InitParams(1);
+  Tensor x = testing::ToDevice(be, testing::RandomUniform(2 * 3 * 32 * 32, 3), Shape{2, 3, 32, 32});
+  ForwardContext ctx;
+  ctx.training = true;
+  be.ResetProfile();
+  be.EnableProfiling(true);
+  const Tensor& y = m.Forward(x, ctx);
+  Tensor dy =
+      testing::ToDevice(be, testing::RandomUniform(static_cast<size_t>(y.numel()), 4), y.shape());
+  m.Backward(dy, false);
+  Tensor z = be.Empty(y.shape(), DType::kF32, "z");
+  be.ReluForward(y, &z);  // outside the graph
+  be.EnableProfiling(false);
+  std::map<std::pair<std::string, std::string>, int64_t> calls;
+  for (const OpStat& s : be.Profile()) calls[{s.node, s.name}] += s.calls;
+  be.ResetProfile();
+  EXPECT_EQ((calls[{"conv1", "conv2d_fwd"}]), 1);
+  EXPECT_EQ((calls[{"conv1", "conv2d_bwd_weights"}]), 1);
+  EXPECT_EQ((calls[{"layer1.0.bn1", "batchnorm_fwd"}]), 1);
+  EXPECT_EQ((calls[{"layer1.0.bn1", "batchnorm_bwd"}]), 1);
+  EXPECT_EQ((calls[{"fc", "linear_fwd"}]), 1);
+  EXPECT_EQ((calls[{"", "relu_fwd"}]), 1);
+  for (const auto& [key, n] : calls) {
+    const bool mine = key.second == "relu_fwd" || key.second.rfind("copy", 0) == 0;  // the test's
+    EXPECT_FALSE(key.first.empty() && !mine) << key.second << " ran outside any graph node";
+  }
+}
+
 TEST(ModelTest, CifarNetComputesFlattenSizeFromInput) {
   Backend& be = GetBackend("cpu");
   Model m(be, BuildZooModel(be, "cifar_net", 10), Shape{3, 32, 32});
