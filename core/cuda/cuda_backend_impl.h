@@ -135,6 +135,8 @@ class CudaBackend final : public Backend {
   double SumSquares(const Tensor& t) override;
 
  private:
+  // bn_partials_, at least the size kernels::BatchNormTraining and BatchNormBackward need for d.
+  double* BatchNormScratch(const BatchNormDims& d);
   // Makes this backend's device current in the calling thread (a thread other than the one that
   // created the backend starts on device 0, which is only ours under the remap binding).
   void MakeCurrent() const;
@@ -154,9 +156,10 @@ class CudaBackend final : public Backend {
   cudnnHandle_t cudnn_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   Tensor cublas_workspace_;
-  Tensor workspace_;  // cuDNN workspace shared by every plan (one stream: one op at a time)
-  Tensor partials_;   // reduction partials (kernels::ReductionPartials() doubles)
-  Tensor scalars_;    // small device results copied to the host (counts, sums, flags)
+  Tensor workspace_;    // cuDNN workspace shared by every plan (one stream: one op at a time)
+  Tensor partials_;     // reduction partials (kernels::ReductionPartials() doubles)
+  Tensor bn_partials_;  // batch norm's per-part sums, grown on demand (BatchNormScratch)
+  Tensor scalars_;      // small device results copied to the host (counts, sums, flags)
 
   // CopyFromHostAsync: pinned staging slots used round-robin (a micro-step uploads its inputs and
   // its labels, so four slots let the host run two micro-steps ahead before a slot's previous

@@ -19,6 +19,22 @@
 namespace dptrain::cuda {
 namespace {
 
+// The FFT and non-fused Winograd algorithms (AlgoCandidate::precise).
+bool Precise(cudnnConvolutionFwdAlgo_t a) {
+  return a != CUDNN_CONVOLUTION_FWD_ALGO_FFT && a != CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING &&
+         a != CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED;
+}
+bool Precise(cudnnConvolutionBwdDataAlgo_t a) {
+  return a != CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT &&
+         a != CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING &&
+         a != CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED;
+}
+bool Precise(cudnnConvolutionBwdFilterAlgo_t a) {
+  return a != CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT &&
+         a != CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING &&
+         a != CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED;
+}
+
 // cuDNN's results as PickConvAlgo (cuda_rules.cc) sees them.
 template <class Perf>
 std::vector<AlgoCandidate> Candidates(const std::vector<Perf>& perfs) {
@@ -26,7 +42,7 @@ std::vector<AlgoCandidate> Candidates(const std::vector<Perf>& perfs) {
   out.reserve(perfs.size());
   for (const Perf& p : perfs) {
     out.push_back({p.status == CUDNN_STATUS_SUCCESS, p.determinism == CUDNN_DETERMINISTIC,
-                   static_cast<int>(p.mathType), p.memory});
+                   static_cast<int>(p.mathType), p.memory, Precise(p.algo)});
   }
   return out;
 }

@@ -10,6 +10,7 @@
 
 #include "core/cuda/cuda_backend_impl.h"
 #include "core/cuda/cuda_check.h"
+#include "core/cuda/cuda_rules.h"
 #include "core/cuda/kernels.h"
 #include "core/error.h"
 
@@ -22,6 +23,16 @@ void CheckChannels(const Tensor& t, int64_t c, const char* what) {
 }
 
 }  // namespace
+
+double* CudaBackend::BatchNormScratch(const BatchNormDims& d) {
+  const int64_t bytes =
+      2 * d.c * BatchNormParts(d.n, d.c, d.hw) * static_cast<int64_t>(sizeof(double));
+  // One stream: a replaced buffer's last reader runs before the allocator hands it out again.
+  if (!bn_partials_.defined() || bn_partials_.numel() < bytes) {
+    bn_partials_ = Empty(Shape{bytes}, DType::kU8, "batch norm partials");
+  }
+  return bn_partials_.data<double>();
+}
 
 // ---- batch norm ---------------------------------------------------------------------------------
 
@@ -43,7 +54,7 @@ void CudaBackend::BatchNormForwardTraining(const BatchNormArgs& a, const Tensor&
   kernels::BatchNormTraining(d.n, d.c, d.hw, a.momentum, a.eps, x.data<float>(),
                              gamma.data<float>(), beta.data<float>(), running_mean->data<float>(),
                              running_var->data<float>(), y->data<float>(), save_mean->data<float>(),
-                             save_invstd->data<float>(), stream_);
+                             save_invstd->data<float>(), BatchNormScratch(d), stream_);
 }
 
 void CudaBackend::BatchNormForwardInference(const BatchNormArgs& a, const Tensor& x,
@@ -79,7 +90,8 @@ void CudaBackend::BatchNormBackward(const Tensor& x, const Tensor& dy, const Ten
   }
   kernels::BatchNormBackward(d.n, d.c, d.hw, x.data<float>(), dy.data<float>(), gamma.data<float>(),
                              save_mean.data<float>(), save_invstd.data<float>(), dx->data<float>(),
-                             dgamma->data<float>(), dbeta->data<float>(), accumulate, stream_);
+                             dgamma->data<float>(), dbeta->data<float>(), accumulate,
+                             BatchNormScratch(d), stream_);
 }
 
 // ---- losses -------------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 // The CUDA backend's pure rules (cuda_rules.h): descriptor limits, algorithm choice, device names.
 #include "core/cuda/cuda_rules.h"
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 
@@ -30,18 +31,21 @@ std::optional<size_t> PickConvAlgo(const std::vector<AlgoCandidate>& perfs, bool
   // Passes from strictest to loosest; each drops one more requirement, in the order of the
   // header comment. Determinism::kRequired never reaches the pass that drops determinism.
   struct Pass {
-    bool capped, fma_only, deterministic;
+    bool capped, precise, fma_only, deterministic;
     const char* gave_up;
   };
   const bool want_det = determinism != Determinism::kAny;
   const Pass passes[] = {
-      {true, true, want_det, ""},
-      {false, true, want_det, "the workspace cap"},
-      {false, false, want_det, "the workspace cap and FMA-only math (CUDNN_DEFAULT_MATH)"},
-      {false, false, false,
-       "the workspace cap, FMA-only math and determinism (train.deterministic = false)"},
+      {true, true, true, want_det, ""},
+      {false, true, true, want_det, "the workspace cap"},
+      {false, false, true, want_det, "the workspace cap and a precise algorithm (FFT/Winograd)"},
+      {false, false, false, want_det,
+       "the workspace cap, a precise algorithm and FMA-only math (CUDNN_DEFAULT_MATH)"},
+      {false, false, false, false,
+       "the workspace cap, a precise algorithm, FMA-only math and determinism "
+       "(train.deterministic = false)"},
   };
-  const size_t n_passes = determinism == Determinism::kRequired ? 3 : 4;
+  const size_t n_passes = determinism == Determinism::kRequired ? 4 : 5;
   for (size_t pass = 0; pass < n_passes; ++pass) {
     const Pass& p = passes[pass];
     for (size_t i = 0; i < perfs.size(); ++i) {
@@ -52,6 +56,7 @@ std::optional<size_t> PickConvAlgo(const std::vector<AlgoCandidate>& perfs, bool
         // and the tests define.
         if (a.math == kCudnnTensorOpMath || a.math == kCudnnTensorOpMathAllowConversion) continue;
         if (p.fma_only && a.math != kCudnnFmaMath) continue;
+        if (p.precise && !a.precise) continue;
       }
       if (p.deterministic && !a.deterministic) continue;
       if (p.capped && a.workspace > cap) continue;
@@ -61,6 +66,14 @@ std::optional<size_t> PickConvAlgo(const std::vector<AlgoCandidate>& perfs, bool
   }
   if (relaxed != nullptr) relaxed->clear();
   return std::nullopt;
+}
+
+int64_t BatchNormParts(int64_t n, int64_t c, int64_t hw) {
+  constexpr int64_t kTargetBlocks = 512;
+  if (n <= 0 || c <= 0) return 1;
+  const int64_t by_blocks = (kTargetBlocks + c - 1) / c;
+  const int64_t by_size = std::max<int64_t>(1, n * hw / 4096);
+  return std::clamp<int64_t>(std::min(by_blocks, by_size), 1, n);
 }
 
 std::string DeviceUuidString(const Uuid& device, const std::optional<Uuid>& gpu) {

@@ -17,6 +17,7 @@
 #include <cmath>
 
 #include "core/cuda/cuda_check.h"
+#include "core/cuda/cuda_rules.h"
 #include "core/cuda/kernels.h"
 
 namespace dptrain::cuda::kernels {
@@ -212,36 +213,72 @@ __global__ void AvgPoolBackwardKernel(PoolGeom g, const float* dy, float* dx) {
 
 // ---- batch norm: one block per channel for the statistics ---------------------------------------
 
-constexpr int kBnThreads = 512;
+constexpr int kBnThreads = 256;
+// Each channel's n*hw elements are split over BatchNormParts() blocks (cuda_rules.h).
 
-// Element e of channel ch: sample e / hw, spatial position e % hw.
-__device__ int64_t BnIndex(int64_t e, int64_t c, int64_t hw, int64_t ch) {
-  const int64_t ni = e / hw;
-  return (ni * c + ch) * hw + (e - ni * hw);
+// Samples [*first, *last) of part `p` of `parts`.
+__device__ void BnPartRange(int64_t n, int64_t parts, int64_t p, int64_t* first, int64_t* last) {
+  *first = p * n / parts;
+  *last = (p + 1) * n / parts;
 }
 
-__global__ void BatchNormTrainingKernel(int64_t n, int64_t c, int64_t hw, double momentum,
-                                        double eps, const float* x, const float* gamma,
-                                        const float* beta, float* running_mean, float* running_var,
-                                        float* y, float* save_mean, float* save_invstd) {
-  const int64_t ch = blockIdx.x, m = n * hw;
-  double sum = 0;
-  for (int64_t e = threadIdx.x; e < m; e += blockDim.x) sum += x[BnIndex(e, c, hw, ch)];
-  const double mean = BlockSum(sum) / static_cast<double>(m);
-  double sq = 0;  // two passes: no cancellation for data with a large mean
-  for (int64_t e = threadIdx.x; e < m; e += blockDim.x) {
-    const double d = x[BnIndex(e, c, hw, ch)] - mean;
-    sq += d * d;
+// Calls f(i) for the flat index i of every element of channel ch in samples [n0, n1), each
+// thread in a fixed order.
+template <class F>
+__device__ void BnForEach(int64_t n0, int64_t n1, int64_t c, int64_t hw, int64_t ch, F&& f) {
+  if (hw >= blockDim.x) {
+    for (int64_t ni = n0; ni < n1; ++ni) {
+      const int64_t base = (ni * c + ch) * hw;
+      for (int64_t s = threadIdx.x; s < hw; s += blockDim.x) f(base + s);
+    }
+    return;
   }
-  const double var = BlockSum(sq) / static_cast<double>(m);
+  // Small planes (hw < blockDim.x <= 1024): the whole run flattened.
+  const int64_t len = (n1 - n0) * hw;
+  for (int64_t e = threadIdx.x; e < len; e += blockDim.x) {
+    const int64_t q = e / hw;
+    f(((n0 + q) * c + ch) * hw + (e - q * hw));
+  }
+}
+
+// The channel's total of a per-part quantity, in part order (every thread gets the same value).
+__device__ double BnTotal(const double* partial, int64_t ch, int64_t parts) {
+  double t = 0;
+  for (int64_t p = 0; p < parts; ++p) t += partial[ch * parts + p];
+  return t;
+}
+
+// Pass 1 (sums == nullptr): each part's sum of x. Pass 2: each part's sum of (x - mean)^2 with
+// the channel's mean from pass 1 (two passes: no cancellation for data with a large mean).
+__global__ void BnStatsKernel(int64_t n, int64_t c, int64_t hw, int64_t parts, const float* x,
+                              const double* sums, double* out) {
+  const int64_t ch = blockIdx.x, p = blockIdx.y;
+  int64_t n0 = 0, n1 = 0;
+  BnPartRange(n, parts, p, &n0, &n1);
+  const double mean = sums != nullptr ? BnTotal(sums, ch, parts) / static_cast<double>(n * hw) : 0;
+  double acc = 0;
+  BnForEach(n0, n1, c, hw, ch, [&](int64_t i) {
+    const double v = x[i];
+    acc += sums != nullptr ? (v - mean) * (v - mean) : v;
+  });
+  acc = BlockSum(acc);
+  if (threadIdx.x == 0) out[ch * parts + p] = acc;
+}
+
+__global__ void BnApplyKernel(int64_t n, int64_t c, int64_t hw, int64_t parts, double momentum,
+                              double eps, const float* x, const float* gamma, const float* beta,
+                              const double* sums, const double* sqs, float* running_mean,
+                              float* running_var, float* y, float* save_mean, float* save_invstd) {
+  const int64_t ch = blockIdx.x, p = blockIdx.y, m = n * hw;
+  int64_t n0 = 0, n1 = 0;
+  BnPartRange(n, parts, p, &n0, &n1);
+  const double mean = BnTotal(sums, ch, parts) / static_cast<double>(m);
+  const double var = BnTotal(sqs, ch, parts) / static_cast<double>(m);
   const double invstd = ew::BnInvStd(var, eps);
   // The CPU backend's arithmetic (core/elementwise.h), in the same precisions.
   const ew::BnAffine affine = ew::BnFold(gamma[ch], beta[ch], static_cast<float>(mean), invstd);
-  for (int64_t e = threadIdx.x; e < m; e += blockDim.x) {
-    const int64_t i = BnIndex(e, c, hw, ch);
-    y[i] = ew::BnApply(x[i], affine);
-  }
-  if (threadIdx.x == 0) {
+  BnForEach(n0, n1, c, hw, ch, [&](int64_t i) { y[i] = ew::BnApply(x[i], affine); });
+  if (p == 0 && threadIdx.x == 0) {
     save_mean[ch] = static_cast<float>(mean);
     save_invstd[ch] = static_cast<float>(invstd);
     running_mean[ch] = ew::BnRunning(running_mean[ch], mean, momentum);
@@ -258,32 +295,50 @@ __global__ void BatchNormInferenceKernel(int64_t n, int64_t c, int64_t hw, doubl
   const ew::BnAffine affine = ew::BnFold(gamma[ch], beta[ch], running_mean[ch], invstd);
   for (int64_t e = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x; e < m;
        e += static_cast<int64_t>(gridDim.y) * blockDim.x) {
-    const int64_t i = BnIndex(e, c, hw, ch);
+    const int64_t ni = e / hw;
+    const int64_t i = (ni * c + ch) * hw + (e - ni * hw);
     y[i] = ew::BnApply(x[i], affine);
   }
 }
 
-__global__ void BatchNormBackwardKernel(int64_t n, int64_t c, int64_t hw, const float* x,
-                                        const float* dy, const float* gamma, const float* save_mean,
-                                        const float* save_invstd, float* dx, float* dgamma,
-                                        float* dbeta, bool accumulate) {
-  const int64_t ch = blockIdx.x, m = n * hw;
+// Each part's sums of dy and of dy * xhat.
+__global__ void BnBackwardSumsKernel(int64_t n, int64_t c, int64_t hw, int64_t parts,
+                                     const float* x, const float* dy, const float* save_mean,
+                                     const float* save_invstd, double* s_dy, double* s_dy_xhat) {
+  const int64_t ch = blockIdx.x, p = blockIdx.y;
+  int64_t n0 = 0, n1 = 0;
+  BnPartRange(n, parts, p, &n0, &n1);
   const double mean = save_mean[ch], invstd = save_invstd[ch];
-  double s_dy = 0, s_dy_xhat = 0;
-  for (int64_t e = threadIdx.x; e < m; e += blockDim.x) {
-    const int64_t i = BnIndex(e, c, hw, ch);
-    s_dy += dy[i];
-    s_dy_xhat += ew::BnDyXhat(dy[i], x[i], mean, invstd);
-  }
-  s_dy = BlockSum(s_dy);
-  s_dy_xhat = BlockSum(s_dy_xhat);
-  const double dm = static_cast<double>(m);
-  const double k = ew::BnGradScale(gamma[ch], invstd, dm);
-  for (int64_t e = threadIdx.x; e < m; e += blockDim.x) {
-    const int64_t i = BnIndex(e, c, hw, ch);
-    dx[i] = ew::BnDx(dy[i], x[i], mean, invstd, k, dm, s_dy, s_dy_xhat);
-  }
+  double a = 0, b = 0;
+  BnForEach(n0, n1, c, hw, ch, [&](int64_t i) {
+    a += dy[i];
+    b += ew::BnDyXhat(dy[i], x[i], mean, invstd);
+  });
+  a = BlockSum(a);
+  b = BlockSum(b);
   if (threadIdx.x == 0) {
+    s_dy[ch * parts + p] = a;
+    s_dy_xhat[ch * parts + p] = b;
+  }
+}
+
+__global__ void BnBackwardApplyKernel(int64_t n, int64_t c, int64_t hw, int64_t parts,
+                                      const float* x, const float* dy, const float* gamma,
+                                      const float* save_mean, const float* save_invstd,
+                                      const double* s_dy_parts, const double* s_dy_xhat_parts,
+                                      float* dx, float* dgamma, float* dbeta, bool accumulate) {
+  const int64_t ch = blockIdx.x, p = blockIdx.y;
+  int64_t n0 = 0, n1 = 0;
+  BnPartRange(n, parts, p, &n0, &n1);
+  const double mean = save_mean[ch], invstd = save_invstd[ch];
+  const double s_dy = BnTotal(s_dy_parts, ch, parts);
+  const double s_dy_xhat = BnTotal(s_dy_xhat_parts, ch, parts);
+  const double dm = static_cast<double>(n * hw);
+  const double k = ew::BnGradScale(gamma[ch], invstd, dm);
+  BnForEach(n0, n1, c, hw, ch, [&](int64_t i) {
+    dx[i] = ew::BnDx(dy[i], x[i], mean, invstd, k, dm, s_dy, s_dy_xhat);
+  });
+  if (p == 0 && threadIdx.x == 0) {
     dgamma[ch] = ew::BnParamGrad(s_dy_xhat, dgamma[ch], accumulate);
     dbeta[ch] = ew::BnParamGrad(s_dy, dbeta[ch], accumulate);
   }
@@ -544,10 +599,16 @@ void AvgPoolBackward(const PoolGeom& g, const float* dy, float* dx, cudaStream_t
 void BatchNormTraining(int64_t n, int64_t c, int64_t hw, double momentum, double eps,
                        const float* x, const float* gamma, const float* beta, float* running_mean,
                        float* running_var, float* y, float* save_mean, float* save_invstd,
-                       cudaStream_t s) {
+                       double* scratch, cudaStream_t s) {
   if (c == 0 || n * hw == 0) return;
-  DPT_LAUNCH(BatchNormTrainingKernel, static_cast<unsigned>(c), kBnThreads, s, n, c, hw, momentum,
-             eps, x, gamma, beta, running_mean, running_var, y, save_mean, save_invstd);
+  const int64_t parts = BatchNormParts(n, c, hw);
+  double* sums = scratch;
+  double* sqs = scratch + c * parts;
+  const dim3 grid(static_cast<unsigned>(c), static_cast<unsigned>(parts));
+  DPT_LAUNCH(BnStatsKernel, grid, kBnThreads, s, n, c, hw, parts, x, nullptr, sums);
+  DPT_LAUNCH(BnStatsKernel, grid, kBnThreads, s, n, c, hw, parts, x, sums, sqs);
+  DPT_LAUNCH(BnApplyKernel, grid, kBnThreads, s, n, c, hw, parts, momentum, eps, x, gamma, beta,
+             sums, sqs, running_mean, running_var, y, save_mean, save_invstd);
 }
 void BatchNormInference(int64_t n, int64_t c, int64_t hw, double eps, const float* x,
                         const float* gamma, const float* beta, const float* running_mean,
@@ -561,10 +622,17 @@ void BatchNormInference(int64_t n, int64_t c, int64_t hw, double eps, const floa
 }
 void BatchNormBackward(int64_t n, int64_t c, int64_t hw, const float* x, const float* dy,
                        const float* gamma, const float* save_mean, const float* save_invstd,
-                       float* dx, float* dgamma, float* dbeta, bool accumulate, cudaStream_t s) {
+                       float* dx, float* dgamma, float* dbeta, bool accumulate, double* scratch,
+                       cudaStream_t s) {
   if (c == 0 || n * hw == 0) return;
-  DPT_LAUNCH(BatchNormBackwardKernel, static_cast<unsigned>(c), kBnThreads, s, n, c, hw, x, dy,
-             gamma, save_mean, save_invstd, dx, dgamma, dbeta, accumulate);
+  const int64_t parts = BatchNormParts(n, c, hw);
+  double* s_dy = scratch;
+  double* s_dy_xhat = scratch + c * parts;
+  const dim3 grid(static_cast<unsigned>(c), static_cast<unsigned>(parts));
+  DPT_LAUNCH(BnBackwardSumsKernel, grid, kBnThreads, s, n, c, hw, parts, x, dy, save_mean,
+             save_invstd, s_dy, s_dy_xhat);
+  DPT_LAUNCH(BnBackwardApplyKernel, grid, kBnThreads, s, n, c, hw, parts, x, dy, gamma, save_mean,
+             save_invstd, s_dy, s_dy_xhat, dx, dgamma, dbeta, accumulate);
 }
 
 void SoftmaxXent(int64_t n, int64_t k, const float* logits, const int32_t* labels, float eps,

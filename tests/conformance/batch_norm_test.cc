@@ -42,6 +42,10 @@ std::vector<BnCase> Cases() {
       {{1, 4, 3, 3}, other},  // batch 1: statistics over H*W only
       {{3, 13, 4, 5}, def},   // prime channels
       {{8, 2, 16, 16}, def},  // long reductions
+      // Split over blocks of whole samples on CUDA (kernels::BatchNormParts): 9 parts of 1 or 2
+      // samples with planes larger than a block, 2 parts of 64 with planes smaller than one.
+      {{17, 3, 48, 48}, def},
+      {{128, 2, 8, 8}, def},
   };
 }
 

@@ -45,8 +45,24 @@ TEST(CudaRulesTest, ConvOperandsMustHaveFewerThan2To31Elements) {
   EXPECT_FALSE(ConvFitsLegacyDescriptors(bad)) << "an invalid shape is unsupported, not a crash";
 }
 
-AlgoCandidate Algo(bool deterministic, int math, size_t workspace, bool ok = true) {
-  return {ok, deterministic, math, workspace};
+AlgoCandidate Algo(bool deterministic, int math, size_t workspace, bool ok = true,
+                   bool precise = true) {
+  return {ok, deterministic, math, workspace, precise};
+}
+
+TEST(CudaRulesTest, Fp32PrefersAPreciseAlgorithmOverAFasterFftOrWinograd) {
+  const std::vector<AlgoCandidate> perfs = {
+      Algo(true, kCudnnFmaMath, 0, true, /*precise=*/false),  // FFT: fastest
+      Algo(true, kCudnnFmaMath, 0),
+  };
+  std::string relaxed;
+  EXPECT_EQ(PickConvAlgo(perfs, true, Determinism::kPreferred, 1 << 30, &relaxed), 1u);
+  EXPECT_EQ(relaxed, "");
+  EXPECT_EQ(PickConvAlgo(perfs, false, Determinism::kPreferred, 1 << 30), 0u)
+      << "bf16/fp16 take the fastest";
+  // Only an FFT algorithm: taken, and said so.
+  EXPECT_EQ(PickConvAlgo({perfs[0]}, true, Determinism::kRequired, 1 << 30, &relaxed), 0u);
+  EXPECT_EQ(relaxed, "the workspace cap and a precise algorithm (FFT/Winograd)");
 }
 
 TEST(CudaRulesTest, TakesTheFastestResultThatMeetsEveryRequirement) {
@@ -110,6 +126,20 @@ TEST(CudaRulesTest, MigInstancesAreNamedByTheirOwnUuid) {
   mig2[15] = 0x00;
   EXPECT_NE(DeviceUuidString(mig, gpu), DeviceUuidString(mig2, gpu))
       << "two slices of one GPU are two devices";
+}
+
+// Batch norm's split of a channel over blocks: a function of the shape alone (the reduction
+// order, so the result, must not depend on the GPU), whole samples per block, scratch bounded.
+TEST(CudaRulesTest, BatchNormPartsFillTheGpuWithoutTinyBlocks) {
+  EXPECT_EQ(BatchNormParts(256, 64, 32 * 32), 8) << "resnet18_cifar's first layers";
+  EXPECT_EQ(BatchNormParts(256, 512, 4 * 4), 1) << "enough channels";
+  EXPECT_EQ(BatchNormParts(17, 3, 48 * 48), 9);
+  EXPECT_EQ(BatchNormParts(128, 2, 8 * 8), 2);
+  EXPECT_EQ(BatchNormParts(2, 1, 1 << 20), 2) << "never more parts than samples";
+  EXPECT_EQ(BatchNormParts(64, 8, 16), 1) << "at least 4096 elements a block";
+  for (int64_t c : {1, 3, 64, 1000, 4096}) {
+    EXPECT_LE(c * BatchNormParts(1 << 16, c, 1 << 10), c + 512) << c;
+  }
 }
 
 }  // namespace

@@ -33,6 +33,15 @@ inline constexpr Tolerance kExactTol{0.0, 2.5e-7};
 // GPU vs several: every layer sums in its own order (cuDNN algorithms, GEMM blockings, allreduce
 // order) and the differences compound through the layers.
 inline constexpr Tolerance kCrossBackendTol{1e-4, 1e-3};
+// A deep network's parameter gradients from a whole forward and backward on two fp32 backends,
+// per tensor as ||got - ref||_2 / ||ref||_2. Elementwise they cannot be compared: a weight
+// gradient sums batch*spatial terms that cancel to near zero on some elements, and at batch 8
+// the batch norms make the early layers' gradients ill-conditioned. Measured on the CPU alone,
+// inputs scaled by 1 +- 1e-6 move resnet50's gradients by 3.1% of their norm (resnet18 0.9%),
+// and an H100 against the CPU backend differs by 2.8% (resnet50), 2.4% (resnet50_cifar), 1.2%
+// (resnet18_cifar), 0.3% (resnet18), 1e-6 or less for the small models. Each op on its own is
+// held to the op tolerances (cuda_model_test's EachNodeMatchesTheCpuBackend).
+inline constexpr double kModelGradRelL2 = 5e-2;
 
 // Base tolerance of one output element computed in `p`.
 inline Tolerance ForPrecision(Precision p) {
