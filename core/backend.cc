@@ -60,6 +60,7 @@ Backend::OpScope::~OpScope() {
   s.name = name_;
   s.node = node;
   ++s.calls;
+  s.flops += flops_;
   s.seconds += static_cast<double>(NowNs() - start_ns_) * 1e-9;
 }
 
@@ -69,6 +70,15 @@ std::vector<OpStat> Backend::Profile() const {
   std::sort(out.begin(), out.end(),
             [](const OpStat& a, const OpStat& b) { return a.seconds > b.seconds; });
   return out;
+}
+
+double Conv2dFlops(const Conv2dDesc& d, int64_t n) {
+  return 2.0 * static_cast<double>(n) * static_cast<double>(d.weight_numel()) *
+         static_cast<double>(d.out_h() * d.out_w());
+}
+
+double LinearFlops(const LinearDesc& d, int64_t n) {
+  return 2.0 * static_cast<double>(n) * static_cast<double>(d.in) * static_cast<double>(d.out);
 }
 
 BatchNormDims BatchNormShape(const Shape& x) {

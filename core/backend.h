@@ -95,7 +95,13 @@ struct OpStat {
   std::string node;  // the graph node it ran for; "" outside the graph (loss, optimizer, ...)
   int64_t calls = 0;
   double seconds = 0;
+  double flops = 0;  // counted for convolutions and linear layers (Conv2dFlops, LinearFlops)
 };
+
+// Floating-point operations (2 per multiply-add) of one convolution or linear-layer pass over
+// `n` samples: forward, backward-data and backward-weights each do this many.
+double Conv2dFlops(const Conv2dDesc& d, int64_t n);
+double LinearFlops(const LinearDesc& d, int64_t n);
 
 struct BatchNormArgs {
   double momentum = 0.1;  // running = (1 - momentum) * running + momentum * batch (PyTorch)
@@ -290,11 +296,14 @@ class Backend {
     ~OpScope();
     OpScope(const OpScope&) = delete;
     OpScope& operator=(const OpScope&) = delete;
+    // The op's floating-point operations, for the profile's GFLOP/s.
+    void set_flops(double flops) { flops_ = flops; }
 
    private:
     Backend* be_;
     const char* name_;
     int64_t start_ns_ = 0;
+    double flops_ = 0;
   };
 
  private:

@@ -269,6 +269,7 @@ void Trainer::PrintProfile() {
     k.name = o.name;
     k.calls += o.calls;
     k.seconds += o.seconds;
+    k.flops += o.flops;
   }
   std::vector<OpStat> by_kind;
   by_kind.reserve(kinds.size());
@@ -276,31 +277,45 @@ void Trainer::PrintProfile() {
   std::sort(by_kind.begin(), by_kind.end(),
             [](const OpStat& a, const OpStat& b) { return a.seconds > b.seconds; });
   auto pct = [&](double s) { return op_s > 0 ? 100.0 * s / op_s : 0.0; };
+  // One table row, without the blank GFLOP/s column's padding.
+  auto print_row = [](std::string line) {
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    fmt::print("{}\n", line);
+  };
+  // GFLOP/s of the ops that count their arithmetic (convolutions, linear layers), else blank.
+  auto gflops = [](const OpStat& o) {
+    return o.flops > 0 && o.seconds > 0 ? fmt::format("{:.1f}", o.flops / o.seconds * 1e-9)
+                                        : std::string();
+  };
   fmt::print(
       "profile (rank 0, {} steps after the first; every op synchronised: {:.2f} ms per step, "
       "{:.2f} ms of it in ops):\n",
       profiled_steps_, step_ms, 1e3 * op_s / steps);
-  fmt::print("  {:<24} {:>10} {:>10} {:>7}\n", "op", "calls/step", "ms/step", "%");
+  fmt::print("  {:<24} {:>10} {:>10} {:>7} {:>9}\n", "op", "calls/step", "ms/step", "%", "GFLOP/s");
   for (const OpStat& k : by_kind) {
-    fmt::print("  {:<24} {:>10.1f} {:>10.3f} {:>6.1f}%\n", k.name,
-               static_cast<double>(k.calls) / steps, 1e3 * k.seconds / steps, pct(k.seconds));
+    print_row(fmt::format("  {:<24} {:>10.1f} {:>10.3f} {:>6.1f}% {:>9}", k.name,
+                          static_cast<double>(k.calls) / steps, 1e3 * k.seconds / steps,
+                          pct(k.seconds), gflops(k)));
   }
   size_t width = 4;
   const size_t top = std::min<size_t>(ops.size(), 20);
   for (size_t i = 0; i < top; ++i) width = std::max(width, ops[i].node.size());
-  fmt::print("  the {} slowest (node, op):\n  {:<{}} {:<24} {:>10} {:>7}\n", top, "node", width,
-             "op", "ms/step", "%");
+  fmt::print("  the {} slowest (node, op):\n  {:<{}} {:<24} {:>10} {:>7} {:>9}\n", top, "node",
+             width, "op", "ms/step", "%", "GFLOP/s");
   for (size_t i = 0; i < top; ++i) {
     const OpStat& o = ops[i];
-    fmt::print("  {:<{}} {:<24} {:>10.3f} {:>6.1f}%\n", o.node.empty() ? "-" : o.node, width,
-               o.name, 1e3 * o.seconds / steps, pct(o.seconds));
+    print_row(fmt::format("  {:<{}} {:<24} {:>10.3f} {:>6.1f}% {:>9}",
+                          o.node.empty() ? "-" : o.node, width, o.name, 1e3 * o.seconds / steps,
+                          pct(o.seconds), gflops(o)));
   }
   nlohmann::json rows = nlohmann::json::array();
   for (const OpStat& o : ops) {
-    rows.push_back({{"node", o.node},
-                    {"op", o.name},
-                    {"calls_per_step", static_cast<double>(o.calls) / steps},
-                    {"ms_per_step", 1e3 * o.seconds / steps}});
+    nlohmann::json row{{"node", o.node},
+                       {"op", o.name},
+                       {"calls_per_step", static_cast<double>(o.calls) / steps},
+                       {"ms_per_step", 1e3 * o.seconds / steps}};
+    if (o.flops > 0 && o.seconds > 0) row["gflop_per_s"] = o.flops / o.seconds * 1e-9;
+    rows.push_back(std::move(row));
   }
   WriteMetrics({{"kind", "profile"},
                 {"step", step_},

@@ -59,6 +59,7 @@ void CpuBackend::Conv2dForward(const OpPlan& plan, const Tensor& x, const Tensor
                                const Tensor* b, Tensor* y) {
   OpScope scope(this, "conv2d_fwd");
   const auto& p = static_cast<const ConvPlan&>(plan);
+  scope.set_flops(Conv2dFlops(p.d, x.numel() / (p.d.c * p.d.h * p.d.w)));
   CheckF32(x, "conv2d x");
   DPT_CHECK(x.numel() == p.d.n * p.d.c * p.d.h * p.d.w)
       << x.shape().ToString() << " for " << p.d.ToString();
@@ -69,13 +70,17 @@ void CpuBackend::Conv2dForward(const OpPlan& plan, const Tensor& x, const Tensor
 void CpuBackend::Conv2dBackwardData(const OpPlan& plan, const Tensor& dy, const Tensor& w,
                                     Tensor* dx) {
   OpScope scope(this, "conv2d_bwd_data");
-  impl_->BackwardData(static_cast<const ConvPlan&>(plan), dy, w, dx);
+  const auto& p = static_cast<const ConvPlan&>(plan);
+  scope.set_flops(Conv2dFlops(p.d, dy.numel() / (p.d.k * p.d.out_h() * p.d.out_w())));
+  impl_->BackwardData(p, dy, w, dx);
 }
 
 void CpuBackend::Conv2dBackwardWeights(const OpPlan& plan, const Tensor& x, const Tensor& dy,
                                        Tensor* dw, Tensor* db, bool accumulate) {
   OpScope scope(this, "conv2d_bwd_weights");
-  impl_->BackwardWeights(static_cast<const ConvPlan&>(plan), x, dy, dw, db, accumulate);
+  const auto& p = static_cast<const ConvPlan&>(plan);
+  scope.set_flops(Conv2dFlops(p.d, x.numel() / (p.d.c * p.d.h * p.d.w)));
+  impl_->BackwardWeights(p, x, dy, dw, db, accumulate);
 }
 
 }  // namespace dptrain::cpu

@@ -49,6 +49,7 @@ void CpuBackend::LinearForward(const OpPlan& plan, const Tensor& x, const Tensor
                                const Tensor* b, Tensor* y) {
   OpScope scope(this, "linear_fwd");
   const auto& p = static_cast<const LinearPlan&>(plan);
+  scope.set_flops(LinearFlops(p.d, x.numel() / p.d.in));
   CheckF32(x, "linear x");
   DPT_CHECK(x.numel() == p.d.n * p.d.in) << x.shape().ToString() << " for " << p.d.ToString();
   DPT_CHECK(!p.d.bias || b != nullptr) << "linear with bias needs a bias tensor";
@@ -58,13 +59,17 @@ void CpuBackend::LinearForward(const OpPlan& plan, const Tensor& x, const Tensor
 void CpuBackend::LinearBackwardData(const OpPlan& plan, const Tensor& dy, const Tensor& w,
                                     Tensor* dx) {
   OpScope scope(this, "linear_bwd_data");
-  impl_->BackwardData(static_cast<const LinearPlan&>(plan), dy, w, dx);
+  const auto& p = static_cast<const LinearPlan&>(plan);
+  scope.set_flops(LinearFlops(p.d, dy.numel() / p.d.out));
+  impl_->BackwardData(p, dy, w, dx);
 }
 
 void CpuBackend::LinearBackwardWeights(const OpPlan& plan, const Tensor& x, const Tensor& dy,
                                        Tensor* dw, Tensor* db, bool accumulate) {
   OpScope scope(this, "linear_bwd_weights");
-  impl_->BackwardWeights(static_cast<const LinearPlan&>(plan), x, dy, dw, db, accumulate);
+  const auto& p = static_cast<const LinearPlan&>(plan);
+  scope.set_flops(LinearFlops(p.d, x.numel() / p.d.in));
+  impl_->BackwardWeights(p, x, dy, dw, db, accumulate);
 }
 
 }  // namespace dptrain::cpu

@@ -211,7 +211,7 @@ __global__ void AvgPoolBackwardKernel(PoolGeom g, const float* dy, float* dx) {
   }
 }
 
-// ---- batch norm: one block per channel for the statistics ---------------------------------------
+// ---- batch norm: each channel over BatchNormParts() blocks, reduced in part order ------------
 
 constexpr int kBnThreads = 256;
 // Each channel's n*hw elements are split over BatchNormParts() blocks (cuda_rules.h).

@@ -11,7 +11,8 @@ RUN=(train --config "$DPTRAIN_SRC/configs/resnet8.toml" --set data.train=synthet
   --set data.test= --set data.synthetic_samples=64 --set train.global_batch=16
   --set train.max_steps=4 --set checkpoint.every_epochs=0 --set checkpoint.resume=never)
 
-# profile_record RUN_DIR: "<steps> <rows> <has conv1's conv2d_fwd>" from metrics.jsonl.
+# profile_record RUN_DIR: "<steps> <rows> <has conv1's conv2d_fwd, with its GFLOP/s>" from
+# metrics.jsonl.
 profile_record() {
   python3 - "$1/metrics.jsonl" <<'PY'
 import json, sys
@@ -21,7 +22,7 @@ if not rows:
     sys.exit()
 p = rows[-1]
 conv1 = any(o["node"] == "conv1" and o["op"] == "conv2d_fwd" and o["ms_per_step"] > 0
-            for o in p["ops"])
+            and o["gflop_per_s"] > 0 for o in p["ops"])
 print(p["steps"], len(p["ops"]), conv1)
 PY
 }
@@ -32,7 +33,8 @@ for launch in one two; do
   expect_ok -- "${L[@]}" "$DPTRAIN" "${RUN[@]}" --set "run_dir=$TMP/$launch" --set train.profile=true
   check "$launch: the table says what it measured" \
     grep -q '^profile (rank 0, 3 steps after the first; every op synchronised' "$TMP/last.out"
-  check "$launch: per op kind: conv2d_fwd, 9 calls a step (resnet8's 9 convolutions)" grep -Eq '^  conv2d_fwd +9\.0 ' "$TMP/last.out"
+  check "$launch: per op kind: conv2d_fwd, 9 calls a step (resnet8's 9 convolutions), its GFLOP/s" \
+    grep -Eq '^  conv2d_fwd +9\.0 +[0-9.]+ +[0-9.]+% +[0-9.]+$' "$TMP/last.out"
   check "$launch: the slowest (node, op) pairs name graph nodes" \
     grep -Eq '^  layer[0-9.]+conv[12] +conv2d_' "$TMP/last.out"
   rec=$(profile_record "$TMP/$launch")

@@ -145,7 +145,11 @@ TEST(ModelTest, ProfileNamesTheGraphNodeOfEachOp) {
   be.ReluForward(y, &z);  // outside the graph
   be.EnableProfiling(false);
   std::map<std::pair<std::string, std::string>, int64_t> calls;
-  for (const OpStat& s : be.Profile()) calls[{s.node, s.name}] += s.calls;
+  std::map<std::pair<std::string, std::string>, double> flops;
+  for (const OpStat& s : be.Profile()) {
+    calls[{s.node, s.name}] += s.calls;
+    flops[{s.node, s.name}] += s.flops;
+  }
   be.ResetProfile();
   EXPECT_EQ((calls[{"conv1", "conv2d_fwd"}]), 1);
   EXPECT_EQ((calls[{"conv1", "conv2d_bwd_weights"}]), 1);
@@ -153,6 +157,11 @@ TEST(ModelTest, ProfileNamesTheGraphNodeOfEachOp) {
   EXPECT_EQ((calls[{"layer1.0.bn1", "batchnorm_bwd"}]), 1);
   EXPECT_EQ((calls[{"fc", "linear_fwd"}]), 1);
   EXPECT_EQ((calls[{"", "relu_fwd"}]), 1);
+  // 2 flops per multiply-add: conv1 (3 -> 16, 3x3) at 32x32 and fc (64 -> 10), 2 samples.
+  EXPECT_DOUBLE_EQ((flops[{"conv1", "conv2d_fwd"}]), 2.0 * 2 * (16 * 3 * 3 * 3) * (32 * 32));
+  EXPECT_DOUBLE_EQ((flops[{"conv1", "conv2d_bwd_weights"}]), 2.0 * 2 * (16 * 3 * 3 * 3) * 1024);
+  EXPECT_DOUBLE_EQ((flops[{"fc", "linear_fwd"}]), 2.0 * 2 * 64 * 10);
+  EXPECT_EQ((flops[{"layer1.0.bn1", "batchnorm_fwd"}]), 0.0) << "counted for conv and linear only";
   for (const auto& [key, n] : calls) {
     const bool mine = key.second == "relu_fwd" || key.second.rfind("copy", 0) == 0;  // the test's
     EXPECT_FALSE(key.first.empty() && !mine) << key.second << " ran outside any graph node";
@@ -203,6 +212,26 @@ TEST(ModelTest, LayersFromConfigUseSequentialIndexNames) {
   EXPECT_EQ(shapes.at("1.weight"), (Shape{7, 18}));
   EXPECT_EQ(shapes.at("head.weight"), (Shape{3, 7}));
   EXPECT_EQ(m.output_shape(), (Shape{5, 3}));
+}
+
+// Pools from model.layers take the stride written (an explicit 1 as well), the kernel's when
+// none is: (2, 3, 8, 8) through a 3x3 stride-1 pad-1 average pool keeps 8x8, through a default
+// max pool (2x2, stride 2) becomes 4x4, through a 2x2 stride-1 one 7x7.
+TEST(ModelTest, LayersFromConfigPoolsTakeTheStrideWritten) {
+  Backend& be = GetBackend("cpu");
+  auto out_hw = [&](const char* type, int64_t kernel, int64_t stride, int64_t pad) {
+    std::vector<LayerSpec> specs(1);
+    specs[0].type = type;
+    specs[0].kernel = kernel;
+    specs[0].stride = stride;
+    specs[0].pad = pad;
+    Model m(be, BuildFromLayers(be, specs), Shape{3, 8, 8});
+    m.Setup(2, Precision::kF32);
+    return m.output_shape()[2];
+  };
+  EXPECT_EQ(out_hw("avgpool", 3, 1, 1), 8);
+  EXPECT_EQ(out_hw("maxpool", 2, 2, 0), 4);
+  EXPECT_EQ(out_hw("maxpool", 2, 1, 0), 7);
 }
 
 // torchvision's resnet18 / resnet50 with num_classes=10: the same parameter count and names
