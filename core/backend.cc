@@ -72,15 +72,6 @@ std::vector<OpStat> Backend::Profile() const {
   return out;
 }
 
-double Conv2dFlops(const Conv2dDesc& d, int64_t n) {
-  return 2.0 * static_cast<double>(n) * static_cast<double>(d.weight_numel()) *
-         static_cast<double>(d.out_h() * d.out_w());
-}
-
-double LinearFlops(const LinearDesc& d, int64_t n) {
-  return 2.0 * static_cast<double>(n) * static_cast<double>(d.in) * static_cast<double>(d.out);
-}
-
 BatchNormDims BatchNormShape(const Shape& x) {
   DPT_CHECK(x.rank() == 2 || x.rank() == 4) << "batch norm input " << x.ToString();
   return {x[0], x[1], x.rank() == 4 ? x[2] * x[3] : 1};

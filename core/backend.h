@@ -46,6 +46,12 @@ struct Conv2dDesc {
   int64_t out_w() const { return (w + 2 * pad - dilation * (s - 1) - 1) / stride + 1; }
   int64_t group_c() const { return c / groups; }  // input channels each output channel sees
   int64_t weight_numel() const { return k * group_c() * r * s; }
+  // Floating-point operations (2 per multiply-add) of one pass over the batch: forward,
+  // backward-data and backward-weights each do this many (the profile's GFLOP/s).
+  double flops() const {
+    return 2.0 * static_cast<double>(n) * static_cast<double>(weight_numel()) *
+           static_cast<double>(out_h() * out_w());
+  }
   // Positive sizes, groups dividing C and K, and a non-empty output.
   bool Valid() const;
   std::string ToString() const;
@@ -55,6 +61,10 @@ struct LinearDesc {
   int64_t n = 0, in = 0, out = 0;  // x: (n, in), W: (out, in), y: (n, out)
   bool bias = true;
   Precision precision = Precision::kF32;
+  // As Conv2dDesc::flops: 2 per multiply-add, for each of the three passes.
+  double flops() const {
+    return 2.0 * static_cast<double>(n) * static_cast<double>(in) * static_cast<double>(out);
+  }
   std::string ToString() const;
 };
 
@@ -95,13 +105,8 @@ struct OpStat {
   std::string node;  // the graph node it ran for; "" outside the graph (loss, optimizer, ...)
   int64_t calls = 0;
   double seconds = 0;
-  double flops = 0;  // counted for convolutions and linear layers (Conv2dFlops, LinearFlops)
+  double flops = 0;  // counted for convolutions and linear layers (their descriptors' flops())
 };
-
-// Floating-point operations (2 per multiply-add) of one convolution or linear-layer pass over
-// `n` samples: forward, backward-data and backward-weights each do this many.
-double Conv2dFlops(const Conv2dDesc& d, int64_t n);
-double LinearFlops(const LinearDesc& d, int64_t n);
 
 struct BatchNormArgs {
   double momentum = 0.1;  // running = (1 - momentum) * running + momentum * batch (PyTorch)

@@ -282,10 +282,13 @@ void Trainer::PrintProfile() {
     while (!line.empty() && line.back() == ' ') line.pop_back();
     fmt::print("{}\n", line);
   };
-  // GFLOP/s of the ops that count their arithmetic (convolutions, linear layers), else blank.
-  auto gflops = [](const OpStat& o) {
-    return o.flops > 0 && o.seconds > 0 ? fmt::format("{:.1f}", o.flops / o.seconds * 1e-9)
-                                        : std::string();
+  // GFLOP/s of the ops that count their arithmetic (convolutions, linear layers), else 0.
+  auto gflop_per_s = [](const OpStat& o) {
+    return o.flops > 0 && o.seconds > 0 ? o.flops / o.seconds * 1e-9 : 0.0;
+  };
+  auto gflops = [&](const OpStat& o) {  // the table's column: blank where not counted
+    const double g = gflop_per_s(o);
+    return g > 0 ? fmt::format("{:.1f}", g) : std::string();
   };
   fmt::print(
       "profile (rank 0, {} steps after the first; every op synchronised: {:.2f} ms per step, "
@@ -314,7 +317,7 @@ void Trainer::PrintProfile() {
                        {"op", o.name},
                        {"calls_per_step", static_cast<double>(o.calls) / steps},
                        {"ms_per_step", 1e3 * o.seconds / steps}};
-    if (o.flops > 0 && o.seconds > 0) row["gflop_per_s"] = o.flops / o.seconds * 1e-9;
+    if (gflop_per_s(o) > 0) row["gflop_per_s"] = gflop_per_s(o);
     rows.push_back(std::move(row));
   }
   WriteMetrics({{"kind", "profile"},

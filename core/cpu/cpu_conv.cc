@@ -59,7 +59,7 @@ void CpuBackend::Conv2dForward(const OpPlan& plan, const Tensor& x, const Tensor
                                const Tensor* b, Tensor* y) {
   OpScope scope(this, "conv2d_fwd");
   const auto& p = static_cast<const ConvPlan&>(plan);
-  scope.set_flops(Conv2dFlops(p.d, x.numel() / (p.d.c * p.d.h * p.d.w)));
+  scope.set_flops(p.d.flops());
   CheckF32(x, "conv2d x");
   DPT_CHECK(x.numel() == p.d.n * p.d.c * p.d.h * p.d.w)
       << x.shape().ToString() << " for " << p.d.ToString();
@@ -71,7 +71,7 @@ void CpuBackend::Conv2dBackwardData(const OpPlan& plan, const Tensor& dy, const 
                                     Tensor* dx) {
   OpScope scope(this, "conv2d_bwd_data");
   const auto& p = static_cast<const ConvPlan&>(plan);
-  scope.set_flops(Conv2dFlops(p.d, dy.numel() / (p.d.k * p.d.out_h() * p.d.out_w())));
+  scope.set_flops(p.d.flops());
   impl_->BackwardData(p, dy, w, dx);
 }
 
@@ -79,7 +79,7 @@ void CpuBackend::Conv2dBackwardWeights(const OpPlan& plan, const Tensor& x, cons
                                        Tensor* dw, Tensor* db, bool accumulate) {
   OpScope scope(this, "conv2d_bwd_weights");
   const auto& p = static_cast<const ConvPlan&>(plan);
-  scope.set_flops(Conv2dFlops(p.d, x.numel() / (p.d.c * p.d.h * p.d.w)));
+  scope.set_flops(p.d.flops());
   impl_->BackwardWeights(p, x, dy, dw, db, accumulate);
 }
 

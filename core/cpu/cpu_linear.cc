@@ -49,7 +49,7 @@ void CpuBackend::LinearForward(const OpPlan& plan, const Tensor& x, const Tensor
                                const Tensor* b, Tensor* y) {
   OpScope scope(this, "linear_fwd");
   const auto& p = static_cast<const LinearPlan&>(plan);
-  scope.set_flops(LinearFlops(p.d, x.numel() / p.d.in));
+  scope.set_flops(p.d.flops());
   CheckF32(x, "linear x");
   DPT_CHECK(x.numel() == p.d.n * p.d.in) << x.shape().ToString() << " for " << p.d.ToString();
   DPT_CHECK(!p.d.bias || b != nullptr) << "linear with bias needs a bias tensor";
@@ -60,7 +60,7 @@ void CpuBackend::LinearBackwardData(const OpPlan& plan, const Tensor& dy, const 
                                     Tensor* dx) {
   OpScope scope(this, "linear_bwd_data");
   const auto& p = static_cast<const LinearPlan&>(plan);
-  scope.set_flops(LinearFlops(p.d, dy.numel() / p.d.out));
+  scope.set_flops(p.d.flops());
   impl_->BackwardData(p, dy, w, dx);
 }
 
@@ -68,7 +68,7 @@ void CpuBackend::LinearBackwardWeights(const OpPlan& plan, const Tensor& x, cons
                                        Tensor* dw, Tensor* db, bool accumulate) {
   OpScope scope(this, "linear_bwd_weights");
   const auto& p = static_cast<const LinearPlan&>(plan);
-  scope.set_flops(LinearFlops(p.d, x.numel() / p.d.in));
+  scope.set_flops(p.d.flops());
   impl_->BackwardWeights(p, x, dy, dw, db, accumulate);
 }
 

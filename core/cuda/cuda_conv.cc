@@ -80,7 +80,7 @@ void CudaBackend::Conv2dForward(const OpPlan& plan, const Tensor& x, const Tenso
   OpScope scope(this, "conv2d_fwd");
   const auto& p = static_cast<const ConvPlan&>(plan);
   const Conv2dDesc& d = p.d;
-  scope.set_flops(Conv2dFlops(d, x.numel() / (d.c * d.h * d.w)));
+  scope.set_flops(d.flops());
   CheckF32(x, "conv2d x");
   CheckF32(w, "conv2d w");
   CheckF32(*y, "conv2d y");
@@ -114,7 +114,7 @@ void CudaBackend::Conv2dBackwardData(const OpPlan& plan, const Tensor& dy, const
   OpScope scope(this, "conv2d_bwd_data");
   const auto& p = static_cast<const ConvPlan&>(plan);
   const Conv2dDesc& d = p.d;
-  scope.set_flops(Conv2dFlops(d, dy.numel() / (d.k * d.out_h() * d.out_w())));
+  scope.set_flops(d.flops());
   CheckF32(dy, "conv2d dy");
   CheckF32(w, "conv2d w");
   CheckF32(*dx, "conv2d dx");
@@ -143,7 +143,7 @@ void CudaBackend::Conv2dBackwardWeights(const OpPlan& plan, const Tensor& x, con
   OpScope scope(this, "conv2d_bwd_weights");
   const auto& p = static_cast<const ConvPlan&>(plan);
   const Conv2dDesc& d = p.d;
-  scope.set_flops(Conv2dFlops(d, x.numel() / (d.c * d.h * d.w)));
+  scope.set_flops(d.flops());
   CheckF32(x, "conv2d x");
   CheckF32(dy, "conv2d dy");
   CheckF32(*dw, "conv2d dw");

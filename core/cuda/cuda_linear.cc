@@ -68,7 +68,7 @@ void CudaBackend::LinearForward(const OpPlan& plan, const Tensor& x, const Tenso
   OpScope scope(this, "linear_fwd");
   const auto& p = static_cast<const LinearPlan&>(plan);
   const LinearDesc& d = p.d;
-  scope.set_flops(LinearFlops(d, x.numel() / d.in));
+  scope.set_flops(d.flops());
   CheckF32(x, "linear x");
   CheckF32(w, "linear w");
   CheckF32(*y, "linear y");
@@ -98,7 +98,7 @@ void CudaBackend::LinearBackwardData(const OpPlan& plan, const Tensor& dy, const
   OpScope scope(this, "linear_bwd_data");
   const auto& p = static_cast<const LinearPlan&>(plan);
   const LinearDesc& d = p.d;
-  scope.set_flops(LinearFlops(d, dy.numel() / d.out));
+  scope.set_flops(d.flops());
   CheckF32(dy, "linear dy");
   CheckF32(w, "linear w");
   CheckF32(*dx, "linear dx");
@@ -122,7 +122,7 @@ void CudaBackend::LinearBackwardWeights(const OpPlan& plan, const Tensor& x, con
   OpScope scope(this, "linear_bwd_weights");
   const auto& p = static_cast<const LinearPlan&>(plan);
   const LinearDesc& d = p.d;
-  scope.set_flops(LinearFlops(d, x.numel() / d.in));
+  scope.set_flops(d.flops());
   CheckF32(x, "linear x");
   CheckF32(dy, "linear dy");
   CheckF32(*dw, "linear dw");
