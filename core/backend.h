@@ -149,6 +149,10 @@ class Backend {
   // deterministic cuDNN algorithms, an error naming the layer when a conv has none; the CPU
   // backend is deterministic for a given thread count). Call before preparing plans.
   virtual void SetDeterministic(bool /*on*/) {}
+  // train.cudnn_benchmark: choose algorithms by timing them on this device (CUDA: cuDNN's
+  // cudnnFind*, under the same rules as the heuristic choice) instead of by heuristics. The
+  // choice may then differ between runs and ranks. Call before preparing plans.
+  virtual void SetTimedAlgorithmSearch(bool /*on*/) {}
 
   CachingAllocator& allocator() { return *allocator_; }
   // Bytes of workspace the backend shares between all ops (oneDNN scratchpad, cuDNN workspace).

@@ -108,6 +108,7 @@ int RunTrainOrEval(const RunArgs& args, int* argc, char*** argv) {
       backend = &GetBackend(device);
       backend->SetThreads(threads);
       backend->SetDeterministic(cfg.train.deterministic);
+      backend->SetTimedAlgorithmSearch(cfg.train.cudnn_benchmark);
       if (cfg.memory.limit_bytes > 0) backend->allocator().set_budget(cfg.memory.limit_bytes);
     });
     const std::string table = RankTable(*comm, env, device, threads);

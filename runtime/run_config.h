@@ -153,6 +153,7 @@ struct TrainLoopConfig {
   int64_t log_every_steps = 50;   // >= 1
   int64_t eval_every_epochs = 1;  // >= 0; 0 = never
   bool deterministic = false;
+  bool cudnn_benchmark = false;  // CUDA: time cuDNN's convolution algorithms, take the fastest
   // Per graph node and op: time and calls after the first step, printed at the end and written
   // into metrics.jsonl (kind "profile"). Synchronises after every op: slower while on.
   bool profile = false;

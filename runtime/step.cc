@@ -192,10 +192,15 @@ bool Trainer::RunMicroSteps(const HostBatch& batch, std::string* oom) {
         loss_divisor_ = regression_ ? static_cast<double>(outputs_per_sample) : 1.0;
         PushLoss(loss_->loss_sum());
         dout = &loss_->Backward(out, y, micro_, scaler_->scale());
+        // On a GPU the phases' times are their kernels', not their launches': without these
+        // waits one GPU's whole step showed up as the next wait, "exposed communication". The
+        // host has nothing else to launch meanwhile, so they cost only the launch lead.
+        be_.Synchronize();
         fwd_s_ += Since(t0);
         t0 = Clock::now();
         if (!communicates) {
           model_->Backward(*dout, m > 0);
+          be_.Synchronize();
           bwd_s_ += Since(t0);
         }
       } catch (const OutOfMemory& e) {
@@ -215,6 +220,7 @@ bool Trainer::RunMicroSteps(const HostBatch& batch, std::string* oom) {
       model_->Backward(
           *dout, m > 0 && !every, [this](int64_t n) { sharded_->OnReady(n); },
           [this](size_t c) { sharded_->OnChildStart(c); });
+      be_.Synchronize();  // the backward kernels (the collectives run on their own stream)
       bwd_s_ += Since(t0);
       t0 = Clock::now();
       sharded_->Finish();
@@ -223,6 +229,7 @@ bool Trainer::RunMicroSteps(const HostBatch& batch, std::string* oom) {
       t0 = Clock::now();
       reducer_->Begin();
       model_->Backward(*dout, m > 0, [this](int64_t n) { reducer_->OnReady(n); });
+      be_.Synchronize();  // the backward kernels (the collectives run on their own stream)
       bwd_s_ += Since(t0);
       t0 = Clock::now();
       reducer_->Finish();

@@ -186,6 +186,11 @@ class CudaBackend final : public Backend {
     if (on != deterministic_) conv_plans_.clear();  // chosen under the other rule
     deterministic_ = on;
   }
+  void SetTimedAlgorithmSearch(bool on) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (on != timed_search_) conv_plans_.clear();
+    timed_search_ = on;
+  }
   void ReleasePlans() override {
     std::lock_guard<std::mutex> lock(mu_);
     conv_plans_.clear();
@@ -193,8 +198,9 @@ class CudaBackend final : public Backend {
     pool_plans_.clear();
   }
 
-  std::mutex mu_;  // guards the plan caches and deterministic_
+  std::mutex mu_;  // guards the plan caches, deterministic_ and timed_search_
   bool deterministic_ = false;
+  bool timed_search_ = false;
   std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
                       int64_t, bool, int, int64_t, int64_t>,
            std::shared_ptr<OpPlan>>

@@ -61,9 +61,10 @@ std::shared_ptr<OpPlan> CudaBackend::PrepareConv2d(const Conv2dDesc& d) {
       << "cuDNN computes output (" << on << "," << oc << "," << oh << "," << ow << ") for "
       << d.ToString();
 
-  // Algorithms: cuDNN's heuristics, deterministic backward ones (cuda_conv_algo.cc).
+  // Algorithms: cuDNN's heuristics (or its timings), deterministic backward ones
+  // (cuda_conv_algo.cc).
   const size_t cap = std::min<size_t>(size_t{1} << 30, identity_.memory_total / 8);
-  ChooseConvAlgorithms(cudnn_, p.get(), deterministic_, cap);
+  ChooseConvAlgorithms(cudnn_, p.get(), deterministic_, timed_search_, cap);
   ReserveWorkspace(std::max({p->fwd_ws, p->data_ws, p->filter_ws}));
   if (p->half) {
     const DType ht = HalfDType(d.precision);

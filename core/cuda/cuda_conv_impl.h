@@ -63,12 +63,16 @@ struct ConvPlan final : OpPlan {
   Tensor x16, y16, w16;
 };
 
-// Chooses p's forward, backward-data and backward-filter algorithms with cuDNN's heuristics (no
-// benchmarking, so every rank picks the same ones) and PickConvAlgo's rules (cuda_rules.h):
-// deterministic backward algorithms, required when `deterministic` (train.deterministic) and
-// otherwise preferred; sets each descriptor's math type to the one cuDNN reported for its
-// algorithm and records each workspace size. `cap` bounds the workspace where an algorithm
-// allows. Throws UnsupportedError naming the layer when cuDNN offers no usable algorithm.
-void ChooseConvAlgorithms(cudnnHandle_t cudnn, ConvPlan* p, bool deterministic, size_t cap);
+// Chooses p's forward, backward-data and backward-filter algorithms and PickConvAlgo's rules
+// (cuda_rules.h): deterministic backward algorithms, required when `deterministic`
+// (train.deterministic), otherwise preferred unless `timed` in fp32; sets each descriptor's math
+// type to the one cuDNN reported for its algorithm and records each workspace size. `cap` bounds
+// the workspace where an algorithm allows. The candidates come in cuDNN's heuristic order (no
+// timing, so every rank and every run picks the same ones), or with `timed` (train.cudnn_benchmark)
+// in the order of cuDNN's timings on this GPU (cudnnFind*, which allocates its own scratch outside
+// the caching allocator for the duration of the search). Throws UnsupportedError naming the layer
+// when cuDNN offers no usable algorithm.
+void ChooseConvAlgorithms(cudnnHandle_t cudnn, ConvPlan* p, bool deterministic, bool timed,
+                          size_t cap);
 
 }  // namespace dptrain::cuda

@@ -56,8 +56,8 @@ std::optional<size_t> PickConvAlgo(const std::vector<AlgoCandidate>& perfs, bool
         // and the tests define.
         if (a.math == kCudnnTensorOpMath || a.math == kCudnnTensorOpMathAllowConversion) continue;
         if (p.fma_only && a.math != kCudnnFmaMath) continue;
-        if (p.precise && !a.precise) continue;
       }
+      if (p.precise && !a.precise) continue;
       if (p.deterministic && !a.deterministic) continue;
       if (p.capped && a.workspace > cap) continue;
       if (relaxed != nullptr) *relaxed = p.gave_up;

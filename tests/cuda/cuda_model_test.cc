@@ -18,6 +18,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "core/backend_registry.h"
@@ -68,7 +69,9 @@ struct ModelRun {
 
 // One training forward + loss + backward of zoo model `name` on `be` from seed-initialised
 // parameters and fixed inputs.
-ModelRun ForwardBackward(Backend& be, const std::string& name, Precision precision) {
+// `input_seed` draws the inputs; `jitter` scales each by 1 + u * jitter (u uniform in [-1, 1]).
+ModelRun ForwardBackward(Backend& be, const std::string& name, Precision precision,
+                         uint32_t input_seed = 11, float jitter = 0.f) {
   const Shape in = DefaultInputShape(name);
   Model m(be, BuildZooModel(be, name, kClasses), in);
   m.Setup(kBatch, precision);
@@ -76,7 +79,12 @@ ModelRun ForwardBackward(Backend& be, const std::string& name, Precision precisi
   std::vector<int64_t> dims{kBatch};
   for (int64_t d : in.dims()) dims.push_back(d);
   const Shape xs(dims);
-  const Tensor x = ToDevice(be, RandomUniform(static_cast<size_t>(xs.numel()), 11), xs);
+  std::vector<float> xv = RandomUniform(static_cast<size_t>(xs.numel()), input_seed);
+  if (jitter != 0.f) {
+    const std::vector<float> u = RandomUniform(xv.size(), input_seed + 1000);
+    for (size_t k = 0; k < xv.size(); ++k) xv[k] *= 1.f + u[k] * jitter;
+  }
+  const Tensor x = ToDevice(be, xv, xs);
   // The zoo's `linear` is a regression model (one output, mean squared error).
   const bool mse = name == "linear";
   const Tensor y = mse ? ToDevice(be, RandomUniform(static_cast<size_t>(kBatch), 12), {kBatch, 1})
@@ -110,6 +118,19 @@ TEST_P(CudaModelTest, MatchesTheCpuBackend) {
   EXPECT_TRUE(grads);
   std::printf("%s: %s\n", GetParam().c_str(), grads.message());
   EXPECT_TRUE(AllClose(got.buffers, ToDouble(ref.buffers), kCrossBackendTol)) << "buffers";
+}
+
+// train.cudnn_benchmark: the algorithms cuDNN times fastest on this GPU, under the same rules
+// (no TF32, precise, deterministic backward preferred), stay within the same bounds.
+TEST_P(CudaModelTest, TimedAlgorithmSearchMatchesTheCpuBackend) {
+  DPT_BACKEND_OR_SKIP(cuda, "cuda");
+  const ModelRun ref = ForwardBackward(GetBackend("cpu"), GetParam(), Precision::kF32);
+  cuda->SetTimedAlgorithmSearch(true);
+  const ModelRun got = ForwardBackward(*cuda, GetParam(), Precision::kF32);
+  cuda->SetTimedAlgorithmSearch(false);
+  EXPECT_TRUE(AllClose(got.out, ToDouble(ref.out), kCrossBackendTol)) << "outputs";
+  EXPECT_TRUE(Close(got.loss, ref.loss, kCrossBackendTol)) << "loss";
+  EXPECT_TRUE(GradientsClose(got, ref));
 }
 
 // Every graph node on its own: the CUDA layer against the CPU layer on the CPU's inputs to that
@@ -192,6 +213,73 @@ TEST_P(CudaModelTest, EachNodeMatchesTheCpuBackend) {
   }
 }
 
+// bf16, node by node, forward: each node of the CUDA and the CPU backend's bf16 models on the
+// CPU fp32 model's inputs to that node, each compared with the fp32 output (relative L2). CUDA's
+// bf16 may not round much more than oneDNN's; names the nodes where it does.
+TEST_P(CudaModelTest, EachNodeInBf16RoundsLikeTheCpuBackend) {
+  DPT_BACKEND_OR_SKIP(cuda, "cuda");
+  Conv2dDesc probe;
+  probe.n = probe.c = probe.h = probe.w = probe.k = probe.r = probe.s = 1;
+  probe.precision = Precision::kBF16;
+  if (!cuda->Supports(probe)) GTEST_SKIP() << "cuda: bf16 needs compute capability 8.0";
+  Backend& cpu = GetBackend("cpu");
+  const std::string& name = GetParam();
+  const Shape in = DefaultInputShape(name);
+  Model m32(cpu, BuildZooModel(cpu, name, kClasses), in);
+  Model mc(cpu, BuildZooModel(cpu, name, kClasses), in);
+  Model mg(*cuda, BuildZooModel(*cuda, name, kClasses), in);
+  m32.Setup(kBatch, Precision::kF32);
+  mc.Setup(kBatch, Precision::kBF16);
+  mg.Setup(kBatch, Precision::kBF16);
+  for (Model* m : {&m32, &mc, &mg}) m->InitParams(7);
+  std::vector<int64_t> dims{kBatch};
+  for (int64_t d : in.dims()) dims.push_back(d);
+  const Shape xs(dims);
+  const Tensor x = ToDevice(cpu, RandomUniform(static_cast<size_t>(xs.numel()), 11), xs);
+  ForwardContext ctx;
+  ctx.training = true;
+  ctx.seed = 3;
+  auto rel = [](const std::vector<float>& got, const std::vector<float>& ref) {
+    double d = 0, r = 0;
+    for (size_t k = 0; k < ref.size(); ++k) {
+      d += (static_cast<double>(got[k]) - ref[k]) * (static_cast<double>(got[k]) - ref[k]);
+      r += static_cast<double>(ref[k]) * ref[k];
+    }
+    return std::sqrt(d / std::max(r, 1e-30));
+  };
+  Graph& g32 = m32.net();
+  std::vector<const Tensor*> outs(g32.size());
+  std::vector<std::tuple<double, double, size_t>> worst;  // (cuda / cpu, cuda, node)
+  for (size_t i = 0; i < g32.size(); ++i) {
+    std::vector<const Tensor*> x32, xc, xg;
+    std::vector<Tensor> up;
+    for (int j : g32.inputs(i))
+      x32.push_back(j == Graph::kInput ? &x : outs[static_cast<size_t>(j)]);
+    for (const Tensor* t : x32) up.push_back(ToDevice(*cuda, ToHost(cpu, *t), t->shape()));
+    for (const Tensor* t : x32) xc.push_back(t);
+    for (const Tensor& t : up) xg.push_back(&t);
+    outs[i] = &g32.layer(i).ForwardInputs(x32, ctx);
+    const std::vector<float> ref = ToHost(cpu, *outs[i]);
+    const double ec = rel(ToHost(cpu, mc.net().layer(i).ForwardInputs(xc, ctx)), ref);
+    const double eg = rel(ToHost(*cuda, mg.net().layer(i).ForwardInputs(xg, ctx)), ref);
+    worst.emplace_back(eg / std::max(ec, 1e-4), eg, i);
+  }
+  std::sort(worst.rbegin(), worst.rend());
+  std::ostringstream msg;
+  for (size_t k = 0; k < worst.size() && k < 6; ++k) {
+    const size_t i = std::get<2>(worst[k]);
+    msg << "\n  node " << i << " '" << g32.node_name(i) << "' (" << g32.layer(i).type()
+        << "): cuda bf16 " << std::get<1>(worst[k]) << " from fp32, " << std::get<0>(worst[k])
+        << "x the cpu's";
+  }
+  std::printf("%s bf16 per node (relative L2 from fp32):%s\n", name.c_str(), msg.str().c_str());
+  // 4x oneDNN's rounding (its convolutions write fp32; cuDNN's write bf16), or 1% of the norm.
+  const bool far = std::any_of(worst.begin(), worst.end(), [](const auto& w) {
+    return std::get<0>(w) > 4.0 && std::get<1>(w) >= 1e-2;
+  });
+  EXPECT_FALSE(far) << msg.str();
+}
+
 TEST_P(CudaModelTest, RerunsAreBitIdentical) {
   DPT_BACKEND_OR_SKIP(cuda, "cuda");
   // train.deterministic = true: only deterministic cuDNN algorithms (an error otherwise).
@@ -204,24 +292,35 @@ TEST_P(CudaModelTest, RerunsAreBitIdentical) {
   EXPECT_EQ(a.buffers, b.buffers);
 }
 
+// bf16 against fp32 on the loss at initialisation, averaged over four input batches. Within
+// kBF16Tol, or for an ill-conditioned model within 3x of what bf16 does to it on the CPU backend
+// (oneDNN) on the same batches: at batch 8 resnet50_cifar's loss moves 0.4% to 2.0% from fp32 on
+// the CPU alone, depending on the batch (EachNodeInBf16RoundsLikeTheCpuBackend checks the
+// rounding itself node by node).
 TEST_P(CudaModelTest, Bf16LossIsCloseToFp32) {
   DPT_BACKEND_OR_SKIP(cuda, "cuda");
   Conv2dDesc probe;
   probe.n = probe.c = probe.h = probe.w = probe.k = probe.r = probe.s = 1;
   probe.precision = Precision::kBF16;
   if (!cuda->Supports(probe)) GTEST_SKIP() << "cuda: bf16 needs compute capability 8.0";
-  const ModelRun f32 = ForwardBackward(*cuda, GetParam(), Precision::kF32);
-  const ModelRun bf16 = ForwardBackward(*cuda, GetParam(), Precision::kBF16);
-  EXPECT_TRUE(std::isfinite(bf16.loss));
-  const auto close = Close(bf16.loss, f32.loss, kBF16Tol);
-  if (!close) {
-    // How far the CPU backend's bf16 (oneDNN) is from its fp32 on the same model and batch.
-    Backend& cpu = GetBackend("cpu");
-    const double c32 = ForwardBackward(cpu, GetParam(), Precision::kF32).loss;
-    const double c16 = ForwardBackward(cpu, GetParam(), Precision::kBF16).loss;
-    ADD_FAILURE() << "cuda bf16 " << bf16.loss << " vs fp32 " << f32.loss << "; cpu bf16 " << c16
-                  << " vs fp32 " << c32 << ": " << close.message();
+  Backend& cpu = GetBackend("cpu");
+  double on_cuda = 0, on_cpu = 0;
+  std::ostringstream msg;
+  for (uint32_t seed : {11u, 21u, 31u, 41u}) {
+    const double g32 = ForwardBackward(*cuda, GetParam(), Precision::kF32, seed).loss;
+    const double g16 = ForwardBackward(*cuda, GetParam(), Precision::kBF16, seed).loss;
+    const double c32 = ForwardBackward(cpu, GetParam(), Precision::kF32, seed).loss;
+    const double c16 = ForwardBackward(cpu, GetParam(), Precision::kBF16, seed).loss;
+    EXPECT_TRUE(std::isfinite(g16));
+    on_cuda += std::abs(g16 - g32) / std::abs(g32) / 4;
+    on_cpu += std::abs(c16 - c32) / std::abs(c32) / 4;
+    msg << " batch " << seed << ": cuda bf16 " << g16 << " fp32 " << g32 << ", cpu bf16 " << c16
+        << " fp32 " << c32 << ";";
   }
+  const double allowed = std::max(kBF16Tol.rtol, 3 * on_cpu);
+  std::printf("%s: bf16 loss %.4f from fp32 on cuda, %.4f on the cpu (allowed %.4f)\n",
+              GetParam().c_str(), on_cuda, on_cpu, allowed);
+  EXPECT_LE(on_cuda, allowed) << msg.str();
 }
 
 INSTANTIATE_TEST_SUITE_P(Zoo, CudaModelTest, ::testing::ValuesIn(ZooNames()),

@@ -50,7 +50,7 @@ AlgoCandidate Algo(bool deterministic, int math, size_t workspace, bool ok = tru
   return {ok, deterministic, math, workspace, precise};
 }
 
-TEST(CudaRulesTest, Fp32PrefersAPreciseAlgorithmOverAFasterFftOrWinograd) {
+TEST(CudaRulesTest, EveryPrecisionPrefersAPreciseAlgorithmOverAFasterFftOrWinograd) {
   const std::vector<AlgoCandidate> perfs = {
       Algo(true, kCudnnFmaMath, 0, true, /*precise=*/false),  // FFT: fastest
       Algo(true, kCudnnFmaMath, 0),
@@ -58,8 +58,8 @@ TEST(CudaRulesTest, Fp32PrefersAPreciseAlgorithmOverAFasterFftOrWinograd) {
   std::string relaxed;
   EXPECT_EQ(PickConvAlgo(perfs, true, Determinism::kPreferred, 1 << 30, &relaxed), 1u);
   EXPECT_EQ(relaxed, "");
-  EXPECT_EQ(PickConvAlgo(perfs, false, Determinism::kPreferred, 1 << 30), 0u)
-      << "bf16/fp16 take the fastest";
+  EXPECT_EQ(PickConvAlgo(perfs, false, Determinism::kPreferred, 1 << 30), 1u)
+      << "bf16/fp16 too: their transforms round in 16 bits";
   // Only an FFT algorithm: taken, and said so.
   EXPECT_EQ(PickConvAlgo({perfs[0]}, true, Determinism::kRequired, 1 << 30, &relaxed), 0u);
   EXPECT_EQ(relaxed, "the workspace cap and a precise algorithm (FFT/Winograd)");

@@ -64,6 +64,7 @@ precision = "bf16"
 log_every_steps = 10
 eval_every_epochs = 2
 deterministic = true
+cudnn_benchmark = true
 profile = true
 
 [checkpoint]
@@ -163,6 +164,7 @@ TEST(ConfigTest, FullConfigValues) {
   EXPECT_EQ(c.train.log_every_steps, 10);
   EXPECT_EQ(c.train.eval_every_epochs, 2);
   EXPECT_TRUE(c.train.deterministic);
+  EXPECT_TRUE(c.train.cudnn_benchmark);
   EXPECT_TRUE(c.train.profile);
   EXPECT_EQ(c.checkpoint.every_steps, 500);
   EXPECT_EQ(c.checkpoint.every_epochs, 0);
