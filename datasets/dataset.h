@@ -26,6 +26,10 @@ struct DatasetInfo {
   // Per-channel statistics from the file's `mean` / `std` attributes (1 or C values); empty when
   // the file has none. Informational: the loader normalises with LoaderOptions.
   std::vector<float> mean, std;
+  // Class names in label order, from the file's `class_names` attribute (one string, the names
+  // joined by "\n", as `dptrain convert --from imagefolder` writes it); empty when it has none.
+  // When present there are exactly `classes` of them.
+  std::vector<std::string> class_names;
 };
 
 class Dataset {
@@ -68,6 +72,19 @@ struct OpenOptions {
 // the HDF5 dataset: missing file, not HDF5 / truncated, missing /images or /labels, wrong rank or
 // dtype, N mismatch, N == 0, bad label (first bad index and value), non-finite pixel.
 std::unique_ptr<Dataset> OpenHdf5Dataset(const std::string& path, const OpenOptions& opts);
+
+// data.train / data.test: entries that are files or glob patterns (*, ?, [...]), expanded in
+// order, each pattern's matches sorted by name. Throws DataError for a pattern that matches
+// nothing and for a file listed twice (directly or through patterns).
+std::vector<std::string> ExpandDatasetPaths(const std::vector<std::string>& entries);
+// Opens the files of ExpandDatasetPaths(entries) as one dataset: global indices run over the
+// files in that order (file 0's samples first), so sampling, sharding over ranks, resume and
+// evaluation are those of one file holding them all. Every file is validated as by
+// OpenHdf5Dataset and must agree with the first on sample shape, /images type, classes and
+// class names (DataError naming the file that differs). The RAM and chunk-cache budgets of
+// `opts` are shared by the files. One file: OpenHdf5Dataset's dataset itself.
+std::unique_ptr<Dataset> OpenHdf5Datasets(const std::vector<std::string>& entries,
+                                          const OpenOptions& opts);
 
 // An in-memory float32 dataset (synthetic data, tests). images: N * numel(sample_shape) floats,
 // labels: N. Throws DataError when the sizes disagree or N == 0. Read is thread-safe.

@@ -8,7 +8,9 @@
 #include <cstdint>
 #include <filesystem>
 #include <limits>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <system_error>
 #include <vector>
 
@@ -198,7 +200,7 @@ void Hdf5Dataset::OpenLabels(const OpenOptions& opts) {
       DPT_THROW(DataError) << path << ": /labels: " << where << " = " << v
                            << " is not a positive integer";
     }
-    info_.classes = static_cast<int64_t>(v);
+    info_.classes = file_classes_ = static_cast<int64_t>(v);
   }
   const int64_t check_classes = opts.classes > 0 ? opts.classes : info_.classes;
   if (info_.classes <= 0 && opts.classes > 0) info_.classes = opts.classes;
@@ -247,6 +249,25 @@ void Hdf5Dataset::ReadAttributes() {
       }
     }
     (std::string(name) == "mean" ? info_.mean : info_.std) = std::move(v);
+  }
+  if (H5Aexists(file_.get(), "class_names") > 0) {
+    h5::Id a = h5::Attr(H5Aopen(file_.get(), "class_names", H5P_DEFAULT));
+    const std::optional<std::string> text = h5::ReadStringAttr(a.get());
+    if (!text) {
+      DPT_THROW(DataError) << path << ": attribute class_names must be one string (the names "
+                           << "joined by newlines)";
+    }
+    std::string_view rest = *text;
+    while (true) {
+      const size_t nl = rest.find('\n');
+      info_.class_names.emplace_back(rest.substr(0, nl));
+      if (nl == std::string_view::npos) break;
+      rest.remove_prefix(nl + 1);
+    }
+    if (file_classes_ > 0 && static_cast<int64_t>(info_.class_names.size()) != file_classes_) {
+      DPT_THROW(DataError) << path << ": attribute class_names has " << info_.class_names.size()
+                           << " names but the file's classes attribute is " << file_classes_;
+    }
   }
 }
 

@@ -47,6 +47,7 @@ class Hdf5Dataset final : public Dataset {
   size_t elem_bytes_ = 1;    // stored bytes per pixel: 1 (uint8) or 4 (float32)
   size_t sample_bytes_ = 0;  // stored bytes per sample
   std::vector<int32_t> labels_;
+  int64_t file_classes_ = -1;  // the file's own classes attribute (-1: none)
 
   bool in_ram_ = false;
   std::vector<uint8_t> ram_;  // all of /images in stored type (ram mode)

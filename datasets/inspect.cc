@@ -53,23 +53,8 @@ std::string AttrValue(hid_t attr) {
   if (n < 0) return "?";
   if (cls == H5T_STRING) {
     if (n != 1) return "string " + DimsString(h5::Dims(space.get()));
-    if (H5Tis_variable_str(type.get()) > 0) {
-      h5::Id mem = h5::Type(H5Tcopy(H5T_C_S1));
-      H5Tset_size(mem.get(), H5T_VARIABLE);
-      H5Tset_cset(mem.get(), H5Tget_cset(type.get()));
-      char* s = nullptr;
-      if (H5Aread(attr, mem.get(), &s) < 0) return "?";
-      std::string out = s != nullptr ? s : "";
-      H5free_memory(s);
-      return Quoted(Shorten(out));
-    }
-    const size_t size = H5Tget_size(type.get());
-    std::string buf(size + 1, '\0');
-    h5::Id mem = h5::Type(H5Tcopy(H5T_C_S1));
-    H5Tset_size(mem.get(), size + 1);
-    if (H5Aread(attr, mem.get(), buf.data()) < 0) return "?";
-    buf.resize(std::strlen(buf.c_str()));
-    return Quoted(Shorten(buf));
+    const std::optional<std::string> text = h5::ReadStringAttr(attr);
+    return text ? Quoted(Shorten(*text)) : "?";
   }
   if (cls != H5T_INTEGER && cls != H5T_FLOAT) return Wrap("<", h5::TypeName(type.get()), ">");
   std::vector<double> v(static_cast<size_t>(n));

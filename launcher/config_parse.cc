@@ -92,11 +92,18 @@ std::vector<double> ReadFloatList(const toml::node& n, const std::string& key,
   return out;
 }
 
+// An array of strings; a single string is a list of one ("" none), so that
+// `train = "data/train.h5"` and `train = ["a.h5", "b.h5"]` are both data.train.
 std::vector<std::string> ReadStringList(const toml::node& n, const std::string& key,
                                         const std::string& where) {
+  if (n.is_string()) {
+    std::string s = ReadString(n, key, where);
+    return s.empty() ? std::vector<std::string>{} : std::vector<std::string>{std::move(s)};
+  }
   const auto* arr = n.as_array();
   if (arr == nullptr) {
-    Fail(where, key + ": expected an array of strings like [\"a\", \"b\"], got " + Describe(n));
+    Fail(where, key + ": expected a string or an array of strings like [\"a\", \"b\"], got " +
+                    Describe(n));
   }
   std::vector<std::string> out;
   for (size_t i = 0; i < arr->size(); ++i) {
@@ -223,7 +230,12 @@ void ConfigParser::ApplySet(const std::string& item) {
          "zoo model with --set model.name=NAME");
   }
 
-  if (std::holds_alternative<StringRef>(f->ref) || std::holds_alternative<EnumRef>(f->ref)) {
+  // A string list given as one plain string (--set data.train=/d/x.h5, or "" for none): the
+  // list of that one string, taken as written like a string key.
+  const bool one_of_list =
+      std::holds_alternative<StringListRef>(f->ref) && !value.empty() && value.front() != '[';
+  if (std::holds_alternative<StringRef>(f->ref) || std::holds_alternative<EnumRef>(f->ref) ||
+      one_of_list || (std::holds_alternative<StringListRef>(f->ref) && value.empty())) {
     // Strings are taken as written; quotes are optional.
     std::string s = value;
     if (s.size() >= 2 && (s.front() == '"' || s.front() == '\'') && s.back() == s.front()) {
@@ -232,6 +244,8 @@ void ConfigParser::ApplySet(const std::string& item) {
     if (!IsValidUtf8(s)) Fail(where, key + ": the value is not valid UTF-8 text");
     if (const auto* e = std::get_if<EnumRef>(&f->ref)) {
       e->set(cfg_, Choice(*e, s, key, where));
+    } else if (const auto* l = std::get_if<StringListRef>(&f->ref)) {
+      (*l)(cfg_) = s.empty() ? std::vector<std::string>{} : std::vector<std::string>{s};
     } else {
       std::get<StringRef>(f->ref)(cfg_) = s;
     }

@@ -107,7 +107,7 @@ std::string_view Expected(const FieldRef& ref) {
                                                 "an array of numbers",
                                                 "an array of layer tables",
                                                 "a string",
-                                                "an array of strings"};
+                                                "a string or an array of strings"};
   return kNames[ref.index()];
 }
 

@@ -21,6 +21,16 @@ LossKind ResolveLoss(const ModelConfig& m) {
   return m.name.empty() ? LossKind::kCrossEntropy : DefaultLoss(m.name);
 }
 
+bool IsSynthetic(const std::vector<std::string>& files) {
+  return files.size() == 1 && files.front() == "synthetic";
+}
+
+std::string DescribeFiles(const std::vector<std::string>& files) {
+  std::string out;
+  for (const std::string& f : files) out += (out.empty() ? "" : ", ") + f;
+  return out;
+}
+
 Shape DefaultSampleShape(const ModelConfig& m) {
   if (!m.onnx.empty()) {
     const std::vector<int64_t> dims = OnnxSampleDims(m.onnx);

@@ -113,8 +113,11 @@ struct ModelConfig {
 
 // [data]
 struct DataConfig {
-  std::string train;              // required; "synthetic" = generated data, no file
-  std::string test;               // empty = no evaluation
+  // Files or glob patterns, read as one dataset in order (OpenHdf5Datasets); a TOML string is a
+  // list of one. train: required; ["synthetic"] = generated data, no file. test: empty = no
+  // evaluation.
+  std::vector<std::string> train;
+  std::vector<std::string> test;
   std::vector<double> mean, std;  // per channel; same length or both empty; std entries > 0
   bool shuffle = true;
   Augment augment = Augment::kNone;
@@ -213,6 +216,11 @@ struct TrainConfig {
   // Compares every field, `source` included.
   bool operator==(const TrainConfig&) const = default;
 };
+
+// data.train / data.test: whether it is the generated data set (["synthetic"]), and the entries
+// as one text for messages ("a.h5", or "a.h5, b.h5" for several).
+bool IsSynthetic(const std::vector<std::string>& files);
+std::string DescribeFiles(const std::vector<std::string>& files);
 
 // The loss a model trains with: model.loss, or for "auto" the zoo model's default
 // (cross-entropy for model.layers).

@@ -61,16 +61,17 @@ std::vector<std::pair<int64_t, int64_t>> NoDecayRanges(Model& m,
 
 bool Trainer::IsRegression() const { return ResolveLoss(cfg_.model) == LossKind::kMse; }
 
-std::unique_ptr<Dataset> Trainer::OpenData(const std::string& path, const Shape& synthetic_shape,
-                                           int64_t synthetic_samples, uint64_t seed) const {
+std::unique_ptr<Dataset> Trainer::OpenData(const std::vector<std::string>& files,
+                                           const Shape& synthetic_shape, int64_t synthetic_samples,
+                                           uint64_t seed) const {
   const auto& m = cfg_.model;
-  if (path == "synthetic") {
+  if (IsSynthetic(files)) {
     return MakeSynthetic(synthetic_shape, synthetic_samples, m.classes, regression_, seed);
   }
   OpenOptions o;
   o.classes = regression_ ? -1 : m.classes;
   o.cache = cfg_.data.cache;
-  return OpenHdf5Dataset(path, o);
+  return OpenHdf5Datasets(files, o);
 }
 
 std::unique_ptr<Graph> Trainer::BuildNet() const {
@@ -92,15 +93,15 @@ void Trainer::SetupData() {
     test_ = OpenData(d.test, train_ ? train_->info().sample_shape : DefaultSampleShape(cfg_.model),
                      std::max<int64_t>(d.synthetic_samples / 4, 1), seed + 1);
     DPT_CHECK_AS(DataError, !train_ || test_->info().sample_shape == train_->info().sample_shape)
-        << "data.test " << d.test << " has samples of shape "
-        << test_->info().sample_shape.ToString() << " but data.train " << d.train << " has "
-        << train_->info().sample_shape.ToString();
+        << "data.test " << DescribeFiles(d.test) << " has samples of shape "
+        << test_->info().sample_shape.ToString() << " but data.train " << DescribeFiles(d.train)
+        << " has " << train_->info().sample_shape.ToString();
   }
   const Dataset& first = train_ ? *train_ : *test_;
   sample_shape_ = first.info().sample_shape;
   // Regression targets: the fixed teacher on generated data, the label's value on a file.
-  train_teacher_targets_ = d.train == "synthetic";
-  test_teacher_targets_ = d.test == "synthetic";
+  train_teacher_targets_ = IsSynthetic(d.train);
+  test_teacher_targets_ = IsSynthetic(d.test);
   if (regression_) teacher_ = TeacherWeights(sample_shape_.numel(), seed);
 
   loader_opts_.workers = static_cast<int>(d.workers);

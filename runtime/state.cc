@@ -209,7 +209,8 @@ void Trainer::Resume(const std::string& path, const Checkpoint& c) {
   }
   if (s.dataset_size != train_->info().size) {
     differ.push_back(fmt::format("the training set has {} samples in the checkpoint, {} now ({})",
-                                 s.dataset_size, train_->info().size, cfg_.data.train));
+                                 s.dataset_size, train_->info().size,
+                                 DescribeFiles(cfg_.data.train)));
   }
   if (s.optimizer != ConfigName(cfg_.train.optimizer)) {
     differ.push_back(fmt::format("train.optimizer is {} in the checkpoint, {} in this run",

@@ -74,8 +74,9 @@ class Trainer {
   void SetupData();
   bool IsRegression() const;  // model.loss resolves to "mse"
   // data.train / data.test: generated ("synthetic") or an HDF5 file, checked against the model.
-  std::unique_ptr<Dataset> OpenData(const std::string& path, const Shape& synthetic_shape,
-                                    int64_t synthetic_samples, uint64_t seed) const;
+  std::unique_ptr<Dataset> OpenData(const std::vector<std::string>& files,
+                                    const Shape& synthetic_shape, int64_t synthetic_samples,
+                                    uint64_t seed) const;
   std::unique_ptr<Graph> BuildNet() const;  // model.name or model.layers
   void SetupModel();
   FlatLayout FlatLayoutFor() const;  // the model's flat layout for dist.shard on world_ ranks

@@ -111,4 +111,30 @@ Id OpenFileReadOnly(const std::string& path) {
 template Id OpenFileReadOnly<IoError>(const std::string& path);
 template Id OpenFileReadOnly<DataError>(const std::string& path);
 
+std::optional<std::string> ReadStringAttr(hid_t attr) {
+  Id type = Type(H5Aget_type(attr));
+  Id space = Space(H5Aget_space(attr));
+  if (!type.valid() || !space.valid() || H5Tget_class(type.get()) != H5T_STRING ||
+      H5Sget_simple_extent_npoints(space.get()) != 1) {
+    return std::nullopt;
+  }
+  if (H5Tis_variable_str(type.get()) > 0) {
+    Id mem = Type(H5Tcopy(H5T_C_S1));
+    H5Tset_size(mem.get(), H5T_VARIABLE);
+    H5Tset_cset(mem.get(), H5Tget_cset(type.get()));
+    char* s = nullptr;
+    if (H5Aread(attr, mem.get(), &s) < 0) return std::nullopt;
+    std::string out = s != nullptr ? s : "";
+    H5free_memory(s);
+    return out;
+  }
+  const size_t size = H5Tget_size(type.get());
+  std::string buf(size + 1, '\0');
+  Id mem = Type(H5Tcopy(H5T_C_S1));
+  H5Tset_size(mem.get(), size + 1);
+  if (H5Aread(attr, mem.get(), buf.data()) < 0) return std::nullopt;
+  buf.resize(std::strlen(buf.c_str()));
+  return buf;
+}
+
 }  // namespace dptrain::h5

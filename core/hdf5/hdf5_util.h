@@ -7,6 +7,7 @@
 #include <hdf5.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -91,6 +92,10 @@ std::string TypeName(hid_t type);
 
 // Dimensions of a dataspace (empty for a scalar).
 std::vector<int64_t> Dims(hid_t space);
+
+// The text of a string attribute holding one string (variable or fixed length); nullopt when
+// the attribute is not a single string or cannot be read.
+std::optional<std::string> ReadStringAttr(hid_t attr);
 
 // Opens `path` read-only with file locking disabled where the file system does not support it
 // (shared cluster file systems). Throws `E` naming the file: missing, not HDF5, truncated.

@@ -37,7 +37,7 @@ TrainConfig CnnConfig(const std::string& run_dir, int64_t steps) {
   c.run_dir = run_dir;
   c.seed = 11;
   c.model.name = "ref_cnn";
-  c.data.train = "synthetic";
+  c.data.train = {"synthetic"};
   c.data.synthetic_samples = 512;
   c.data.workers = 2;
   c.data.augment = Augment::kCropFlip;

@@ -34,7 +34,7 @@ std::string DataDir() {
 TrainConfig Config(int64_t steps, int64_t accumulate = 1) {
   TrainConfig c;
   c.model.name = "ref_cnn";
-  c.data.train = DataDir() + "/fmnist/train.h5";
+  c.data.train = {DataDir() + "/fmnist/train.h5"};
   c.data.mean = {0.2860};
   c.data.std = {0.3530};
   c.data.workers = 1;

@@ -32,7 +32,7 @@ TrainConfig Config(const std::string& model, OptimizerKind opt, ShardMode shard)
   TrainConfig c;
   c.seed = 5;
   c.model.name = model;
-  c.data.train = "synthetic";
+  c.data.train = {"synthetic"};
   c.data.synthetic_samples = 512;
   c.data.workers = 1;
   c.train.epochs = 0;

@@ -215,8 +215,11 @@ TEST(ConfigTest, ScheduleAndLossRecipeChecks) {
   EXPECT_THAT(ErrorOf(kMinimal, {"train.optimizer=lars", "dist.shard=optimizer"}),
               HasSubstr("train.optimizer = \"lars\" needs every tensor whole on each rank"));
   EXPECT_EQ(Parse(kMinimal, {"train.optimizer=lars"}).train.optimizer, OptimizerKind::kLars);
-  EXPECT_THAT(ErrorOf(MinimalWith("[train]\nno_weight_decay = \"bias\"\n")),
-              HasSubstr("train.no_weight_decay: expected an array of strings"));
+  EXPECT_EQ(Parse(MinimalWith("[train]\nno_weight_decay = \"bias\"\n")).train.no_weight_decay,
+            (std::vector<std::string>{"bias"}))
+      << "a single string is a list of one";
+  EXPECT_THAT(ErrorOf(MinimalWith("[train]\nno_weight_decay = 3\n")),
+              HasSubstr("train.no_weight_decay: expected a string or an array of strings"));
 }
 
 TEST(ConfigTest, DataChecks) {
@@ -257,12 +260,29 @@ TEST(ConfigTest, SetStringsNeedNoQuotes) {
   const TrainConfig c =
       Parse(kMinimal, {"data.train=/data/x.h5", "data.test=\"/data/t.h5\"", "run_dir='runs/q'",
                        "model.name=mlp", "train.optimizer=adamw", "dist.gpus=0,1"});
-  EXPECT_EQ(c.data.train, "/data/x.h5");
-  EXPECT_EQ(c.data.test, "/data/t.h5");
+  EXPECT_EQ(c.data.train, (std::vector<std::string>{"/data/x.h5"}));
+  EXPECT_EQ(c.data.test, (std::vector<std::string>{"/data/t.h5"}));
   EXPECT_EQ(c.run_dir, "runs/q");
   EXPECT_EQ(c.model.name, "mlp");
   EXPECT_EQ(ConfigName(c.train.optimizer), "adamw");
   EXPECT_EQ(c.dist.gpus, "0,1");
+}
+
+TEST(ConfigTest, DataFilesAreAStringAListOrPatterns) {
+  EXPECT_EQ(Parse("[model]\nname = \"ref_cnn\"\n[data]\ntrain = \"synthetic\"\n"
+                  "test = [\"t-0.h5\", \"shards/t-*.h5\"]\n")
+                .data.test,
+            (std::vector<std::string>{"t-0.h5", "shards/t-*.h5"}));
+  const TrainConfig c =
+      Parse(kMinimal, {"data.train=[\"a.h5\", \"b-*.h5\"]", "data.test=imagenet/val-*.h5"});
+  EXPECT_EQ(c.data.train, (std::vector<std::string>{"a.h5", "b-*.h5"}));
+  EXPECT_EQ(c.data.test, (std::vector<std::string>{"imagenet/val-*.h5"}));
+  EXPECT_TRUE(Parse(kMinimal, {"data.test="}).data.test.empty()) << "empty: no evaluation";
+  EXPECT_THAT(ErrorOf(kMinimal, {"data.train=[]"}), HasSubstr("data.train is required"));
+  // The run's config.toml writes lists, which read back the same.
+  const TrainConfig back = Parse(ToToml(c));
+  EXPECT_EQ(back.data.train, c.data.train);
+  EXPECT_EQ(back.data.test, c.data.test);
 }
 
 TEST(ConfigTest, SetEachType) {
@@ -325,7 +345,7 @@ TEST(ConfigTest, SetStringsMustBeUtf8) {
                 HasSubstr("data.train: the value is not valid UTF-8 text"));
   }
   const TrainConfig c = ParseConfig(kMinimal, "x.toml", {"data.train=/données/日本/\U0001F600.h5"});
-  EXPECT_EQ(c.data.train, "/données/日本/\U0001F600.h5");
+  EXPECT_EQ(c.data.train, (std::vector<std::string>{"/données/日本/\U0001F600.h5"}));
   EXPECT_EQ(ParseConfig(ToToml(c), c.source), c);
 }
 

@@ -98,8 +98,8 @@ TEST(ConfigTest, DefaultsWhenKeysAbsent) {
   EXPECT_EQ(c.model.classes, 10);
   EXPECT_TRUE(c.model.layers.empty());
   EXPECT_EQ(ConfigName(c.model.loss), "auto");
-  EXPECT_EQ(c.data.train, "synthetic");
-  EXPECT_EQ(c.data.test, "");
+  EXPECT_EQ(c.data.train, (std::vector<std::string>{"synthetic"}));
+  EXPECT_TRUE(c.data.test.empty());
   EXPECT_TRUE(c.data.mean.empty());
   EXPECT_TRUE(c.data.std.empty());
   EXPECT_TRUE(c.data.shuffle);
@@ -136,7 +136,7 @@ TEST(ConfigTest, FullConfigValues) {
   EXPECT_EQ(c.model.name, "cifar_net");
   EXPECT_EQ(c.model.classes, 100);
   EXPECT_EQ(ConfigName(c.model.loss), "cross_entropy");
-  EXPECT_EQ(c.data.test, "data/cifar/test.h5");
+  EXPECT_EQ(c.data.test, (std::vector<std::string>{"data/cifar/test.h5"}));
   EXPECT_EQ(c.data.mean, (std::vector<double>{0.4914, 0.4822, 0.4465}));
   EXPECT_EQ(c.data.std, (std::vector<double>{0.247, 0.2435, 0.2616}));
   EXPECT_FALSE(c.data.shuffle);
