@@ -44,6 +44,13 @@ class Dataset {
   // Both buffers are owned by the caller. Thread-safe: several loader threads may call Read at
   // once. Blocking (file I/O). An index out of range is a bug (InternalError).
   virtual void Read(const int64_t* indices, int64_t count, float* images, int32_t* labels) = 0;
+  // As Read, but the stored uint8 pixels themselves (not divided by 255), for the loader's crops
+  // (a quarter of the bytes of Read's floats). Returns false, reading nothing, when the dataset
+  // does not store uint8.
+  virtual bool ReadU8(const int64_t* /*indices*/, int64_t /*count*/, uint8_t* /*images*/,
+                      int32_t* /*labels*/) {
+    return false;
+  }
 };
 
 // data.cache: how the HDF5 dataset holds /images (OpenOptions::cache).

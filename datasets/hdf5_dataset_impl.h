@@ -27,6 +27,7 @@ class Hdf5Dataset final : public Dataset {
   Hdf5Dataset(const std::string& path, const OpenOptions& opts);
   const DatasetInfo& info() const override { return info_; }
   void Read(const int64_t* indices, int64_t count, float* images, int32_t* labels) override;
+  bool ReadU8(const int64_t* indices, int64_t count, uint8_t* images, int32_t* labels) override;
 
  private:
   using Block = std::shared_ptr<const std::vector<uint8_t>>;
@@ -38,6 +39,9 @@ class Hdf5Dataset final : public Dataset {
   // Reads rows [first, first + rows) of /images in the stored element type.
   void ReadRows(int64_t first, int64_t rows, uint8_t* out) const;
   Block GetBlock(int64_t b);
+  // Labels of `indices`, then put(stored sample, i) for each: from RAM or from cached blocks.
+  template <class Put>
+  void ReadSamples(const int64_t* indices, int64_t count, int32_t* labels, const Put& put);
   void Convert(const uint8_t* sample, float* out) const;
 
   DatasetInfo info_;

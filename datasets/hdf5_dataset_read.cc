@@ -112,6 +112,22 @@ void Hdf5Dataset::Convert(const uint8_t* sample, float* out) const {
 }
 
 void Hdf5Dataset::Read(const int64_t* indices, int64_t count, float* images, int32_t* labels) {
+  ReadSamples(indices, count, labels, [&](const uint8_t* sample, int64_t i) {
+    Convert(sample, images + i * sample_numel_);
+  });
+}
+
+bool Hdf5Dataset::ReadU8(const int64_t* indices, int64_t count, uint8_t* images, int32_t* labels) {
+  if (info_.image_dtype != DType::kU8) return false;
+  ReadSamples(indices, count, labels, [&](const uint8_t* sample, int64_t i) {
+    std::memcpy(images + i * sample_numel_, sample, sample_bytes_);
+  });
+  return true;
+}
+
+template <class Put>
+void Hdf5Dataset::ReadSamples(const int64_t* indices, int64_t count, int32_t* labels,
+                              const Put& put) {
   for (int64_t i = 0; i < count; ++i) {
     DPT_CHECK(indices[i] >= 0 && indices[i] < info_.size)
         << info_.path << ": sample index " << indices[i] << " outside [0, " << info_.size << ")";
@@ -119,8 +135,7 @@ void Hdf5Dataset::Read(const int64_t* indices, int64_t count, float* images, int
   }
   if (in_ram_) {
     for (int64_t i = 0; i < count; ++i) {
-      Convert(ram_.data() + static_cast<size_t>(indices[i]) * sample_bytes_,
-              images + i * sample_numel_);
+      put(ram_.data() + static_cast<size_t>(indices[i]) * sample_bytes_, i);
     }
     return;
   }
@@ -135,7 +150,7 @@ void Hdf5Dataset::Read(const int64_t* indices, int64_t count, float* images, int
     for (; k < order.size() && order[k].first == b; ++k) {
       const int64_t i = order[k].second;
       const int64_t row = indices[i] - b * block_rows_;
-      Convert(block->data() + static_cast<size_t>(row) * sample_bytes_, images + i * sample_numel_);
+      put(block->data() + static_cast<size_t>(row) * sample_bytes_, i);
     }
   }
 }

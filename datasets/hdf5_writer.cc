@@ -3,6 +3,8 @@
 #include "datasets/hdf5_writer.h"
 
 #include <algorithm>
+#include <map>
+#include <utility>
 
 #include "core/error.h"
 #include "core/hdf5/hdf5_util.h"
@@ -75,6 +77,12 @@ struct Hdf5Writer::Impl {
   std::string path;
   h5::Id file;
   h5::Id lcpl;  // link creation: create missing intermediate groups
+  // Arrays made by CreateArray, open until Close() (after `file`: destroyed first).
+  struct OpenArray {
+    h5::Id dset;
+    std::vector<int64_t> dims;
+  };
+  std::map<std::string, OpenArray> arrays;
 };
 
 Hdf5Writer::Hdf5Writer(const std::string& path) : impl_(std::make_unique<Impl>()) {
@@ -91,6 +99,7 @@ Hdf5Writer::Hdf5Writer(const std::string& path) : impl_(std::make_unique<Impl>()
 Hdf5Writer::~Hdf5Writer() {
   if (impl_ != nullptr) {
     h5::ScopedSilence silence;
+    impl_->arrays.clear();
     impl_->file.Reset();
   }
 }
@@ -126,6 +135,74 @@ void Hdf5Writer::WriteArray(const std::string& name, H5Elem elem, const std::vec
                          << ": cannot write dataset: " << h5::ErrorStackString();
     }
   }
+}
+
+void Hdf5Writer::CreateArray(const std::string& name, H5Elem elem, const std::vector<int64_t>& dims,
+                             int64_t chunk_rows) {
+  DPT_CHECK(impl_ != nullptr && impl_->file.valid()) << "Hdf5Writer used after Close()";
+  DPT_CHECK(!dims.empty() && chunk_rows > 0)
+      << name << ": CreateArray needs rank >= 1, chunk_rows > 0";
+  DPT_CHECK(impl_->arrays.count(name) == 0) << name << ": CreateArray called twice";
+  h5::ScopedSilence silence;
+  std::vector<hsize_t> d(dims.size()), max_d(dims.size()), chunk(dims.size());
+  for (size_t i = 0; i < dims.size(); ++i) {
+    DPT_CHECK_AS(IoError, dims[i] >= 0) << impl_->path << ": " << name << ": negative dimension";
+    d[i] = max_d[i] = static_cast<hsize_t>(dims[i]);
+    chunk[i] = std::max<hsize_t>(d[i], 1);
+  }
+  max_d[0] = H5S_UNLIMITED;
+  chunk[0] = static_cast<hsize_t>(chunk_rows);
+  h5::Id space = h5::Space(H5Screate_simple(static_cast<int>(d.size()), d.data(), max_d.data()));
+  h5::Id dcpl = h5::Plist(H5Pcreate(H5P_DATASET_CREATE));
+  DPT_H5_CHECK_AS(IoError, H5Pset_chunk(dcpl.get(), static_cast<int>(chunk.size()), chunk.data()))
+      << impl_->path << ": " << name << ": cannot set chunking";
+  h5::Id dset = h5::Dataset(H5Dcreate2(impl_->file.get(), name.c_str(), FileType(elem), space.get(),
+                                       impl_->lcpl.get(), dcpl.get(), H5P_DEFAULT));
+  if (!dset.valid()) {
+    DPT_THROW(IoError) << impl_->path << ": " << name
+                       << ": cannot create dataset: " << h5::ErrorStackString();
+  }
+  impl_->arrays[name] = Impl::OpenArray{std::move(dset), dims};
+}
+
+void Hdf5Writer::WriteRows(const std::string& name, H5Elem elem, int64_t first, int64_t rows,
+                           const void* data) {
+  DPT_CHECK(impl_ != nullptr && impl_->file.valid()) << "Hdf5Writer used after Close()";
+  auto it = impl_->arrays.find(name);
+  DPT_CHECK(it != impl_->arrays.end()) << name << ": WriteRows on an array not made by CreateArray";
+  const std::vector<int64_t>& dims = it->second.dims;
+  DPT_CHECK(first >= 0 && rows >= 0 && first + rows <= dims[0])
+      << name << ": rows [" << first << ", " << first + rows << ") outside [0, " << dims[0] << ")";
+  if (rows == 0) return;
+  DPT_CHECK(data != nullptr) << name << ": null data";
+  h5::ScopedSilence silence;
+  std::vector<hsize_t> start(dims.size(), 0), count(dims.begin(), dims.end());
+  start[0] = static_cast<hsize_t>(first);
+  count[0] = static_cast<hsize_t>(rows);
+  h5::Id file_space = h5::Space(H5Dget_space(it->second.dset.get()));
+  DPT_H5_CHECK_AS(IoError, H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start.data(),
+                                               nullptr, count.data(), nullptr))
+      << impl_->path << ": " << name << ": cannot select rows";
+  h5::Id mem_space =
+      h5::Space(H5Screate_simple(static_cast<int>(count.size()), count.data(), nullptr));
+  if (H5Dwrite(it->second.dset.get(), MemType(elem), mem_space.get(), file_space.get(), H5P_DEFAULT,
+               data) < 0) {
+    DPT_THROW(IoError) << impl_->path << ": " << name << ": cannot write rows [" << first << ", "
+                       << first + rows << "): " << h5::ErrorStackString();
+  }
+}
+
+void Hdf5Writer::SetRows(const std::string& name, int64_t rows) {
+  DPT_CHECK(impl_ != nullptr && impl_->file.valid()) << "Hdf5Writer used after Close()";
+  auto it = impl_->arrays.find(name);
+  DPT_CHECK(it != impl_->arrays.end()) << name << ": SetRows on an array not made by CreateArray";
+  DPT_CHECK(rows >= 0) << name << ": SetRows(" << rows << ")";
+  h5::ScopedSilence silence;
+  std::vector<hsize_t> d(it->second.dims.begin(), it->second.dims.end());
+  d[0] = static_cast<hsize_t>(rows);
+  DPT_H5_CHECK_AS(IoError, H5Dset_extent(it->second.dset.get(), d.data()))
+      << impl_->path << ": " << name << ": cannot resize to " << rows << " rows";
+  it->second.dims[0] = rows;
 }
 
 void Hdf5Writer::WriteString(const std::string& name, const std::string& text) {
@@ -203,6 +280,7 @@ void Hdf5Writer::Close() {
   DPT_CHECK(impl_ != nullptr && impl_->file.valid()) << "Hdf5Writer closed twice";
   h5::ScopedSilence silence;
   impl_->lcpl.Reset();
+  impl_->arrays.clear();
   if (H5Fflush(impl_->file.get(), H5F_SCOPE_GLOBAL) < 0) {
     DPT_THROW(IoError) << impl_->path << ": cannot flush: " << h5::ErrorStackString();
   }

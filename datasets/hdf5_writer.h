@@ -29,6 +29,19 @@ class Hdf5Writer {
   // dimensions whole); 0 stores it contiguously. Throws IoError.
   void WriteArray(const std::string& name, H5Elem elem, const std::vector<int64_t>& dims,
                   const void* data, int64_t chunk_rows = 0);
+  // Incremental writing, so that a large array never has to be held in memory whole:
+  // CreateArray makes the array `name` with shape `dims`, chunked along dimension 0 with
+  // chunk_rows (> 0) rows per chunk and no maximum on dimension 0; WriteRows fills rows
+  // [first, first + rows) from `data` (C order, rows * product(dims[1:]) elements of `elem`);
+  // SetRows changes dimension 0 (shrinking discards the rows past it). Rows never written read
+  // as 0. The array stays open until Close(). Throws IoError; a row range outside the array or
+  // an array not made by CreateArray is an InternalError.
+  void CreateArray(const std::string& name, H5Elem elem, const std::vector<int64_t>& dims,
+                   int64_t chunk_rows);
+  void WriteRows(const std::string& name, H5Elem elem, int64_t first, int64_t rows,
+                 const void* data);
+  void SetRows(const std::string& name, int64_t rows);
+
   // A scalar variable-length UTF-8 string dataset (e.g. /config).
   void WriteString(const std::string& name, const std::string& text);
   void CreateGroup(const std::string& name);

@@ -152,6 +152,17 @@ void DescribeDataset(hid_t file, const std::string& path, std::ostringstream& os
     const DatasetInfo& info = ds->info();
     os << "  classes  " << (info.classes > 0 ? std::to_string(info.classes) : "(not recorded)")
        << "\n";
+    if (!info.class_names.empty()) {
+      os << "  names   ";
+      for (size_t k = 0; k < info.class_names.size(); ++k) {
+        if (k == 20 && info.class_names.size() > 24) {
+          os << " ... (" << info.class_names.size() - 20 << " more)";
+          break;
+        }
+        os << " " << k << ":" << info.class_names[k];
+      }
+      os << "\n";
+    }
     os << "  valid    yes: " << info.size << " samples of " << info.sample_shape.ToString() << " "
        << (info.image_dtype == DType::kU8 ? "uint8" : "float32") << "\n";
   } catch (const Error& e) {

@@ -4,15 +4,18 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <numeric>
 
 #include "core/error.h"
+#include "datasets/augment.h"
 
 namespace dptrain {
 namespace {
 
 constexpr int kPad = 4;  // crop-flip: zero pixels added on each side before the random crop
 constexpr uint64_t kAugmentSalt = 0x6a09e667f3bcc909ULL;
+constexpr uint64_t kFlipSalt = 0xbb67ae8584caa73bULL;  // random-resized-crop's flip bit
 
 // Per-sample random bits for augmentation: a counter-based hash of (seed, epoch, global index)
 // only, so every rank, world size and thread count draws the same crop and flip for a sample.
@@ -49,7 +52,112 @@ void ValidateLoaderOptions(const LoaderOptions& opts, const Shape& sample_shape)
         << "data.augment = \"crop-flip\" needs (C, H, W) images, the samples have shape "
         << sample_shape.ToString();
   }
+  DPT_CHECK_AS(ConfigError, opts.crop >= 0) << "data.crop = " << opts.crop << " must be >= 0";
+  if (opts.augment == Augment::kRandomResizedCrop || opts.crop > 0) {
+    const char* what = opts.augment == Augment::kRandomResizedCrop
+                           ? "data.augment = \"random-resized-crop\""
+                           : "data.crop";
+    DPT_CHECK_AS(ConfigError, sample_shape.rank() == 3)
+        << what << " needs (C, H, W) images, the samples have shape " << sample_shape.ToString();
+  }
+  if (opts.crop > 0) {
+    DPT_CHECK_AS(ConfigError, opts.augment != Augment::kCropFlip)
+        << "data.crop = " << opts.crop << " does not go with data.augment = \"crop-flip\" (which "
+        << "keeps the stored size); use \"random-resized-crop\", or data.crop = 0";
+    // Evaluation centre-crops, so the crop must fit the stored images.
+    DPT_CHECK_AS(ConfigError, opts.crop <= sample_shape[1] && opts.crop <= sample_shape[2])
+        << "data.crop = " << opts.crop << " is larger than the stored images (" << sample_shape[1]
+        << " x " << sample_shape[2] << "); convert with --size >= " << opts.crop
+        << " or lower data.crop";
+  }
 }
+
+Shape LoaderOutputShape(const LoaderOptions& opts, const Shape& stored) {
+  if (opts.crop <= 0 || stored.rank() != 3) return stored;
+  return Shape{stored[0], opts.crop, opts.crop};
+}
+
+namespace {
+
+bool ChangesGeometry(const LoaderOptions& opts, const Shape& stored) {
+  return opts.augment == Augment::kRandomResizedCrop || LoaderOutputShape(opts, stored) != stored;
+}
+
+// The crop (or random-resized-crop) of n stored samples `in` into `out`
+// (n x LoaderOutputShape), then normalisation.
+template <class T>
+void CropBatch(const LoaderOptions& opts, const Shape& stored, int64_t epoch,
+               const int64_t* indices, int64_t n, const T* in, float* out) {
+  const Shape out_shape = LoaderOutputShape(opts, stored);
+  const bool rrc = opts.augment == Augment::kRandomResizedCrop;
+  const int64_t c = stored[0], h = stored[1], w = stored[2];
+  const int64_t oh = out_shape[1], ow = out_shape[2];
+  const int64_t in_numel = stored.numel(), out_numel = out_shape.numel();
+  for (int64_t i = 0; i < n; ++i) {
+    CropBox box;
+    bool flip = false;
+    if (rrc) {
+      // The draws of sample i: a counter-based stream from (seed, epoch, global index), so
+      // every rank, world size and thread count crops a sample the same way.
+      const uint64_t base = AugmentHash(opts.seed, epoch, indices[i]);
+      uint64_t k = 0;
+      const std::function<double()> uniform = [&] {
+        return static_cast<double>(Mix64(base + ++k) >> 11) * 0x1p-53;
+      };
+      box = RandomResizedCropBox(h, w, uniform);
+      flip = (Mix64(base ^ kFlipSalt) & 1) != 0;
+    } else {
+      box = CenterCropBox(h, w, oh);
+    }
+    CropResize(in + i * in_numel, c, h, w, box, oh, ow, flip, out + i * out_numel);
+  }
+  LoaderOptions rest = opts;
+  rest.augment = Augment::kNone;
+  ApplyTransforms(rest, out_shape, epoch, indices, n, out);
+}
+
+}  // namespace
+
+void TransformBatch(const LoaderOptions& opts, const Shape& stored, int64_t epoch,
+                    const int64_t* indices, int64_t n, std::vector<float>* images) {
+  if (!ChangesGeometry(opts, stored)) {
+    ApplyTransforms(opts, stored, epoch, indices, n, images->data());
+    return;
+  }
+  std::vector<float> out(static_cast<size_t>(n * LoaderOutputShape(opts, stored).numel()));
+  CropBatch(opts, stored, epoch, indices, n, images->data(), out.data());
+  images->swap(out);
+}
+
+namespace {
+
+// Reads b->indices from `ds` into b (reusing b->images' buffer) and transforms them.
+void ReadAndTransform(Dataset& ds, const LoaderOptions& opts, int64_t epoch, HostBatch* b) {
+  const Shape& stored = ds.info().sample_shape;
+  const size_t out_size = static_cast<size_t>(b->n * LoaderOutputShape(opts, stored).numel());
+  // resize keeps a recycled buffer's pages (no zeroing when the size is the same).
+  b->images.resize(out_size);
+  b->labels.resize(static_cast<size_t>(b->n));
+  if (ChangesGeometry(opts, stored)) {
+    // Crops read the stored pixels: uint8 where the dataset keeps them (a quarter of the bytes
+    // of floats), into this thread's buffer, reused batch after batch.
+    thread_local std::vector<uint8_t> raw;
+    raw.resize(static_cast<size_t>(b->n * stored.numel()));
+    if (ds.ReadU8(b->indices.data(), b->n, raw.data(), b->labels.data())) {
+      CropBatch(opts, stored, epoch, b->indices.data(), b->n, raw.data(), b->images.data());
+      return;
+    }
+    thread_local std::vector<float> full;
+    full.resize(static_cast<size_t>(b->n * stored.numel()));
+    ds.Read(b->indices.data(), b->n, full.data(), b->labels.data());
+    CropBatch(opts, stored, epoch, b->indices.data(), b->n, full.data(), b->images.data());
+    return;
+  }
+  ds.Read(b->indices.data(), b->n, b->images.data(), b->labels.data());
+  ApplyTransforms(opts, stored, epoch, b->indices.data(), b->n, b->images.data());
+}
+
+}  // namespace
 
 void ApplyTransforms(const LoaderOptions& opts, const Shape& sample_shape, int64_t epoch,
                      const int64_t* indices, int64_t n, float* images) {
@@ -150,11 +258,14 @@ HostBatch TrainLoader::Produce(int64_t step) const {
   b.step = step;
   b.indices = sampler_.RankIndices(epoch_, step);
   b.n = static_cast<int64_t>(b.indices.size());
-  const Shape& shape = ds_.info().sample_shape;
-  b.images.resize(static_cast<size_t>(b.n * shape.numel()));
-  b.labels.resize(static_cast<size_t>(b.n));
-  ds_.Read(b.indices.data(), b.n, b.images.data(), b.labels.data());
-  ApplyTransforms(opts_, shape, epoch_, b.indices.data(), b.n, b.images.data());
+  {
+    std::lock_guard<std::mutex> lock(spare_mu_);
+    if (!spare_.empty()) {
+      b.images = std::move(spare_.back());
+      spare_.pop_back();
+    }
+  }
+  ReadAndTransform(ds_, opts_, epoch_, &b);
   return b;
 }
 
@@ -182,6 +293,11 @@ void TrainLoader::WorkerLoop(int worker) {
     cv_.notify_all();
     if (failed) return;  // Next() rethrows when it reaches this step
   }
+}
+
+void TrainLoader::Recycle(HostBatch&& b) {
+  std::lock_guard<std::mutex> lock(spare_mu_);
+  if (spare_.size() < 2) spare_.push_back(std::move(b.images));
 }
 
 HostBatch TrainLoader::Next() {
@@ -227,10 +343,7 @@ HostBatch ReadRange(Dataset& ds, int64_t begin, int64_t count, const LoaderOptio
   b.n = count;
   b.indices.resize(static_cast<size_t>(count));
   std::iota(b.indices.begin(), b.indices.end(), begin);
-  b.images.resize(static_cast<size_t>(count * info.sample_shape.numel()));
-  b.labels.resize(static_cast<size_t>(count));
-  if (count > 0) ds.Read(b.indices.data(), count, b.images.data(), b.labels.data());
-  ApplyTransforms(o, info.sample_shape, 0, b.indices.data(), count, b.images.data());
+  if (count > 0) ReadAndTransform(ds, o, 0, &b);
   return b;
 }
 

@@ -18,8 +18,8 @@
 
 namespace dptrain {
 
-// data.augment: none, or CIFAR's crop-flip (below).
-enum class Augment : uint8_t { kNone, kCropFlip };
+// data.augment: none, CIFAR's crop-flip, or ImageNet's random-resized-crop (below).
+enum class Augment : uint8_t { kNone, kCropFlip, kRandomResizedCrop };
 
 struct LoaderOptions {
   int workers = 2;   // producer threads; 0 = read synchronously inside Next()
@@ -31,9 +31,19 @@ struct LoaderOptions {
   // H x W crop of the padded image and flip it horizontally with p = 0.5. The random choice
   // depends only on (seed, epoch, global sample index): the same on any world size, rank or
   // thread.
+  // kRandomResizedCrop: torchvision's RandomResizedCrop(crop) (scale (0.08, 1), ratio (3/4, 4/3),
+  // its fallback; augment.h) with bilinear resizing, then a horizontal flip with p = 0.5.
   Augment augment = Augment::kNone;
+  // data.crop: samples come out crop x crop. Training with kRandomResizedCrop resizes a random
+  // box to it; otherwise (evaluation, augment none) the centre crop x crop box, as torchvision's
+  // CenterCrop. 0: the stored H x W (random-resized-crop then resizes to that).
+  int64_t crop = 0;
   uint64_t seed = 0;
 };
+
+// The shape of the samples the loader produces from stored samples of shape `stored`:
+// (C, crop, crop) when opts.crop > 0, else `stored`.
+Shape LoaderOutputShape(const LoaderOptions& opts, const Shape& stored);
 
 struct HostBatch {
   int64_t epoch = 0, step = 0, n = 0;
@@ -48,9 +58,16 @@ struct HostBatch {
 void ValidateLoaderOptions(const LoaderOptions& opts, const Shape& sample_shape);
 
 // Normalises and augments `n` samples in place: images (n, C, H, W); indices are their global
-// indices (for the augmentation hash). What the train loader applies to each batch.
+// indices (for the augmentation hash). The transforms that keep the shape (normalisation,
+// crop-flip); TransformBatch does the rest.
 void ApplyTransforms(const LoaderOptions& opts, const Shape& sample_shape, int64_t epoch,
                      const int64_t* indices, int64_t n, float* images);
+
+// Everything the loader does to a batch read from the dataset: the crop or random-resized-crop
+// (*images becomes n x LoaderOutputShape), then ApplyTransforms. What the train loader applies
+// to each batch (and ReadRange, with augment none).
+void TransformBatch(const LoaderOptions& opts, const Shape& stored, int64_t epoch,
+                    const int64_t* indices, int64_t n, std::vector<float>* images);
 
 // Produces batches first_step .. steps_per_epoch-1 of one epoch for this rank. Batch k (counted
 // from first_step) is produced by worker k % workers; at most `prefetch` batches are ahead of
@@ -73,6 +90,10 @@ class TrainLoader {
   // raised while producing that batch (read error, bad data) in this thread; the loader then
   // stays failed until the next Start(). InternalError when called without a batch left.
   HostBatch Next();
+  // Hands a batch's buffers back for the next ones (optional): a batch of 224 x 224 ImageNet
+  // samples is tens of MB, which glibc maps and unmaps on every allocation (page faults on
+  // every pixel). Thread-safe.
+  void Recycle(HostBatch&& b);
   // Stops and joins the workers; batches not yet returned are dropped. Never throws; returns
   // within the time a worker needs to finish the batch it is reading.
   void Stop() noexcept;
@@ -100,6 +121,8 @@ class TrainLoader {
   };
   std::map<int64_t, Slot> ready_;  // step -> produced batch (the reorder queue)
   std::exception_ptr failed_;      // sticky after Next() rethrew
+  mutable std::mutex spare_mu_;
+  mutable std::vector<std::vector<float>> spare_;  // Recycle()d image buffers
   std::vector<std::thread> threads_;
 };
 

@@ -59,7 +59,27 @@ class MultiFileDataset final : public Dataset {
   const DatasetInfo& info() const override { return info_; }
 
   void Read(const int64_t* indices, int64_t count, float* images, int32_t* labels) override {
-    // Each file reads its own samples in one call; the results go back to their positions.
+    ReadFrom(indices, count, images, labels,
+             [](Dataset& f, const int64_t* idx, int64_t n, float* img, int32_t* lab) {
+               f.Read(idx, n, img, lab);
+               return true;
+             });
+  }
+
+  bool ReadU8(const int64_t* indices, int64_t count, uint8_t* images, int32_t* labels) override {
+    if (info_.image_dtype != DType::kU8) return false;
+    return ReadFrom(indices, count, images, labels,
+                    [](Dataset& f, const int64_t* idx, int64_t n, uint8_t* img, int32_t* lab) {
+                      return f.ReadU8(idx, n, img, lab);
+                    });
+  }
+
+ private:
+  // Each file reads its own samples in one call (`read`); the results go back to their
+  // positions. False when a file's read does.
+  template <class T, class ReadFn>
+  bool ReadFrom(const int64_t* indices, int64_t count, T* images, int32_t* labels,
+                const ReadFn& read) {
     std::vector<std::vector<int64_t>> local(files_.size()), where(files_.size());
     for (int64_t k = 0; k < count; ++k) {
       const int64_t idx = indices[k];
@@ -70,27 +90,26 @@ class MultiFileDataset final : public Dataset {
       local[f].push_back(idx - starts_[f]);
       where[f].push_back(k);
     }
-    std::vector<float> img;
+    std::vector<T> img;
     std::vector<int32_t> lab;
     for (size_t f = 0; f < files_.size(); ++f) {
       const int64_t n = static_cast<int64_t>(local[f].size());
       if (n == 0) continue;
       if (n == count) {  // every sample from one file: straight into the caller's buffers
-        files_[f]->Read(local[f].data(), n, images, labels);
-        return;
+        return read(*files_[f], local[f].data(), n, images, labels);
       }
       img.resize(static_cast<size_t>(n * sample_numel_));
       lab.resize(static_cast<size_t>(n));
-      files_[f]->Read(local[f].data(), n, img.data(), lab.data());
+      if (!read(*files_[f], local[f].data(), n, img.data(), lab.data())) return false;
       for (int64_t j = 0; j < n; ++j) {
         const int64_t k = where[f][static_cast<size_t>(j)];
         std::copy_n(img.data() + j * sample_numel_, sample_numel_, images + k * sample_numel_);
         labels[k] = lab[static_cast<size_t>(j)];
       }
     }
+    return true;
   }
 
- private:
   static std::string Join(const std::vector<std::string>& names) {
     if (names.empty()) return "(none)";
     std::string out = "[";

@@ -96,12 +96,23 @@ int RunCommandLine(int argc, char** argv, const TrainHooks& hooks) {
 
   ConvertArgs conv;
   auto* convert = app.add_subcommand("convert", "convert a dataset to dptrain's HDF5 format");
-  convert->add_option("--from", conv.from, "idx | cifar10 | npy")->required();
+  convert->add_option("--from", conv.from, "idx | cifar10 | npy | imagefolder")->required();
   convert->add_option("--images", conv.images, "idx or .npy images file");
   convert->add_option("--labels", conv.labels, "idx or .npy labels file");
-  convert->add_option("--input", conv.input, "CIFAR-10 binary directory");
+  convert->add_option("--input", conv.input,
+                      "CIFAR-10 binary directory; imagefolder: DIR/<class>/<image>");
   convert->add_option("--split", conv.split, "CIFAR-10 split: train | test");
-  convert->add_option("--out", conv.out, "output HDF5 file")->required();
+  convert
+      ->add_option("--out", conv.out, "output HDF5 file (sharded: OUT-00000.h5, OUT-00001.h5, ...)")
+      ->required();
+  convert->add_option("--size", conv.size,
+                      "imagefolder: resize the shorter side to S, centre-crop S x S");
+  convert->add_option("--shard-size", conv.shard_size,
+                      "imagefolder: at most this many pixel bytes per file, e.g. 10GB, 512MiB");
+  convert->add_flag("--skip-bad", conv.skip_bad,
+                    "imagefolder: leave unreadable images out (listed) instead of exit 3");
+  convert->add_option("--threads", conv.threads,
+                      "imagefolder: decode/resize threads (default: all cores)");
 
   std::string inspect_path;
   auto* inspect = app.add_subcommand("inspect", "describe a dataset or checkpoint file");

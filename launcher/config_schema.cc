@@ -46,6 +46,7 @@ const std::vector<Field>& Schema() {
       DPT_CONFIG_FIELD(data.std),
       DPT_CONFIG_FIELD(data.shuffle),
       DPT_CONFIG_ENUM(data.augment),
+      DPT_CONFIG_FIELD(data.crop),
       DPT_CONFIG_FIELD(data.workers),
       DPT_CONFIG_FIELD(data.synthetic_samples),
       DPT_CONFIG_ENUM(data.cache),

@@ -79,6 +79,7 @@ void Validate(TrainConfig& c, const Origins& origins) {
     }
   }
   AtLeast(origins, "data.workers", c.data.workers, 0);
+  AtLeast(origins, "data.crop", c.data.crop, 0);
   AtLeast(origins, "data.synthetic_samples", c.data.synthetic_samples, 1);
 
   // [train]

@@ -151,6 +151,19 @@ void Trainer::LogStep(int64_t epoch, bool force) {
     grad_sq = be_.SumSquares(model_->grads());
   }
   grad_sq_saved_.reset();
+  // Training that waits for its data says so: the slowest rank's wait, as a share of the step.
+  std::string waiting;
+  if (!ranks.empty()) {
+    double wait_ms = 0;
+    for (int64_t r = 0; r < world_; ++r) {
+      wait_ms = std::max(wait_ms, ranks[static_cast<size_t>(r * kRankFields + kDataWait)]);
+    }
+    const double step_ms = 1e3 * dt / static_cast<double>(win_steps_);
+    if (wait_ms > 0.1 * step_ms) {
+      waiting = fmt::format(" (waiting for data {:.0f}% of the step: raise data.workers)",
+                            100 * std::min(wait_ms / step_ms, 1.0));
+    }
+  }
   if (is_root()) {
     // ETA from this session's pace (a resumed run starts its clock again).
     const double session = Since(run_start_);
@@ -159,10 +172,10 @@ void Trainer::LogStep(int64_t epoch, bool force) {
         done > 0 ? session / static_cast<double>(done) * static_cast<double>(total_steps_ - step_)
                  : 0;
     const std::string line = fmt::format(
-        "epoch {}/{} step {}/{} loss {:.4g} lr {:.4g} {:.0f} samples/s eta {}", epoch + 1,
+        "epoch {}/{} step {}/{} loss {:.4g} lr {:.4g} {:.0f} samples/s eta {}{}", epoch + 1,
         std::max<int64_t>(cfg_.train.epochs, (total_steps_ + steps_per_epoch_ - 1) /
                                                  std::max<int64_t>(steps_per_epoch_, 1)),
-        step_, total_steps_, loss, lr_, sps, FormatDuration(eta));
+        step_, total_steps_, loss, lr_, sps, FormatDuration(eta), waiting);
     if (env_.interactive) {
       fmt::print("\r\033[K{}", line);
       std::fflush(stdout);

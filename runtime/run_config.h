@@ -43,7 +43,8 @@ struct ConfigNames<LossChoice> {
 };
 template <>
 struct ConfigNames<Augment> {
-  static constexpr std::array<std::string_view, 2> kNames{"none", "crop-flip"};
+  static constexpr std::array<std::string_view, 3> kNames{"none", "crop-flip",
+                                                          "random-resized-crop"};
 };
 template <>
 struct ConfigNames<CacheMode> {
@@ -121,7 +122,8 @@ struct DataConfig {
   std::vector<double> mean, std;  // per channel; same length or both empty; std entries > 0
   bool shuffle = true;
   Augment augment = Augment::kNone;
-  int64_t workers = 2;               // loader threads per rank; 0 = load in the training thread
+  int64_t crop = 0;     // >= 0; samples come out crop x crop (random-resized or centre crop)
+  int64_t workers = 2;  // loader threads per rank; 0 = load in the training thread
   int64_t synthetic_samples = 8192;  // size of the "synthetic" data set (>= 1)
   CacheMode cache = CacheMode::kAuto;
 

@@ -92,17 +92,11 @@ void Trainer::SetupData() {
   if (!d.test.empty()) {
     test_ = OpenData(d.test, train_ ? train_->info().sample_shape : DefaultSampleShape(cfg_.model),
                      std::max<int64_t>(d.synthetic_samples / 4, 1), seed + 1);
-    DPT_CHECK_AS(DataError, !train_ || test_->info().sample_shape == train_->info().sample_shape)
-        << "data.test " << DescribeFiles(d.test) << " has samples of shape "
-        << test_->info().sample_shape.ToString() << " but data.train " << DescribeFiles(d.train)
-        << " has " << train_->info().sample_shape.ToString();
   }
   const Dataset& first = train_ ? *train_ : *test_;
-  sample_shape_ = first.info().sample_shape;
   // Regression targets: the fixed teacher on generated data, the label's value on a file.
   train_teacher_targets_ = IsSynthetic(d.train);
   test_teacher_targets_ = IsSynthetic(d.test);
-  if (regression_) teacher_ = TeacherWeights(sample_shape_.numel(), seed);
 
   loader_opts_.workers = static_cast<int>(d.workers);
   loader_opts_.prefetch = std::max(2, 2 * static_cast<int>(d.workers));
@@ -113,7 +107,22 @@ void Trainer::SetupData() {
     loader_opts_.std = first.info().std;
   }
   loader_opts_.augment = d.augment;
+  loader_opts_.crop = d.crop;
   loader_opts_.seed = seed;
+  // The model sees the loader's output: the stored samples, or their data.crop crops.
+  for (const Dataset* ds : {train_.get(), test_.get()}) {
+    if (ds != nullptr) ValidateLoaderOptions(loader_opts_, ds->info().sample_shape);
+  }
+  sample_shape_ = LoaderOutputShape(loader_opts_, first.info().sample_shape);
+  if (regression_) teacher_ = TeacherWeights(sample_shape_.numel(), seed);
+  if (train_ && test_) {
+    const Shape a = LoaderOutputShape(loader_opts_, train_->info().sample_shape);
+    const Shape b = LoaderOutputShape(loader_opts_, test_->info().sample_shape);
+    DPT_CHECK_AS(DataError, a == b)
+        << "data.test " << DescribeFiles(d.test) << " has samples of shape " << b.ToString()
+        << " but data.train " << DescribeFiles(d.train) << " has " << a.ToString()
+        << (d.crop > 0 ? " (after data.crop)" : "");
+  }
 
   world_ = comm_.size();
   const int64_t g = cfg_.train.global_batch;

@@ -287,6 +287,7 @@ Checkpoint Trainer::Snapshot(std::vector<std::vector<float>> sharded_slots) {
   s.skipped_steps = skipped_steps_;
   s.micro_batch = micro_;
   c.config_toml = env_.resolved_toml;
+  c.class_names = train_->info().class_names;
   c.optimizer_kind = ConfigName(cfg_.train.optimizer);
   // One device-to-host copy per flat buffer, then slices on the host.
   auto host = [&](const Tensor& flat) {

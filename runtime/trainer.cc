@@ -162,6 +162,7 @@ TrainResult Trainer::Run() {
       const bool profiled = be_.profiling();
       const auto t_step = Clock::now();
       TrainStep(batch);
+      loader_->Recycle(std::move(batch));
       if (profiled) {
         ++profiled_steps_;
         profiled_s_ += Since(t_step);

@@ -70,6 +70,10 @@ struct EvalResult {
   double test_accuracy = -1;  // -1 for regression models
   int64_t samples = 0;        // test samples, summed over ranks (each counted once)
   int64_t step = -1;          // the checkpoint's step (-1 for a parameters-only file)
+  // Classification: accuracy per class (-1 for a class without test samples), and the class
+  // names from the test set's class_names (empty when it has none).
+  std::vector<double> class_accuracy;
+  std::vector<std::string> class_names;
 };
 
 // `dptrain eval`: loads the parameters and buffers of `checkpoint` (rank 0 reads and checks it,

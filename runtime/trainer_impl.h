@@ -66,6 +66,8 @@ class Trainer {
  private:
   struct EvalSums {
     double loss = 0, correct = 0, samples = 0;
+    // Per class (classification with model.classes known): test samples and argmax hits.
+    std::vector<double> class_samples, class_correct;
   };
 
   // ---- setup.cc ----

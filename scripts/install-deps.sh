@@ -24,16 +24,18 @@ set -euo pipefail
 runtime=(openmpi-bin "libopenmpi3t64|libopenmpi3" "libhdf5-103-1t64|libhdf5-103-1"
   "libdnnl3|libdnnl2" "libfmt10|libfmt9" "libtomlplusplus3t64|libtomlplusplus3"
   "libonnx1t64|libonnx1" "libprotobuf32t64|libprotobuf32" zlib1g libgomp1 libstdc++6
+  "libturbojpeg0|libturbojpeg" "libpng16-16t64|libpng16-16" "libvips42t64|libvips42"
   ca-certificates)
 build=(build-essential cmake ninja-build pkg-config git ca-certificates
   openmpi-bin libopenmpi-dev libhdf5-dev libdnnl-dev zlib1g-dev
   libtomlplusplus-dev libcli11-dev nlohmann-json3-dev libfmt-dev libonnx-dev
-  libprotobuf-dev)
+  libprotobuf-dev libturbojpeg0-dev libpng-dev libvips-dev)
 # chromium: tests/integration/report.sh opens `dptrain report`'s page in headless Chromium.
 # python3-torch/-torchvision/-onnx: the PyTorch oracle (ONNX import parity, checkpoint interop).
+# python3-pil: the PIL oracle of convert --from imagefolder (tests/integration/imagefolder_*).
 tests=(libgtest-dev libgmock-dev libbenchmark-dev
   clang-format python3 python3-h5py python3-numpy dataset-fashion-mnist
-  python3-torch python3-torchvision python3-onnx
+  python3-torch python3-torchvision python3-onnx python3-pil
   clang libclang-rt-dev libomp-dev clang-tidy cppcheck chromium)
 report=(librsvg2-bin)
 # Debian's torch runs Linear on the system BLAS: without OpenBLAS that is the reference BLAS,

@@ -266,6 +266,11 @@ std::vector<char> BuildImage(const std::string& tmp, const std::string& final_pa
   w.Int("/state", "skipped_steps", s.skipped_steps);
   w.Int("/state", "micro_batch", s.micro_batch);
   w.StringDataset("/config", c.config_toml);
+  if (!c.class_names.empty()) {
+    std::string joined;
+    for (const std::string& n : c.class_names) joined += (joined.empty() ? "" : "\n") + n;
+    w.String("/", "class_names", joined);
+  }
   return w.Finish();
 }
 

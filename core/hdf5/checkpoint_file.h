@@ -74,6 +74,9 @@ struct Checkpoint {
   // checkpoint.init only.
   bool has_state = true;
   std::string config_toml;
+  // The training set's class names in label order (root attribute class_names, the names joined
+  // by "\n", as in dataset files); empty when the data had none.
+  std::vector<std::string> class_names;
   std::string optimizer_kind;               // /optimizer attribute `kind`; empty when absent
   std::vector<CheckpointTensor> params;     // /params, sorted by name after reading
   std::vector<CheckpointTensor> optimizer;  // /optimizer, sorted by name after reading

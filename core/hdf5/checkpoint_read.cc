@@ -9,7 +9,9 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <sstream>
+#include <string_view>
 
 #include "core/error.h"
 #include "core/hdf5/checkpoint_file.h"
@@ -393,6 +395,21 @@ RawCheckpoint ReadRaw(const std::string& path) {
   }
   if (Exists(file.get(), "config"))
     c.config_toml = ReadStringDataset(file.get(), "config", &raw.errors);
+  if (H5Aexists(file.get(), "class_names") > 0) {
+    h5::Id a = h5::Attr(H5Aopen(file.get(), "class_names", H5P_DEFAULT));
+    const std::optional<std::string> names = h5::ReadStringAttr(a.get());
+    if (!names) {
+      raw.errors.push_back("@class_names: not a single string");
+    } else {
+      std::string_view rest = *names;
+      while (true) {
+        const size_t nl = rest.find('\n');
+        c.class_names.emplace_back(rest.substr(0, nl));
+        if (nl == std::string_view::npos) break;
+        rest.remove_prefix(nl + 1);
+      }
+    }
+  }
   if (StripModulePrefix(&raw.params)) {
     c.notices.push_back("checkpoint " + path +
                         ": every name in /params starts with 'module.' (a DataParallel/DDP "

@@ -1,11 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 // Converters behind `dptrain convert` (DESIGN.md section 7): MNIST/Fashion-MNIST idx, CIFAR-10
-// binary and NumPy .npy files to the dataset HDF5 layout (WriteHdf5Dataset). Inputs are
+// binary, NumPy .npy files and JPEG/PNG class folders to the dataset HDF5 layout. Inputs are
 // untrusted: every malformed file gives an IoError/DataError naming the file and what is wrong
 // (never a crash, never an allocation sized by an unchecked header).
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <string>
+#include <vector>
 
 namespace dptrain {
 
@@ -27,5 +30,88 @@ void ConvertCifar10(const std::string& dir, const std::string& split, const std:
 // in [0, 2^31). classes = max label + 1. Errors name the file and the problem (bad magic or
 // header, unsupported dtype, fortran_order True, wrong rank, N mismatch, truncated data).
 void ConvertNpy(const std::string& images, const std::string& labels, const std::string& out);
+
+// ---- ImageFolder: DIR/<class>/<image>, as torchvision.datasets.ImageFolder reads it ----
+
+struct ImageFolderOptions {
+  int64_t size = 0;         // S: every image becomes S x S (required, 1..16384)
+  int64_t shard_bytes = 0;  // > 0: shards of at most this many pixel bytes; 0: one file
+  bool skip_bad = false;    // leave unreadable images out (listed) instead of failing
+  int threads = 0;          // decode + resize workers; <= 0: std::thread::hardware_concurrency
+  // Called on the calling thread after each image is stored or skipped: (done, total) over the
+  // images this run converts (shards kept from an earlier run are not counted). May be empty.
+  std::function<void(int64_t done, int64_t total)> progress;
+  // Called on the calling thread with one line of news (a shard kept from an earlier run) before
+  // the conversion starts. May be empty.
+  std::function<void(const std::string& line)> note;
+};
+
+struct ImageFolderResult {
+  std::vector<std::string> written;  // shard files written by this run, in order
+  std::vector<std::string> kept;     // complete shard files of an earlier run, left alone
+  // Images left out (--skip-bad), "class/file.jpg (reason)", in sample order; those of kept
+  // shards included (each shard records its own in the attribute `skipped`).
+  std::vector<std::string> skipped;
+  int64_t images = 0;   // samples stored in all shards (written and kept)
+  int64_t classes = 0;  // number of classes
+};
+
+// Converts the image folder `dir` to `out` (one file), or to `<out minus .h5>-00000.h5`, ...
+// when opts.shard_bytes > 0 (ImageFolderShardPath). Classes are the sorted (byte order)
+// subfolders of `dir`, label = index; samples are in torchvision's order: by class, then each
+// class folder walked (subfolders followed) with directories and file names sorted. Files whose
+// lower-cased name ends with .jpg, .jpeg or .png are decoded (libjpeg-turbo, libpng; the format
+// is taken from the content) and become RGB as PIL's convert("RGB") (greyscale replicated,
+// palette looked up, alpha dropped, CMYK as Adobe-inverted CMYK); torchvision's other image
+// extensions (.bmp .ppm .pgm .tif .tiff .webp) are samples dptrain cannot decode (unreadable);
+// other files are ignored. Each image is resized with libvips as PIL's resize(BILINEAR,
+// reducing_gap=None) resizes (vips_reduce, linear kernel; vips_affine, bilinear, to enlarge) so
+// its shorter side is S (the longer int(S * long / short), torchvision Resize(S)) and
+// centre-cropped to S x S (offset round((side - S) / 2), half to even, torchvision CenterCrop).
+// Each shard holds
+//   /images uint8 [N, 3, S, S], one sample per chunk; /labels int32 [N];
+//   root attributes classes (int64), class_names (one UTF-8 string, names joined by "\n"),
+//   source_count (input files the shard covers), source_digest (hash of their names and sizes
+//   and S), skipped (the shard's left-out images, when any),
+// and is written to `<file>.tmp`, fsynced and renamed. A shard whose file already exists and
+// matches (opens, N, shape, class names, source_digest) is kept, not redone (resume).
+// Errors: DataError (exit 3) naming the file or folder: no class folders, a class folder without
+// images, a class name with "\n" or not UTF-8, an unreadable / corrupt / truncated image
+// (libjpeg-turbo warnings included) unless opts.skip_bad (then left out; a shard left empty is
+// not written; no image left at all is an error). ConfigError for bad options. No final file of
+// a shard is written unless the whole shard is; its .tmp is removed on error.
+ImageFolderResult ConvertImageFolder(const std::string& dir, const std::string& out,
+                                     const ImageFolderOptions& opts);
+
+// The pieces of ConvertImageFolder that are pure logic, exposed for unit tests.
+
+// The image folder's classes and samples (no decoding). files are relative to the folder
+// ("cat/sub/x.jpg"), with their sizes in bytes and labels; same order as ConvertImageFolder.
+struct ImageFolderListing {
+  std::vector<std::string> classes;
+  std::vector<std::string> files;
+  std::vector<int64_t> bytes;
+  std::vector<int32_t> labels;
+};
+ImageFolderListing ListImageFolder(const std::string& dir);
+
+// torchvision Resize(S) + CenterCrop(S) for a w x h image: the resized size and the top-left
+// corner of the S x S crop in it. w, h, size >= 1.
+struct ImageFolderGeometry {
+  int64_t resized_w = 0, resized_h = 0;
+  int64_t crop_x = 0, crop_y = 0;
+};
+ImageFolderGeometry ResizeCropGeometry(int64_t w, int64_t h, int64_t size);
+
+// Splits n samples of sample_bytes each into consecutive shards of at most shard_bytes
+// (shard_bytes <= 0: one shard of all n). ConfigError when one sample does not fit.
+struct ShardRange {
+  int64_t first = 0, count = 0;
+};
+std::vector<ShardRange> PlanShards(int64_t n, int64_t sample_bytes, int64_t shard_bytes);
+
+// The file of shard `index`: `out` itself when not sharded, else `out` without a trailing
+// ".h5" + "-%05d.h5" ("train.h5", 3 -> "train-00003.h5").
+std::string ImageFolderShardPath(const std::string& out, int64_t index, bool sharded);
 
 }  // namespace dptrain

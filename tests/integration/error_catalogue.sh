@@ -55,7 +55,7 @@ one "convert --from npy without --labels" 2 "convert --from npy needs --images a
   convert --from npy --images "$TMP/a" --out "$TMP/x.h5"
 one "convert --from cifar10 without --input" 2 "convert --from cifar10 needs --input DIR" \
   convert --from cifar10 --out "$TMP/x.h5"
-one "convert --from csv" 2 "convert --from: unknown format 'csv' (idx, cifar10, npy)" \
+one "convert --from csv" 2 "convert --from: unknown format 'csv' (idx, cifar10, npy, imagefolder)" \
   convert --from csv --out "$TMP/x.h5"
 mkdir -p "$TMP/cifar"
 one "convert --split val" 2 "--split val: expected train or test" \

@@ -143,7 +143,7 @@ run_limited() {
   local tag="it$$x$RANDOM$RANDOM" t0
   LAST_RC=0
   t0=$(date +%s.%N)
-  DPTRAIN_IT_TAG=$tag timeout -k 5 30 "$@" >"$TMP/last.out" 2>"$TMP/last.err" </dev/null ||
+  DPTRAIN_IT_TAG=$tag timeout -k 5 "${RUN_LIMIT:-30}" "$@" >"$TMP/last.out" 2>"$TMP/last.err" </dev/null ||
     LAST_RC=$?
   LAST_SECONDS=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }')
   LAST_LEFT=$(reap_tagged "$tag") || true
@@ -193,7 +193,8 @@ expect_fail() {
   return 1
 }
 
-# expect_ok -- command...: exit 0 within 30 s and no process left behind.
+# expect_ok -- command...: exit 0 within 30 s (RUN_LIMIT seconds when set) and no process left
+# behind.
 expect_ok() {
   [[ ${1:-} == -- ]] && shift
   run_limited "$@"
