@@ -25,18 +25,23 @@ int RunPlanCommand(const TrainConfig& cfg, int ranks, bool json) {
   const int64_t micro = local / cfg.train.accumulate;
 
   std::string device = ConfigName(cfg.dist.device);
+  std::string why;
   if (cfg.dist.device == DeviceChoice::kAuto) {
-    std::string why;
     device = BackendAvailable("cuda", &why) ? "cuda" : "cpu";
   }
-  Backend& be = GetBackend(device);
+  // A plan for GPUs made where there is none (a login node sizing a job): the tensors are the
+  // same on every backend, so the CPU backend builds the model; the device's capacity and
+  // cuDNN's workspaces are unknown here.
+  const bool gpu_elsewhere = device == "cuda" && !BackendAvailable("cuda", &why);
+  Backend& be = GetBackend(gpu_elsewhere ? "cpu" : device);
   // The input shape comes from the dataset; without opening it, use the zoo model's input (the
-  // data's shape is checked at training time).
-  const Shape input = DefaultSampleShape(cfg.model);
+  // data's shape is checked at training time), or data.crop's crop of it.
+  Shape input = DefaultSampleShape(cfg.model);
+  if (cfg.data.crop > 0 && input.rank() == 3) input = Shape{input[0], cfg.data.crop, cfg.data.crop};
   const LossKind loss = ResolveLoss(cfg.model);
   const int slots = StateSlots(cfg.train.optimizer, cfg.train.momentum);
   int64_t budget = static_cast<int64_t>(cfg.memory.limit_bytes);
-  if (budget == 0) budget = static_cast<int64_t>(be.allocator().Capacity());
+  if (budget == 0 && !gpu_elsewhere) budget = static_cast<int64_t>(be.allocator().Capacity());
   // The plan for each dist.shard, the configured one in full. Groups as training cuts them.
   const auto plan_for = [&](ShardMode mode) {
     Model model(be, BuildNet(be, cfg.model, input), input);
@@ -54,7 +59,12 @@ int RunPlanCommand(const TrainConfig& cfg, int ranks, bool json) {
                cfg.train.accumulate > 1
                    ? fmt::format(" = {} x {} micro-steps", micro, cfg.train.accumulate)
                    : "",
-               input.ToString(), device);
+               input.ToString(),
+               gpu_elsewhere ? "per GPU; no GPU here (" + why +
+                                   "): planned with the CPU backend's shapes, GPU capacity and "
+                                   "cuDNN workspaces not counted, set memory.limit to check a "
+                                   "budget"
+                             : device);
     fmt::print("{}", plan.ToTable());
     if (world > 1) {
       const auto mb = [](int64_t v) { return static_cast<double>(v) / (1 << 20); };

@@ -69,7 +69,7 @@ MemoryPlan PlanMemory(Model& m, int optimizer_slots, LossKind loss, int64_t budg
     // A group's scratch lives from its first layer's backward until its reduce-scatter is
     // done, by which time the next group is being written: two neighbours at once.
     const auto& g = m.groups();
-    for (size_t i = 0; i < net.size(); ++i) {
+    for (size_t i = 0; i < g.size(); ++i) {  // groups, not graph nodes (fewer of them)
       int64_t pair = g[i].second - g[i].first;
       if (i + 1 < g.size()) pair += g[i + 1].second - g[i + 1].first;
       plan.grad_scratch = std::max(plan.grad_scratch, 4 * pair);

@@ -105,4 +105,12 @@ CASE="eval reports per-class accuracy by name"
 expect_ok -- "${MPI2[@]}" "$DPTRAIN" eval --config "$TMP/run.toml" --checkpoint "$ck"
 check "per-class table with the folder names" \
   bash -c "grep -q '^per class:' '$TMP/last.out' && grep -qE '^  disc +[01]\.[0-9]{4} +30$' '$TMP/last.out' && grep -qE '^  frame ' '$TMP/last.out'"
+
+# configs/imagenet_resnet50.toml: `dptrain plan --ranks 8` reports the memory per GPU (no GPU
+# here: the CPU backend's shapes, said so).
+CASE="plan the ImageNet recipe on 8 ranks"
+expect_ok -- "$DPTRAIN" plan --config "$DPTRAIN_SRC/configs/imagenet_resnet50.toml" --ranks 8
+check "plan: 8 ranks, 32 per rank, input [3, 224, 224] per GPU, a total" \
+  bash -c "grep -q '^8 ranks, global batch 256 -> 32 per rank, input \\[3, 224, 224\\] (per GPU' '$TMP/last.out' && grep -qE '^total +[0-9.]+\$' '$TMP/last.out'"
+grep -E '^(total|none|optimizer|gradients) ' "$TMP/last.out" | sed 's/^/  /'
 finish

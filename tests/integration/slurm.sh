@@ -177,6 +177,25 @@ else
   show_job "$jid" "$out"
 fi
 
+# slurm/imagenet_resnet50.sbatch (issue 14's recipe on 2 nodes x 4 GPUs) runs train.sbatch with
+# configs/imagenet_resnet50.toml: here on the one test node, shrunk to Fashion-MNIST on the CPU.
+out=$TMP/imagenet.out
+jid=$(DPTRAIN_SLURM_DIR=$DPTRAIN_SRC/slurm DPTRAIN_CONFIG=$DPTRAIN_SRC/configs/imagenet_resnet50.toml \
+  sbatch --parsable "${SMALL[@]}" --nodes=1 --gpus-per-node=4 --output="$out" \
+  "$DPTRAIN_SRC/slurm/imagenet_resnet50.sbatch" "${TRAIN_ARGS[@]}" --set "run_dir=$TMP/run-imagenet" \
+  --set model.name=ref_cnn --set model.classes=10 --set data.augment=none --set data.crop=0 \
+  --set "data.mean=[0.286]" --set "data.std=[0.353]" --set dist.device=cpu \
+  --set train.precision=fp32 --set train.warmup_steps=0 --set train.global_batch=64 \
+  --set train.max_steps=20)
+wait_job "$jid" 300
+if completed_ok "$jid" && grep -q "config .*configs/imagenet_resnet50.toml" "$out" &&
+  [[ $(last_step "$TMP/run-imagenet/metrics.jsonl") == 20 ]]; then
+  pass "slurm/imagenet_resnet50.sbatch: train.sbatch with the ImageNet config, job $jid COMPLETED"
+else
+  fail "slurm/imagenet_resnet50.sbatch: job $jid"
+  show_job "$jid" "$out"
+fi
+
 # ---- 3: GPU binding with fake GPUs ----------------------------------------------------------
 # Each task prints Slurm's CUDA_VISIBLE_DEVICES and its local-rank variables, then `dptrain info`.
 probe='echo "task ${OMPI_COMM_WORLD_RANK:-$SLURM_PROCID} CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-unset}"; exec "$DPTRAIN" info'

@@ -7,6 +7,7 @@
 
 #include "core/backend_registry.h"
 #include "models/zoo/zoo.h"
+#include "runtime/comm/sharded_reducer.h"
 #include "runtime/optim/optimizer.h"
 #include "tests/testing/backends.h"
 
@@ -89,6 +90,27 @@ TEST(MemoryPlanTest, PerLayerTableNamesLayersAndLargestBatchFits) {
   const int64_t peak =
       MeasuredPeak("ref_cnn", Shape{1, 28, 28}, plan.max_micro_batch, Precision::kF32, &at_max);
   EXPECT_LE(peak, int64_t{64} << 20) << "micro-batch " << plan.max_micro_batch;
+}
+
+// dist.shard = "gradients": the scratch of two neighbouring gradient groups, no more (the plan
+// once read past the end of the group list and printed petabytes).
+TEST(MemoryPlanTest, GradientShardingCountsTwoGroupsOfScratch) {
+  Backend& be = GetBackend("cpu");
+  for (const int world : {2, 8}) {
+    Model m(be, BuildZooModel(be, "resnet18_cifar", 10), Shape{3, 32, 32});
+    m.Setup(2, Precision::kF32, ShardedFlatLayout(ShardMode::kGradients, world, size_t{4} << 20));
+    ASSERT_GT(m.groups().size(), 1u);
+    const MemoryPlan p =
+        PlanMemory(m, 1, LossKind::kCrossEntropy, 0, PlanSharding(ShardMode::kGradients, world));
+    int64_t largest_pair = 0;
+    for (size_t i = 0; i < m.groups().size(); ++i) {
+      int64_t pair = m.groups()[i].second - m.groups()[i].first;
+      if (i + 1 < m.groups().size()) pair += m.groups()[i + 1].second - m.groups()[i + 1].first;
+      largest_pair = std::max(largest_pair, pair);
+    }
+    EXPECT_EQ(p.grad_scratch, 4 * largest_pair) << world << " ranks";
+    EXPECT_LT(p.total, int64_t{1} << 30) << world << " ranks";
+  }
 }
 
 }  // namespace
