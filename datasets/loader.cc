@@ -3,6 +3,7 @@
 #include "datasets/loader.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <functional>
 #include <numeric>
@@ -265,8 +266,18 @@ HostBatch TrainLoader::Produce(int64_t step) const {
       spare_.pop_back();
     }
   }
+  const auto t0 = std::chrono::steady_clock::now();
   ReadAndTransform(ds_, opts_, epoch_, &b);
+  busy_ns_ +=
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
+          .count();
+  produced_ += b.n;
   return b;
+}
+
+double TrainLoader::SamplesPerThreadSecond() const {
+  const int64_t ns = busy_ns_.load();
+  return ns > 0 ? static_cast<double>(produced_.load()) * 1e9 / static_cast<double>(ns) : 0;
 }
 
 void TrainLoader::WorkerLoop(int worker) {

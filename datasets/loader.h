@@ -4,6 +4,7 @@
 // reader over a contiguous range (EvalShard) without augmentation.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
@@ -94,6 +95,9 @@ class TrainLoader {
   // samples is tens of MB, which glibc maps and unmaps on every allocation (page faults on
   // every pixel). Thread-safe.
   void Recycle(HostBatch&& b);
+  // The loader's own rate: samples read and transformed per second of a thread's work (summed
+  // over its threads, all epochs so far); 0 before any batch. What data.workers multiplies.
+  double SamplesPerThreadSecond() const;
   // Stops and joins the workers; batches not yet returned are dropped. Never throws; returns
   // within the time a worker needs to finish the batch it is reading.
   void Stop() noexcept;
@@ -121,6 +125,7 @@ class TrainLoader {
   };
   std::map<int64_t, Slot> ready_;  // step -> produced batch (the reorder queue)
   std::exception_ptr failed_;      // sticky after Next() rethrew
+  mutable std::atomic<int64_t> busy_ns_{0}, produced_{0};  // SamplesPerThreadSecond()
   mutable std::mutex spare_mu_;
   mutable std::vector<std::vector<float>> spare_;  // Recycle()d image buffers
   std::vector<std::thread> threads_;

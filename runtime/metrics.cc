@@ -229,6 +229,17 @@ void Trainer::PrintSummary(bool stopped, int64_t session_steps, double total) {
         "optimizer {:.2f} ms\n",
         session_steps, total, result_.samples_per_s, 1e3 * data_wait_s_ / n, 1e3 * fwd_s_ / n,
         1e3 * bwd_s_ / n, 1e3 * comm_s_ / n, 1e3 * opt_s_ / n);
+    if (loader_ && loader_->SamplesPerThreadSecond() > 0) {
+      // What the loader threads can make against what the step used, on rank 0.
+      const int threads = std::max(1, loader_opts_.workers);
+      const double per_thread = loader_->SamplesPerThreadSecond();
+      fmt::print(
+          "data: the loader makes {:.0f} samples/s per thread ({} x {:.0f} = {:.0f} samples/s "
+          "on rank 0{}); training consumed {:.0f} samples/s per rank\n",
+          per_thread, threads, per_thread, threads * per_thread,
+          loader_opts_.workers == 0 ? ", in the training thread: data.workers = 0" : "",
+          result_.samples_per_s / static_cast<double>(world_));
+    }
     if (stopped) {
       fmt::print(
           "preempted by {} at step {}: resume with the same command (checkpoint.resume "

@@ -98,6 +98,8 @@ echo "  test accuracy ${acc:-none} (chance 0.33)"
 check "test accuracy ${acc:-none} > 0.6 (chance 1/3)" \
   "$PY" -c "import sys; sys.exit(0 if float('${acc:-0}') > 0.6 else 1)"
 check "the run saw 360 samples from the shards" grep -q "360 train samples" "$TMP/last.out"
+check "the summary sets the loader's rate per thread against the step's consumption" \
+  grep -qE "^data: the loader makes [0-9]+ samples/s per thread .*; training consumed [0-9]+ samples/s per rank$" "$TMP/last.out"
 ck=$(compgen -G "$TMP/run/checkpoints/ckpt-*.h5" | sort | tail -n 1)
 check "the checkpoint carries the class names" \
   "$PY" -c "import h5py, sys; sys.exit(0 if h5py.File('$ck')['/'].attrs['class_names'] == 'disc\nframe\nstripes' else 1)"
