@@ -64,6 +64,7 @@ bench: build data
 	@bash scripts/install-deps.sh --bench
 	bash bench/run.sh $(BUILD)
 	bash bench/shard.sh $(BUILD)
+	bash bench/loader.sh $(BUILD)
 
 sanitize: deps
 	ASAN_BUILD=$(ASAN_BUILD) TSAN_BUILD=$(TSAN_BUILD) JOBS=$(JOBS) \
