@@ -16,6 +16,7 @@
 
 #include "core/error.h"
 #include "core/hdf5/hdf5_util.h"
+#include "core/util/strings.h"
 #include "datasets/dataset.h"
 #include "datasets/hdf5_dataset_impl.h"
 
@@ -257,13 +258,7 @@ void Hdf5Dataset::ReadAttributes() {
       DPT_THROW(DataError) << path << ": attribute class_names must be one string (the names "
                            << "joined by newlines)";
     }
-    std::string_view rest = *text;
-    while (true) {
-      const size_t nl = rest.find('\n');
-      info_.class_names.emplace_back(rest.substr(0, nl));
-      if (nl == std::string_view::npos) break;
-      rest.remove_prefix(nl + 1);
-    }
+    info_.class_names = SplitLines(*text);
     if (file_classes_ > 0 && static_cast<int64_t>(info_.class_names.size()) != file_classes_) {
       DPT_THROW(DataError) << path << ": attribute class_names has " << info_.class_names.size()
                            << " names but the file's classes attribute is " << file_classes_;

@@ -83,6 +83,18 @@ struct Hdf5Writer::Impl {
     std::vector<int64_t> dims;
   };
   std::map<std::string, OpenArray> arrays;
+
+  // The dataset `name` of `elem` in the file, with the dataspace and creation properties given.
+  h5::Id CreateDataset(const std::string& name, H5Elem elem, const h5::Id& space,
+                       const h5::Id& dcpl) const {
+    h5::Id dset = h5::Dataset(H5Dcreate2(file.get(), name.c_str(), FileType(elem), space.get(),
+                                         lcpl.get(), dcpl.get(), H5P_DEFAULT));
+    if (!dset.valid()) {
+      DPT_THROW(IoError) << path << ": " << name
+                         << ": cannot create dataset: " << h5::ErrorStackString();
+    }
+    return dset;
+  }
 };
 
 Hdf5Writer::Hdf5Writer(const std::string& path) : impl_(std::make_unique<Impl>()) {
@@ -122,12 +134,7 @@ void Hdf5Writer::WriteArray(const std::string& name, H5Elem elem, const std::vec
     DPT_H5_CHECK_AS(IoError, H5Pset_chunk(dcpl.get(), static_cast<int>(chunk.size()), chunk.data()))
         << impl_->path << ": " << name << ": cannot set chunking";
   }
-  h5::Id dset = h5::Dataset(H5Dcreate2(impl_->file.get(), name.c_str(), FileType(elem), space.get(),
-                                       impl_->lcpl.get(), dcpl.get(), H5P_DEFAULT));
-  if (!dset.valid()) {
-    DPT_THROW(IoError) << impl_->path << ": " << name
-                       << ": cannot create dataset: " << h5::ErrorStackString();
-  }
+  h5::Id dset = impl_->CreateDataset(name, elem, space, dcpl);
   if (numel > 0) {
     DPT_CHECK(data != nullptr) << name << ": null data";
     if (H5Dwrite(dset.get(), MemType(elem), H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0) {
@@ -156,12 +163,7 @@ void Hdf5Writer::CreateArray(const std::string& name, H5Elem elem, const std::ve
   h5::Id dcpl = h5::Plist(H5Pcreate(H5P_DATASET_CREATE));
   DPT_H5_CHECK_AS(IoError, H5Pset_chunk(dcpl.get(), static_cast<int>(chunk.size()), chunk.data()))
       << impl_->path << ": " << name << ": cannot set chunking";
-  h5::Id dset = h5::Dataset(H5Dcreate2(impl_->file.get(), name.c_str(), FileType(elem), space.get(),
-                                       impl_->lcpl.get(), dcpl.get(), H5P_DEFAULT));
-  if (!dset.valid()) {
-    DPT_THROW(IoError) << impl_->path << ": " << name
-                       << ": cannot create dataset: " << h5::ErrorStackString();
-  }
+  h5::Id dset = impl_->CreateDataset(name, elem, space, dcpl);
   impl_->arrays[name] = Impl::OpenArray{std::move(dset), dims};
 }
 

@@ -23,6 +23,7 @@
 
 #include "core/error.h"
 #include "core/hdf5/hdf5_util.h"
+#include "core/util/strings.h"
 
 #ifndef DPTRAIN_VERSION
 #define DPTRAIN_VERSION "unknown"
@@ -266,11 +267,7 @@ std::vector<char> BuildImage(const std::string& tmp, const std::string& final_pa
   w.Int("/state", "skipped_steps", s.skipped_steps);
   w.Int("/state", "micro_batch", s.micro_batch);
   w.StringDataset("/config", c.config_toml);
-  if (!c.class_names.empty()) {
-    std::string joined;
-    for (const std::string& n : c.class_names) joined += (joined.empty() ? "" : "\n") + n;
-    w.String("/", "class_names", joined);
-  }
+  if (!c.class_names.empty()) w.String("/", "class_names", Join(c.class_names, "\n"));
   return w.Finish();
 }
 

@@ -401,13 +401,7 @@ RawCheckpoint ReadRaw(const std::string& path) {
     if (!names) {
       raw.errors.push_back("@class_names: not a single string");
     } else {
-      std::string_view rest = *names;
-      while (true) {
-        const size_t nl = rest.find('\n');
-        c.class_names.emplace_back(rest.substr(0, nl));
-        if (nl == std::string_view::npos) break;
-        rest.remove_prefix(nl + 1);
-      }
+      c.class_names = SplitLines(*names);
     }
   }
   if (StripModulePrefix(&raw.params)) {

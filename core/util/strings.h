@@ -27,4 +27,17 @@ inline std::string Join(const std::vector<std::string>& items, std::string_view 
   return out;
 }
 
+// The lines of `s` split at '\n', as std::getline reads them: "" gives none, a final '\n' ends
+// the last line. Class names in dataset and checkpoint files are stored this way.
+inline std::vector<std::string> SplitLines(std::string_view s) {
+  std::vector<std::string> out;
+  while (!s.empty()) {
+    const size_t nl = s.find('\n');
+    out.emplace_back(s.substr(0, nl));
+    if (nl == std::string_view::npos) break;
+    s.remove_prefix(nl + 1);
+  }
+  return out;
+}
+
 }  // namespace dptrain

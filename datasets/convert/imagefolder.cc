@@ -29,6 +29,7 @@
 
 #include "core/error.h"
 #include "core/hdf5/hdf5_util.h"
+#include "core/util/strings.h"
 #include "datasets/convert/convert.h"
 #include "datasets/dataset.h"
 #include "datasets/hdf5_writer.h"
@@ -544,15 +545,6 @@ std::string SourceDigest(const ImageFolderListing& l, const ShardRange& r, int64
   char buf[17];
   std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
   return buf;
-}
-
-std::vector<std::string> SplitLines(const std::string& s) {
-  std::vector<std::string> out;
-  if (s.empty()) return out;
-  std::string line;
-  std::istringstream in(s);
-  while (std::getline(in, line)) out.push_back(line);
-  return out;
 }
 
 std::optional<std::string> StringAttr(hid_t file, const char* name) {

@@ -106,6 +106,14 @@ ModelRun ForwardBackward(Backend& be, const std::string& name, Precision precisi
   return r;
 }
 
+// Whether `be` runs bf16 convolutions (CUDA: compute capability 8.0 and newer).
+bool SupportsBf16(const Backend& be) {
+  Conv2dDesc probe;
+  probe.n = probe.c = probe.h = probe.w = probe.k = probe.r = probe.s = 1;
+  probe.precision = Precision::kBF16;
+  return be.Supports(probe);
+}
+
 class CudaModelTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(CudaModelTest, MatchesTheCpuBackend) {
@@ -218,10 +226,7 @@ TEST_P(CudaModelTest, EachNodeMatchesTheCpuBackend) {
 // bf16 may not round much more than oneDNN's; names the nodes where it does.
 TEST_P(CudaModelTest, EachNodeInBf16RoundsLikeTheCpuBackend) {
   DPT_BACKEND_OR_SKIP(cuda, "cuda");
-  Conv2dDesc probe;
-  probe.n = probe.c = probe.h = probe.w = probe.k = probe.r = probe.s = 1;
-  probe.precision = Precision::kBF16;
-  if (!cuda->Supports(probe)) GTEST_SKIP() << "cuda: bf16 needs compute capability 8.0";
+  if (!SupportsBf16(*cuda)) GTEST_SKIP() << "cuda: bf16 needs compute capability 8.0";
   Backend& cpu = GetBackend("cpu");
   const std::string& name = GetParam();
   const Shape in = DefaultInputShape(name);
@@ -299,10 +304,7 @@ TEST_P(CudaModelTest, RerunsAreBitIdentical) {
 // rounding itself node by node).
 TEST_P(CudaModelTest, Bf16LossIsCloseToFp32) {
   DPT_BACKEND_OR_SKIP(cuda, "cuda");
-  Conv2dDesc probe;
-  probe.n = probe.c = probe.h = probe.w = probe.k = probe.r = probe.s = 1;
-  probe.precision = Precision::kBF16;
-  if (!cuda->Supports(probe)) GTEST_SKIP() << "cuda: bf16 needs compute capability 8.0";
+  if (!SupportsBf16(*cuda)) GTEST_SKIP() << "cuda: bf16 needs compute capability 8.0";
   Backend& cpu = GetBackend("cpu");
   double on_cuda = 0, on_cpu = 0;
   std::ostringstream msg;
