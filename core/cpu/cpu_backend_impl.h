@@ -37,6 +37,19 @@ using Tag = memory::format_tag;
 
 constexpr int64_t kParallelMin = 1 << 14;  // below this an OpenMP region costs more than it saves
 
+// A hot loop compiled three times (AVX-512, AVX2 + FMA, the x86-64 baseline) and picked for the
+// machine when the program loads: the build stays portable and the loops still use the widest
+// vectors there are. Elsewhere (not x86-64) the one baseline build. core/ compiles with
+// -ffp-contract=off, so the wider builds round every product as the baseline does: no fused
+// multiply-adds (they moved ResNet-50's one-step parity with PyTorch's float64 step past its
+// bound, integration.onnx_import).
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define DPT_SIMD_CLONES \
+  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define DPT_SIMD_CLONES
+#endif
+
 // The argument checks of the ops.
 inline void CheckF32(const Tensor& t, const char* what) {
   DPT_CHECK(t.defined() && t.dtype() == DType::kF32 && t.device() == Device::kCpu)

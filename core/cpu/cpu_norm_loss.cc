@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // CPU backend: the per-channel and per-row reductions: batch norm (training, inference,
 // backward, statistics accumulated in double) and the losses (softmax cross-entropy, MSE).
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -12,6 +13,58 @@
 namespace dptrain::cpu {
 
 // ---- batch norm --------------------------------------------------------------------------
+// Per channel, over its N runs of H*W contiguous elements: each run goes through one of the
+// vectorised loops below (double accumulators; `omp simd` lets the compiler split each sum over
+// vector lanes, a fixed order for a given build, so reruns are bit-identical).
+
+namespace {
+
+// sum(x - shift) and sum((x - shift)^2) of one run, added to *s1 and *s2: one pass for both
+// statistics. The shift (a value of the channel) keeps the variance's subtraction of two large
+// sums exact enough in double when the mean is large against the spread.
+DPT_SIMD_CLONES void RunMoments(const float* p, int64_t n, double shift, double* s1, double* s2) {
+  double a = 0, b = 0;
+#pragma omp simd reduction(+ : a, b)
+  for (int64_t j = 0; j < n; ++j) {
+    const double v = p[j] - shift;
+    a += v;
+    b += v * v;
+  }
+  *s1 += a;
+  *s2 += b;
+}
+
+DPT_SIMD_CLONES void RunAffine(const float* p, float* q, int64_t n, ew::BnAffine affine) {
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) q[j] = ew::BnApply(p[j], affine);
+}
+
+// sum(dy) and sum(dy * xhat) of one run, added to *sum_dy and *sum_dy_xhat.
+DPT_SIMD_CLONES void RunGradSums(const float* g, const float* x, int64_t n, double mean,
+                                 double invstd, double* sum_dy, double* sum_dy_xhat) {
+  double s = 0, sx = 0;
+#pragma omp simd reduction(+ : s, sx)
+  for (int64_t j = 0; j < n; ++j) {
+    s += g[j];
+    sx += ew::BnDyXhat(g[j], x[j], mean, invstd);
+  }
+  *sum_dy += s;
+  *sum_dy_xhat += sx;
+}
+
+struct BnGradTerms {
+  double mean, invstd, k, m, sum_dy, sum_dy_xhat;
+};
+
+DPT_SIMD_CLONES void RunGradInput(const float* g, const float* x, float* dx, int64_t n,
+                                  BnGradTerms t) {
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) {
+    dx[j] = ew::BnDx(g[j], x[j], t.mean, t.invstd, t.k, t.m, t.sum_dy, t.sum_dy_xhat);
+  }
+}
+
+}  // namespace
 
 void CpuBackend::BatchNormForwardTraining(const BatchNormArgs& a, const Tensor& x,
                                           const Tensor& gamma, const Tensor& beta,
@@ -24,24 +77,18 @@ void CpuBackend::BatchNormForwardTraining(const BatchNormArgs& a, const Tensor& 
   const int64_t m = d.n * d.hw;
 #pragma omp parallel for if (m * d.c > kParallelMin)
   for (int64_t c = 0; c < d.c; ++c) {
-    double sum = 0, sq = 0;
-    for (int64_t i = 0; i < d.n; ++i) {
-      const float* p = in + (i * d.c + c) * d.hw;
-      for (int64_t j = 0; j < d.hw; ++j) sum += p[j];
-    }
-    const double mean = sum / static_cast<double>(m);
-    for (int64_t i = 0; i < d.n; ++i) {
-      const float* p = in + (i * d.c + c) * d.hw;
-      for (int64_t j = 0; j < d.hw; ++j) sq += (p[j] - mean) * (p[j] - mean);
-    }
-    const double var = sq / static_cast<double>(m);
+    const double shift = in[c * d.hw];
+    double s1 = 0, s2 = 0;
+    for (int64_t i = 0; i < d.n; ++i) RunMoments(in + (i * d.c + c) * d.hw, d.hw, shift, &s1, &s2);
+    const double mean = shift + s1 / static_cast<double>(m);
+    const double var =
+        std::max(0.0, (s2 - s1 * s1 / static_cast<double>(m)) / static_cast<double>(m));
     const double invstd = ew::BnInvStd(var, a.eps);
     const ew::BnAffine affine =
         ew::BnFold(gamma.data<float>()[c], beta.data<float>()[c], static_cast<float>(mean), invstd);
     for (int64_t i = 0; i < d.n; ++i) {
-      const float* p = in + (i * d.c + c) * d.hw;
-      float* q = out + (i * d.c + c) * d.hw;
-      for (int64_t j = 0; j < d.hw; ++j) q[j] = ew::BnApply(p[j], affine);
+      const int64_t off = (i * d.c + c) * d.hw;
+      RunAffine(in + off, out + off, d.hw, affine);
     }
     save_mean->data<float>()[c] = static_cast<float>(mean);
     save_invstd->data<float>()[c] = static_cast<float>(invstd);
@@ -66,9 +113,8 @@ void CpuBackend::BatchNormForwardInference(const BatchNormArgs& a, const Tensor&
     const ew::BnAffine affine = ew::BnFold(gamma.data<float>()[c], beta.data<float>()[c],
                                            running_mean.data<float>()[c], invstd);
     for (int64_t i = 0; i < d.n; ++i) {
-      const float* p = in + (i * d.c + c) * d.hw;
-      float* q = out + (i * d.c + c) * d.hw;
-      for (int64_t j = 0; j < d.hw; ++j) q[j] = ew::BnApply(p[j], affine);
+      const int64_t off = (i * d.c + c) * d.hw;
+      RunAffine(in + off, out + off, d.hw, affine);
     }
   }
 }
@@ -84,27 +130,23 @@ void CpuBackend::BatchNormBackward(const Tensor& x, const Tensor& dy, const Tens
   const double m = static_cast<double>(d.n * d.hw);
 #pragma omp parallel for if (d.n * d.c * d.hw > kParallelMin)
   for (int64_t c = 0; c < d.c; ++c) {
-    const double mean = save_mean.data<float>()[c];
-    const double invstd = save_invstd.data<float>()[c];
-    double sum_dy = 0, sum_dy_xhat = 0;
+    BnGradTerms t{};
+    t.mean = save_mean.data<float>()[c];
+    t.invstd = save_invstd.data<float>()[c];
+    t.m = m;
     for (int64_t i = 0; i < d.n; ++i) {
       const int64_t off = (i * d.c + c) * d.hw;
-      for (int64_t j = 0; j < d.hw; ++j) {
-        sum_dy += g[off + j];
-        sum_dy_xhat += ew::BnDyXhat(g[off + j], in[off + j], mean, invstd);
-      }
+      RunGradSums(g + off, in + off, d.hw, t.mean, t.invstd, &t.sum_dy, &t.sum_dy_xhat);
     }
-    const double k = ew::BnGradScale(gamma.data<float>()[c], invstd, m);
+    t.k = ew::BnGradScale(gamma.data<float>()[c], t.invstd, m);
     for (int64_t i = 0; i < d.n; ++i) {
       const int64_t off = (i * d.c + c) * d.hw;
-      for (int64_t j = 0; j < d.hw; ++j) {
-        out[off + j] = ew::BnDx(g[off + j], in[off + j], mean, invstd, k, m, sum_dy, sum_dy_xhat);
-      }
+      RunGradInput(g + off, in + off, out + off, d.hw, t);
     }
     float& dgc = dgamma->data<float>()[c];
     float& dbc = dbeta->data<float>()[c];
-    dgc = ew::BnParamGrad(sum_dy_xhat, dgc, accumulate);
-    dbc = ew::BnParamGrad(sum_dy, dbc, accumulate);
+    dgc = ew::BnParamGrad(t.sum_dy_xhat, dgc, accumulate);
+    dbc = ew::BnParamGrad(t.sum_dy, dbc, accumulate);
   }
 }
 

@@ -103,6 +103,16 @@ void CpuBackend::PoolBackward(const OpPlan& plan, const Tensor& dy, const Tensor
     const float* gy = dy.data<float>();
     float* out = dx->data<float>();
     const int64_t n = g.planes * g.h * g.w;
+    if (g.p == 1 && g.q == 1 && g.pad == 0 && g.kernel == g.h && g.kernel == g.w) {
+      // Global pooling (ResNet's head): one window per plane, the same value everywhere in it;
+      // what the general loop below computes without its window search per element.
+      const float divisor = ew::WindowOf(g, 0, 0).divisor;
+#pragma omp parallel for if (n > kParallelMin)
+      for (int64_t plane = 0; plane < g.planes; ++plane) {
+        std::fill_n(out + plane * g.h * g.w, g.h * g.w, gy[plane] / divisor);
+      }
+      return;
+    }
 #pragma omp parallel for if (n > kParallelMin)
     for (int64_t e = 0; e < n; ++e) {
       const int64_t plane = e / (g.h * g.w), pos = e % (g.h * g.w);
