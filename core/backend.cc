@@ -33,6 +33,18 @@ Tensor Backend::Zeros(const Shape& shape, DType dtype, std::string_view label) {
   return t;
 }
 
+void Backend::Conv2dBackward(const OpPlan& plan, const Tensor& x, const Tensor& dy, const Tensor& w,
+                             Tensor* dx, Tensor* dw, Tensor* db, bool accumulate) {
+  Conv2dBackwardWeights(plan, x, dy, dw, db, accumulate);
+  if (dx != nullptr) Conv2dBackwardData(plan, dy, w, dx);
+}
+
+void Backend::LinearBackward(const OpPlan& plan, const Tensor& x, const Tensor& dy, const Tensor& w,
+                             Tensor* dx, Tensor* dw, Tensor* db, bool accumulate) {
+  LinearBackwardWeights(plan, x, dy, dw, db, accumulate);
+  if (dx != nullptr) LinearBackwardData(plan, dy, w, dx);
+}
+
 namespace {
 int64_t NowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(

@@ -197,6 +197,15 @@ class Backend {
                                   Tensor* dx) = 0;
   virtual void Conv2dBackwardWeights(const OpPlan& plan, const Tensor& x, const Tensor& dy,
                                      Tensor* dw, Tensor* db, bool accumulate) = 0;
+  // Both backward passes on one dy, weights first, then data unless dx is null (a first layer
+  // needs no input gradient): what Conv2d::Backward calls. The results are exactly those of the
+  // two calls above (the default makes them). x and w must hold the values they had when they
+  // went through Conv2dForward for this batch (as any correct gradient needs), so a backend may
+  // reuse what it did with them then and share work between the two passes: the CPU backend
+  // reuses the forward's copies of x and w in oneDNN's layouts when the plan's last forward made
+  // them from these very tensors, and converts dy once instead of twice.
+  virtual void Conv2dBackward(const OpPlan& plan, const Tensor& x, const Tensor& dy,
+                              const Tensor& w, Tensor* dx, Tensor* dw, Tensor* db, bool accumulate);
 
   // ---- linear: y = x W^T + b ----
   virtual std::shared_ptr<OpPlan> PrepareLinear(const LinearDesc& d) = 0;
@@ -206,6 +215,9 @@ class Backend {
                                   Tensor* dx) = 0;
   virtual void LinearBackwardWeights(const OpPlan& plan, const Tensor& x, const Tensor& dy,
                                      Tensor* dw, Tensor* db, bool accumulate) = 0;
+  // Both backward passes, as Conv2dBackward (same contract): what Linear::Backward calls.
+  virtual void LinearBackward(const OpPlan& plan, const Tensor& x, const Tensor& dy,
+                              const Tensor& w, Tensor* dx, Tensor* dw, Tensor* db, bool accumulate);
 
   // ---- pooling: `ws` (plan.workspace_bytes, u8) is written in training forward, read in
   // backward; pass nullptr for inference. ----

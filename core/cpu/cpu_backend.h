@@ -44,6 +44,8 @@ class CpuBackend final : public Backend {
                           Tensor* dx) override;
   void Conv2dBackwardWeights(const OpPlan& plan, const Tensor& x, const Tensor& dy, Tensor* dw,
                              Tensor* db, bool accumulate) override;
+  void Conv2dBackward(const OpPlan& plan, const Tensor& x, const Tensor& dy, const Tensor& w,
+                      Tensor* dx, Tensor* dw, Tensor* db, bool accumulate) override;
 
   std::shared_ptr<OpPlan> PrepareLinear(const LinearDesc& d) override;
   void LinearForward(const OpPlan& plan, const Tensor& x, const Tensor& w, const Tensor* b,
@@ -52,6 +54,8 @@ class CpuBackend final : public Backend {
                           Tensor* dx) override;
   void LinearBackwardWeights(const OpPlan& plan, const Tensor& x, const Tensor& dy, Tensor* dw,
                              Tensor* db, bool accumulate) override;
+  void LinearBackward(const OpPlan& plan, const Tensor& x, const Tensor& dy, const Tensor& w,
+                      Tensor* dx, Tensor* dw, Tensor* db, bool accumulate) override;
 
   std::shared_ptr<OpPlan> PreparePool(const PoolDesc& d) override;
   void PoolForward(const OpPlan& plan, const Tensor& x, Tensor* y, Tensor* ws) override;
@@ -98,6 +102,11 @@ class CpuBackend final : public Backend {
 
  private:
   struct Impl;  // oneDNN engine, stream and the plan caches
+  // Conv2dBackward and LinearBackward: both passes of a conv2d / linear plan, timed as the ops
+  // `weights_op` and `data_op` (the profile's rows) with `flops` each.
+  void WeightedBackward(const OpPlan& plan, double flops, const char* weights_op,
+                        const char* data_op, const Tensor& x, const Tensor& dy, const Tensor& w,
+                        Tensor* dx, Tensor* dw, Tensor* db, bool accumulate);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -83,4 +83,11 @@ void CpuBackend::Conv2dBackwardWeights(const OpPlan& plan, const Tensor& x, cons
   impl_->BackwardWeights(p, x, dy, dw, db, accumulate);
 }
 
+void CpuBackend::Conv2dBackward(const OpPlan& plan, const Tensor& x, const Tensor& dy,
+                                const Tensor& w, Tensor* dx, Tensor* dw, Tensor* db,
+                                bool accumulate) {
+  WeightedBackward(plan, static_cast<const ConvPlan&>(plan).d.flops(), "conv2d_bwd_weights",
+                   "conv2d_bwd_data", x, dy, w, dx, dw, db, accumulate);
+}
+
 }  // namespace dptrain::cpu

@@ -72,4 +72,11 @@ void CpuBackend::LinearBackwardWeights(const OpPlan& plan, const Tensor& x, cons
   impl_->BackwardWeights(p, x, dy, dw, db, accumulate);
 }
 
+void CpuBackend::LinearBackward(const OpPlan& plan, const Tensor& x, const Tensor& dy,
+                                const Tensor& w, Tensor* dx, Tensor* dw, Tensor* db,
+                                bool accumulate) {
+  WeightedBackward(plan, static_cast<const LinearPlan&>(plan).d.flops(), "linear_bwd_weights",
+                   "linear_bwd_data", x, dy, w, dx, dw, db, accumulate);
+}
+
 }  // namespace dptrain::cpu

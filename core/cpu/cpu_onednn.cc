@@ -57,11 +57,22 @@ memory Staged::In(const dnnl::engine& eng, dnnl::stream& st, const Tensor& t) co
     RoundToHalf(t.data<float>(), rounded.data<float>(), rounded.numel());
     src_ptr = rounded.raw();
   }
-  if (same) return memory(user, eng, src_ptr);
+  last_src = nullptr;  // until staged: a failed reorder leaves nothing to reuse
+  if (same) {
+    last_src = t.raw();
+    return memory(user, eng, src_ptr);
+  }
   memory src(user, eng, src_ptr);
   memory in(inner, eng, buf.raw());
   to_inner.execute(st, src, in);
+  last_src = t.raw();
   return in;
+}
+
+memory Staged::Again(const dnnl::engine& eng, const Tensor& t) const {
+  DPT_CHECK(Holds(t)) << "staged operand asked again for another tensor";
+  void* src_ptr = half ? rounded.raw() : t.raw();
+  return same ? memory(user, eng, src_ptr) : memory(inner, eng, buf.raw());
 }
 
 memory Staged::OutMem(const dnnl::engine& eng, const Tensor& t) const {
@@ -107,20 +118,21 @@ void CpuBackend::Impl::Forward(const WeightedPlan& p, const Tensor& x, const Ten
   p.f_y.Out(engine, stream, *y);
 }
 
-void CpuBackend::Impl::BackwardData(const WeightedPlan& p, const Tensor& dy, const Tensor& w,
+void CpuBackend::Impl::BackwardData(const WeightedPlan& p, const memory& dy_in, const memory& w_in,
                                     Tensor* dx) {
-  DPT_DNNL(p.bwd_data.execute(stream, {{DNNL_ARG_DIFF_DST, p.d_dy.In(engine, stream, dy)},
-                                       {DNNL_ARG_WEIGHTS, p.d_w.In(engine, stream, w)},
+  DPT_DNNL(p.bwd_data.execute(stream, {{DNNL_ARG_DIFF_DST, dy_in},
+                                       {DNNL_ARG_WEIGHTS, w_in},
                                        {DNNL_ARG_DIFF_SRC, p.d_dx.OutMem(engine, *dx)},
                                        {DNNL_ARG_SCRATCHPAD, Scratch(p.data_scratch)}}));
   p.d_dx.Out(engine, stream, *dx);
 }
 
-void CpuBackend::Impl::BackwardWeights(const WeightedPlan& p, const Tensor& x, const Tensor& dy,
-                                       Tensor* dw, Tensor* db, bool accumulate) {
+void CpuBackend::Impl::BackwardWeights(const WeightedPlan& p, const memory& x_in,
+                                       const memory& dy_in, Tensor* dw, Tensor* db,
+                                       bool accumulate) {
   Tensor w_out = accumulate ? p.acc_w : *dw;
-  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, p.w_x.In(engine, stream, x)},
-                                       {DNNL_ARG_DIFF_DST, p.w_dy.In(engine, stream, dy)},
+  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, x_in},
+                                       {DNNL_ARG_DIFF_DST, dy_in},
                                        {DNNL_ARG_DIFF_WEIGHTS, p.w_dw.OutMem(engine, w_out)},
                                        {DNNL_ARG_SCRATCHPAD, Scratch(p.weights_scratch)}};
   if (p.bias) args.emplace(DNNL_ARG_DIFF_BIAS, Mem(p.b_md, accumulate ? p.acc_b : *db));
@@ -130,6 +142,26 @@ void CpuBackend::Impl::BackwardWeights(const WeightedPlan& p, const Tensor& x, c
     AddInto(p.acc_w.data<float>(), dw->data<float>(), dw->numel());
     if (p.bias) AddInto(p.acc_b.data<float>(), db->data<float>(), db->numel());
   }
+}
+
+void CpuBackend::WeightedBackward(const OpPlan& plan, double flops, const char* weights_op,
+                                  const char* data_op, const Tensor& x, const Tensor& dy,
+                                  const Tensor& w, Tensor* dx, Tensor* dw, Tensor* db,
+                                  bool accumulate) {
+  const auto& p = static_cast<const WeightedPlan&>(plan);
+  memory dy_in;
+  {
+    OpScope scope(this, weights_op);
+    scope.set_flops(flops);
+    const memory x_in = impl_->FromForward(p.f_x, p.w_x, x);
+    dy_in = p.w_dy.In(impl_->engine, impl_->stream, dy);
+    impl_->BackwardWeights(p, x_in, dy_in, dw, db, accumulate);
+  }
+  if (dx == nullptr) return;
+  OpScope scope(this, data_op);
+  scope.set_flops(flops);
+  const memory w_in = impl_->FromForward(p.f_w, p.d_w, w);
+  impl_->BackwardData(p, impl_->DyForData(p, dy, dy_in), w_in, dx);
 }
 
 namespace {

@@ -75,11 +75,9 @@ const Tensor& Conv2d::Forward(const Tensor& x, const ForwardContext& /*ctx*/) {
 }
 
 const Tensor& Conv2d::Backward(const Tensor& dy, bool accumulate) {
-  backend_.Conv2dBackwardWeights(*plan_, x_, dy, &gw_, bias_ ? &gb_ : nullptr, accumulate);
-  if (need_dx_) {
-    dx_ = dx_buf_.Batch(desc_.n);
-    backend_.Conv2dBackwardData(*plan_, dy, w_, &dx_);
-  }
+  if (need_dx_) dx_ = dx_buf_.Batch(desc_.n);
+  backend_.Conv2dBackward(*plan_, x_, dy, w_, need_dx_ ? &dx_ : nullptr, &gw_,
+                          bias_ ? &gb_ : nullptr, accumulate);
   return dx_;
 }
 

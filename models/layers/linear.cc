@@ -48,11 +48,9 @@ const Tensor& Linear::Forward(const Tensor& x, const ForwardContext& /*ctx*/) {
 }
 
 const Tensor& Linear::Backward(const Tensor& dy, bool accumulate) {
-  backend_.LinearBackwardWeights(*plan_, x_, dy, &gw_, bias_ ? &gb_ : nullptr, accumulate);
-  if (need_dx_) {
-    dx_ = dx_buf_.Batch(desc_.n);
-    backend_.LinearBackwardData(*plan_, dy, w_, &dx_);
-  }
+  if (need_dx_) dx_ = dx_buf_.Batch(desc_.n);
+  backend_.LinearBackward(*plan_, x_, dy, w_, need_dx_ ? &dx_ : nullptr, &gw_,
+                          bias_ ? &gb_ : nullptr, accumulate);
   return dx_;
 }
 

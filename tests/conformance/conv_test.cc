@@ -86,6 +86,10 @@ struct WeightedOp<Conv2dDesc> {
                               Tensor* dw, Tensor* db, bool accumulate) {
     be.Conv2dBackwardWeights(p, x, dy, dw, db, accumulate);
   }
+  static void Backward(Backend& be, const OpPlan& p, const Tensor& x, const Tensor& dy,
+                       const Tensor& w, Tensor* dx, Tensor* dw, Tensor* db, bool accumulate) {
+    be.Conv2dBackward(p, x, dy, w, dx, dw, db, accumulate);
+  }
   static void RefForward(const D& d, const std::vector<double>& x, const std::vector<double>& w,
                          const std::vector<double>* b, std::vector<double>* y) {
     ref::Conv2dForward(d, x, w, b, y);
@@ -163,6 +167,14 @@ TEST_P(ConvTest, PlanReuseIsStateless) {
   const Tolerance tol = ForReduction(d.precision, 2 * d.n * d.out_h() * d.out_w());
   EXPECT_TRUE(AllClose(ToHost(be, dw), ref_dw, tol)) << "dw after two accumulations";
   EXPECT_TRUE(AllClose(ToHost(be, db), ref_db, tol)) << "db after two accumulations";
+}
+
+// Conv2dBackward against the two separate calls, in every precision.
+TEST_P(ConvTest, BothBackwardPassesInOneCall) {
+  for (const Precision prec : {Precision::kF32, Precision::kBF16, Precision::kF16}) {
+    ForEachCase(prec,
+                [&](const Conv2dDesc& d, uint32_t s) { CheckBothBackwardPasses(backend(), d, s); });
+  }
 }
 
 TEST_P(ConvTest, BF16Forward) {

@@ -63,6 +63,10 @@ struct WeightedOp<LinearDesc> {
                               Tensor* dw, Tensor* db, bool accumulate) {
     be.LinearBackwardWeights(p, x, dy, dw, db, accumulate);
   }
+  static void Backward(Backend& be, const OpPlan& p, const Tensor& x, const Tensor& dy,
+                       const Tensor& w, Tensor* dx, Tensor* dw, Tensor* db, bool accumulate) {
+    be.LinearBackward(p, x, dy, w, dx, dw, db, accumulate);
+  }
   static void RefForward(const D& d, const std::vector<double>& x, const std::vector<double>& w,
                          const std::vector<double>* b, std::vector<double>* y) {
     ref::LinearForward(d, x, w, b, y);
@@ -108,6 +112,14 @@ TEST_P(LinearTest, BackwardWeightsAccumulate) {
   ForEachCase(Precision::kF32, [&](const LinearDesc& d, uint32_t s) {
     CheckBackwardWeights(backend(), d, s, /*accumulate=*/true);
   });
+}
+
+// LinearBackward against the two separate calls, in every precision.
+TEST_P(LinearTest, BothBackwardPassesInOneCall) {
+  for (const Precision prec : {Precision::kF32, Precision::kBF16, Precision::kF16}) {
+    ForEachCase(prec,
+                [&](const LinearDesc& d, uint32_t s) { CheckBothBackwardPasses(backend(), d, s); });
+  }
 }
 
 // Ops run on Batch() views of buffers sized for a larger batch (the last, partial batch of an

@@ -9,7 +9,8 @@
 //   static int64_t ForwardTerms(d), DataTerms(d), WeightTerms(d); summands per output element
 //   static std::shared_ptr<OpPlan> Prepare(be, d);
 //   static void Forward(be, plan, x, w, b, y), BackwardData(be, plan, dy, w, dx),
-//               BackwardWeights(be, plan, x, dy, dw, db, accumulate);
+//               BackwardWeights(be, plan, x, dy, dw, db, accumulate),
+//               Backward(be, plan, x, dy, w, dx, dw, db, accumulate);   (both passes in one)
 //   static void RefForward(d, x, w, b, y), RefBackwardData(d, dy, w, dx),
 //               RefBackwardWeights(d, x, dy, dw, db, accumulate);       (reference_ops, double)
 #pragma once
@@ -105,6 +106,51 @@ void CheckBackwardWeights(Backend& be, const Desc& d, uint32_t seed, bool accumu
     EXPECT_TRUE(AllClose(ToHost(be, db), ref_db, tol)) << "db";
   } else {
     EXPECT_TRUE(AllClose(ToHost(be, db), ToDouble(db0), kExactTol)) << "db written without bias";
+  }
+}
+
+// The op's both-passes call (what the layer calls; the CPU backend reuses the forward's staged
+// copies of x and w and stages dy once for both primitives) gives exactly the two separate
+// calls' results, with and without dx, after a forward of these x and w, and after a forward of
+// other tensors on the same plan (whose staged copies must not be taken for x's and w's).
+template <class Desc>
+void CheckBothBackwardPasses(Backend& be, const Desc& d, uint32_t seed) {
+  using Op = WeightedOp<Desc>;
+  SCOPED_TRACE(d.ToString());
+  const WeightedData data = MakeWeightedData(d, seed);
+  const WeightedData other = MakeWeightedData(d, seed + 7);
+  const std::vector<float> dy = RandomUniform(static_cast<size_t>(Op::Y(d).numel()), seed + 3);
+  auto plan = Op::Prepare(be, d);
+  Tensor x = ToDevice(be, data.x, Op::X(d));
+  Tensor w = ToDevice(be, data.w, Op::W(d));
+  Tensor b = ToDevice(be, data.b, {Op::Bias(d)});
+  Tensor x_other = ToDevice(be, other.x, Op::X(d));
+  Tensor w_other = ToDevice(be, other.w, Op::W(d));
+  Tensor y = be.Empty(Op::Y(d), DType::kF32, "y");
+  Tensor dy_t = ToDevice(be, dy, Op::Y(d));
+  // Gradients start from w's and b's values so that accumulate has something to add to.
+  const auto run = [&](bool both, bool with_dx) {
+    Tensor dx = be.Zeros(Op::X(d), DType::kF32, "dx");
+    Tensor dw = ToDevice(be, data.w, Op::W(d));
+    Tensor db = ToDevice(be, data.b, {Op::Bias(d)});
+    Tensor* db_p = d.bias ? &db : nullptr;
+    if (both) {
+      Op::Backward(be, *plan, x, dy_t, w, with_dx ? &dx : nullptr, &dw, db_p, true);
+    } else {
+      Op::BackwardWeights(be, *plan, x, dy_t, &dw, db_p, true);
+      if (with_dx) Op::BackwardData(be, *plan, dy_t, w, &dx);
+    }
+    return std::vector<std::vector<float>>{ToHost(be, dx), ToHost(be, dw), ToHost(be, db)};
+  };
+  for (const bool with_dx : {true, false}) {
+    for (const bool forwarded_these : {true, false}) {
+      Op::Forward(be, *plan, forwarded_these ? x : x_other, forwarded_these ? w : w_other,
+                  d.bias ? &b : nullptr, &y);
+      const auto both = run(true, with_dx);
+      EXPECT_EQ(both, run(false, with_dx))
+          << (with_dx ? "with dx" : "without dx")
+          << (forwarded_these ? ", after their forward" : ", after other tensors' forward");
+    }
   }
 }
 
