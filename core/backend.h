@@ -111,6 +111,10 @@ struct OpStat {
 struct BatchNormArgs {
   double momentum = 0.1;  // running = (1 - momentum) * running + momentum * batch (PyTorch)
   double eps = 1e-5;
+  // y = max(batchnorm(x), 0): the ReLU that alone reads this batch norm, folded in by the graph
+  // (one pass over the activation instead of two, and no ReLU buffers). Backward then takes the
+  // forward's y, whose zeros gate dy (exactly ReLU's backward).
+  bool relu = false;
 };
 
 // How batch norm sees its input x, (N, C) or (N, C, H, W): per channel c, n samples of hw
@@ -265,9 +269,12 @@ class Backend {
                                          const Tensor& gamma, const Tensor& beta,
                                          const Tensor& running_mean, const Tensor& running_var,
                                          Tensor* y) = 0;
-  virtual void BatchNormBackward(const Tensor& x, const Tensor& dy, const Tensor& gamma,
-                                 const Tensor& save_mean, const Tensor& save_invstd, Tensor* dx,
-                                 Tensor* dgamma, Tensor* dbeta, bool accumulate) = 0;
+  // relu_y: the forward's output when it applied the ReLU (BatchNormArgs::relu), else nullptr;
+  // dx may be that same tensor (written in place).
+  virtual void BatchNormBackward(const Tensor& x, const Tensor& dy, const Tensor* relu_y,
+                                 const Tensor& gamma, const Tensor& save_mean,
+                                 const Tensor& save_invstd, Tensor* dx, Tensor* dgamma,
+                                 Tensor* dbeta, bool accumulate) = 0;
 
   // ---- losses: sums over the batch (the caller divides), written to 1-element f32 tensors ----
   // logits (N, K), labels i32 (N); probs (N, K) kept for backward; correct = argmax hits.

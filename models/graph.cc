@@ -38,6 +38,11 @@ Shape Graph::Setup(const Shape& in, const SetupOptions& opts) {
     }
   }
   ++nodes_.back().readers;
+  for (auto& n : nodes_) {
+    if (!fold_ || n.inputs.size() != 1 || n.inputs[0] == kInput) continue;
+    Node& producer = nodes_[static_cast<size_t>(n.inputs[0])];
+    if (producer.readers == 1) n.layer->FoldIntoInput(*producer.layer);
+  }
   std::vector<Shape> shapes;
   for (size_t i = 0; i < nodes_.size(); ++i) {
     Node& n = nodes_[i];

@@ -40,8 +40,12 @@ class Graph {
 
   // Sets every node up for inputs of shape `in` (dimension 0 = the largest batch) and returns
   // the output shape. A node whose output nobody reads (other than the last) is a ConfigError,
-  // as are shapes a layer refuses. Out-of-memory reports name the node being set up.
+  // as are shapes a layer refuses. Out-of-memory reports name the node being set up. First
+  // folds a ReLU into the batch norm whose output only it reads (Layer::FoldIntoInput): the same
+  // numbers, one pass over the activation instead of two, no ReLU buffers.
   Shape Setup(const Shape& in, const SetupOptions& opts);
+  // Off: no folding at the next Setup (the tests that prove folding changes no number).
+  void set_fold(bool on) { fold_ = on; }
 
   // Forward in node order. Returns the last node's output (owned by its layer).
   const Tensor& Forward(const Tensor& x, const ForwardContext& ctx);
@@ -93,6 +97,7 @@ class Graph {
   std::vector<Node> nodes_;
   std::map<std::string, std::vector<float>> initial_;
   std::string origin_;
+  bool fold_ = true;
   std::vector<const Tensor*> xs_;   // scratch: a node's inputs
   std::vector<const Tensor*> dxs_;  // scratch: a node's input gradients
 };

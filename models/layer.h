@@ -90,6 +90,13 @@ class Layer {
     dx->assign(1, &Backward(dy, accumulate));
   }
 
+  // Folding, before Setup: the graph offers each one-input layer the layer whose output only it
+  // reads (FoldIntoInput). A ReLU asks that producer to apply the ReLU itself (FoldRelu: true
+  // when the producer now outputs max(y, 0) and gates its gradient by that output, as a batch
+  // norm does) and then passes its input and gradient through, holding no buffers.
+  virtual void FoldIntoInput(Layer& /*producer*/) {}
+  virtual bool FoldRelu() { return false; }
+
   // Bytes of activations this layer holds per sample (outputs, saved inputs, workspaces), for
   // `dptrain plan`.
   virtual int64_t ActivationBytesPerSample() const { return 0; }

@@ -51,7 +51,7 @@ void CudaBackend::BatchNormForwardTraining(const BatchNormArgs& a, const Tensor&
         static_cast<const Tensor*>(save_invstd)}) {
     CheckChannels(*t, d.c, "batch norm per-channel tensor");
   }
-  kernels::BatchNormTraining(d.n, d.c, d.hw, a.momentum, a.eps, x.data<float>(),
+  kernels::BatchNormTraining(d.n, d.c, d.hw, a.momentum, a.eps, a.relu, x.data<float>(),
                              gamma.data<float>(), beta.data<float>(), running_mean->data<float>(),
                              running_var->data<float>(), y->data<float>(), save_mean->data<float>(),
                              save_invstd->data<float>(), BatchNormScratch(d), stream_);
@@ -69,29 +69,35 @@ void CudaBackend::BatchNormForwardInference(const BatchNormArgs& a, const Tensor
   for (const Tensor* t : {&gamma, &beta, &running_mean, &running_var}) {
     CheckChannels(*t, d.c, "batch norm per-channel tensor");
   }
-  kernels::BatchNormInference(d.n, d.c, d.hw, a.eps, x.data<float>(), gamma.data<float>(),
+  kernels::BatchNormInference(d.n, d.c, d.hw, a.eps, a.relu, x.data<float>(), gamma.data<float>(),
                               beta.data<float>(), running_mean.data<float>(),
                               running_var.data<float>(), y->data<float>(), stream_);
 }
 
-void CudaBackend::BatchNormBackward(const Tensor& x, const Tensor& dy, const Tensor& gamma,
-                                    const Tensor& save_mean, const Tensor& save_invstd, Tensor* dx,
-                                    Tensor* dgamma, Tensor* dbeta, bool accumulate) {
+void CudaBackend::BatchNormBackward(const Tensor& x, const Tensor& dy, const Tensor* relu_y,
+                                    const Tensor& gamma, const Tensor& save_mean,
+                                    const Tensor& save_invstd, Tensor* dx, Tensor* dgamma,
+                                    Tensor* dbeta, bool accumulate) {
   OpScope scope(this, "batchnorm_bwd");
   CheckF32(x, "batch norm x");
   CheckF32(dy, "batch norm dy");
   CheckF32(*dx, "batch norm dx");
   CheckSame(x, dy, "batch norm backward");
   CheckSame(x, *dx, "batch norm backward");
+  if (relu_y != nullptr) {
+    CheckF32(*relu_y, "batch norm relu output");
+    CheckSame(x, *relu_y, "batch norm backward (relu output)");
+  }
   const BatchNormDims d = BatchNormShape(x.shape());
   for (const Tensor* t : {&gamma, &save_mean, &save_invstd, static_cast<const Tensor*>(dgamma),
                           static_cast<const Tensor*>(dbeta)}) {
     CheckChannels(*t, d.c, "batch norm per-channel tensor");
   }
-  kernels::BatchNormBackward(d.n, d.c, d.hw, x.data<float>(), dy.data<float>(), gamma.data<float>(),
-                             save_mean.data<float>(), save_invstd.data<float>(), dx->data<float>(),
-                             dgamma->data<float>(), dbeta->data<float>(), accumulate,
-                             BatchNormScratch(d), stream_);
+  kernels::BatchNormBackward(d.n, d.c, d.hw, x.data<float>(), dy.data<float>(),
+                             relu_y != nullptr ? relu_y->data<float>() : nullptr,
+                             gamma.data<float>(), save_mean.data<float>(),
+                             save_invstd.data<float>(), dx->data<float>(), dgamma->data<float>(),
+                             dbeta->data<float>(), accumulate, BatchNormScratch(d), stream_);
 }
 
 // ---- losses -------------------------------------------------------------------------------------

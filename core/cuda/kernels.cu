@@ -266,9 +266,10 @@ __global__ void BnStatsKernel(int64_t n, int64_t c, int64_t hw, int64_t parts, c
 }
 
 __global__ void BnApplyKernel(int64_t n, int64_t c, int64_t hw, int64_t parts, double momentum,
-                              double eps, const float* x, const float* gamma, const float* beta,
-                              const double* sums, const double* sqs, float* running_mean,
-                              float* running_var, float* y, float* save_mean, float* save_invstd) {
+                              double eps, bool relu, const float* x, const float* gamma,
+                              const float* beta, const double* sums, const double* sqs,
+                              float* running_mean, float* running_var, float* y, float* save_mean,
+                              float* save_invstd) {
   const int64_t ch = blockIdx.x, p = blockIdx.y, m = n * hw;
   int64_t n0 = 0, n1 = 0;
   BnPartRange(n, parts, p, &n0, &n1);
@@ -277,7 +278,10 @@ __global__ void BnApplyKernel(int64_t n, int64_t c, int64_t hw, int64_t parts, d
   const double invstd = ew::BnInvStd(var, eps);
   // The CPU backend's arithmetic (core/elementwise.h), in the same precisions.
   const ew::BnAffine affine = ew::BnFold(gamma[ch], beta[ch], static_cast<float>(mean), invstd);
-  BnForEach(n0, n1, c, hw, ch, [&](int64_t i) { y[i] = ew::BnApply(x[i], affine); });
+  BnForEach(n0, n1, c, hw, ch, [&](int64_t i) {
+    const float v = ew::BnApply(x[i], affine);
+    y[i] = relu ? ew::Relu(v) : v;
+  });
   if (p == 0 && threadIdx.x == 0) {
     save_mean[ch] = static_cast<float>(mean);
     save_invstd[ch] = static_cast<float>(invstd);
@@ -286,7 +290,7 @@ __global__ void BnApplyKernel(int64_t n, int64_t c, int64_t hw, int64_t parts, d
   }
 }
 
-__global__ void BatchNormInferenceKernel(int64_t n, int64_t c, int64_t hw, double eps,
+__global__ void BatchNormInferenceKernel(int64_t n, int64_t c, int64_t hw, double eps, bool relu,
                                          const float* x, const float* gamma, const float* beta,
                                          const float* running_mean, const float* running_var,
                                          float* y) {
@@ -297,22 +301,31 @@ __global__ void BatchNormInferenceKernel(int64_t n, int64_t c, int64_t hw, doubl
        e += static_cast<int64_t>(gridDim.y) * blockDim.x) {
     const int64_t ni = e / hw;
     const int64_t i = (ni * c + ch) * hw + (e - ni * hw);
-    y[i] = ew::BnApply(x[i], affine);
+    const float v = ew::BnApply(x[i], affine);
+    y[i] = relu ? ew::Relu(v) : v;
   }
 }
 
 // Each part's sums of dy and of dy * xhat.
+// dy[i] as the batch norm's own output sees it: gated by the folded ReLU's output when there is
+// one (ew::ReluGrad, as the ReLU's backward would).
+__device__ float BnGatedDy(const float* dy, const float* relu_y, int64_t i) {
+  return relu_y != nullptr ? ew::ReluGrad(relu_y[i], dy[i]) : dy[i];
+}
+
 __global__ void BnBackwardSumsKernel(int64_t n, int64_t c, int64_t hw, int64_t parts,
-                                     const float* x, const float* dy, const float* save_mean,
-                                     const float* save_invstd, double* s_dy, double* s_dy_xhat) {
+                                     const float* x, const float* dy, const float* relu_y,
+                                     const float* save_mean, const float* save_invstd, double* s_dy,
+                                     double* s_dy_xhat) {
   const int64_t ch = blockIdx.x, p = blockIdx.y;
   int64_t n0 = 0, n1 = 0;
   BnPartRange(n, parts, p, &n0, &n1);
   const double mean = save_mean[ch], invstd = save_invstd[ch];
   double a = 0, b = 0;
   BnForEach(n0, n1, c, hw, ch, [&](int64_t i) {
-    a += dy[i];
-    b += ew::BnDyXhat(dy[i], x[i], mean, invstd);
+    const float g = BnGatedDy(dy, relu_y, i);
+    a += g;
+    b += ew::BnDyXhat(g, x[i], mean, invstd);
   });
   a = BlockSum(a);
   b = BlockSum(b);
@@ -322,11 +335,13 @@ __global__ void BnBackwardSumsKernel(int64_t n, int64_t c, int64_t hw, int64_t p
   }
 }
 
+// dx may be relu_y: each thread reads its element before it writes it.
 __global__ void BnBackwardApplyKernel(int64_t n, int64_t c, int64_t hw, int64_t parts,
-                                      const float* x, const float* dy, const float* gamma,
-                                      const float* save_mean, const float* save_invstd,
-                                      const double* s_dy_parts, const double* s_dy_xhat_parts,
-                                      float* dx, float* dgamma, float* dbeta, bool accumulate) {
+                                      const float* x, const float* dy, const float* relu_y,
+                                      const float* gamma, const float* save_mean,
+                                      const float* save_invstd, const double* s_dy_parts,
+                                      const double* s_dy_xhat_parts, float* dx, float* dgamma,
+                                      float* dbeta, bool accumulate) {
   const int64_t ch = blockIdx.x, p = blockIdx.y;
   int64_t n0 = 0, n1 = 0;
   BnPartRange(n, parts, p, &n0, &n1);
@@ -336,7 +351,7 @@ __global__ void BnBackwardApplyKernel(int64_t n, int64_t c, int64_t hw, int64_t 
   const double dm = static_cast<double>(n * hw);
   const double k = ew::BnGradScale(gamma[ch], invstd, dm);
   BnForEach(n0, n1, c, hw, ch, [&](int64_t i) {
-    dx[i] = ew::BnDx(dy[i], x[i], mean, invstd, k, dm, s_dy, s_dy_xhat);
+    dx[i] = ew::BnDx(BnGatedDy(dy, relu_y, i), x[i], mean, invstd, k, dm, s_dy, s_dy_xhat);
   });
   if (p == 0 && threadIdx.x == 0) {
     dgamma[ch] = ew::BnParamGrad(s_dy_xhat, dgamma[ch], accumulate);
@@ -596,7 +611,7 @@ void AvgPoolBackward(const PoolGeom& g, const float* dy, float* dx, cudaStream_t
   if (n > 0) DPT_LAUNCH(AvgPoolBackwardKernel, Blocks(n), kThreads, s, g, dy, dx);
 }
 
-void BatchNormTraining(int64_t n, int64_t c, int64_t hw, double momentum, double eps,
+void BatchNormTraining(int64_t n, int64_t c, int64_t hw, double momentum, double eps, bool relu,
                        const float* x, const float* gamma, const float* beta, float* running_mean,
                        float* running_var, float* y, float* save_mean, float* save_invstd,
                        double* scratch, cudaStream_t s) {
@@ -607,32 +622,32 @@ void BatchNormTraining(int64_t n, int64_t c, int64_t hw, double momentum, double
   const dim3 grid(static_cast<unsigned>(c), static_cast<unsigned>(parts));
   DPT_LAUNCH(BnStatsKernel, grid, kBnThreads, s, n, c, hw, parts, x, nullptr, sums);
   DPT_LAUNCH(BnStatsKernel, grid, kBnThreads, s, n, c, hw, parts, x, sums, sqs);
-  DPT_LAUNCH(BnApplyKernel, grid, kBnThreads, s, n, c, hw, parts, momentum, eps, x, gamma, beta,
-             sums, sqs, running_mean, running_var, y, save_mean, save_invstd);
+  DPT_LAUNCH(BnApplyKernel, grid, kBnThreads, s, n, c, hw, parts, momentum, eps, relu, x, gamma,
+             beta, sums, sqs, running_mean, running_var, y, save_mean, save_invstd);
 }
-void BatchNormInference(int64_t n, int64_t c, int64_t hw, double eps, const float* x,
+void BatchNormInference(int64_t n, int64_t c, int64_t hw, double eps, bool relu, const float* x,
                         const float* gamma, const float* beta, const float* running_mean,
                         const float* running_var, float* y, cudaStream_t s) {
   const int64_t m = n * hw;
   if (c == 0 || m == 0) return;
   const dim3 grid(static_cast<unsigned>(c), static_cast<unsigned>(std::clamp<int64_t>(
                                                 (m + kThreads - 1) / kThreads, 1, 1024)));
-  DPT_LAUNCH(BatchNormInferenceKernel, grid, kThreads, s, n, c, hw, eps, x, gamma, beta,
+  DPT_LAUNCH(BatchNormInferenceKernel, grid, kThreads, s, n, c, hw, eps, relu, x, gamma, beta,
              running_mean, running_var, y);
 }
 void BatchNormBackward(int64_t n, int64_t c, int64_t hw, const float* x, const float* dy,
-                       const float* gamma, const float* save_mean, const float* save_invstd,
-                       float* dx, float* dgamma, float* dbeta, bool accumulate, double* scratch,
-                       cudaStream_t s) {
+                       const float* relu_y, const float* gamma, const float* save_mean,
+                       const float* save_invstd, float* dx, float* dgamma, float* dbeta,
+                       bool accumulate, double* scratch, cudaStream_t s) {
   if (c == 0 || n * hw == 0) return;
   const int64_t parts = BatchNormParts(n, c, hw);
   double* s_dy = scratch;
   double* s_dy_xhat = scratch + c * parts;
   const dim3 grid(static_cast<unsigned>(c), static_cast<unsigned>(parts));
-  DPT_LAUNCH(BnBackwardSumsKernel, grid, kBnThreads, s, n, c, hw, parts, x, dy, save_mean,
+  DPT_LAUNCH(BnBackwardSumsKernel, grid, kBnThreads, s, n, c, hw, parts, x, dy, relu_y, save_mean,
              save_invstd, s_dy, s_dy_xhat);
-  DPT_LAUNCH(BnBackwardApplyKernel, grid, kBnThreads, s, n, c, hw, parts, x, dy, gamma, save_mean,
-             save_invstd, s_dy, s_dy_xhat, dx, dgamma, dbeta, accumulate);
+  DPT_LAUNCH(BnBackwardApplyKernel, grid, kBnThreads, s, n, c, hw, parts, x, dy, relu_y, gamma,
+             save_mean, save_invstd, s_dy, s_dy_xhat, dx, dgamma, dbeta, accumulate);
 }
 
 void SoftmaxXent(int64_t n, int64_t k, const float* logits, const int32_t* labels, float eps,

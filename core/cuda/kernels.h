@@ -65,17 +65,19 @@ void AvgPoolBackward(const PoolGeom& g, const float* dy, float* dx, cudaStream_t
 
 // ---- batch norm over (N, HW) per channel of x (N, C, HW); statistics in double ----
 // Training and backward need `scratch` of 2 * c * BatchNormParts(n, c, hw) doubles (cuda_rules.h).
-void BatchNormTraining(int64_t n, int64_t c, int64_t hw, double momentum, double eps,
+// relu: y = max(batchnorm(x), 0); backward then gates dy by that y (relu_y, else nullptr), and dx
+// may be relu_y.
+void BatchNormTraining(int64_t n, int64_t c, int64_t hw, double momentum, double eps, bool relu,
                        const float* x, const float* gamma, const float* beta, float* running_mean,
                        float* running_var, float* y, float* save_mean, float* save_invstd,
                        double* scratch, cudaStream_t s);
-void BatchNormInference(int64_t n, int64_t c, int64_t hw, double eps, const float* x,
+void BatchNormInference(int64_t n, int64_t c, int64_t hw, double eps, bool relu, const float* x,
                         const float* gamma, const float* beta, const float* running_mean,
                         const float* running_var, float* y, cudaStream_t s);
 void BatchNormBackward(int64_t n, int64_t c, int64_t hw, const float* x, const float* dy,
-                       const float* gamma, const float* save_mean, const float* save_invstd,
-                       float* dx, float* dgamma, float* dbeta, bool accumulate, double* scratch,
-                       cudaStream_t s);
+                       const float* relu_y, const float* gamma, const float* save_mean,
+                       const float* save_invstd, float* dx, float* dgamma, float* dbeta,
+                       bool accumulate, double* scratch, cudaStream_t s);
 
 // ---- losses ----
 // Per row of logits (n, k): probs, row_loss (double), row_hit (0/1). A row whose label is

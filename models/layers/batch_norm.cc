@@ -45,8 +45,9 @@ const Tensor& BatchNorm::Backward(const Tensor& dy, bool accumulate) {
   // The backend computes dx together with the parameter gradients; without need_dx it writes
   // into the output buffer, which is no longer needed once backward has reached this layer.
   dx_ = need_dx_ ? dx_buf_.Batch(dy.shape()[0]) : out_.Batch(dy.shape()[0]);
-  backend_.BatchNormBackward(x_, dy, gamma_, save_mean_, save_invstd_, &dx_, &ggamma_, &gbeta_,
-                             accumulate);
+  // With a folded ReLU, y_ gates dy; written over by dx_ when dx_ is the output buffer.
+  backend_.BatchNormBackward(x_, dy, args_.relu ? &y_ : nullptr, gamma_, save_mean_, save_invstd_,
+                             &dx_, &ggamma_, &gbeta_, accumulate);
   if (!need_dx_) dx_ = Tensor();
   return dx_;
 }

@@ -20,6 +20,10 @@ class BatchNorm final : public Layer {
   const Tensor& Forward(const Tensor& x, const ForwardContext& ctx) override;
   const Tensor& Backward(const Tensor& dy, bool accumulate) override;
   int64_t ActivationBytesPerSample() const override { return 4 * 2 * per_sample_; }
+  bool FoldRelu() override {
+    args_.relu = true;
+    return true;
+  }
 
  private:
   int64_t channels_ = 0, per_sample_ = 0;

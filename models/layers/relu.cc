@@ -6,18 +6,21 @@ namespace dptrain {
 
 Shape Relu::Setup(const Shape& in, const SetupOptions& opts) {
   per_sample_ = in.numel() / in[0];
+  if (folded_) return in;
   out_ = backend_.Empty(in, DType::kF32, label() + " output");
   if (opts.need_dx) dx_buf_ = backend_.Empty(in, DType::kF32, label() + " input gradient");
   return in;
 }
 
 const Tensor& Relu::Forward(const Tensor& x, const ForwardContext& /*ctx*/) {
+  if (folded_) return x;
   y_ = out_.Batch(x.shape()[0]);
   backend_.ReluForward(x, &y_);
   return y_;
 }
 
 const Tensor& Relu::Backward(const Tensor& dy, bool /*accumulate*/) {
+  if (folded_) return dy;
   if (dx_buf_.defined()) {
     dx_ = dx_buf_.Batch(y_.shape()[0]);
     backend_.ReluBackward(y_, dy, &dx_);

@@ -13,10 +13,13 @@ class Relu final : public Layer {
   Shape Setup(const Shape& in, const SetupOptions& opts) override;
   const Tensor& Forward(const Tensor& x, const ForwardContext& ctx) override;
   const Tensor& Backward(const Tensor& dy, bool accumulate) override;
-  int64_t ActivationBytesPerSample() const override { return 4 * 2 * per_sample_; }
+  int64_t ActivationBytesPerSample() const override { return folded_ ? 0 : 4 * 2 * per_sample_; }
+  void FoldIntoInput(Layer& producer) override { folded_ = folded_ || producer.FoldRelu(); }
+  bool folded() const { return folded_; }
 
  private:
   int64_t per_sample_ = 0;
+  bool folded_ = false;  // the layer before applies it: forward and backward pass through
   Tensor out_, dx_buf_, y_, dx_;
 };
 

@@ -181,7 +181,7 @@ void CheckBackward(Backend& be, bool accumulate) {
     Tensor dx = be.Empty(bc.shape, DType::kF32, "dx");
     Tensor dg = ToDevice(be, dg0, {s.c});
     Tensor db = ToDevice(be, db0, {s.c});
-    be.BatchNormBackward(ToDevice(be, x, bc.shape), ToDevice(be, dy, bc.shape),
+    be.BatchNormBackward(ToDevice(be, x, bc.shape), ToDevice(be, dy, bc.shape), nullptr,
                          ToDevice(be, gamma, {s.c}), ToDevice(be, sm, {s.c}),
                          ToDevice(be, si, {s.c}), &dx, &dg, &db, accumulate);
 
@@ -198,6 +198,72 @@ void CheckBackward(Backend& be, bool accumulate) {
 TEST_P(BatchNormTest, Backward) { CheckBackward(backend(), /*accumulate=*/false); }
 
 TEST_P(BatchNormTest, BackwardAccumulate) { CheckBackward(backend(), /*accumulate=*/true); }
+
+// A ReLU folded into the batch norm (BatchNormArgs::relu, what the graph does for a ReLU that
+// alone reads a batch norm) gives exactly batch norm then ReLU: the training and inference
+// outputs, the saved and running statistics, and in backward (gated by the folded output, dx
+// written separately and over that output in place) dx, dgamma and dbeta.
+TEST_P(BatchNormTest, FoldedReluIsBatchNormThenRelu) {
+  Backend& be = backend();
+  uint32_t seed = 6500;
+  for (const BnCase& bc : Cases()) {
+    seed += 10;
+    SCOPED_TRACE("x " + bc.shape.ToString());
+    const int64_t c = bc.shape[1];
+    // Centred inputs, so that about half of the outputs are cut by the ReLU.
+    const std::vector<float> x = RandomUniform(static_cast<size_t>(bc.shape.numel()), seed);
+    const std::vector<float> dy = RandomUniform(x.size(), seed + 1);
+    const std::vector<float> gamma = RandomUniform(static_cast<size_t>(c), seed + 2, 0.5f, 1.5f);
+    const std::vector<float> beta = RandomUniform(static_cast<size_t>(c), seed + 3);
+    const std::vector<float> rv0 = RandomUniform(static_cast<size_t>(c), seed + 4, 0.5f, 1.5f);
+    Tensor x_t = ToDevice(be, x, bc.shape), dy_t = ToDevice(be, dy, bc.shape);
+    Tensor g_t = ToDevice(be, gamma, {c}), b_t = ToDevice(be, beta, {c});
+    BatchNormArgs folded = bc.args;
+    folded.relu = true;
+
+    struct Run {
+      std::vector<std::vector<float>> forward, backward, backward_in_place;
+    };
+    const auto run = [&](bool fold) {
+      Run r;
+      Tensor rm = be.Zeros({c}, DType::kF32, "running mean");
+      Tensor rv = ToDevice(be, rv0, {c});
+      Tensor y = be.Empty(bc.shape, DType::kF32, "y"), y_inf = be.Empty(bc.shape, DType::kF32, "y");
+      Tensor sm = be.Empty({c}, DType::kF32, "save mean"), si = be.Empty({c}, DType::kF32, "si");
+      if (fold) {
+        be.BatchNormForwardTraining(folded, x_t, g_t, b_t, &rm, &rv, &y, &sm, &si);
+        be.BatchNormForwardInference(folded, x_t, g_t, b_t, rm, rv, &y_inf);
+      } else {
+        Tensor pre = be.Empty(bc.shape, DType::kF32, "batch norm output");
+        be.BatchNormForwardTraining(bc.args, x_t, g_t, b_t, &rm, &rv, &pre, &sm, &si);
+        be.ReluForward(pre, &y);
+        be.BatchNormForwardInference(bc.args, x_t, g_t, b_t, rm, rv, &pre);
+        be.ReluForward(pre, &y_inf);
+      }
+      r.forward = {ToHost(be, y),  ToHost(be, y_inf), ToHost(be, sm),
+                   ToHost(be, si), ToHost(be, rm),    ToHost(be, rv)};
+      for (const bool in_place : {false, true}) {
+        Tensor y_copy = ToDevice(be, ToHost(be, y), bc.shape);
+        Tensor dx = in_place ? y_copy : be.Empty(bc.shape, DType::kF32, "dx");
+        Tensor dg = be.Zeros({c}, DType::kF32, "dgamma"), db = be.Zeros({c}, DType::kF32, "dbeta");
+        if (fold) {
+          be.BatchNormBackward(x_t, dy_t, &y_copy, g_t, sm, si, &dx, &dg, &db, false);
+        } else {
+          Tensor gated = be.Empty(bc.shape, DType::kF32, "relu dx");
+          be.ReluBackward(y_copy, dy_t, &gated);
+          be.BatchNormBackward(x_t, gated, nullptr, g_t, sm, si, &dx, &dg, &db, false);
+        }
+        (in_place ? r.backward_in_place : r.backward) = {ToHost(be, dx), ToHost(be, dg),
+                                                         ToHost(be, db)};
+      }
+      return r;
+    };
+    const Run want = run(false), got = run(true);
+    EXPECT_EQ(got.forward, want.forward) << "forward: y, inference y, saved and running statistics";
+    EXPECT_EQ(got.backward, want.backward) << "backward: dx, dgamma, dbeta";
+    EXPECT_EQ(got.backward_in_place, want.backward) << "backward with dx over the folded output";
+  }
+}
 
 INSTANTIATE_TEST_SUITE_P(All, BatchNormTest, ::testing::ValuesIn(TestBackends()), BackendParamName);
 

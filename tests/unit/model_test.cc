@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "models/layers/join.h"
 #include "models/layers/linear.h"
+#include "models/layers/relu.h"
 #include "models/zoo/zoo.h"
 #include "tests/testing/backends.h"
 
@@ -166,6 +167,55 @@ TEST(ModelTest, ProfileNamesTheGraphNodeOfEachOp) {
     const bool mine = key.second == "relu_fwd" || key.second.rfind("copy", 0) == 0;  // the test's
     EXPECT_FALSE(key.first.empty() && !mine) << key.second << " ran outside any graph node";
   }
+}
+
+// The graph folds each ReLU that alone reads a batch norm into it (resnet8: the stem's and each
+// block's first; the second feeds the residual add): two training steps give bit for bit the
+// unfolded model's outputs, gradients and running statistics, and evaluation its outputs, with
+// less activation memory.
+TEST(ModelTest, FoldingReluIntoBatchNormChangesNoNumber) {
+  Backend& be = GetBackend("cpu");
+  const auto train = [&](bool fold, int* folded, int64_t* activation_bytes) {
+    auto net = BuildZooModel(be, "resnet8", 10);
+    net->set_fold(fold);
+    Model m(be, std::move(net), Shape{3, 32, 32});
+    m.Setup(4, Precision::kF32);
+    m.InitParams(1);
+    *folded = 0;
+    for (size_t i = 0; i < m.net().size(); ++i) {
+      const auto* relu = dynamic_cast<const Relu*>(&m.net().layer(i));
+      *folded += relu != nullptr && relu->folded();
+    }
+    *activation_bytes = m.net().ActivationBytesPerSample();
+    std::vector<std::vector<float>> seen;
+    ForwardContext ctx;
+    ctx.training = true;
+    for (int step = 0; step < 2; ++step) {
+      Tensor x = testing::ToDevice(be, testing::RandomUniform(4 * 3 * 32 * 32, 10 + step),
+                                   Shape{4, 3, 32, 32});
+      const Tensor& y = m.Forward(x, ctx);
+      seen.push_back(testing::ToHost(be, y));
+      Tensor dy = testing::ToDevice(
+          be, testing::RandomUniform(static_cast<size_t>(y.numel()), 20 + step), y.shape());
+      m.Backward(dy, false);
+      for (const auto& g : m.named_grads()) seen.push_back(testing::ToHost(be, g.tensor));
+    }
+    for (const auto& b : m.named_buffers()) seen.push_back(testing::ToHost(be, b.tensor));
+    ctx.training = false;
+    Tensor x =
+        testing::ToDevice(be, testing::RandomUniform(4 * 3 * 32 * 32, 30), Shape{4, 3, 32, 32});
+    seen.push_back(testing::ToHost(be, m.Forward(x, ctx)));
+    return seen;
+  };
+  int folded = 0, unfolded = 0;
+  int64_t bytes_folded = 0, bytes_unfolded = 0;
+  const auto want = train(false, &unfolded, &bytes_unfolded);
+  const auto got = train(true, &folded, &bytes_folded);
+  EXPECT_EQ(unfolded, 0);
+  EXPECT_EQ(folded, 4) << "the stem's ReLU and each block's first";
+  EXPECT_EQ(got, want);
+  // Each folded ReLU held an output and an input gradient of its batch norm's size.
+  EXPECT_EQ(bytes_unfolded - bytes_folded, 4 * 2 * (16 * 32 * 32 * 2 + 32 * 16 * 16 + 64 * 8 * 8));
 }
 
 TEST(ModelTest, CifarNetComputesFlattenSizeFromInput) {
