@@ -42,8 +42,18 @@ constexpr int64_t kParallelMin = 1 << 14;  // below this an OpenMP region costs 
 // vectors there are. Elsewhere (not x86-64) the one baseline build. core/ compiles with
 // -ffp-contract=off, so the wider builds round every product as the baseline does: no fused
 // multiply-adds (they moved ResNet-50's one-step parity with PyTorch's float64 step past its
-// bound, integration.onnx_import).
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+// bound, integration.onnx_import). Sanitizer builds take the baseline only: the clones are
+// picked by an ifunc resolver that runs before the sanitizer's runtime is up (a ThreadSanitizer
+// build crashes at load).
+#if defined(__has_feature)
+#if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer)
+#define DPT_SANITIZED 1
+#endif
+#endif
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+#define DPT_SANITIZED 1
+#endif
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(DPT_SANITIZED)
 #define DPT_SIMD_CLONES \
   __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
