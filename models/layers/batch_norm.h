@@ -11,7 +11,7 @@ namespace dptrain {
 class BatchNorm final : public Layer {
  public:
   // args: momentum and eps as PyTorch means them (defaults 0.1, 1e-5).
-  BatchNorm(Backend& be, std::string name, BatchNormArgs args = {})
+  BatchNorm(Backend& be, std::string name, const BatchNormArgs& args = {})
       : Layer(be, std::move(name)), args_(args) {}
   std::string type() const override { return "batchnorm"; }
   Shape Setup(const Shape& in, const SetupOptions& opts) override;
