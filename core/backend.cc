@@ -125,7 +125,7 @@ std::string Conv2dDesc::ToString() const {
      << "x" << s << " stride=" << stride << " pad=" << pad;
   if (groups != 1) os << " groups=" << groups;
   if (dilation != 1) os << " dilation=" << dilation;
-  os << " bias=" << bias << " " << PrecisionName(precision);
+  os << " bias=" << bias << (relu ? " relu" : "") << " " << PrecisionName(precision);
   return os.str();
 }
 

@@ -42,6 +42,9 @@ struct Conv2dDesc {
   bool bias = true;
   Precision precision = Precision::kF32;
   int64_t groups = 1, dilation = 1;
+  // y = max(conv + bias, 0): a ReLU folded into the convolution (Layer::FoldRelu). Forward only:
+  // the caller gates dy by y before the backward passes.
+  bool relu = false;
   int64_t out_h() const { return (h + 2 * pad - dilation * (r - 1) - 1) / stride + 1; }
   int64_t out_w() const { return (w + 2 * pad - dilation * (s - 1) - 1) / stride + 1; }
   int64_t group_c() const { return c / groups; }  // input channels each output channel sees

@@ -41,8 +41,9 @@ class Graph {
   // Sets every node up for inputs of shape `in` (dimension 0 = the largest batch) and returns
   // the output shape. A node whose output nobody reads (other than the last) is a ConfigError,
   // as are shapes a layer refuses. Out-of-memory reports name the node being set up. First
-  // folds a ReLU into the batch norm whose output only it reads (Layer::FoldIntoInput): the same
-  // numbers, one pass over the activation instead of two, no ReLU buffers.
+  // folds a ReLU into the batch norm or convolution whose output only it reads
+  // (Layer::FoldIntoInput): the same numbers, one pass over the activation instead of two, no
+  // ReLU buffers.
   Shape Setup(const Shape& in, const SetupOptions& opts);
   // Off: no folding at the next Setup (the tests that prove folding changes no number).
   void set_fold(bool on) { fold_ = on; }

@@ -145,7 +145,7 @@ struct PoolPlan final : OpPlan {
 // Plan-cache keys: every field of the descriptor that changes the primitives.
 inline auto ConvKey(const Conv2dDesc& d) {
   return std::make_tuple(d.n, d.c, d.h, d.w, d.k, d.r, d.s, d.stride, d.pad, d.bias,
-                         static_cast<int>(d.precision), d.groups, d.dilation);
+                         static_cast<int>(d.precision), d.groups, d.dilation, d.relu);
 }
 inline auto LinearKey(const LinearDesc& d) {
   return std::make_tuple(d.n, d.in, d.out, d.bias, static_cast<int>(d.precision));

@@ -37,11 +37,20 @@ std::shared_ptr<OpPlan> CpuBackend::PrepareConv2d(const Conv2dDesc& d) {
       dw_any(ws, Dt::f32, Tag::any);
   p->b_md = d.bias ? memory::desc({d.k}, Dt::f32, Tag::x) : memory::desc();
   const auto attr = MakeAttr();
+  // A folded ReLU is a post-op of the forward primitive: applied to the f32 accumulator after the
+  // bias, before the output is converted or reordered (max(v, 0) rounds as v does, so this is
+  // bit for bit the convolution then the ReLU). Backward is the plain convolution's.
+  auto fwd_attr = MakeAttr();
+  if (d.relu) {
+    dnnl::post_ops ops;
+    ops.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, 0.f, 0.f);
+    fwd_attr.set_post_ops(ops);
+  }
   const auto alg = dnnl::algorithm::convolution_direct;
   const auto fwd = DPT_DNNL(dnnl::convolution_forward::primitive_desc(
       dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, alg, x_any, w_any, p->b_md,
                                       y_any, strides, dilates, pad, pad),
-      attr, eng));
+      fwd_attr, eng));
   const auto data = DPT_DNNL(dnnl::convolution_backward_data::primitive_desc(
       dnnl::convolution_backward_data::desc(alg, x_any, w_any, y_any, strides, dilates, pad, pad),
       attr, eng, fwd));

@@ -202,7 +202,7 @@ class CudaBackend final : public Backend {
   bool deterministic_ = false;
   bool timed_search_ = false;
   std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-                      int64_t, bool, int, int64_t, int64_t>,
+                      int64_t, bool, int, int64_t, int64_t, bool>,
            std::shared_ptr<OpPlan>>
       conv_plans_;
   std::map<std::tuple<int64_t, int64_t, int64_t, bool, int>, std::shared_ptr<OpPlan>> linear_plans_;

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // CUDA backend: conv2d on cuDNN's descriptor ("legacy") API, planned once per shape and
-// precision (descriptors, algorithms, workspace, 16-bit staging) and cached; bias add and bias
-// gradient on cuDNN too. The algorithm search is in cuda_conv_algo.cc.
+// precision (descriptors, algorithms, workspace, 16-bit staging) and cached; the bias gradient on
+// cuDNN too, the bias add on cuDNN or in the epilogue kernel that widens 16-bit results and
+// applies a folded ReLU. The algorithm search is in cuda_conv_algo.cc.
 #include <cudnn.h>
 
 #include <algorithm>
@@ -23,7 +24,7 @@ std::shared_ptr<OpPlan> CudaBackend::PrepareConv2d(const Conv2dDesc& d) {
   std::lock_guard<std::mutex> lock(mu_);
   auto& slot =
       conv_plans_[std::make_tuple(d.n, d.c, d.h, d.w, d.k, d.r, d.s, d.stride, d.pad, d.bias,
-                                  static_cast<int>(d.precision), d.groups, d.dilation)];
+                                  static_cast<int>(d.precision), d.groups, d.dilation, d.relu)];
   if (slot) return slot;
   MakeCurrent();
   auto p = std::make_shared<ConvPlan>();
@@ -66,6 +67,10 @@ std::shared_ptr<OpPlan> CudaBackend::PrepareConv2d(const Conv2dDesc& d) {
   const size_t cap = std::min<size_t>(size_t{1} << 30, identity_.memory_total / 8);
   ChooseConvAlgorithms(cudnn_, p.get(), deterministic_, timed_search_, cap);
   ReserveWorkspace(std::max({p->fwd_ws, p->data_ws, p->filter_ws}));
+  // NaN becomes 0, as ew::Relu (the ReLU kernels and the epilogue) does.
+  DPT_CUDNN_CHECK(
+      cudnnSetActivationDescriptor(p->relu.d, CUDNN_ACTIVATION_RELU, CUDNN_NOT_PROPAGATE_NAN, 0.0));
+  p->fused = d.relu && d.bias && !p->half;
   if (p->half) {
     const DType ht = HalfDType(d.precision);
     p->x16 = Empty(Shape{d.n * d.c * d.h * d.w}, ht, "conv2d 16-bit x/dx");
@@ -100,12 +105,28 @@ void CudaBackend::Conv2dForward(const OpPlan& plan, const Tensor& x, const Tenso
     win = p.w16.raw();
     yout = p.y16.raw();
   }
-  DPT_CUDNN_CHECK(cudnnConvolutionForward(cudnn_, &one, p.x.d, xin, p.w.d, win, p.fwd.d, p.fwd_algo,
-                                          Workspace(), p.fwd_ws, &zero, p.y.d, yout));
-  if (p.half) kernels::HalfToF32(p.kind, p.y16.raw(), y->data<float>(), y->numel(), false, stream_);
   if (d.bias) {
     CheckF32(*b, "conv2d b");
     CheckNumel(*b, d.k, "conv2d b", d.ToString());
+  }
+  if (p.fused) {
+    // y = relu(conv(x) + 0 * z + bias), z = y (not read with alpha2 = 0). The workspace is the
+    // forward algorithm's own.
+    const cudnnStatus_t st = cudnnConvolutionBiasActivationForward(
+        cudnn_, &one, p.x.d, xin, p.w.d, win, p.fwd.d, p.fwd_algo, Workspace(), p.fwd_ws, &zero,
+        p.y.d, yout, p.b32.d, b->raw(), p.relu.d, p.y.d, yout);
+    if (st == CUDNN_STATUS_SUCCESS) return;
+    if (st != CUDNN_STATUS_NOT_SUPPORTED) DPT_CUDNN_CHECK(st);
+    p.fused = false;  // this algorithm has no fused kernel: the epilogue from now on
+  }
+  DPT_CUDNN_CHECK(cudnnConvolutionForward(cudnn_, &one, p.x.d, xin, p.w.d, win, p.fwd.d, p.fwd_algo,
+                                          Workspace(), p.fwd_ws, &zero, p.y.d, yout));
+  if (p.half || d.relu) {
+    // Widening, bias and ReLU in one pass over the output.
+    kernels::ConvEpilogue(p.kind, p.half ? p.y16.raw() : nullptr,
+                          d.bias ? b->data<float>() : nullptr, d.relu, y->data<float>(), d.n, d.k,
+                          d.out_h() * d.out_w(), stream_);
+  } else if (d.bias) {
     DPT_CUDNN_CHECK(cudnnAddTensor(cudnn_, &one, p.b32.d, b->raw(), &one, p.y32.d, y->raw()));
   }
 }

@@ -45,6 +45,14 @@ struct ConvDesc {
   ConvDesc& operator=(const ConvDesc&) = delete;
 };
 
+struct ActivationDesc {
+  cudnnActivationDescriptor_t d = nullptr;
+  ActivationDesc() { DPT_CUDNN_CHECK(cudnnCreateActivationDescriptor(&d)); }
+  ~ActivationDesc() { cudnnDestroyActivationDescriptor(d); }
+  ActivationDesc(const ActivationDesc&) = delete;
+  ActivationDesc& operator=(const ActivationDesc&) = delete;
+};
+
 struct ConvPlan final : OpPlan {
   Conv2dDesc d;
   bool half = false;
@@ -58,6 +66,11 @@ struct ConvPlan final : OpPlan {
   cudnnConvolutionBwdDataAlgo_t data_algo{};
   cudnnConvolutionBwdFilterAlgo_t filter_algo{};
   size_t fwd_ws = 0, data_ws = 0, filter_ws = 0;
+  // A folded ReLU (d.relu) in fp32 with a bias: convolution, bias and ReLU in one cuDNN call
+  // (cudnnConvolutionBiasActivationForward) until cuDNN reports it unsupported for this plan's
+  // algorithm; otherwise and then, one epilogue kernel after the convolution.
+  ActivationDesc relu;
+  mutable bool fused = false;
   // bf16/fp16 staging, reused across the three ops (one stream: one op at a time):
   // x16 holds x or dx, y16 holds y or dy, w16 holds w or dw.
   Tensor x16, y16, w16;

@@ -143,6 +143,21 @@ __global__ void F16ToF32Kernel(const __half* x, float* y, int64_t n, bool accumu
   }
 }
 
+__device__ inline float Widen(float v) { return v; }
+__device__ inline float Widen(uint16_t v) { return ew::Bf16ToFloat(v); }
+__device__ inline float Widen(__half v) { return __half2float(v); }
+
+// src: the f32 output itself (in place), or its bf16 / fp16 result.
+template <class Src>
+__global__ void ConvEpilogueKernel(const Src* src, const float* b, bool relu, float* y, int64_t k,
+                                   int64_t hw, int64_t total) {
+  DPT_GRID_LOOP(i, total) {
+    float v = Widen(src[i]);
+    if (b != nullptr) v += b[(i / hw) % k];
+    y[i] = relu ? ew::Relu(v) : v;
+  }
+}
+
 __global__ void AddBiasRowsKernel(float* y, const float* b, int64_t rows, int64_t cols) {
   DPT_GRID_LOOP(i, rows * cols) y[i] += b[i % cols];
 }
@@ -580,6 +595,21 @@ void HalfToF32(Half kind, const void* x, float* y, int64_t n, bool accumulate, c
   } else {
     DPT_LAUNCH(F16ToF32Kernel, Blocks(n), kThreads, s, static_cast<const __half*>(x), y, n,
                accumulate);
+  }
+}
+
+void ConvEpilogue(Half kind, const void* x16, const float* b, bool relu, float* y, int64_t n,
+                  int64_t k, int64_t hw, cudaStream_t s) {
+  const int64_t total = n * k * hw;
+  if (total == 0) return;
+  if (x16 == nullptr) {
+    DPT_LAUNCH(ConvEpilogueKernel<float>, Blocks(total), kThreads, s, y, b, relu, y, k, hw, total);
+  } else if (kind == Half::kBF16) {
+    DPT_LAUNCH(ConvEpilogueKernel<uint16_t>, Blocks(total), kThreads, s,
+               static_cast<const uint16_t*>(x16), b, relu, y, k, hw, total);
+  } else {
+    DPT_LAUNCH(ConvEpilogueKernel<__half>, Blocks(total), kThreads, s,
+               static_cast<const __half*>(x16), b, relu, y, k, hw, total);
   }
 }
 

@@ -47,6 +47,11 @@ enum class Half : uint8_t { kBF16, kF16 };
 void F32ToHalf(Half kind, const float* x, void* y, int64_t n, cudaStream_t s);
 void HalfToF32(Half kind, const void* x, float* y, int64_t n, bool accumulate, cudaStream_t s);
 
+// A convolution's output (n, k, hw) finished in one pass: y = v + b[channel] (b nullable), then
+// max(., 0) when relu, where v is x16 widened (x16 nullable: v = y, in place).
+void ConvEpilogue(Half kind, const void* x16, const float* b, bool relu, float* y, int64_t n,
+                  int64_t k, int64_t hw, cudaStream_t s);
+
 // ---- linear helpers: y (rows, cols) row-major ----
 void AddBiasRows(float* y, const float* b, int64_t rows, int64_t cols, cudaStream_t s);
 // db[j] (+)= sum_i dy[i, j], summed in double.

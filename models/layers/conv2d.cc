@@ -24,6 +24,7 @@ Shape Conv2d::Setup(const Shape& in, const SetupOptions& opts) {
       << "conv2d '" << name_ << "' needs (N, C, H, W) input, got " << in.ToString();
   desc_ = Conv2dDesc{in[0],   in[1], in[2], in[3],          out_channels_, kernel_,  kernel_,
                      stride_, pad_,  bias_, opts.precision, groups_,       dilation_};
+  desc_.relu = relu_;
   DPT_CHECK_AS(ConfigError, groups_ > 0 && in[1] % groups_ == 0 && out_channels_ % groups_ == 0)
       << "conv2d '" << name_ << "': groups " << groups_ << " must divide the " << in[1]
       << " input channels and the " << out_channels_ << " output channels";
@@ -76,7 +77,10 @@ const Tensor& Conv2d::Forward(const Tensor& x, const ForwardContext& /*ctx*/) {
 
 const Tensor& Conv2d::Backward(const Tensor& dy, bool accumulate) {
   if (need_dx_) dx_ = dx_buf_.Batch(desc_.n);
-  backend_.Conv2dBackward(*plan_, x_, dy, w_, need_dx_ ? &dx_ : nullptr, &gw_,
+  // With a folded ReLU, dy is gated by the output, written over it: every reader of the output
+  // (the ReLU's readers) has run its backward before this layer's.
+  if (relu_) backend_.ReluBackward(y_, dy, &y_);
+  backend_.Conv2dBackward(*plan_, x_, relu_ ? y_ : dy, w_, need_dx_ ? &dx_ : nullptr, &gw_,
                           bias_ ? &gb_ : nullptr, accumulate);
   return dx_;
 }

@@ -21,12 +21,19 @@ class Conv2d final : public Layer {
   const Tensor& Backward(const Tensor& dy, bool accumulate) override;
   int64_t ActivationBytesPerSample() const override;
   void ListPlans(std::vector<const OpPlan*>* out) const override { out->push_back(plan_.get()); }
+  // The convolution applies the ReLU that alone reads it (Conv2dDesc::relu); backward gates dy by
+  // the output, in place over it (no reader of the output is left by then).
+  bool FoldRelu() override {
+    relu_ = true;
+    return true;
+  }
 
  private:
   void PrepareFor(int64_t n);
 
   int64_t out_channels_, kernel_, stride_, pad_, groups_, dilation_;
   bool bias_;
+  bool relu_ = false;
   bool need_dx_ = true;
   Conv2dDesc desc_;
   std::shared_ptr<OpPlan> plan_;

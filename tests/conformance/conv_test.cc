@@ -209,6 +209,40 @@ TEST_P(ConvTest, F16BackwardWeights) {
   });
 }
 
+// A ReLU folded into the convolution (Conv2dDesc::relu, what the graph does for a ReLU that alone
+// reads a convolution): the forward against the reference's max(conv + bias, 0) in every
+// precision, and against the same plan without the fold followed by ReluForward (the CPU
+// backend's post-op gives the same bits; the CUDA backend's cuDNN fused call may round alike
+// only to the forward's tolerance).
+TEST_P(ConvTest, ForwardWithFoldedRelu) {
+  Backend& be = backend();
+  for (const Precision prec : {Precision::kF32, Precision::kBF16, Precision::kF16}) {
+    std::vector<Conv2dDesc> cases = Cases(prec);
+    for (Conv2dDesc& d : cases) d.relu = true;
+    ForEachSupportedCase(be, cases, 1700, [&](const Conv2dDesc& d, uint32_t seed) {
+      CheckForward(be, d, seed);
+      Conv2dDesc plain = d;
+      plain.relu = false;
+      const WeightedData data = MakeWeightedData(d, seed);
+      Tensor x = ToDevice(be, data.x, XShape(d)), w = ToDevice(be, data.w, WShape(d));
+      Tensor b = ToDevice(be, data.b, {d.k});
+      Tensor folded = be.Empty(YShape(d), DType::kF32, "folded");
+      Tensor conv = be.Empty(YShape(d), DType::kF32, "conv");
+      Tensor relu = be.Empty(YShape(d), DType::kF32, "conv then relu");
+      be.Conv2dForward(*be.PrepareConv2d(d), x, w, d.bias ? &b : nullptr, &folded);
+      be.Conv2dForward(*be.PrepareConv2d(plain), x, w, d.bias ? &b : nullptr, &conv);
+      be.ReluForward(conv, &relu);
+      const std::vector<float> got = ToHost(be, folded), want = ToHost(be, relu);
+      if (be.name() == "cpu") {
+        EXPECT_EQ(got, want) << "the post-op rounds as the ReLU after the convolution";
+      } else {
+        const Tolerance tol = ForReduction(d.precision, WeightedOp<Conv2dDesc>::ForwardTerms(d));
+        EXPECT_TRUE(AllClose(got, ToDouble(want), tol));
+      }
+    });
+  }
+}
+
 // fp16 semantics every backend shares (cuDNN half on CUDA, rounded f32 on CPU): outputs hold
 // fp16 values only, and a gradient beyond the fp16 range (65504) becomes infinity, the overflow
 // (or NaN, where infinities of both signs meet) that dynamic loss scaling detects and skips.

@@ -74,7 +74,7 @@ void Conv2dForward(const Conv2dDesc& d, const Vec& x, const Vec& w, const Vec* b
   ForEachOutput(d, [&](int64_t n, int64_t k, int64_t p, int64_t q, size_t o) {
     double acc = b != nullptr ? (*b)[At(k)] : 0.0;
     ForEachTap(d, n, k, p, q, [&](size_t xi, size_t wi) { acc += x[xi] * w[wi]; });
-    (*y)[o] = acc;
+    (*y)[o] = d.relu ? std::max(acc, 0.0) : acc;
   });
 }
 

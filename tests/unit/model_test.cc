@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <ostream>
 
 #include "core/backend_registry.h"
 #include "core/error.h"
@@ -169,17 +170,33 @@ TEST(ModelTest, ProfileNamesTheGraphNodeOfEachOp) {
   }
 }
 
-// The graph folds each ReLU that alone reads a batch norm into it (resnet8: the stem's and each
-// block's first; the second feeds the residual add): two training steps give bit for bit the
-// unfolded model's outputs, gradients and running statistics, and evaluation its outputs, with
-// less activation memory.
-TEST(ModelTest, FoldingReluIntoBatchNormChangesNoNumber) {
+// The graph folds each ReLU that alone reads a batch norm or a convolution into it (resnet8: the
+// stem's and each block's first, after batch norms; the second feeds the residual add. ref_cnn:
+// both convolutions' ReLUs; fc1's stays): two training steps give bit for bit the unfolded
+// model's outputs, gradients and running statistics, and evaluation its outputs, with less
+// activation memory (each folded ReLU held an output and an input gradient).
+struct FoldCase {
+  const char* model;
+  Shape sample;
+  int folded;
+  int64_t floats_saved_per_sample;
+};
+void PrintTo(const FoldCase& c, std::ostream* os) { *os << c.model; }
+
+class FoldingTest : public ::testing::TestWithParam<FoldCase> {};
+
+TEST_P(FoldingTest, FoldingReluChangesNoNumber) {
+  const FoldCase& fc = GetParam();
   Backend& be = GetBackend("cpu");
+  const int64_t n = 4;
+  std::vector<int64_t> dims{n};
+  dims.insert(dims.end(), fc.sample.dims().begin(), fc.sample.dims().end());
+  const Shape batch(dims);
   const auto train = [&](bool fold, int* folded, int64_t* activation_bytes) {
-    auto net = BuildZooModel(be, "resnet8", 10);
+    auto net = BuildZooModel(be, fc.model, 10);
     net->set_fold(fold);
-    Model m(be, std::move(net), Shape{3, 32, 32});
-    m.Setup(4, Precision::kF32);
+    Model m(be, std::move(net), fc.sample);
+    m.Setup(n, Precision::kF32);
     m.InitParams(1);
     *folded = 0;
     for (size_t i = 0; i < m.net().size(); ++i) {
@@ -191,8 +208,8 @@ TEST(ModelTest, FoldingReluIntoBatchNormChangesNoNumber) {
     ForwardContext ctx;
     ctx.training = true;
     for (int step = 0; step < 2; ++step) {
-      Tensor x = testing::ToDevice(be, testing::RandomUniform(4 * 3 * 32 * 32, 10 + step),
-                                   Shape{4, 3, 32, 32});
+      Tensor x = testing::ToDevice(
+          be, testing::RandomUniform(static_cast<size_t>(batch.numel()), 10 + step), batch);
       const Tensor& y = m.Forward(x, ctx);
       seen.push_back(testing::ToHost(be, y));
       Tensor dy = testing::ToDevice(
@@ -202,8 +219,8 @@ TEST(ModelTest, FoldingReluIntoBatchNormChangesNoNumber) {
     }
     for (const auto& b : m.named_buffers()) seen.push_back(testing::ToHost(be, b.tensor));
     ctx.training = false;
-    Tensor x =
-        testing::ToDevice(be, testing::RandomUniform(4 * 3 * 32 * 32, 30), Shape{4, 3, 32, 32});
+    Tensor x = testing::ToDevice(be, testing::RandomUniform(static_cast<size_t>(batch.numel()), 30),
+                                 batch);
     seen.push_back(testing::ToHost(be, m.Forward(x, ctx)));
     return seen;
   };
@@ -212,11 +229,17 @@ TEST(ModelTest, FoldingReluIntoBatchNormChangesNoNumber) {
   const auto want = train(false, &unfolded, &bytes_unfolded);
   const auto got = train(true, &folded, &bytes_folded);
   EXPECT_EQ(unfolded, 0);
-  EXPECT_EQ(folded, 4) << "the stem's ReLU and each block's first";
+  EXPECT_EQ(folded, fc.folded);
   EXPECT_EQ(got, want);
-  // Each folded ReLU held an output and an input gradient of its batch norm's size.
-  EXPECT_EQ(bytes_unfolded - bytes_folded, 4 * 2 * (16 * 32 * 32 * 2 + 32 * 16 * 16 + 64 * 8 * 8));
+  EXPECT_EQ(bytes_unfolded - bytes_folded, 4 * 2 * fc.floats_saved_per_sample);
 }
+
+INSTANTIATE_TEST_SUITE_P(
+    Zoo, FoldingTest,
+    ::testing::Values(FoldCase{"resnet8", Shape{3, 32, 32}, 4,
+                               16 * 32 * 32 * 2 + 32 * 16 * 16 + 64 * 8 * 8},
+                      FoldCase{"ref_cnn", Shape{1, 28, 28}, 2, 32 * 28 * 28 + 64 * 14 * 14}),
+    [](const ::testing::TestParamInfo<FoldCase>& p) { return std::string(p.param.model); });
 
 TEST(ModelTest, CifarNetComputesFlattenSizeFromInput) {
   Backend& be = GetBackend("cpu");
