@@ -65,6 +65,7 @@ bench: build data
 	bash bench/run.sh $(BUILD)
 	bash bench/shard.sh $(BUILD)
 	bash bench/loader.sh $(BUILD)
+	bash bench/gpu.sh $(BUILD)
 
 sanitize: deps
 	ASAN_BUILD=$(ASAN_BUILD) TSAN_BUILD=$(TSAN_BUILD) JOBS=$(JOBS) \

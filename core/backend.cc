@@ -54,18 +54,27 @@ int64_t NowNs() {
 }  // namespace
 
 Backend::OpScope::OpScope(Backend* be, const char* name) : be_(be), name_(name) {
-  if (be_->profiling_) start_ns_ = NowNs();
+  if (!be_->profiling_) return;
+  if (be_->TimesOpsOnDevice()) {
+    timer_ = be_->StartDeviceTimer();
+  } else {
+    start_ns_ = NowNs();
+  }
 }
 
 Backend::OpScope::~OpScope() {
   if (!be_->profiling_) return;  // the hot path: no clock, no synchronisation
-  // While profiling, wait for the op so the wall time covers its device work. A failing
+  const bool on_device = be_->TimesOpsOnDevice();
+  if (on_device && timer_ < 0) return;
+  // Timed on the host: wait for the op so the wall time covers its device work. A failing
   // synchronisation (a sticky CUDA error) must not escape a destructor: the sample is dropped and
   // the next checked call reports the error.
-  try {
-    be_->Synchronize();
-  } catch (...) {
-    return;
+  if (!on_device) {
+    try {
+      be_->Synchronize();
+    } catch (...) {
+      return;
+    }
   }
   const std::string& node = be_->profile_node_ != nullptr ? *be_->profile_node_ : std::string();
   OpStat& s = be_->stats_[{node, name_}];
@@ -73,15 +82,25 @@ Backend::OpScope::~OpScope() {
   s.node = node;
   ++s.calls;
   s.flops += flops_;
-  s.seconds += static_cast<double>(NowNs() - start_ns_) * 1e-9;
+  if (on_device) {
+    be_->StopDeviceTimer(timer_, &s);
+  } else {
+    s.seconds += static_cast<double>(NowNs() - start_ns_) * 1e-9;
+  }
 }
 
-std::vector<OpStat> Backend::Profile() const {
+std::vector<OpStat> Backend::Profile() {
+  FlushDeviceTimers();
   std::vector<OpStat> out;
   for (const auto& [name, s] : stats_) out.push_back(s);
   std::sort(out.begin(), out.end(),
             [](const OpStat& a, const OpStat& b) { return a.seconds > b.seconds; });
   return out;
+}
+
+void Backend::ResetProfile() {
+  FlushDeviceTimers();  // timers in flight point into the stats
+  stats_.clear();
 }
 
 BatchNormDims BatchNormShape(const Shape& x) {

@@ -302,12 +302,15 @@ class Backend {
   virtual void AdamWStep(const ew::AdamWHyper& h, Tensor* param, const Tensor& grad, Tensor* m,
                          Tensor* v) = 0;
 
-  // ---- profiling: wall time per op kind, measured around each call (on devices with streams
-  // the backend synchronises after each op while profiling is on). Off by default. ----
+  // ---- profiling: time per op kind. Off by default. On the host (CPU) each call's wall time;
+  // a backend whose ops run on a device stream times them there (TimesOpsOnDevice: a timer
+  // before and after each op on the stream, nothing synchronised per op), so the step runs as
+  // it would unprofiled and the ops' sum is the device's busy time. ----
   void EnableProfiling(bool on) { profiling_ = on; }
   bool profiling() const { return profiling_; }
-  std::vector<OpStat> Profile() const;  // sorted by time, descending
-  void ResetProfile() { stats_.clear(); }
+  std::vector<OpStat> Profile();  // sorted by time, descending (waits for device timers)
+  void ResetProfile();
+  virtual bool TimesOpsOnDevice() const { return false; }
   // The graph node whose ops run now (Graph sets it around each node; nullptr outside).
   void SetProfileNode(const std::string* node) { profile_node_ = node; }
 
@@ -334,8 +337,18 @@ class Backend {
     Backend* be_;
     const char* name_;
     int64_t start_ns_ = 0;
+    int64_t timer_ = -1;  // the device timer, when the backend times ops on the device
     double flops_ = 0;
   };
+
+  // Device timers for the profile (TimesOpsOnDevice backends). StartDeviceTimer marks the stream
+  // before an op and returns a token; StopDeviceTimer marks it after the op and adds the time
+  // between the two marks to stat->seconds once the device has passed them (at the latest in
+  // FlushDeviceTimers). Stop never throws (a timer that fails is dropped). stat stays valid until
+  // FlushDeviceTimers returns.
+  virtual int64_t StartDeviceTimer() { return -1; }
+  virtual void StopDeviceTimer(int64_t /*token*/, OpStat* /*stat*/) noexcept {}
+  virtual void FlushDeviceTimers() {}
 
  private:
   std::unique_ptr<CachingAllocator> allocator_;

@@ -151,6 +151,14 @@ CudaBackend::~CudaBackend() {
 }
 
 void CudaBackend::ReleaseHandles() noexcept {
+  for (const OpTimer& t : timers_) {
+    if (t.start != nullptr) (void)cudaEventDestroy(t.start);
+    if (t.stop != nullptr) (void)cudaEventDestroy(t.stop);
+  }
+  for (cudaEvent_t e : spare_events_) (void)cudaEventDestroy(e);
+  timers_.clear();
+  spare_events_.clear();
+  open_timers_ = 0;
   for (Staging& slot : staging_) {
     if (slot.host != nullptr) (void)cudaFreeHost(slot.host);
     if (slot.done != nullptr) (void)cudaEventDestroy(slot.done);
@@ -297,6 +305,76 @@ void CudaBackend::Fill(Tensor* t, float value) {
 void CudaBackend::Synchronize() {
   MakeCurrent();
   SyncStream();
+}
+
+// ---- profile timers -----------------------------------------------------------------------------
+
+cudaEvent_t CudaBackend::SpareTimerEvent() {
+  if (!spare_events_.empty()) {
+    cudaEvent_t e = spare_events_.back();
+    spare_events_.pop_back();
+    return e;
+  }
+  cudaEvent_t e = nullptr;
+  DPT_CUDA_CHECK(cudaEventCreate(&e));  // with timing (cudaEventDefault)
+  return e;
+}
+
+int64_t CudaBackend::StartDeviceTimer() {
+  // Read the finished timers now and then, between ops (none open), so they do not pile up.
+  if (open_timers_ == 0 && timers_.size() >= kTimersBeforeRead) FlushDeviceTimers();
+  OpTimer t;
+  t.start = SpareTimerEvent();
+  const cudaError_t e = cudaEventRecord(t.start, stream_);
+  if (e != cudaSuccess) {
+    spare_events_.push_back(t.start);
+    DPT_CUDA_CHECK(e);
+  }
+  timers_.push_back(t);
+  ++open_timers_;
+  return static_cast<int64_t>(timers_.size()) - 1;
+}
+
+void CudaBackend::StopDeviceTimer(int64_t token, OpStat* stat) noexcept {
+  if (token < 0 || static_cast<size_t>(token) >= timers_.size()) return;
+  OpTimer& t = timers_[static_cast<size_t>(token)];
+  --open_timers_;
+  try {
+    cudaEvent_t stop = SpareTimerEvent();
+    if (cudaEventRecord(stop, stream_) != cudaSuccess) {
+      spare_events_.push_back(stop);
+      return;  // dropped: the timer stays without a stop and is not read
+    }
+    t.stop = stop;
+    t.stat = stat;
+  } catch (...) {
+    // dropped (no event to be had): the error resurfaces at the next checked call
+  }
+}
+
+void CudaBackend::FlushDeviceTimers() {
+  if (timers_.empty() || open_timers_ != 0) return;
+  MakeCurrent();
+  std::vector<OpTimer> timers;
+  timers.swap(timers_);
+  // Every timer's events go back to the spares, read or not (an error below still throws).
+  struct Recycle {
+    std::vector<OpTimer>& timers;
+    std::vector<cudaEvent_t>& spare;
+    ~Recycle() {
+      for (const OpTimer& t : timers) {
+        spare.push_back(t.start);
+        if (t.stop != nullptr) spare.push_back(t.stop);
+      }
+    }
+  } recycle{timers, spare_events_};
+  DPT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  for (const OpTimer& t : timers) {
+    if (t.stop == nullptr) continue;
+    float ms = 0;
+    DPT_CUDA_CHECK(cudaEventElapsedTime(&ms, t.start, t.stop));
+    t.stat->seconds += static_cast<double>(ms) * 1e-3;
+  }
 }
 
 // ---- support ------------------------------------------------------------------------------------

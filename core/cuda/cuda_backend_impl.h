@@ -38,6 +38,7 @@
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "core/backend.h"
 #include "core/cuda/cuda_backend.h"
@@ -70,6 +71,8 @@ class CudaBackend final : public Backend {
   void Zero(Tensor* t) override;
   void Fill(Tensor* t, float value) override;
   void Synchronize() override;
+  // The profile times ops with events on the compute stream (no synchronisation per op).
+  bool TimesOpsOnDevice() const override { return true; }
 
   bool Supports(const Conv2dDesc& d) const override;
   bool Supports(const LinearDesc& d) const override;
@@ -175,6 +178,21 @@ class CudaBackend final : public Backend {
   size_t next_staging_ = 0;
   cudaStream_t copy_stream_ = nullptr;
   cudaEvent_t compute_mark_ = nullptr;  // where the copy stream joins the compute stream
+
+  // Profile timers: an event pair around each op on the compute stream, read in batches (at most
+  // kTimersBeforeRead pairs wait, so the host synchronises once every few hundred ops at most).
+  int64_t StartDeviceTimer() override;
+  void StopDeviceTimer(int64_t token, OpStat* stat) noexcept override;
+  void FlushDeviceTimers() override;
+  cudaEvent_t SpareTimerEvent();
+  struct OpTimer {
+    cudaEvent_t start = nullptr, stop = nullptr;  // stop: nullptr while the op runs
+    OpStat* stat = nullptr;
+  };
+  static constexpr size_t kTimersBeforeRead = 4096;
+  std::vector<OpTimer> timers_;
+  std::vector<cudaEvent_t> spare_events_;
+  int open_timers_ = 0;
 
   // SoftmaxCrossEntropy's label check without a synchronisation: the device's sticky
   // kernels::BadLabelCode, copied after each call into pinned memory that SyncStream reads.

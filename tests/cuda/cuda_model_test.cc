@@ -328,6 +328,51 @@ TEST_P(CudaModelTest, Bf16LossIsCloseToFp32) {
 INSTANTIATE_TEST_SUITE_P(Zoo, CudaModelTest, ::testing::ValuesIn(ZooNames()),
                          [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
 
+// train.profile on the GPU: ops are timed with events on the stream, not synchronised one by
+// one. Every op of a resnet8 step is counted, convolutions and the linear layer have a positive
+// device time (no op a negative one), and the sum fits in
+// the step's wall time (the device ran them one after another on one stream); more timers than
+// are read in one batch (kTimersBeforeRead) lose none.
+TEST(CudaBackendTest, ProfileTimesOpsOnTheDevice) {
+  DPT_BACKEND_OR_SKIP(cuda, "cuda");
+  ASSERT_TRUE(cuda->TimesOpsOnDevice());
+  Model m(*cuda, BuildZooModel(*cuda, "resnet8", kClasses), Shape{3, 32, 32});
+  m.Setup(16, Precision::kF32);
+  m.InitParams(1);
+  Tensor x = ToDevice(*cuda, RandomUniform(16 * 3 * 32 * 32, 3), Shape{16, 3, 32, 32});
+  ForwardContext ctx;
+  ctx.training = true;
+  const auto step = [&] {
+    const Tensor& y = m.Forward(x, ctx);
+    Tensor dy = ToDevice(*cuda, RandomUniform(static_cast<size_t>(y.numel()), 4), y.shape());
+    m.Backward(dy, false);
+  };
+  step();  // plans and algorithms
+  cuda->Synchronize();
+  cuda->ResetProfile();
+  cuda->EnableProfiling(true);
+  constexpr int kSteps = 100;  // ~60 ops a step: several batches of timers
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < kSteps; ++i) step();
+  cuda->Synchronize();
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  cuda->EnableProfiling(false);
+  double ops = 0;
+  int64_t convs = 0;
+  for (const OpStat& s : cuda->Profile()) {
+    EXPECT_GE(s.seconds, 0) << s.node << " " << s.name;
+    if (s.flops > 0) {
+      EXPECT_GT(s.seconds, 0) << s.node << " " << s.name;
+    }
+    ops += s.seconds;
+    if (s.node == "conv1" && s.name == "conv2d_fwd") convs = s.calls;
+  }
+  cuda->ResetProfile();
+  EXPECT_EQ(convs, kSteps) << "every call counted";
+  EXPECT_GT(ops, 0);
+  EXPECT_LE(ops, wall) << "ops on one stream cannot take longer than the steps";
+}
+
 TEST(CudaBackendTest, CopiesRoundTrip) {
   DPT_BACKEND_OR_SKIP(cuda, "cuda");
   for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{1009}, int64_t{(1 << 22) + 3}}) {

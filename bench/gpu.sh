@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# The GPU step and NCCL, on a machine with NVIDIA GPUs (issue 17 point 4; not a test). Skips, and
+# says so, where nvidia-smi lists no GPU (the CPU CI machine).
+#
+#  1. Step time against the sum of the ops' device times: one rank, train.profile = true, which on
+#     the CUDA backend times each op with CUDA events on the compute stream (nothing synchronised
+#     per op, so the step runs at its own speed). step / ops is how much longer the step takes than
+#     the kernels (the cuDNN, cuBLAS and dptrain kernels of its ops) keep the GPU busy: host
+#     overhead, launch gaps and synchronisation. Target: at most 1.2x. resnet18 (CIFAR stem,
+#     32x32, batch 256) and resnet50 (224x224, batch 64), fp32 and bf16, synthetic data.
+#  2. NCCL: allreduce_bench --device cuda over every GPU of the machine, one rank each, bus
+#     bandwidth as nccl-tests computes it (2 (n-1)/n x bytes / time), the bare ncclAllReduce and
+#     the Reducer's 25 MB buckets.
+#
+#   bash bench/gpu.sh [BUILD_DIR]      (a build with -DDPTRAIN_WITH_CUDA=ON)
+#   GPU_BENCH_STEPS=N                  profiled steps per run (default 60)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build}
+dptrain=$build/launcher/dptrain
+# shellcheck source=scripts/mpi-env.sh
+. scripts/mpi-env.sh
+gpus=$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU' || true)
+if [ "${gpus:-0}" = 0 ]; then
+  echo "bench/gpu.sh: skipped: no GPU (nvidia-smi lists none)"
+  exit 0
+fi
+for exe in "$dptrain" "$build/bench/allreduce_bench"; do
+  [ -x "$exe" ] || { echo "bench/gpu.sh: $exe missing (make build with CUDA)"; exit 1; }
+done
+steps=${GPU_BENCH_STEPS:-60}
+work=$(mktemp -d /tmp/dptrain-gpu-bench.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+
+echo "== machine"
+nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader
+echo
+
+echo "== the step against its ops' device time (1 GPU, train.profile: CUDA events per op)"
+printf '%-16s %6s %5s %11s %9s %9s %10s %s\n' model batch prec samples/s step_ms ops_ms step/ops \
+  target
+for job in "resnet18_cifar 256" "resnet50 64"; do
+  read -r model batch <<<"$job"
+  for prec in fp32 bf16; do
+    dir=$work/$model-$prec
+    log=$dir.log
+    if ! CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} "$dptrain" train \
+      --config configs/resnet8.toml --set model.name="$model" --set run_dir="$dir" \
+      --set dist.device=cuda --set data.train=synthetic --set data.test= \
+      --set data.augment=none --set data.synthetic_samples=$((batch * (steps + 2))) \
+      --set train.global_batch="$batch" --set train.max_steps=$((steps + 1)) \
+      --set train.precision="$prec" --set train.profile=true --set train.warmup_steps=0 \
+      --set checkpoint.every_epochs=0 --set checkpoint.resume=never >"$log" 2>&1; then
+      echo "$model $prec: dptrain failed:"
+      tail -5 "$log"
+      continue
+    fi
+    # The profile record (metrics.jsonl) and the samples/s of the summary line.
+    /usr/bin/env python3 - "$dir/metrics.jsonl" "$log" "$model" "$batch" "$prec" <<'EOF'
+import json, re, sys
+metrics, log, model, batch, prec = sys.argv[1:]
+prof = [r for r in map(json.loads, open(metrics)) if r.get("kind") == "profile"][-1]
+done = [l for l in open(log) if l.startswith("done:")]
+sps = re.search(r"([0-9.]+) samples/s", done[-1]).group(1) if done else "-"
+ratio = prof["step_ms"] / prof["ops_ms"] if prof["ops_ms"] > 0 else float("inf")
+timed = prof.get("ops_timed", "host")
+verdict = ("met" if ratio <= 1.2 else "NOT met") if timed == "device" else "ops timed on the host"
+print(f"{model:<16} {batch:>6} {prec:>5} {sps:>11} {prof['step_ms']:>9.2f} {prof['ops_ms']:>9.2f} "
+      f"{ratio:>9.2f}x <=1.2x {verdict}")
+EOF
+  done
+done
+echo "(ops: the sum over the step's ops of the time between CUDA events recorded before and after"
+echo " each on the compute stream; step: the profiled steps' mean wall time)"
+echo
+
+echo "== NCCL allreduce over $gpus GPU(s), one rank each (bench/allreduce_bench.cc)"
+# One GPU per rank, by the rank's index on this host.
+# shellcheck disable=SC2016
+mpirun -np "$gpus" bash -c \
+  'CUDA_VISIBLE_DEVICES=${OMPI_COMM_WORLD_LOCAL_RANK:-0} exec "$0" --device cuda' \
+  "$build/bench/allreduce_bench"
