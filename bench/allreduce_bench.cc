@@ -10,8 +10,8 @@
 //                                                bench/gpu.sh does), gradient sizes of ref_cnn,
 //                                                a 25 MB bucket, resnet18 and resnet50
 // Times are wall times of blocking calls (median of 20 after 5 warm-ups, every rank starting
-// together after a barrier): nccl-tests times many back-to-back launches with CUDA events, so for
-// small messages its numbers are higher than these by the ~10-30 us a blocking call adds.
+// together after a barrier). nccl-tests times back-to-back launches with CUDA events, so for small
+// messages its bandwidths are higher than these by what a blocking call adds.
 #include <mpi.h>
 
 #include <algorithm>

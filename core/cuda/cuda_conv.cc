@@ -18,6 +18,34 @@
 #include "core/error.h"
 
 namespace dptrain::cuda {
+namespace {
+
+// A plan's f32 operand t, seen as (planes, c, hw), into its 16-bit staging buffer: as it is, or
+// channels-last (p.nhwc).
+void StageHalf(const ConvPlan& p, const Tensor& t, int64_t planes, int64_t c, int64_t hw, void* out,
+               cudaStream_t s) {
+  if (p.nhwc) {
+    kernels::F32ToHalfChannelsLast(p.kind, t.data<float>(), out, planes, c, hw, s);
+  } else {
+    kernels::F32ToHalf(p.kind, t.data<float>(), out, t.numel(), s);
+  }
+}
+
+// A 16-bit result back into the f32 tensor t (planes, c, hw), with the bias b (nullable) and a
+// folded ReLU, or added into t (accumulate; then neither b nor relu).
+void UnstageHalf(const ConvPlan& p, const void* in, const float* b, bool relu, bool accumulate,
+                 Tensor* t, int64_t planes, int64_t c, int64_t hw, cudaStream_t s) {
+  if (p.nhwc) {
+    kernels::HalfChannelsLastToF32(p.kind, in, b, relu, accumulate, t->data<float>(), planes, c, hw,
+                                   s);
+  } else if (b != nullptr || relu) {
+    kernels::ConvEpilogue(p.kind, in, b, relu, t->data<float>(), planes, c, hw, s);
+  } else {
+    kernels::HalfToF32(p.kind, in, t->data<float>(), t->numel(), accumulate, s);
+  }
+}
+
+}  // namespace
 
 std::shared_ptr<OpPlan> CudaBackend::PrepareConv2d(const Conv2dDesc& d) {
   if (!Supports(d)) DPT_THROW(UnsupportedError) << "cuda: conv2d " << d.ToString();
@@ -35,13 +63,17 @@ std::shared_ptr<OpPlan> CudaBackend::PrepareConv2d(const Conv2dDesc& d) {
                              : d.precision == Precision::kBF16 ? CUDNN_DATA_BFLOAT16
                                                                : CUDNN_DATA_HALF;
   const int64_t P = d.out_h(), Q = d.out_w();
-  p->x.Set(dt, d.n, d.c, d.h, d.w);
-  p->y.Set(dt, d.n, d.k, P, Q);
+  p->nhwc = ChannelsLast(d, p->half);
+  // The descriptors keep the logical (N, C, H, W) / (K, C, R, S) sizes; the format says how the
+  // staged 16-bit buffers lay them out.
+  const cudnnTensorFormat_t format = p->nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
+  p->x.Set(dt, d.n, d.c, d.h, d.w, format);
+  p->y.Set(dt, d.n, d.k, P, Q, format);
   p->y32.Set(CUDNN_DATA_FLOAT, d.n, d.k, P, Q);
   p->b32.Set(CUDNN_DATA_FLOAT, 1, d.k, 1, 1);
   // A grouped filter is (K, C/G, R, S), as PyTorch's; the group count goes on each convolution
   // descriptor.
-  DPT_CUDNN_CHECK(cudnnSetFilter4dDescriptor(p->w.d, dt, CUDNN_TENSOR_NCHW, static_cast<int>(d.k),
+  DPT_CUDNN_CHECK(cudnnSetFilter4dDescriptor(p->w.d, dt, format, static_cast<int>(d.k),
                                              static_cast<int>(d.group_c()), static_cast<int>(d.r),
                                              static_cast<int>(d.s)));
   // Cross-correlation (no kernel flip), as PyTorch's Conv2d; f32 accumulation in every precision.
@@ -94,20 +126,21 @@ void CudaBackend::Conv2dForward(const OpPlan& plan, const Tensor& x, const Tenso
   CheckNumel(w, d.weight_numel(), "conv2d w", d.ToString());
   CheckNumel(*y, d.n * d.k * d.out_h() * d.out_w(), "conv2d y", d.ToString());
   DPT_CHECK(!d.bias || b != nullptr) << "conv2d with bias needs a bias tensor";
+  if (d.bias) {
+    CheckF32(*b, "conv2d b");
+    CheckNumel(*b, d.k, "conv2d b", d.ToString());
+  }
   const float one = 1.f, zero = 0.f;
   const void* xin = x.raw();
   const void* win = w.raw();
   void* yout = y->raw();
+  const int64_t hw = d.h * d.w, pq = d.out_h() * d.out_w(), rs = d.r * d.s;
   if (p.half) {
-    kernels::F32ToHalf(p.kind, x.data<float>(), p.x16.raw(), x.numel(), stream_);
-    kernels::F32ToHalf(p.kind, w.data<float>(), p.w16.raw(), w.numel(), stream_);
+    StageHalf(p, x, d.n, d.c, hw, p.x16.raw(), stream_);
+    StageHalf(p, w, d.k, d.group_c(), rs, p.w16.raw(), stream_);
     xin = p.x16.raw();
     win = p.w16.raw();
     yout = p.y16.raw();
-  }
-  if (d.bias) {
-    CheckF32(*b, "conv2d b");
-    CheckNumel(*b, d.k, "conv2d b", d.ToString());
   }
   if (p.fused) {
     // y = relu(conv(x) + 0 * z + bias), z = y (not read with alpha2 = 0). The workspace is the
@@ -121,11 +154,13 @@ void CudaBackend::Conv2dForward(const OpPlan& plan, const Tensor& x, const Tenso
   }
   DPT_CUDNN_CHECK(cudnnConvolutionForward(cudnn_, &one, p.x.d, xin, p.w.d, win, p.fwd.d, p.fwd_algo,
                                           Workspace(), p.fwd_ws, &zero, p.y.d, yout));
-  if (p.half || d.relu) {
-    // Widening, bias and ReLU in one pass over the output.
-    kernels::ConvEpilogue(p.kind, p.half ? p.y16.raw() : nullptr,
-                          d.bias ? b->data<float>() : nullptr, d.relu, y->data<float>(), d.n, d.k,
-                          d.out_h() * d.out_w(), stream_);
+  // Widening (and the layout back from channels-last), bias and ReLU in one pass over the output.
+  if (p.half) {
+    UnstageHalf(p, p.y16.raw(), d.bias ? b->data<float>() : nullptr, d.relu, false, y, d.n, d.k, pq,
+                stream_);
+  } else if (d.relu) {
+    kernels::ConvEpilogue(p.kind, nullptr, d.bias ? b->data<float>() : nullptr, true,
+                          y->data<float>(), d.n, d.k, pq, stream_);
   } else if (d.bias) {
     DPT_CUDNN_CHECK(cudnnAddTensor(cudnn_, &one, p.b32.d, b->raw(), &one, p.y32.d, y->raw()));
   }
@@ -147,8 +182,8 @@ void CudaBackend::Conv2dBackwardData(const OpPlan& plan, const Tensor& dy, const
   const void* win = w.raw();
   void* dxout = dx->raw();
   if (p.half) {
-    kernels::F32ToHalf(p.kind, dy.data<float>(), p.y16.raw(), dy.numel(), stream_);
-    kernels::F32ToHalf(p.kind, w.data<float>(), p.w16.raw(), w.numel(), stream_);
+    StageHalf(p, dy, d.n, d.k, d.out_h() * d.out_w(), p.y16.raw(), stream_);
+    StageHalf(p, w, d.k, d.group_c(), d.r * d.s, p.w16.raw(), stream_);
     dyin = p.y16.raw();
     win = p.w16.raw();
     dxout = p.x16.raw();
@@ -156,8 +191,7 @@ void CudaBackend::Conv2dBackwardData(const OpPlan& plan, const Tensor& dy, const
   DPT_CUDNN_CHECK(cudnnConvolutionBackwardData(cudnn_, &one, p.w.d, win, p.y.d, dyin, p.bwd_data.d,
                                                p.data_algo, Workspace(), p.data_ws, &zero, p.x.d,
                                                dxout));
-  if (p.half)
-    kernels::HalfToF32(p.kind, p.x16.raw(), dx->data<float>(), dx->numel(), false, stream_);
+  if (p.half) UnstageHalf(p, p.x16.raw(), nullptr, false, false, dx, d.n, d.c, d.h * d.w, stream_);
 }
 
 void CudaBackend::Conv2dBackwardWeights(const OpPlan& plan, const Tensor& x, const Tensor& dy,
@@ -180,8 +214,8 @@ void CudaBackend::Conv2dBackwardWeights(const OpPlan& plan, const Tensor& x, con
   // widened instead, so cuDNN never reads the 16-bit staging buffer.
   const float* beta = accumulate && !p.half ? &one : &zero;
   if (p.half) {
-    kernels::F32ToHalf(p.kind, x.data<float>(), p.x16.raw(), x.numel(), stream_);
-    kernels::F32ToHalf(p.kind, dy.data<float>(), p.y16.raw(), dy.numel(), stream_);
+    StageHalf(p, x, d.n, d.c, d.h * d.w, p.x16.raw(), stream_);
+    StageHalf(p, dy, d.n, d.k, d.out_h() * d.out_w(), p.y16.raw(), stream_);
     xin = p.x16.raw();
     dyin = p.y16.raw();
     dwout = p.w16.raw();
@@ -190,7 +224,8 @@ void CudaBackend::Conv2dBackwardWeights(const OpPlan& plan, const Tensor& x, con
                                                  p.bwd_filter.d, p.filter_algo, Workspace(),
                                                  p.filter_ws, beta, p.w.d, dwout));
   if (p.half) {
-    kernels::HalfToF32(p.kind, p.w16.raw(), dw->data<float>(), dw->numel(), accumulate, stream_);
+    UnstageHalf(p, p.w16.raw(), nullptr, false, accumulate, dw, d.k, d.group_c(), d.r * d.s,
+                stream_);
   }
   if (d.bias) {
     DPT_CHECK(db != nullptr) << "conv2d with bias needs a bias gradient";

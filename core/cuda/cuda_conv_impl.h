@@ -22,8 +22,9 @@ struct TensorDesc {
   ~TensorDesc() { cudnnDestroyTensorDescriptor(d); }
   TensorDesc(const TensorDesc&) = delete;
   TensorDesc& operator=(const TensorDesc&) = delete;
-  void Set(cudnnDataType_t t, int64_t n, int64_t c, int64_t h, int64_t w) {
-    DPT_CUDNN_CHECK(cudnnSetTensor4dDescriptor(d, CUDNN_TENSOR_NCHW, t, static_cast<int>(n),
+  void Set(cudnnDataType_t t, int64_t n, int64_t c, int64_t h, int64_t w,
+           cudnnTensorFormat_t format = CUDNN_TENSOR_NCHW) {
+    DPT_CUDNN_CHECK(cudnnSetTensor4dDescriptor(d, format, t, static_cast<int>(n),
                                                static_cast<int>(c), static_cast<int>(h),
                                                static_cast<int>(w)));
   }
@@ -56,8 +57,10 @@ struct ActivationDesc {
 struct ConvPlan final : OpPlan {
   Conv2dDesc d;
   bool half = false;
+  // 16-bit operands staged channels-last (NHWC activations, KRSC filter): see ChannelsLast.
+  bool nhwc = false;
   kernels::Half kind = kernels::Half::kBF16;
-  TensorDesc x, y;                     // in the compute data type
+  TensorDesc x, y;                     // in the compute data type (and layout)
   TensorDesc y32;                      // the f32 output, for the bias add and the bias gradient
   TensorDesc b32;                      // (1, K, 1, 1) f32
   FilterDesc w;                        // in the compute data type
@@ -75,6 +78,15 @@ struct ConvPlan final : OpPlan {
   // x16 holds x or dx, y16 holds y or dy, w16 holds w or dw.
   Tensor x16, y16, w16;
 };
+
+// Whether a 16-bit convolution stages its operands channels-last: tensor-core kernels read NHWC
+// as it is, where NCHW makes cuDNN transpose inside (extra kernels and memory traffic per call),
+// and the staging kernels that convert to 16 bits transpose at the same time. Dense convolutions
+// whose channel counts are multiples of 8 (whole 16-byte vectors of 16-bit values); others (the
+// 3-channel stem, grouped and depthwise ones) stay NCHW.
+inline bool ChannelsLast(const Conv2dDesc& d, bool half) {
+  return half && d.groups == 1 && d.c % 8 == 0 && d.k % 8 == 0;
+}
 
 // Chooses p's forward, backward-data and backward-filter algorithms and PickConvAlgo's rules
 // (cuda_rules.h): deterministic backward algorithms, required when `deterministic`

@@ -158,6 +158,71 @@ __global__ void ConvEpilogueKernel(const Src* src, const float* b, bool relu, fl
   }
 }
 
+// ---- channels-last staging: (planes, c, hw) <-> (planes, hw, c), through 32 x 32 tiles in shared
+// memory so that both the read and the write run along contiguous memory ------------------------
+
+constexpr int kTile = 32;
+constexpr int kTileRows = 8;  // blockDim = (kTile, kTileRows): each thread moves 4 elements
+
+__device__ inline void Narrow(float v, uint16_t* out) { *out = ew::FloatToBf16(v); }
+__device__ inline void Narrow(float v, __half* out) { *out = __float2half_rn(v); }
+
+// grid: (tiles along hw, tiles along c, planes in steps of gridDim.z)
+template <class H>
+__global__ void ToChannelsLastKernel(const float* x, H* y, int64_t planes, int64_t c, int64_t hw) {
+  __shared__ float tile[kTile][kTile + 1];  // +1: no bank conflicts on the transposed read
+  const int64_t p0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.y) * kTile;
+  for (int64_t b = blockIdx.z; b < planes; b += gridDim.z) {
+    const float* xb = x + b * c * hw;
+    H* yb = y + b * c * hw;
+    for (int k = threadIdx.y; k < kTile; k += kTileRows) {  // rows of c, along hw
+      const int64_t ci = c0 + k, pi = p0 + threadIdx.x;
+      if (ci < c && pi < hw) tile[k][threadIdx.x] = xb[ci * hw + pi];
+    }
+    __syncthreads();
+    for (int k = threadIdx.y; k < kTile; k += kTileRows) {  // rows of hw, along c
+      const int64_t pi = p0 + k, ci = c0 + threadIdx.x;
+      if (pi < hw && ci < c) Narrow(tile[threadIdx.x][k], &yb[pi * c + ci]);
+    }
+    __syncthreads();
+  }
+}
+
+// y (planes, c, hw) = [y +] widen(x (planes, hw, c)) [+ b[c]], then max(., 0) when relu.
+template <class H>
+__global__ void FromChannelsLastKernel(const H* x, const float* b, bool relu, bool accumulate,
+                                       float* y, int64_t planes, int64_t c, int64_t hw) {
+  __shared__ float tile[kTile][kTile + 1];
+  const int64_t p0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.y) * kTile;
+  for (int64_t n = blockIdx.z; n < planes; n += gridDim.z) {
+    const H* xb = x + n * c * hw;
+    float* yb = y + n * c * hw;
+    for (int k = threadIdx.y; k < kTile; k += kTileRows) {  // rows of hw, along c
+      const int64_t pi = p0 + k, ci = c0 + threadIdx.x;
+      if (pi < hw && ci < c) tile[k][threadIdx.x] = Widen(xb[pi * c + ci]);
+    }
+    __syncthreads();
+    for (int k = threadIdx.y; k < kTile; k += kTileRows) {  // rows of c, along hw
+      const int64_t ci = c0 + k, pi = p0 + threadIdx.x;
+      if (ci < c && pi < hw) {
+        float v = tile[threadIdx.x][k];
+        if (b != nullptr) v += b[ci];
+        if (relu) v = ew::Relu(v);
+        float& out = yb[ci * hw + pi];
+        out = accumulate ? out + v : v;
+      }
+    }
+    __syncthreads();
+  }
+}
+
+dim3 ChannelsLastGrid(int64_t planes, int64_t c, int64_t hw) {
+  const auto tiles = [](int64_t n) { return static_cast<unsigned>((n + kTile - 1) / kTile); };
+  return dim3(tiles(hw), tiles(c), static_cast<unsigned>(std::min<int64_t>(planes, 65535)));
+}
+
 __global__ void AddBiasRowsKernel(float* y, const float* b, int64_t rows, int64_t cols) {
   DPT_GRID_LOOP(i, rows * cols) y[i] += b[i % cols];
 }
@@ -610,6 +675,32 @@ void ConvEpilogue(Half kind, const void* x16, const float* b, bool relu, float* 
   } else {
     DPT_LAUNCH(ConvEpilogueKernel<__half>, Blocks(total), kThreads, s,
                static_cast<const __half*>(x16), b, relu, y, k, hw, total);
+  }
+}
+
+void F32ToHalfChannelsLast(Half kind, const float* x, void* y, int64_t planes, int64_t c,
+                           int64_t hw, cudaStream_t s) {
+  if (planes * c * hw == 0) return;
+  const dim3 grid = ChannelsLastGrid(planes, c, hw), block(kTile, kTileRows);
+  if (kind == Half::kBF16) {
+    DPT_LAUNCH(ToChannelsLastKernel<uint16_t>, grid, block, s, x, static_cast<uint16_t*>(y), planes,
+               c, hw);
+  } else {
+    DPT_LAUNCH(ToChannelsLastKernel<__half>, grid, block, s, x, static_cast<__half*>(y), planes, c,
+               hw);
+  }
+}
+
+void HalfChannelsLastToF32(Half kind, const void* x, const float* b, bool relu, bool accumulate,
+                           float* y, int64_t planes, int64_t c, int64_t hw, cudaStream_t s) {
+  if (planes * c * hw == 0) return;
+  const dim3 grid = ChannelsLastGrid(planes, c, hw), block(kTile, kTileRows);
+  if (kind == Half::kBF16) {
+    DPT_LAUNCH(FromChannelsLastKernel<uint16_t>, grid, block, s, static_cast<const uint16_t*>(x), b,
+               relu, accumulate, y, planes, c, hw);
+  } else {
+    DPT_LAUNCH(FromChannelsLastKernel<__half>, grid, block, s, static_cast<const __half*>(x), b,
+               relu, accumulate, y, planes, c, hw);
   }
 }
 

@@ -52,6 +52,16 @@ void HalfToF32(Half kind, const void* x, float* y, int64_t n, bool accumulate, c
 void ConvEpilogue(Half kind, const void* x16, const float* b, bool relu, float* y, int64_t n,
                   int64_t k, int64_t hw, cudaStream_t s);
 
+// Channels-last staging of 16-bit convolution operands (tensor cores read NHWC without
+// transposes of their own). x (planes, c, hw) f32 into y (planes, hw, c) in 16 bits: NCHW
+// activations into NHWC, or KCRS filters into KRSC (planes = K, c = C, hw = R * S).
+void F32ToHalfChannelsLast(Half kind, const float* x, void* y, int64_t planes, int64_t c,
+                           int64_t hw, cudaStream_t s);
+// The way back, finishing the result: r = widen(x (planes, hw, c)) [+ b[c]] (b nullable), max(r, 0)
+// when relu, stored into y (planes, c, hw), or added to it when accumulate.
+void HalfChannelsLastToF32(Half kind, const void* x, const float* b, bool relu, bool accumulate,
+                           float* y, int64_t planes, int64_t c, int64_t hw, cudaStream_t s);
+
 // ---- linear helpers: y (rows, cols) row-major ----
 void AddBiasRows(float* y, const float* b, int64_t rows, int64_t cols, cudaStream_t s);
 // db[j] (+)= sum_i dy[i, j], summed in double.

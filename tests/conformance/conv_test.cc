@@ -2,7 +2,7 @@
 // Conv2d on every built backend against the double reference: forward, backward data, backward
 // weights (overwrite and accumulate), on awkward shapes (batch 1, odd and non-square images, prime
 // channel counts, padding 0/1/2, stride 1/2, kernels 1/3/5 and non-square, depthwise and grouped,
-// dilated) and in bf16/f16.
+// dilated, channel counts in multiples of 8) and in bf16/f16.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -46,6 +46,10 @@ std::vector<Conv2dDesc> Cases(Precision p) {
       MakeConv(1, 13, 5, 5, 17, 3, 3, 1, 1, true, p),  // prime channel counts
       MakeConv(4, 3, 16, 16, 8, 3, 3, 1, 1, true, p),  // larger: blocked / Winograd paths
       MakeConv(2, 3, 5, 5, 2, 5, 5, 1, 0, true, p),    // kernel = image: 1x1 output
+      // channel counts in multiples of 8: CUDA stages 16-bit operands channels-last
+      MakeConv(2, 8, 6, 5, 16, 3, 3, 1, 1, true, p),   // one partial tile along C and H*W
+      MakeConv(3, 16, 7, 7, 8, 1, 1, 2, 0, false, p),  // 1x1 stride 2, no bias
+      MakeConv(2, 40, 9, 7, 48, 3, 3, 1, 1, true, p),  // two tiles along C and H*W
       // depthwise (MobileNet): groups = C = K, stride 1 and 2, with and without bias
       WithGroups(MakeConv(2, 6, 7, 7, 6, 3, 3, 1, 1, false, p), 6),
       WithGroups(MakeConv(2, 5, 8, 6, 5, 3, 3, 2, 1, true, p), 5),
