@@ -97,6 +97,8 @@ struct Staged {
   // Whether the last In() staged the tensor at t's address, and that staged memory again (valid
   // while t's values are those it had then: the caller's promise, see Conv2dBackward).
   bool Holds(const Tensor& t) const { return last_src == t.raw(); }
+  // Whether `other`'s primitive reads the same staged memory: one inner layout, one rounding.
+  bool ReadsLike(const Staged& other) const { return inner == other.inner && half == other.half; }
   memory Again(const dnnl::engine& eng, const Tensor& t) const;
   mutable const void* last_src = nullptr;
   // The primitive's output memory for t; call Out() after the primitive ran.
@@ -223,12 +225,11 @@ struct CpuBackend::Impl {
   // staging left it when both primitives read it in one layout. Each reorder skipped costs
   // about what a small convolution's pass does (a 64x16x32x32 activation: 0.2 ms on 2 cores).
   memory FromForward(const Staged& fwd, const Staged& bwd, const Tensor& t) {
-    const bool staged = fwd.inner == bwd.inner && fwd.half == bwd.half && fwd.Holds(t);
+    const bool staged = fwd.ReadsLike(bwd) && fwd.Holds(t);
     return staged ? fwd.Again(engine, t) : bwd.In(engine, stream, t);
   }
   memory DyForData(const WeightedPlan& p, const Tensor& dy, const memory& weights_dy) {
-    const bool shared = p.d_dy.inner == p.w_dy.inner && p.d_dy.half == p.w_dy.half;
-    return shared ? weights_dy : p.d_dy.In(engine, stream, dy);
+    return p.d_dy.ReadsLike(p.w_dy) ? weights_dy : p.d_dy.In(engine, stream, dy);
   }
 };
 
