@@ -241,6 +241,9 @@ class Backend {
   virtual void ActivationBackward(const ew::Activation& f, const Tensor& x, const Tensor& y,
                                   const Tensor& dy, Tensor* dx) = 0;
   virtual void Add(const Tensor& a, const Tensor& b, Tensor* y) = 0;  // y may alias a or b
+  // y = max(a + b, 0): a residual sum with the ReLU that alone reads it folded in (the same bits
+  // as Add then ReluForward). y may alias a or b.
+  virtual void AddRelu(const Tensor& a, const Tensor& b, Tensor* y) = 0;
   // x seen as (rows, cols) with rows = s.numel(): y[r, j] = x[r, j] * s[r]. cols = 1 is the
   // elementwise product; s of shape (N, C, 1, 1) against x (N, C, H, W) is the channel scaling
   // of a squeeze-and-excitation block. y may alias x.

@@ -67,6 +67,7 @@ class CpuBackend final : public Backend {
   void ActivationBackward(const ew::Activation& f, const Tensor& x, const Tensor& y,
                           const Tensor& dy, Tensor* dx) override;
   void Add(const Tensor& a, const Tensor& b, Tensor* y) override;
+  void AddRelu(const Tensor& a, const Tensor& b, Tensor* y) override;
   void MulRows(const Tensor& x, const Tensor& s, Tensor* y) override;
   void RowDot(const Tensor& dy, const Tensor& x, Tensor* ds) override;
   void AddRows(const Tensor& x, const Tensor& s, Tensor* y) override;

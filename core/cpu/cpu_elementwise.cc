@@ -70,6 +70,18 @@ void CpuBackend::Add(const Tensor& a, const Tensor& b, Tensor* y) {
   for (int64_t i = 0; i < n; ++i) out[i] = pa[i] + pb[i];
 }
 
+void CpuBackend::AddRelu(const Tensor& a, const Tensor& b, Tensor* y) {
+  OpScope scope(this, "add_relu");
+  CheckSame(a, b, "add_relu");
+  CheckSame(a, *y, "add_relu");
+  const float* pa = a.data<float>();
+  const float* pb = b.data<float>();
+  float* out = y->data<float>();
+  const int64_t n = a.numel();
+#pragma omp parallel for simd if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) out[i] = ew::Relu(pa[i] + pb[i]);
+}
+
 void CpuBackend::MulRows(const Tensor& x, const Tensor& s, Tensor* y) {
   OpScope scope(this, "mul_rows");
   CheckSame(x, *y, "mul_rows");

@@ -66,6 +66,16 @@ void CudaBackend::Add(const Tensor& a, const Tensor& b, Tensor* y) {
   kernels::Add(a.data<float>(), b.data<float>(), y->data<float>(), a.numel(), stream_);
 }
 
+void CudaBackend::AddRelu(const Tensor& a, const Tensor& b, Tensor* y) {
+  OpScope scope(this, "add_relu");
+  CheckF32(a, "add_relu a");
+  CheckF32(b, "add_relu b");
+  CheckF32(*y, "add_relu y");
+  CheckSame(a, b, "add_relu");
+  CheckSame(a, *y, "add_relu");
+  kernels::AddRelu(a.data<float>(), b.data<float>(), y->data<float>(), a.numel(), stream_);
+}
+
 void CudaBackend::MulRows(const Tensor& x, const Tensor& s, Tensor* y) {
   OpScope scope(this, "mul_rows");
   CheckF32(x, "mul_rows x");

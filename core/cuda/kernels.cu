@@ -87,6 +87,9 @@ __global__ void ActivateBackwardKernel(ew::Activation f, const float* x, const f
 __global__ void AddKernel(const float* a, const float* b, float* y, int64_t n) {
   DPT_GRID_LOOP(i, n) y[i] = a[i] + b[i];
 }
+__global__ void AddReluKernel(const float* a, const float* b, float* y, int64_t n) {
+  DPT_GRID_LOOP(i, n) y[i] = ew::Relu(a[i] + b[i]);
+}
 __global__ void MulRowsKernel(const float* x, const float* sc, float* y, int64_t n, int64_t cols) {
   DPT_GRID_LOOP(i, n) y[i] = x[i] * sc[i / cols];
 }
@@ -612,6 +615,9 @@ void ActivateBackward(ew::Activation f, const float* x, const float* y, const fl
 }
 void Add(const float* a, const float* b, float* y, int64_t n, cudaStream_t s) {
   if (n > 0) DPT_LAUNCH(AddKernel, Blocks(n), kThreads, s, a, b, y, n);
+}
+void AddRelu(const float* a, const float* b, float* y, int64_t n, cudaStream_t s) {
+  if (n > 0) DPT_LAUNCH(AddReluKernel, Blocks(n), kThreads, s, a, b, y, n);
 }
 void MulRows(const float* x, const float* sc, float* y, int64_t rows, int64_t cols,
              cudaStream_t s) {

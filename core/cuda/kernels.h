@@ -28,6 +28,8 @@ void Activate(ew::Activation f, const float* x, float* y, int64_t n, cudaStream_
 void ActivateBackward(ew::Activation f, const float* x, const float* y, const float* dy, float* dx,
                       int64_t n, cudaStream_t s);
 void Add(const float* a, const float* b, float* y, int64_t n, cudaStream_t s);  // y may alias
+// y = max(a + b, 0); y may alias
+void AddRelu(const float* a, const float* b, float* y, int64_t n, cudaStream_t s);
 void Scale(float* p, int64_t n, float alpha, cudaStream_t s);
 // y[r, j] = x[r, j] * sc[r] over (rows, cols); y may alias x.
 void MulRows(const float* x, const float* sc, float* y, int64_t rows, int64_t cols, cudaStream_t s);

@@ -58,19 +58,32 @@ const Tensor& Add::ForwardInputs(const std::vector<const Tensor*>& x,
   y_ = out_.Batch(x[0]->shape()[0]);
   if (broadcast_) {
     backend_.AddRows(*x[wide_], *x[1 - wide_], &y_);
+    if (relu_) backend_.ReluForward(y_, &y_);
+    return y_;
+  }
+  if (relu_ && x.size() == 2) {
+    backend_.AddRelu(*x[0], *x[1], &y_);  // a residual block's sum and ReLU in one pass
     return y_;
   }
   backend_.Add(*x[0], *x[1], &y_);
   for (size_t k = 2; k < x.size(); ++k) backend_.Add(y_, *x[k], &y_);
+  if (relu_) backend_.ReluForward(y_, &y_);
   return y_;
 }
 
 void Add::BackwardInputs(const Tensor& dy, bool /*accumulate*/, std::vector<const Tensor*>* dx) {
-  dx->assign(inputs_, &dy);
+  // A folded ReLU gates dy over the output: its one reader (the ReLU's readers) has run its
+  // backward, and the inputs' gradients may be that tensor itself until the next forward.
+  const Tensor* g = &dy;
+  if (relu_) {
+    backend_.ReluBackward(y_, dy, &y_);
+    g = &y_;
+  }
+  dx->assign(inputs_, g);
   if (broadcast_) {
     if (need_dx_) {
       narrow_dx_ = narrow_buf_.Batch(dy.shape()[0]);
-      backend_.RowSum(dy, &narrow_dx_);
+      backend_.RowSum(*g, &narrow_dx_);
     }
     (*dx)[1 - wide_] = &narrow_dx_;
   }

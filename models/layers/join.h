@@ -31,12 +31,19 @@ class Add final : public Join {
   const Tensor& ForwardInputs(const std::vector<const Tensor*>& x,
                               const ForwardContext& ctx) override;
   // An input of the output's shape gets dy itself (no copy); a broadcast one, dy's channel sums.
+  // With a folded ReLU, dy gated by the output, written over it.
   void BackwardInputs(const Tensor& dy, bool accumulate, std::vector<const Tensor*>* dx) override;
   int64_t ActivationBytesPerSample() const override {
     return 4 * (per_sample_ + (broadcast_ && need_dx_ ? rows_ : 0));
   }
+  // The ReLU that alone reads a residual sum (each ResNet block's last): one pass for both.
+  bool FoldRelu() override {
+    relu_ = true;
+    return true;
+  }
 
  private:
+  bool relu_ = false;
   size_t inputs_ = 0;
   int64_t per_sample_ = 0;
   bool broadcast_ = false;  // two inputs, input 1 - wide_ of shape (N, C, 1, 1)

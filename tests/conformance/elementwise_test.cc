@@ -6,6 +6,7 @@
 // statistics).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <utility>
@@ -192,6 +193,36 @@ TEST_P(ElementwiseTest, Add) {
     Tensor a2 = ToDevice(be, a, {n});
     be.Add(a2, b_t, &b_t);  // y aliases b
     EXPECT_TRUE(AllClose(ToHost(be, b_t), ref_y, tol)) << "y aliases b";
+  }
+}
+
+// A residual sum with its ReLU folded in: against the reference's max(a + b, 0), and bit for bit
+// Add then ReluForward on the same backend (the fold must change no number), separate and in
+// place over either input.
+TEST_P(ElementwiseTest, AddRelu) {
+  Backend& be = backend();
+  for (int64_t n : kSizes) {
+    SCOPED_TRACE("n=" + std::to_string(n));
+    const std::vector<float> a = RandomUniform(static_cast<size_t>(n), 24);
+    const std::vector<float> b = RandomUniform(static_cast<size_t>(n), 25);
+    std::vector<double> ref_y;
+    ref::Add(ToDouble(a), ToDouble(b), &ref_y);
+    for (double& v : ref_y) v = std::max(v, 0.0);
+    Tensor a_t = ToDevice(be, a, {n}), b_t = ToDevice(be, b, {n});
+    Tensor sum = be.Empty({n}, DType::kF32, "sum"), want = be.Empty({n}, DType::kF32, "want");
+    be.Add(a_t, b_t, &sum);
+    be.ReluForward(sum, &want);
+    const std::vector<float> want_h = ToHost(be, want);
+
+    Tensor y = be.Empty({n}, DType::kF32, "y");
+    be.AddRelu(a_t, b_t, &y);
+    EXPECT_TRUE(AllClose(ToHost(be, y), ref_y, ForPrecision(Precision::kF32))) << "reference";
+    EXPECT_EQ(ToHost(be, y), want_h) << "Add then ReluForward";
+    be.AddRelu(a_t, b_t, &a_t);  // y aliases a
+    EXPECT_EQ(ToHost(be, a_t), want_h) << "y aliases a";
+    Tensor a2 = ToDevice(be, a, {n});
+    be.AddRelu(a2, b_t, &b_t);  // y aliases b
+    EXPECT_EQ(ToHost(be, b_t), want_h) << "y aliases b";
   }
 }
 
