@@ -30,6 +30,13 @@ for exe in "$dptrain" "$build/bench/allreduce_bench"; do
   [ -x "$exe" ] || { echo "bench/gpu.sh: $exe missing (make build with CUDA)"; exit 1; }
 done
 steps=${GPU_BENCH_STEPS:-60}
+# The GPUs this run may use: CUDA_VISIBLE_DEVICES when the caller set it, else all of them.
+if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then
+  visible=$CUDA_VISIBLE_DEVICES
+else
+  visible=$(seq -s, 0 $((gpus - 1)))
+fi
+IFS=, read -r -a devices <<<"$visible"
 work=$(mktemp -d /tmp/dptrain-gpu-bench.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 
@@ -37,7 +44,7 @@ echo "== machine"
 nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader
 echo
 
-echo "== the step against its ops' device time (1 GPU, train.profile: CUDA events per op)"
+echo "== the step against its ops' device time (GPU ${devices[0]}, train.profile: CUDA events per op)"
 printf '%-16s %6s %5s %11s %9s %9s %10s %s\n' model batch prec samples/s step_ms ops_ms step/ops \
   target
 for job in "resnet18_cifar 256" "resnet50 64"; do
@@ -45,7 +52,7 @@ for job in "resnet18_cifar 256" "resnet50 64"; do
   for prec in fp32 bf16; do
     dir=$work/$model-$prec
     log=$dir.log
-    if ! CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} "$dptrain" train \
+    if ! CUDA_VISIBLE_DEVICES=${devices[0]} "$dptrain" train \
       --config configs/resnet8.toml --set model.name="$model" --set run_dir="$dir" \
       --set dist.device=cuda --set data.train=synthetic --set data.test= \
       --set data.augment=none --set data.synthetic_samples=$((batch * (steps + 2))) \
@@ -75,9 +82,10 @@ echo "(ops: the sum over the step's ops of the time between CUDA events recorded
 echo " each on the compute stream; step: the profiled steps' mean wall time)"
 echo
 
-echo "== NCCL allreduce over $gpus GPU(s), one rank each (bench/allreduce_bench.cc)"
-# One GPU per rank, by the rank's index on this host.
+echo "== NCCL allreduce over ${#devices[@]} GPU(s) ($visible), one rank each (bench/allreduce_bench.cc)"
+# One GPU per rank: the local rank's entry of that list (Open MPI, MPICH or Slurm's variable).
 # shellcheck disable=SC2016
-mpirun -np "$gpus" bash -c \
-  'CUDA_VISIBLE_DEVICES=${OMPI_COMM_WORLD_LOCAL_RANK:-0} exec "$0" --device cuda' \
-  "$build/bench/allreduce_bench"
+DPT_BENCH_GPUS=$visible mpirun -np "${#devices[@]}" bash -c '
+  IFS=, read -r -a list <<<"$DPT_BENCH_GPUS"
+  r=${OMPI_COMM_WORLD_LOCAL_RANK:-${MPI_LOCALRANKID:-${SLURM_LOCALID:-0}}}
+  CUDA_VISIBLE_DEVICES=${list[$r]} exec "$0" --device cuda' "$build/bench/allreduce_bench"

@@ -63,9 +63,10 @@ Backend::OpScope::OpScope(Backend* be, const char* name) : be_(be), name_(name) 
 }
 
 Backend::OpScope::~OpScope() {
-  if (!be_->profiling_) return;  // the hot path: no clock, no synchronisation
-  const bool on_device = be_->TimesOpsOnDevice();
-  if (on_device && timer_ < 0) return;
+  // A device timer started is always stopped (even if profiling was switched off meanwhile), so
+  // the backend never holds an open timer; a scope that started without profiling records nothing.
+  const bool on_device = timer_ >= 0;
+  if (!on_device && (!be_->profiling_ || start_ns_ == 0)) return;  // the hot path: nothing
   // Timed on the host: wait for the op so the wall time covers its device work. A failing
   // synchronisation (a sticky CUDA error) must not escape a destructor: the sample is dropped and
   // the next checked call reports the error.
@@ -99,7 +100,8 @@ std::vector<OpStat> Backend::Profile() {
 }
 
 void Backend::ResetProfile() {
-  FlushDeviceTimers();  // timers in flight point into the stats
+  FlushDeviceTimers();  // timers in flight point into the stats:
+  DropDeviceTimers();   // those still open (inside an op) no longer do
   stats_.clear();
 }
 

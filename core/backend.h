@@ -352,6 +352,8 @@ class Backend {
   virtual int64_t StartDeviceTimer() { return -1; }
   virtual void StopDeviceTimer(int64_t /*token*/, OpStat* /*stat*/) noexcept {}
   virtual void FlushDeviceTimers() {}
+  // Forgets the stats of timers that FlushDeviceTimers could not read yet (ResetProfile).
+  virtual void DropDeviceTimers() noexcept {}
 
  private:
   std::unique_ptr<CachingAllocator> allocator_;

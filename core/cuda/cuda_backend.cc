@@ -323,6 +323,7 @@ cudaEvent_t CudaBackend::SpareTimerEvent() {
 int64_t CudaBackend::StartDeviceTimer() {
   // Read the finished timers now and then, between ops (none open), so they do not pile up.
   if (open_timers_ == 0 && timers_.size() >= kTimersBeforeRead) FlushDeviceTimers();
+  MakeCurrent();
   OpTimer t;
   t.start = SpareTimerEvent();
   const cudaError_t e = cudaEventRecord(t.start, stream_);
@@ -370,7 +371,7 @@ void CudaBackend::FlushDeviceTimers() {
   } recycle{timers, spare_events_};
   DPT_CUDA_CHECK(cudaStreamSynchronize(stream_));
   for (const OpTimer& t : timers) {
-    if (t.stop == nullptr) continue;
+    if (t.stop == nullptr || t.stat == nullptr) continue;
     float ms = 0;
     DPT_CUDA_CHECK(cudaEventElapsedTime(&ms, t.start, t.stop));
     t.stat->seconds += static_cast<double>(ms) * 1e-3;

@@ -185,6 +185,9 @@ class CudaBackend final : public Backend {
   int64_t StartDeviceTimer() override;
   void StopDeviceTimer(int64_t token, OpStat* stat) noexcept override;
   void FlushDeviceTimers() override;
+  void DropDeviceTimers() noexcept override {
+    for (OpTimer& t : timers_) t.stat = nullptr;
+  }
   cudaEvent_t SpareTimerEvent();
   struct OpTimer {
     cudaEvent_t start = nullptr, stop = nullptr;  // stop: nullptr while the op runs

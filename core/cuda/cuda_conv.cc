@@ -63,19 +63,8 @@ std::shared_ptr<OpPlan> CudaBackend::PrepareConv2d(const Conv2dDesc& d) {
                              : d.precision == Precision::kBF16 ? CUDNN_DATA_BFLOAT16
                                                                : CUDNN_DATA_HALF;
   const int64_t P = d.out_h(), Q = d.out_w();
-  p->nhwc = ChannelsLast(d, p->half);
-  // The descriptors keep the logical (N, C, H, W) / (K, C, R, S) sizes; the format says how the
-  // staged 16-bit buffers lay them out.
-  const cudnnTensorFormat_t format = p->nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
-  p->x.Set(dt, d.n, d.c, d.h, d.w, format);
-  p->y.Set(dt, d.n, d.k, P, Q, format);
   p->y32.Set(CUDNN_DATA_FLOAT, d.n, d.k, P, Q);
   p->b32.Set(CUDNN_DATA_FLOAT, 1, d.k, 1, 1);
-  // A grouped filter is (K, C/G, R, S), as PyTorch's; the group count goes on each convolution
-  // descriptor.
-  DPT_CUDNN_CHECK(cudnnSetFilter4dDescriptor(p->w.d, dt, format, static_cast<int>(d.k),
-                                             static_cast<int>(d.group_c()), static_cast<int>(d.r),
-                                             static_cast<int>(d.s)));
   // Cross-correlation (no kernel flip), as PyTorch's Conv2d; f32 accumulation in every precision.
   // fp32: FMA-only kernels (CUDNN_DEFAULT_MATH would allow TF32 on Ampere and newer).
   const cudnnMathType_t math = p->half ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH;
@@ -85,19 +74,43 @@ std::shared_ptr<OpPlan> CudaBackend::PrepareConv2d(const Conv2dDesc& d) {
         static_cast<int>(d.stride), static_cast<int>(d.dilation), static_cast<int>(d.dilation),
         CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
     DPT_CUDNN_CHECK(cudnnSetConvolutionGroupCount(c->d, static_cast<int>(d.groups)));
-    DPT_CUDNN_CHECK(cudnnSetConvolutionMathType(c->d, math));
   }
-  int on = 0, oc = 0, oh = 0, ow = 0;
-  DPT_CUDNN_CHECK(
-      cudnnGetConvolution2dForwardOutputDim(p->fwd.d, p->x.d, p->w.d, &on, &oc, &oh, &ow));
-  DPT_CHECK(on == d.n && oc == d.k && oh == P && ow == Q)
-      << "cuDNN computes output (" << on << "," << oc << "," << oh << "," << ow << ") for "
-      << d.ToString();
-
-  // Algorithms: cuDNN's heuristics (or its timings), deterministic backward ones
-  // (cuda_conv_algo.cc).
+  // The operands' descriptors in one layout, and the algorithms for it: cuDNN's heuristics (or
+  // its timings), deterministic backward ones (cuda_conv_algo.cc). The descriptors keep the
+  // logical (N, C, H, W) / (K, C, R, S) sizes; the format says how the staged 16-bit buffers lay
+  // them out. A grouped filter is (K, C/G, R, S), as PyTorch's; the group count is on each
+  // convolution descriptor.
   const size_t cap = std::min<size_t>(size_t{1} << 30, identity_.memory_total / 8);
-  ChooseConvAlgorithms(cudnn_, p.get(), deterministic_, timed_search_, cap);
+  const auto plan_layout = [&](bool nhwc) {
+    p->nhwc = nhwc;
+    const cudnnTensorFormat_t format = nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
+    p->x.Set(dt, d.n, d.c, d.h, d.w, format);
+    p->y.Set(dt, d.n, d.k, P, Q, format);
+    DPT_CUDNN_CHECK(cudnnSetFilter4dDescriptor(p->w.d, dt, format, static_cast<int>(d.k),
+                                               static_cast<int>(d.group_c()), static_cast<int>(d.r),
+                                               static_cast<int>(d.s)));
+    for (ConvDesc* c : {&p->fwd, &p->bwd_data, &p->bwd_filter}) {
+      DPT_CUDNN_CHECK(cudnnSetConvolutionMathType(c->d, math));  // the choice below resets it
+    }
+    int on = 0, oc = 0, oh = 0, ow = 0;
+    DPT_CUDNN_CHECK(
+        cudnnGetConvolution2dForwardOutputDim(p->fwd.d, p->x.d, p->w.d, &on, &oc, &oh, &ow));
+    DPT_CHECK(on == d.n && oc == d.k && oh == P && ow == Q)
+        << "cuDNN computes output (" << on << "," << oc << "," << oh << "," << ow << ") for "
+        << d.ToString();
+    ChooseConvAlgorithms(cudnn_, p.get(), deterministic_, timed_search_, cap);
+  };
+  if (ChannelsLast(d, p->half)) {
+    try {
+      plan_layout(true);
+    } catch (const UnsupportedError&) {
+      // No algorithm meets the rules in NHWC (train.deterministic = true on a GPU whose
+      // deterministic 16-bit kernels are NCHW only): the layout cuDNN has them for.
+      plan_layout(false);
+    }
+  } else {
+    plan_layout(false);
+  }
   ReserveWorkspace(std::max({p->fwd_ws, p->data_ws, p->filter_ws}));
   // NaN becomes 0, as ew::Relu (the ReLU kernels and the epilogue) does.
   DPT_CUDNN_CHECK(
@@ -149,7 +162,8 @@ void CudaBackend::Conv2dForward(const OpPlan& plan, const Tensor& x, const Tenso
         cudnn_, &one, p.x.d, xin, p.w.d, win, p.fwd.d, p.fwd_algo, Workspace(), p.fwd_ws, &zero,
         p.y.d, yout, p.b32.d, b->raw(), p.relu.d, p.y.d, yout);
     if (st == CUDNN_STATUS_SUCCESS) return;
-    if (st != CUDNN_STATUS_NOT_SUPPORTED) DPT_CUDNN_CHECK(st);
+    // cuDNN 9 reports sub-codes of NOT_SUPPORTED (shape, layout, ...): all mean "not here".
+    if (CUDNN_STATUS_CATEGORY(st) != CUDNN_STATUS_NOT_SUPPORTED) DPT_CUDNN_CHECK(st);
     p.fused = false;  // this algorithm has no fused kernel: the epilogue from now on
   }
   DPT_CUDNN_CHECK(cudnnConvolutionForward(cudnn_, &one, p.x.d, xin, p.w.d, win, p.fwd.d, p.fwd_algo,

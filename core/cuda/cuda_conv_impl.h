@@ -83,7 +83,8 @@ struct ConvPlan final : OpPlan {
 // as it is, where NCHW makes cuDNN transpose inside (extra kernels and memory traffic per call),
 // and the staging kernels that convert to 16 bits transpose at the same time. Dense convolutions
 // whose channel counts are multiples of 8 (whole 16-byte vectors of 16-bit values); others (the
-// 3-channel stem, grouped and depthwise ones) stay NCHW.
+// 3-channel stem, grouped and depthwise ones) stay NCHW, as does one for which cuDNN offers no
+// algorithm in NHWC that meets the rules (PrepareConv2d tries NHWC first).
 inline bool ChannelsLast(const Conv2dDesc& d, bool half) {
   return half && d.groups == 1 && d.c % 8 == 0 && d.k % 8 == 0;
 }
