@@ -35,7 +35,9 @@ class HostRawAllocator final : public RawAllocator {
 
 CpuBackend::CpuBackend()
     : Backend(std::make_unique<CachingAllocator>(std::make_unique<HostRawAllocator>())),
-      impl_(std::make_unique<Impl>()) {}
+      impl_(std::make_unique<Impl>()) {
+  impl_->owner = this;
+}
 
 CpuBackend::~CpuBackend() = default;
 

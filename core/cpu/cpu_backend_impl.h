@@ -89,9 +89,11 @@ struct Staged {
   Tensor buf, rounded;
   dnnl::reorder to_inner, to_user;
 
+  // `share`: a Staged whose buffers this one may use too (the same inner layout and rounding,
+  // and never needed at the same time), instead of its own.
   void Init(CpuBackend& be, const dnnl::engine& eng, const memory::desc& user_md,
             const memory::desc& inner_md, const std::string& label, bool round_half = false,
-            bool is_input = false);
+            bool is_input = false, const Staged* share = nullptr);
   // The primitive's input memory holding t's values (rounded to fp16 when `half`).
   memory In(const dnnl::engine& eng, dnnl::stream& st, const Tensor& t) const;
   // Whether the last In() staged the tensor at t's address, and that staged memory again (valid
@@ -164,12 +166,16 @@ struct CpuBackend::Impl {
   std::map<decltype(ConvKey({})), std::shared_ptr<ConvPlan>> conv;
   std::map<decltype(LinearKey({})), std::shared_ptr<LinearPlan>> linear;
   std::map<decltype(PoolKey({})), std::shared_ptr<PoolPlan>> pool;
-  // One scratchpad shared by all primitives (they run one at a time on one stream).
+  // One scratchpad shared by all primitives (they run one at a time on one stream). Plans reserve
+  // it when they are made; ReleasePlans drops it while layers may still hold plans, so running a
+  // primitive reserves it again if it is gone (or too small).
   Tensor scratchpad;
+  CpuBackend* owner = nullptr;
 
   void Reserve(CpuBackend& be, const memory::desc& md);
   memory Mem(const memory::desc& md, const Tensor& t) const { return memory(md, engine, t.raw()); }
-  memory Scratch(const memory::desc& md) const {
+  memory Scratch(const memory::desc& md) {
+    if (md.get_size() > 0) Reserve(*owner, md);
     return memory(md, engine, scratchpad.defined() ? scratchpad.raw() : nullptr);
   }
 
@@ -190,11 +196,13 @@ struct CpuBackend::Impl {
     p->f_x.Init(be, engine, x_user, fwd.src_desc(), op + " staged input", half, in);
     p->f_w.Init(be, engine, w_user, fwd.weights_desc(), op + " staged weight", half, in);
     p->f_y.Init(be, engine, y_user, fwd.dst_desc(), op + " staged output", half);
-    p->d_dy.Init(be, engine, y_user, data.diff_dst_desc(), op + " staged dy", half, in);
-    p->d_w.Init(be, engine, w_user, data.weights_desc(), op + " staged weight", half, in);
-    p->d_dx.Init(be, engine, x_user, data.diff_src_desc(), op + " staged dx", half);
     p->w_x.Init(be, engine, x_user, weights.src_desc(), op + " staged input", half, in);
     p->w_dy.Init(be, engine, y_user, weights.diff_dst_desc(), op + " staged dy", half, in);
+    // Backward data reads dy from the weight gradient's staging when both read one layout
+    // (DyForData), and a separate call restages it there: one buffer for both.
+    p->d_dy.Init(be, engine, y_user, data.diff_dst_desc(), op + " staged dy", half, in, &p->w_dy);
+    p->d_w.Init(be, engine, w_user, data.weights_desc(), op + " staged weight", half, in);
+    p->d_dx.Init(be, engine, x_user, data.diff_src_desc(), op + " staged dx", half);
     p->w_dw.Init(be, engine, w_user, weights.diff_weights_desc(), op + " staged dw", half);
     Reserve(be, p->fwd_scratch);
     Reserve(be, p->data_scratch);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <dnnl.hpp>
+#include <set>
 #include <unordered_map>
 
 #include "core/cpu/cpu_backend_impl.h"
@@ -36,11 +37,18 @@ dnnl::primitive_attr MakeAttr() {
 
 void Staged::Init(CpuBackend& be, const dnnl::engine& eng, const memory::desc& user_md,
                   const memory::desc& inner_md, const std::string& label, bool round_half,
-                  bool is_input) {
+                  bool is_input, const Staged* share) {
   user = user_md;
   inner = inner_md;
   same = user_md == inner_md;
   half = round_half;
+  if (share != nullptr && ReadsLike(*share) && share->user == user_md) {
+    buf = share->buf;
+    rounded = share->rounded;
+    to_inner = share->to_inner;
+    to_user = share->to_user;
+    return;
+  }
   if (half && is_input) {
     rounded = be.Empty(Shape{static_cast<int64_t>(user_md.get_size() / sizeof(float))}, DType::kF32,
                        label + " (fp16 values)");
@@ -91,9 +99,13 @@ void Staged::Out(const dnnl::engine& eng, dnnl::stream& st, const Tensor& t) con
 size_t HeldBytes(std::initializer_list<const Staged*> staged,
                  std::initializer_list<const Tensor*> tensors) {
   size_t n = 0;
+  std::set<const void*> seen;  // a buffer shared by two Staged counts once
+  const auto add = [&](const Tensor& t) {
+    if (t.defined() && seen.insert(t.raw()).second) n += t.bytes();
+  };
   for (const Staged* st : staged) {
-    n += st->buf.defined() ? st->buf.bytes() : 0;
-    n += st->rounded.defined() ? st->rounded.bytes() : 0;
+    add(st->buf);
+    add(st->rounded);
   }
   for (const Tensor* t : tensors) n += t->defined() ? t->bytes() : 0;
   return n;

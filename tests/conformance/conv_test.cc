@@ -173,6 +173,32 @@ TEST_P(ConvTest, PlanReuseIsStateless) {
   EXPECT_TRUE(AllClose(ToHost(be, db), ref_db, tol)) << "db after two accumulations";
 }
 
+// A layer keeps its plan when the backend's cache is released to make room (an evaluation that
+// ran out of memory): the plan must still run, and give the same results, after ReleasePlans.
+TEST_P(ConvTest, HeldPlanRunsAfterReleasePlans) {
+  Backend& be = backend();
+  // ref_cnn's conv1 at batch 8: its oneDNN primitives use a scratchpad here
+  const Conv2dDesc d = MakeConv(8, 1, 28, 28, 32, 3, 3, 1, 1, true);
+  DPT_SKIP_UNLESS_SUPPORTED(be, d);
+  const WeightedData data = MakeWeightedData(d, 17);
+  const std::vector<float> dy = RandomUniform(static_cast<size_t>(YShape(d).numel()), 18);
+  auto plan = be.PrepareConv2d(d);
+  Tensor x = ToDevice(be, data.x, XShape(d)), w = ToDevice(be, data.w, WShape(d));
+  Tensor b = ToDevice(be, data.b, {d.k}), dy_t = ToDevice(be, dy, YShape(d));
+  const auto run = [&] {
+    Tensor y = be.Empty(YShape(d), DType::kF32, "y"), dx = be.Empty(XShape(d), DType::kF32, "dx");
+    Tensor dw = be.Empty(WShape(d), DType::kF32, "dw"), db = be.Empty({d.k}, DType::kF32, "db");
+    be.Conv2dForward(*plan, x, w, &b, &y);
+    be.Conv2dBackward(*plan, x, dy_t, w, &dx, &dw, &db, false);
+    return std::vector<std::vector<float>>{ToHost(be, y), ToHost(be, dx), ToHost(be, dw),
+                                           ToHost(be, db)};
+  };
+  const auto before = run();
+  be.ReleasePlans();
+  be.allocator().EmptyCache();
+  EXPECT_EQ(run(), before);
+}
+
 // Conv2dBackward against the two separate calls, in every precision.
 TEST_P(ConvTest, BothBackwardPassesInOneCall) {
   for (const Precision prec : {Precision::kF32, Precision::kBF16, Precision::kF16}) {
