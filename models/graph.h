@@ -41,7 +41,7 @@ class Graph {
   // Sets every node up for inputs of shape `in` (dimension 0 = the largest batch) and returns
   // the output shape. A node whose output nobody reads (other than the last) is a ConfigError,
   // as are shapes a layer refuses. Out-of-memory reports name the node being set up. First
-  // folds a ReLU into the batch norm or convolution whose output only it reads
+  // folds a ReLU into the batch norm, convolution or residual sum whose output only it reads
   // (Layer::FoldIntoInput): the same numbers, one pass over the activation instead of two, no
   // ReLU buffers.
   Shape Setup(const Shape& in, const SetupOptions& opts);

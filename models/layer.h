@@ -93,7 +93,8 @@ class Layer {
   // Folding, before Setup: the graph offers each one-input layer the layer whose output only it
   // reads (FoldIntoInput). A ReLU asks that producer to apply the ReLU itself (FoldRelu: true
   // when the producer now outputs max(y, 0) and gates its gradient by that output, as a batch
-  // norm and a convolution do) and then passes its input and gradient through, holding no buffers.
+  // norm, a convolution and a residual sum do) and then passes its input and gradient through,
+  // holding no buffers.
   virtual void FoldIntoInput(Layer& /*producer*/) {}
   virtual bool FoldRelu() { return false; }
 

@@ -58,28 +58,33 @@ void CpuBackend::ActivationBackward(const ew::Activation& f, const Tensor& x, co
   for (int64_t i = 0; i < n; ++i) out[i] = ew::ActivateGrad(f, xx[i], yy[i], g[i]);
 }
 
-void CpuBackend::Add(const Tensor& a, const Tensor& b, Tensor* y) {
-  OpScope scope(this, "add");
-  CheckSame(a, b, "add");
-  CheckSame(a, *y, "add");
+namespace {
+// y = a + b, or max(a + b, 0) when relu (Add, AddRelu).
+void AddLoop(const Tensor& a, const Tensor& b, Tensor* y, bool relu, const char* what) {
+  CheckSame(a, b, what);
+  CheckSame(a, *y, what);
   const float* pa = a.data<float>();
   const float* pb = b.data<float>();
   float* out = y->data<float>();
   const int64_t n = a.numel();
+  if (relu) {
 #pragma omp parallel for simd if (n > kParallelMin)
-  for (int64_t i = 0; i < n; ++i) out[i] = pa[i] + pb[i];
+    for (int64_t i = 0; i < n; ++i) out[i] = ew::Relu(pa[i] + pb[i]);
+  } else {
+#pragma omp parallel for simd if (n > kParallelMin)
+    for (int64_t i = 0; i < n; ++i) out[i] = pa[i] + pb[i];
+  }
+}
+}  // namespace
+
+void CpuBackend::Add(const Tensor& a, const Tensor& b, Tensor* y) {
+  OpScope scope(this, "add");
+  AddLoop(a, b, y, false, "add");
 }
 
 void CpuBackend::AddRelu(const Tensor& a, const Tensor& b, Tensor* y) {
   OpScope scope(this, "add_relu");
-  CheckSame(a, b, "add_relu");
-  CheckSame(a, *y, "add_relu");
-  const float* pa = a.data<float>();
-  const float* pb = b.data<float>();
-  float* out = y->data<float>();
-  const int64_t n = a.numel();
-#pragma omp parallel for simd if (n > kParallelMin)
-  for (int64_t i = 0; i < n; ++i) out[i] = ew::Relu(pa[i] + pb[i]);
+  AddLoop(a, b, y, true, "add_relu");
 }
 
 void CpuBackend::MulRows(const Tensor& x, const Tensor& s, Tensor* y) {

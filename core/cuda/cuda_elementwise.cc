@@ -56,23 +56,26 @@ void CudaBackend::ActivationBackward(const ew::Activation& f, const Tensor& x, c
                             dx->data<float>(), x.numel(), stream_);
 }
 
-void CudaBackend::Add(const Tensor& a, const Tensor& b, Tensor* y) {
-  OpScope scope(this, "add");
+namespace {
+// The operand checks Add and AddRelu share: f32 tensors of one size.
+void CheckAddOperands(const Tensor& a, const Tensor& b, const Tensor& y) {
   CheckF32(a, "add a");
   CheckF32(b, "add b");
-  CheckF32(*y, "add y");
+  CheckF32(y, "add y");
   CheckSame(a, b, "add");
-  CheckSame(a, *y, "add");
+  CheckSame(a, y, "add");
+}
+}  // namespace
+
+void CudaBackend::Add(const Tensor& a, const Tensor& b, Tensor* y) {
+  OpScope scope(this, "add");
+  CheckAddOperands(a, b, *y);
   kernels::Add(a.data<float>(), b.data<float>(), y->data<float>(), a.numel(), stream_);
 }
 
 void CudaBackend::AddRelu(const Tensor& a, const Tensor& b, Tensor* y) {
   OpScope scope(this, "add_relu");
-  CheckF32(a, "add_relu a");
-  CheckF32(b, "add_relu b");
-  CheckF32(*y, "add_relu y");
-  CheckSame(a, b, "add_relu");
-  CheckSame(a, *y, "add_relu");
+  CheckAddOperands(a, b, *y);
   kernels::AddRelu(a.data<float>(), b.data<float>(), y->data<float>(), a.numel(), stream_);
 }
 

@@ -56,17 +56,16 @@ Shape Add::SetupInputs(const std::vector<Shape>& in, const SetupOptions& opts) {
 const Tensor& Add::ForwardInputs(const std::vector<const Tensor*>& x,
                                  const ForwardContext& /*ctx*/) {
   y_ = out_.Batch(x[0]->shape()[0]);
-  if (broadcast_) {
-    backend_.AddRows(*x[wide_], *x[1 - wide_], &y_);
-    if (relu_) backend_.ReluForward(y_, &y_);
-    return y_;
-  }
-  if (relu_ && x.size() == 2) {
+  if (!broadcast_ && relu_ && x.size() == 2) {
     backend_.AddRelu(*x[0], *x[1], &y_);  // a residual block's sum and ReLU in one pass
     return y_;
   }
-  backend_.Add(*x[0], *x[1], &y_);
-  for (size_t k = 2; k < x.size(); ++k) backend_.Add(y_, *x[k], &y_);
+  if (broadcast_) {
+    backend_.AddRows(*x[wide_], *x[1 - wide_], &y_);
+  } else {
+    backend_.Add(*x[0], *x[1], &y_);
+    for (size_t k = 2; k < x.size(); ++k) backend_.Add(y_, *x[k], &y_);
+  }
   if (relu_) backend_.ReluForward(y_, &y_);
   return y_;
 }
