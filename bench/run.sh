@@ -131,6 +131,7 @@ dptrain_run() {  # model ranks threads batch precision warmup_steps steps
   read -r -a config_args <<<"$(model_args "$model")"
   local args=(train "${config_args[@]}" --set "run_dir=$run" --set "data.train=$data"
     --set data.test= --set data.augment=none --set data.synthetic_samples=4096
+    --set model.channels_last=true
     --set "train.global_batch=$batch" --set "train.precision=$prec" --set "dist.threads=$threads"
     --set data.workers=1 --set "train.max_steps=$((warm + steps))"
     --set "train.log_every_steps=$warm" --set checkpoint.every_epochs=0

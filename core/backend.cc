@@ -147,6 +147,7 @@ std::string Conv2dDesc::ToString() const {
   if (groups != 1) os << " groups=" << groups;
   if (dilation != 1) os << " dilation=" << dilation;
   os << " bias=" << bias << (relu ? " relu" : "") << " " << PrecisionName(precision);
+  if (x_nhwc || y_nhwc) os << " nhwc=" << (x_nhwc ? "x" : "") << (y_nhwc ? "y" : "");
   return os.str();
 }
 
@@ -183,6 +184,7 @@ std::string PoolDesc::ToString() const {
      << "," << w << ") kernel=" << kernel << " stride=" << stride << " pad=" << pad;
   if (ceil_mode) os << " ceil_mode";
   if (kind == PoolKind::kAvg && !count_include_pad) os << " count_include_pad=0";
+  if (nhwc) os << " nhwc";
   return os.str();
 }
 

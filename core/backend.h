@@ -45,6 +45,10 @@ struct Conv2dDesc {
   // y = max(conv + bias, 0): a ReLU folded into the convolution (Layer::FoldRelu). Forward only:
   // the caller gates dy by y before the backward passes.
   bool relu = false;
+  // Channels-last (NHWC) activations: x and dx (x_nhwc), y and dy (y_nhwc) hold (N, C, H, W)
+  // as N, H, W, C in memory. Set by the graph on backends that ask for them
+  // (Backend::PrefersChannelsLast); the shapes above stay (N, C, H, W).
+  bool x_nhwc = false, y_nhwc = false;
   int64_t out_h() const { return (h + 2 * pad - dilation * (r - 1) - 1) / stride + 1; }
   int64_t out_w() const { return (w + 2 * pad - dilation * (s - 1) - 1) / stride + 1; }
   int64_t group_c() const { return c / groups; }  // input channels each output channel sees
@@ -81,6 +85,7 @@ struct PoolDesc {
   int64_t kernel = 2, stride = 2, pad = 0;
   bool ceil_mode = false;
   bool count_include_pad = true;
+  bool nhwc = false;  // x, y and their gradients channels-last (Conv2dDesc::x_nhwc)
   int64_t out_h() const { return OutSize(h); }
   int64_t out_w() const { return OutSize(w); }
   // Positive sizes, the padding within half the window (as PyTorch asks), a non-empty output.
@@ -118,6 +123,7 @@ struct BatchNormArgs {
   // (one pass over the activation instead of two, and no ReLU buffers). Backward then takes the
   // forward's y, whose zeros gate dy (exactly ReLU's backward).
   bool relu = false;
+  bool nhwc = false;  // x, y and their gradients channels-last (Conv2dDesc::x_nhwc)
 };
 
 // How batch norm sees its input x, (N, C) or (N, C, H, W): per channel c, n samples of hw
@@ -195,6 +201,11 @@ class Backend {
   virtual bool Supports(const Conv2dDesc& d) const = 0;
   virtual bool Supports(const LinearDesc& d) const = 0;
   virtual bool Supports(const PoolDesc& d) const = 0;
+  // Whether the graph should keep 4-D activations channels-last (NHWC) between the ops that take
+  // them (convolution, batch norm, pooling, the elementwise ops): the CPU backend's convolutions
+  // run on NHWC without a reorder in and out of each. A backend that says yes supports the
+  // descriptors' nhwc flags (BatchNormArgs::nhwc on every batch-norm call).
+  virtual bool PrefersChannelsLast() const { return false; }
 
   // ---- conv2d: x (N,C,H,W), w (K,C,R,S), b (K), y (N,K,P,Q) ----
   virtual std::shared_ptr<OpPlan> PrepareConv2d(const Conv2dDesc& d) = 0;
@@ -276,9 +287,9 @@ class Backend {
                                          const Tensor& running_mean, const Tensor& running_var,
                                          Tensor* y) = 0;
   // relu_y: the forward's output when it applied the ReLU (BatchNormArgs::relu), else nullptr;
-  // dx may be that same tensor (written in place).
-  virtual void BatchNormBackward(const Tensor& x, const Tensor& dy, const Tensor* relu_y,
-                                 const Tensor& gamma, const Tensor& save_mean,
+  // dx may be that same tensor (written in place). `a` as the forward's (its nhwc is read).
+  virtual void BatchNormBackward(const BatchNormArgs& a, const Tensor& x, const Tensor& dy,
+                                 const Tensor* relu_y, const Tensor& gamma, const Tensor& save_mean,
                                  const Tensor& save_invstd, Tensor* dx, Tensor* dgamma,
                                  Tensor* dbeta, bool accumulate) = 0;
 

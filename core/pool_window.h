@@ -56,20 +56,25 @@ DPT_HD PoolCover Covering(const PoolGeom& g, int64_t ih, int64_t iw) {
 }
 
 // Average pooling of one plane: output (oh, ow) and, for backward, input (ih, iw)'s gradient
-// gathered from every window that reads it (no atomics: deterministic on both backends).
-DPT_HD float AvgPoolAt(const PoolGeom& g, const float* plane, int64_t oh, int64_t ow) {
+// gathered from every window that reads it (no atomics: deterministic on both backends). A plane's
+// elements lie `step` floats apart: 1 in NCHW, C in channels-last (NHWC), summed in the same order.
+DPT_HD float AvgPoolAt(const PoolGeom& g, const float* plane, int64_t oh, int64_t ow,
+                       int64_t step = 1) {
   const PoolWindow win = WindowOf(g, oh, ow);
   float s = 0.f;
   for (int64_t i = win.h0; i < win.h1; ++i) {
-    for (int64_t j = win.w0; j < win.w1; ++j) s += plane[i * g.w + j];
+    for (int64_t j = win.w0; j < win.w1; ++j) s += plane[(i * g.w + j) * step];
   }
   return s / win.divisor;
 }
-DPT_HD float AvgPoolGradAt(const PoolGeom& g, const float* dy_plane, int64_t ih, int64_t iw) {
+DPT_HD float AvgPoolGradAt(const PoolGeom& g, const float* dy_plane, int64_t ih, int64_t iw,
+                           int64_t step = 1) {
   const PoolCover c = Covering(g, ih, iw);
   float s = 0.f;
   for (int64_t p = c.p0; p < c.p1; ++p) {
-    for (int64_t q = c.q0; q < c.q1; ++q) s += dy_plane[p * g.q + q] / WindowOf(g, p, q).divisor;
+    for (int64_t q = c.q0; q < c.q1; ++q) {
+      s += dy_plane[(p * g.q + q) * step] / WindowOf(g, p, q).divisor;
+    }
   }
   return s;
 }

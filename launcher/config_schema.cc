@@ -38,6 +38,7 @@ const std::vector<Field>& Schema() {
       DPT_CONFIG_FIELD(model.name),
       DPT_CONFIG_FIELD(model.onnx),
       DPT_CONFIG_FIELD(model.classes),
+      DPT_CONFIG_FIELD(model.channels_last),
       DPT_CONFIG_ENUM(model.loss),
       DPT_CONFIG_FIELD(model.layers),
       DPT_CONFIG_FIELD(data.train),

@@ -45,6 +45,67 @@ Shape Graph::Setup(const Shape& in, const SetupOptions& opts) {
     Node& producer = nodes_[static_cast<size_t>(n.inputs[0])];
     if (producer.readers == 1) n.layer->FoldIntoInput(*producer.layer);
   }
+  std::vector<char> refused(nodes_.size(), 0);
+  for (;;) {
+    PlanLayouts(&refused);
+    size_t failed = 0;
+    try {
+      SetupNodes(in, opts, &failed);
+      break;
+    } catch (const NhwcRefused&) {
+      DPT_CHECK(!refused[failed]) << "graph node " << failed << " refused NCHW inputs";
+      refused[failed] = 1;  // and set every node up again: its inputs' layouts change
+      // Plans made for the layouts given up on would stay cached (with their buffers).
+      backend_.ReleasePlans();
+    }
+  }
+  return nodes_.back().shape;
+}
+
+void Graph::PlanLayouts(std::vector<char>* refused) {
+  const size_t count = nodes_.size();
+  for (auto& n : nodes_) n.nhwc = false;
+  if (!channels_last_ || !backend_.PrefersChannelsLast()) return;
+  std::vector<std::vector<size_t>> readers(count);
+  for (size_t i = 0; i < count; ++i) {
+    for (int j : nodes_[i].inputs) {
+      if (j != kInput) readers[static_cast<size_t>(j)].push_back(i);
+    }
+  }
+  const auto takes = [&](size_t i) { return !(*refused)[i] && nodes_[i].layer->TakesNhwc(); };
+  const auto chooses = [&](size_t i) { return nodes_[i].layer->ChoosesNhwcOut(); };
+  for (;;) {
+    // ok[i]: node i's output may be NHWC: not the graph's output, and every reader takes NHWC
+    // and, unless it chooses its own output's layout, may write NHWC itself.
+    std::vector<char> ok(count, 0);
+    for (size_t i = count - 1; i-- > 0;) {
+      bool all = true;
+      for (size_t r : readers[i]) all = all && takes(r) && (chooses(r) || ok[r]);
+      ok[i] = all ? 1 : 0;
+    }
+    // In node order: a chooser writes NHWC where it may; a taker follows its inputs, which must
+    // agree (else it is refused, and the plan made again).
+    bool mixed = false;
+    for (size_t i = 0; i < count && !mixed; ++i) {
+      Node& n = nodes_[i];
+      if (chooses(i)) {
+        n.nhwc = ok[i] != 0;
+        continue;
+      }
+      size_t nhwc_inputs = 0;
+      for (int j : n.inputs) nhwc_inputs += j != kInput && nodes_[static_cast<size_t>(j)].nhwc;
+      n.nhwc = nhwc_inputs > 0;
+      if (nhwc_inputs > 0 && nhwc_inputs < n.inputs.size()) {
+        (*refused)[i] = 1;
+        mixed = true;
+      }
+    }
+    if (!mixed) return;
+    for (auto& n : nodes_) n.nhwc = false;
+  }
+}
+
+void Graph::SetupNodes(const Shape& in, const SetupOptions& opts, size_t* failed) {
   std::vector<Shape> shapes;
   for (size_t i = 0; i < nodes_.size(); ++i) {
     Node& n = nodes_[i];
@@ -59,13 +120,17 @@ Shape Graph::Setup(const Shape& in, const SetupOptions& opts) {
       reads_graph_input_only = reads_graph_input_only && j == kInput;
     }
     SetupOptions o = opts;
+    o.nhwc_in = !n.inputs.empty();
+    for (int j : n.inputs)
+      o.nhwc_in = o.nhwc_in && j != kInput && nodes_[static_cast<size_t>(j)].nhwc;
+    o.nhwc_out = n.nhwc;
     o.need_dx = opts.need_dx || !reads_graph_input_only;
     // Out-of-memory reports name the node whose buffers were being allocated.
     const AllocationScope scope(what);
+    *failed = i;
     n.shape = n.layer->SetupInputs(shapes, o);
     if (n.readers > 1) n.grad_sum = backend_.Empty(n.shape, DType::kF32, what + " gradient sum");
   }
-  return nodes_.back().shape;
 }
 
 const Tensor& Graph::Forward(const Tensor& x, const ForwardContext& ctx) {

@@ -47,6 +47,16 @@ class Graph {
   Shape Setup(const Shape& in, const SetupOptions& opts);
   // Off: no folding at the next Setup (the tests that prove folding changes no number).
   void set_fold(bool on) { fold_ = on; }
+  // Channels-last activations, on a backend that prefers them (Backend::PrefersChannelsLast):
+  // Setup plans which outputs are NHWC. A node's output is NHWC when the node chooses its
+  // output's layout (a convolution) and every reader takes NHWC inputs, or when the node takes
+  // NHWC inputs (batch norm, pooling, the elementwise layers) and is given them; the graph's
+  // input and output are NCHW (a global pool's (N, C, 1, 1) output is both). A node that refuses
+  // at Setup (a broadcast add) is planned again on NCHW. Off: every activation NCHW (the tests that
+  // prove the layout changes no number beyond rounding).
+  void set_channels_last(bool on) { channels_last_ = on; }
+  // Whether node i's output is NHWC (valid after Setup).
+  bool output_nhwc(size_t i) const { return nodes_[i].nhwc; }
 
   // Forward in node order. Returns the last node's output (owned by its layer).
   const Tensor& Forward(const Tensor& x, const ForwardContext& ctx);
@@ -84,11 +94,16 @@ class Graph {
     std::string label;  // name, or "<type> #<index>" when unnamed (profiles)
     Shape shape;
     int readers = 0;               // nodes reading this output (+1 for the graph output)
+    bool nhwc = false;             // the output is channels-last (planned at Setup)
     Tensor grad_sum;               // (max N, ...) when readers > 1
     const Tensor* out = nullptr;   // the last Forward's output
     const Tensor* grad = nullptr;  // d(loss)/d(out) in the running backward
     Tensor grad_view;              // grad_sum for the current batch
   };
+  // Plans Node::nhwc for every node, with the nodes in `refused` taking NCHW inputs only.
+  void PlanLayouts(std::vector<char>* refused);
+  // Sets up every node (after folding and planning); throws NhwcRefused with *failed = the node.
+  void SetupNodes(const Shape& in, const SetupOptions& opts, size_t* failed);
   void StartBackward(const Tensor& dy);
   void BackwardNode(size_t i, bool accumulate);
   // Adds `g` to the gradient of node j's output (the first contribution is used as it is).
@@ -99,6 +114,7 @@ class Graph {
   std::map<std::string, std::vector<float>> initial_;
   std::string origin_;
   bool fold_ = true;
+  bool channels_last_ = true;
   std::vector<const Tensor*> xs_;   // scratch: a node's inputs
   std::vector<const Tensor*> dxs_;  // scratch: a node's input gradients
 };

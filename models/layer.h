@@ -35,7 +35,17 @@ struct ParamRef {
 struct SetupOptions {
   Precision precision = Precision::kF32;
   bool need_dx = true;  // false for the first layer: nobody consumes the gradient of the input
+  // Channels-last activations (Backend::PrefersChannelsLast), planned by the graph: the layer's
+  // inputs are NHWC in memory (all of them; shapes stay (N, C, H, W)), and a layer that chooses
+  // its output's layout (Layer::ChoosesNhwcOut) writes NHWC. Any other layer given NHWC inputs
+  // writes an NHWC output.
+  bool nhwc_in = false;
+  bool nhwc_out = false;
 };
+
+// Thrown by SetupInputs when a layer that said it takes channels-last inputs (TakesNhwc) finds,
+// once it sees their shapes, that it cannot: the graph then sets up again with that node on NCHW.
+struct NhwcRefused {};
 
 // Per-forward context. sample_offset is the position of this batch's first sample within the
 // step's global batch so stochastic layers (dropout) draw the same numbers on any world size.
@@ -97,6 +107,12 @@ class Layer {
   // holding no buffers.
   virtual void FoldIntoInput(Layer& /*producer*/) {}
   virtual bool FoldRelu() { return false; }
+
+  // Channels-last, asked by the graph before Setup: whether the layer runs on NHWC inputs (and
+  // then writes an NHWC output: batch norm, pooling, the elementwise layers), and whether it
+  // writes either layout whatever its input's (a convolution: SetupOptions::nhwc_out).
+  virtual bool TakesNhwc() const { return false; }
+  virtual bool ChoosesNhwcOut() const { return false; }
 
   // Bytes of activations this layer holds per sample (outputs, saved inputs, workspaces), for
   // `dptrain plan`.

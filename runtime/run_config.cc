@@ -44,7 +44,10 @@ Shape DefaultSampleShape(const ModelConfig& m) {
   return m.name.empty() ? Shape{1, 28, 28} : DefaultInputShape(m.name);
 }
 
-std::unique_ptr<Graph> BuildNet(Backend& be, const ModelConfig& m, const Shape& sample) {
+namespace {
+
+// The network of model.name, model.layers or model.onnx.
+std::unique_ptr<Graph> BuildGraph(Backend& be, const ModelConfig& m, const Shape& sample) {
   if (!m.onnx.empty()) {
     OnnxModel o = ImportOnnx(be, m.onnx);
     bool fits = o.sample_dims.size() == static_cast<size_t>(sample.rank());
@@ -64,6 +67,14 @@ std::unique_ptr<Graph> BuildNet(Backend& be, const ModelConfig& m, const Shape& 
     return std::move(o.graph);
   }
   return m.name.empty() ? BuildFromLayers(be, m.layers) : BuildZooModel(be, m.name, m.classes);
+}
+
+}  // namespace
+
+std::unique_ptr<Graph> BuildNet(Backend& be, const ModelConfig& m, const Shape& sample) {
+  std::unique_ptr<Graph> g = BuildGraph(be, m, sample);
+  g->set_channels_last(m.channels_last);
+  return g;
 }
 
 }  // namespace dptrain

@@ -108,6 +108,10 @@ struct ModelConfig {
   int64_t classes = 10;  // >= 1
   std::vector<LayerSpec> layers;
   LossChoice loss = LossChoice::kAuto;
+  // Activations channels-last (NHWC) between the layers that take them, on a backend that runs
+  // them faster so (the CPU backend; Graph::set_channels_last): PyTorch's
+  // model.to(memory_format=torch.channels_last). Sums in another order than NCHW.
+  bool channels_last = false;
 
   bool operator==(const ModelConfig&) const = default;
 };

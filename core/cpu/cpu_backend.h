@@ -36,6 +36,9 @@ class CpuBackend final : public Backend {
   bool Supports(const Conv2dDesc& d) const override;
   bool Supports(const LinearDesc& d) const override;
   bool Supports(const PoolDesc& d) const override;
+  // oneDNN's convolutions read and write NHWC as fast as their blocked layouts, without the
+  // reorders NCHW costs at both ends of each (cpu_conv.cc).
+  bool PrefersChannelsLast() const override { return true; }
 
   std::shared_ptr<OpPlan> PrepareConv2d(const Conv2dDesc& d) override;
   void Conv2dForward(const OpPlan& plan, const Tensor& x, const Tensor& w, const Tensor* b,
@@ -83,9 +86,10 @@ class CpuBackend final : public Backend {
   void BatchNormForwardInference(const BatchNormArgs& a, const Tensor& x, const Tensor& gamma,
                                  const Tensor& beta, const Tensor& running_mean,
                                  const Tensor& running_var, Tensor* y) override;
-  void BatchNormBackward(const Tensor& x, const Tensor& dy, const Tensor* relu_y,
-                         const Tensor& gamma, const Tensor& save_mean, const Tensor& save_invstd,
-                         Tensor* dx, Tensor* dgamma, Tensor* dbeta, bool accumulate) override;
+  void BatchNormBackward(const BatchNormArgs& a, const Tensor& x, const Tensor& dy,
+                         const Tensor* relu_y, const Tensor& gamma, const Tensor& save_mean,
+                         const Tensor& save_invstd, Tensor* dx, Tensor* dgamma, Tensor* dbeta,
+                         bool accumulate) override;
 
   void SoftmaxCrossEntropy(const Tensor& logits, const Tensor& labels, float label_smoothing,
                            Tensor* probs, Tensor* loss_sum, Tensor* correct) override;

@@ -149,14 +149,15 @@ struct PoolPlan final : OpPlan {
 // Plan-cache keys: every field of the descriptor that changes the primitives.
 inline auto ConvKey(const Conv2dDesc& d) {
   return std::make_tuple(d.n, d.c, d.h, d.w, d.k, d.r, d.s, d.stride, d.pad, d.bias,
-                         static_cast<int>(d.precision), d.groups, d.dilation, d.relu);
+                         static_cast<int>(d.precision), d.groups, d.dilation, d.relu, d.x_nhwc,
+                         d.y_nhwc);
 }
 inline auto LinearKey(const LinearDesc& d) {
   return std::make_tuple(d.n, d.in, d.out, d.bias, static_cast<int>(d.precision));
 }
 inline auto PoolKey(const PoolDesc& d) {
   return std::make_tuple(static_cast<int>(d.kind), d.n, d.c, d.h, d.w, d.kernel, d.stride, d.pad,
-                         d.ceil_mode, d.count_include_pad);
+                         d.ceil_mode, d.count_include_pad, d.nhwc);
 }
 
 struct CpuBackend::Impl {

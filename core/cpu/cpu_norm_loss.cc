@@ -5,6 +5,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 #include "core/cpu/cpu_backend.h"
 #include "core/cpu/cpu_backend_impl.h"
@@ -99,6 +100,182 @@ DPT_SIMD_CLONES void RunGatedGradInput(const float* g, const float* y, const flo
   GradInput([g, y](int64_t j) { return ReluGate(y[j], g[j]); }, x, dx, n, t);
 }
 
+// ---- channels-last (BatchNormArgs::nhwc): m rows of C channels each ----
+// The statistics are sums over rows, taken per block of rows into per-block partial sums (one
+// slot per block, then added in block order): a split that does not depend on the thread count,
+// so the result is the same on any number of threads. Each row's loop runs over its channels.
+
+struct RowBlocks {
+  int64_t rows, count;  // rows per block, blocks
+};
+RowBlocks SplitRows(int64_t m, int64_t c) {
+  const int64_t rows = std::max<int64_t>(1, (int64_t{1} << 14) / c);
+  return {rows, (m + rows - 1) / rows};
+}
+
+// s1[j] += x[j] - shift[j], s2[j] += (x[j] - shift[j])^2 (shift: row 0, as RunMoments).
+DPT_SIMD_CLONES void RowMoments(const float* x, const float* shift, int64_t c, double* s1,
+                                double* s2) {
+#pragma omp simd
+  for (int64_t j = 0; j < c; ++j) {
+    const double v = static_cast<double>(x[j]) - shift[j];
+    s1[j] += v;
+    s2[j] += v * v;
+  }
+}
+
+// rows [r0, r1) of y = x * scale + shift (then ReLU).
+DPT_SIMD_CLONES void RowsAffine(const float* x, float* y, int64_t r0, int64_t r1, int64_t c,
+                                const float* scale, const float* shift, bool relu) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* p = x + r * c;
+    float* q = y + r * c;
+    if (relu) {
+#pragma omp simd
+      for (int64_t j = 0; j < c; ++j) q[j] = ew::Relu(ew::BnApply(p[j], {scale[j], shift[j]}));
+    } else {
+#pragma omp simd
+      for (int64_t j = 0; j < c; ++j) q[j] = ew::BnApply(p[j], {scale[j], shift[j]});
+    }
+  }
+}
+
+// Per-channel backward terms of the NHWC loops (BnGradTerms, one array per field).
+struct NhwcGradTerms {
+  std::vector<double> mean, invstd, k, sum_dy, sum_dy_xhat;
+  double m = 0;
+};
+
+template <bool kGated>
+inline void RowGradSums(const float* g, const float* y, const float* x, int64_t c,
+                        const NhwcGradTerms& t, double* s, double* sx) {
+#pragma omp simd
+  for (int64_t j = 0; j < c; ++j) {
+    const float gj = kGated ? ReluGate(y[j], g[j]) : g[j];
+    s[j] += gj;
+    sx[j] += ew::BnDyXhat(gj, x[j], t.mean[j], t.invstd[j]);
+  }
+}
+
+template <bool kGated>
+inline void RowGradInput(const float* g, const float* y, const float* x, float* dx, int64_t c,
+                         const NhwcGradTerms& t) {
+#pragma omp simd
+  for (int64_t j = 0; j < c; ++j) {
+    const float gj = kGated ? ReluGate(y[j], g[j]) : g[j];
+    dx[j] = ew::BnDx(gj, x[j], t.mean[j], t.invstd[j], t.k[j], t.m, t.sum_dy[j], t.sum_dy_xhat[j]);
+  }
+}
+
+// Both backward passes over rows [r0, r1): the sums into s, sx (pass 0) or dx (pass 1).
+template <bool kGated>
+DPT_SIMD_CLONES void RowsGrad(int pass, const float* g, const float* y, const float* x, float* dx,
+                              int64_t r0, int64_t r1, int64_t c, const NhwcGradTerms& t, double* s,
+                              double* sx) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t o = r * c;
+    if (pass == 0) {
+      RowGradSums<kGated>(g + o, kGated ? y + o : nullptr, x + o, c, t, s, sx);
+    } else {
+      RowGradInput<kGated>(g + o, kGated ? y + o : nullptr, x + o, dx + o, c, t);
+    }
+  }
+}
+
+void BatchNormTrainingNhwc(const BatchNormArgs& a, int64_t m, int64_t c, const float* in,
+                           const float* gamma, const float* beta, float* running_mean,
+                           float* running_var, float* out, float* save_mean, float* save_invstd) {
+  const RowBlocks b = SplitRows(m, c);
+  std::vector<double> part(static_cast<size_t>(2 * b.count * c), 0.0);
+  const float* shift = in;  // row 0
+#pragma omp parallel for if (m * c > kParallelMin)
+  for (int64_t k = 0; k < b.count; ++k) {
+    double* s1 = part.data() + 2 * k * c;
+    for (int64_t r = k * b.rows; r < std::min(m, (k + 1) * b.rows); ++r) {
+      RowMoments(in + r * c, shift, c, s1, s1 + c);
+    }
+  }
+  std::vector<float> scale(static_cast<size_t>(c)), offset(static_cast<size_t>(c));
+  const double dm = static_cast<double>(m);
+  for (int64_t j = 0; j < c; ++j) {
+    double s1 = 0, s2 = 0;
+    for (int64_t k = 0; k < b.count; ++k) {
+      s1 += part[static_cast<size_t>(2 * k * c + j)];
+      s2 += part[static_cast<size_t>((2 * k + 1) * c + j)];
+    }
+    const double mean = shift[j] + s1 / dm;
+    const double var = std::max(0.0, (s2 - s1 * s1 / dm) / dm);
+    const double invstd = ew::BnInvStd(var, a.eps);
+    const ew::BnAffine affine = ew::BnFold(gamma[j], beta[j], static_cast<float>(mean), invstd);
+    scale[static_cast<size_t>(j)] = affine.scale;
+    offset[static_cast<size_t>(j)] = affine.shift;
+    save_mean[j] = static_cast<float>(mean);
+    save_invstd[j] = static_cast<float>(invstd);
+    running_mean[j] = ew::BnRunning(running_mean[j], mean, a.momentum);
+    running_var[j] = ew::BnRunning(running_var[j], ew::BnUnbiasedVar(var, m), a.momentum);
+  }
+#pragma omp parallel for if (m * c > kParallelMin)
+  for (int64_t k = 0; k < b.count; ++k) {
+    RowsAffine(in, out, k * b.rows, std::min(m, (k + 1) * b.rows), c, scale.data(), offset.data(),
+               a.relu);
+  }
+}
+
+void BatchNormInferenceNhwc(const BatchNormArgs& a, int64_t m, int64_t c, const float* in,
+                            const float* gamma, const float* beta, const float* running_mean,
+                            const float* running_var, float* out) {
+  std::vector<float> scale(static_cast<size_t>(c)), offset(static_cast<size_t>(c));
+  for (int64_t j = 0; j < c; ++j) {
+    const ew::BnAffine affine =
+        ew::BnFold(gamma[j], beta[j], running_mean[j], ew::BnInvStd(running_var[j], a.eps));
+    scale[static_cast<size_t>(j)] = affine.scale;
+    offset[static_cast<size_t>(j)] = affine.shift;
+  }
+  const RowBlocks b = SplitRows(m, c);
+#pragma omp parallel for if (m * c > kParallelMin)
+  for (int64_t k = 0; k < b.count; ++k) {
+    RowsAffine(in, out, k * b.rows, std::min(m, (k + 1) * b.rows), c, scale.data(), offset.data(),
+               a.relu);
+  }
+}
+
+void BatchNormBackwardNhwc(int64_t m, int64_t c, const float* x, const float* g, const float* ry,
+                           const float* gamma, const float* save_mean, const float* save_invstd,
+                           float* dx, float* dgamma, float* dbeta, bool accumulate) {
+  const RowBlocks b = SplitRows(m, c);
+  NhwcGradTerms t;
+  t.m = static_cast<double>(m);
+  t.mean.assign(save_mean, save_mean + c);
+  t.invstd.assign(save_invstd, save_invstd + c);
+  std::vector<double> part(static_cast<size_t>(2 * b.count * c), 0.0);
+  for (int pass = 0; pass < 2; ++pass) {
+#pragma omp parallel for if (m * c > kParallelMin)
+    for (int64_t k = 0; k < b.count; ++k) {
+      const int64_t r0 = k * b.rows, r1 = std::min(m, (k + 1) * b.rows);
+      double* s = part.data() + 2 * k * c;
+      if (ry != nullptr) {
+        RowsGrad<true>(pass, g, ry, x, dx, r0, r1, c, t, s, s + c);
+      } else {
+        RowsGrad<false>(pass, g, ry, x, dx, r0, r1, c, t, s, s + c);
+      }
+    }
+    if (pass == 1) break;
+    t.sum_dy.assign(static_cast<size_t>(c), 0.0);
+    t.sum_dy_xhat.assign(static_cast<size_t>(c), 0.0);
+    t.k.resize(static_cast<size_t>(c));
+    for (int64_t j = 0; j < c; ++j) {
+      const auto u = static_cast<size_t>(j);
+      for (int64_t k = 0; k < b.count; ++k) {
+        t.sum_dy[u] += part[static_cast<size_t>(2 * k * c + j)];
+        t.sum_dy_xhat[u] += part[static_cast<size_t>((2 * k + 1) * c + j)];
+      }
+      t.k[u] = ew::BnGradScale(gamma[j], t.invstd[u], t.m);
+      dgamma[j] = ew::BnParamGrad(t.sum_dy_xhat[u], dgamma[j], accumulate);
+      dbeta[j] = ew::BnParamGrad(t.sum_dy[u], dbeta[j], accumulate);
+    }
+  }
+}
+
 }  // namespace
 
 void CpuBackend::BatchNormForwardTraining(const BatchNormArgs& a, const Tensor& x,
@@ -110,6 +287,12 @@ void CpuBackend::BatchNormForwardTraining(const BatchNormArgs& a, const Tensor& 
   const float* in = x.data<float>();
   float* out = y->data<float>();
   const int64_t m = d.n * d.hw;
+  if (a.nhwc) {
+    BatchNormTrainingNhwc(a, m, d.c, in, gamma.data<float>(), beta.data<float>(),
+                          running_mean->data<float>(), running_var->data<float>(), out,
+                          save_mean->data<float>(), save_invstd->data<float>());
+    return;
+  }
 #pragma omp parallel for if (m * d.c > kParallelMin)
   for (int64_t c = 0; c < d.c; ++c) {
     const double shift = in[c * d.hw];
@@ -142,6 +325,11 @@ void CpuBackend::BatchNormForwardInference(const BatchNormArgs& a, const Tensor&
   const BatchNormDims d = BatchNormShape(x.shape());
   const float* in = x.data<float>();
   float* out = y->data<float>();
+  if (a.nhwc) {
+    BatchNormInferenceNhwc(a, d.n * d.hw, d.c, in, gamma.data<float>(), beta.data<float>(),
+                           running_mean.data<float>(), running_var.data<float>(), out);
+    return;
+  }
 #pragma omp parallel for if (d.n * d.c * d.hw > kParallelMin)
   for (int64_t c = 0; c < d.c; ++c) {
     const double invstd = ew::BnInvStd(running_var.data<float>()[c], a.eps);
@@ -154,10 +342,10 @@ void CpuBackend::BatchNormForwardInference(const BatchNormArgs& a, const Tensor&
   }
 }
 
-void CpuBackend::BatchNormBackward(const Tensor& x, const Tensor& dy, const Tensor* relu_y,
-                                   const Tensor& gamma, const Tensor& save_mean,
-                                   const Tensor& save_invstd, Tensor* dx, Tensor* dgamma,
-                                   Tensor* dbeta, bool accumulate) {
+void CpuBackend::BatchNormBackward(const BatchNormArgs& a, const Tensor& x, const Tensor& dy,
+                                   const Tensor* relu_y, const Tensor& gamma,
+                                   const Tensor& save_mean, const Tensor& save_invstd, Tensor* dx,
+                                   Tensor* dgamma, Tensor* dbeta, bool accumulate) {
   OpScope scope(this, "batchnorm_bwd");
   const BatchNormDims d = BatchNormShape(x.shape());
   if (relu_y != nullptr) CheckSame(x, *relu_y, "batch norm backward (relu output)");
@@ -165,6 +353,12 @@ void CpuBackend::BatchNormBackward(const Tensor& x, const Tensor& dy, const Tens
   const float* g = dy.data<float>();
   const float* ry = relu_y != nullptr ? relu_y->data<float>() : nullptr;
   float* out = dx->data<float>();
+  if (a.nhwc) {
+    BatchNormBackwardNhwc(d.n * d.hw, d.c, in, g, ry, gamma.data<float>(), save_mean.data<float>(),
+                          save_invstd.data<float>(), out, dgamma->data<float>(),
+                          dbeta->data<float>(), accumulate);
+    return;
+  }
   const double m = static_cast<double>(d.n * d.hw);
 #pragma omp parallel for if (d.n * d.c * d.hw > kParallelMin)
   for (int64_t c = 0; c < d.c; ++c) {

@@ -27,8 +27,9 @@ std::shared_ptr<OpPlan> CpuBackend::PreparePool(const PoolDesc& d) {
     slot = p;
     return p;
   }
-  p->x_md = memory::desc({d.n, d.c, d.h, d.w}, Dt::f32, Tag::nchw);
-  p->y_md = memory::desc({d.n, d.c, d.out_h(), d.out_w()}, Dt::f32, Tag::nchw);
+  const Tag tag = d.nhwc ? Tag::nhwc : Tag::nchw;
+  p->x_md = memory::desc({d.n, d.c, d.h, d.w}, Dt::f32, tag);
+  p->y_md = memory::desc({d.n, d.c, d.out_h(), d.out_w()}, Dt::f32, tag);
   // oneDNN derives the output size from the padding: in ceil mode the right/bottom padding
   // grows to cover the last window (padded with -inf, so it never wins).
   const auto pad_r = [&](int64_t in, int64_t out) {
@@ -72,6 +73,15 @@ void CpuBackend::PoolForward(const OpPlan& plan, const Tensor& x, Tensor* y, Ten
     const float* in = x.data<float>();
     float* out = y->data<float>();
     const int64_t n = g.planes * g.p * g.q;
+    if (p.d.nhwc) {  // output o = ((i * P + oh) * Q + ow) * C + c
+      const int64_t c = p.d.c;
+#pragma omp parallel for if (n * g.kernel * g.kernel > kParallelMin)
+      for (int64_t o = 0; o < n; ++o) {
+        const int64_t pix = o / c, i = pix / (g.p * g.q), rem = pix % (g.p * g.q);
+        out[o] = ew::AvgPoolAt(g, in + i * g.h * g.w * c + o % c, rem / g.q, rem % g.q, c);
+      }
+      return;
+    }
 #pragma omp parallel for if (n * g.kernel * g.kernel > kParallelMin)
     for (int64_t o = 0; o < n; ++o) {
       const int64_t plane = o / (g.p * g.q), rem = o % (g.p * g.q);
@@ -105,11 +115,30 @@ void CpuBackend::PoolBackward(const OpPlan& plan, const Tensor& dy, const Tensor
     const int64_t n = g.planes * g.h * g.w;
     if (g.p == 1 && g.q == 1 && g.pad == 0 && g.kernel == g.h && g.kernel == g.w) {
       // Global pooling (ResNet's head): one window per plane, the same value everywhere in it;
-      // what the general loop below computes without its window search per element.
+      // what the general loops below compute without their window search per element. dy is
+      // (N, C, 1, 1): one layout in NCHW and NHWC.
       const float divisor = ew::WindowOf(g, 0, 0).divisor;
+      if (p.d.nhwc) {
+        const int64_t c = p.d.c, hw = g.h * g.w;
+#pragma omp parallel for if (n > kParallelMin)
+        for (int64_t e = 0; e < n / c; ++e) {
+          const float* src = gy + (e / hw) * c;
+          for (int64_t j = 0; j < c; ++j) out[e * c + j] = src[j] / divisor;
+        }
+        return;
+      }
 #pragma omp parallel for if (n > kParallelMin)
       for (int64_t plane = 0; plane < g.planes; ++plane) {
         std::fill_n(out + plane * g.h * g.w, g.h * g.w, gy[plane] / divisor);
+      }
+      return;
+    }
+    if (p.d.nhwc) {  // input e = ((i * H + ih) * W + iw) * C + c
+      const int64_t c = p.d.c;
+#pragma omp parallel for if (n > kParallelMin)
+      for (int64_t e = 0; e < n; ++e) {
+        const int64_t pix = e / c, i = pix / (g.h * g.w), pos = pix % (g.h * g.w);
+        out[e] = ew::AvgPoolGradAt(g, gy + i * g.p * g.q * c + e % c, pos / g.w, pos % g.w, c);
       }
       return;
     }

@@ -41,6 +41,8 @@ void CudaBackend::BatchNormForwardTraining(const BatchNormArgs& a, const Tensor&
                                            Tensor* running_mean, Tensor* running_var, Tensor* y,
                                            Tensor* save_mean, Tensor* save_invstd) {
   OpScope scope(this, "batchnorm_fwd");
+  DPT_CHECK(!a.nhwc)
+      << "cuda: batch norm on channels-last activations (PrefersChannelsLast is false)";
   CheckF32(x, "batch norm x");
   CheckF32(*y, "batch norm y");
   CheckSame(x, *y, "batch norm");
@@ -62,6 +64,8 @@ void CudaBackend::BatchNormForwardInference(const BatchNormArgs& a, const Tensor
                                             const Tensor& running_mean, const Tensor& running_var,
                                             Tensor* y) {
   OpScope scope(this, "batchnorm_infer");
+  DPT_CHECK(!a.nhwc)
+      << "cuda: batch norm on channels-last activations (PrefersChannelsLast is false)";
   CheckF32(x, "batch norm x");
   CheckF32(*y, "batch norm y");
   CheckSame(x, *y, "batch norm");
@@ -74,11 +78,13 @@ void CudaBackend::BatchNormForwardInference(const BatchNormArgs& a, const Tensor
                               running_var.data<float>(), y->data<float>(), stream_);
 }
 
-void CudaBackend::BatchNormBackward(const Tensor& x, const Tensor& dy, const Tensor* relu_y,
-                                    const Tensor& gamma, const Tensor& save_mean,
-                                    const Tensor& save_invstd, Tensor* dx, Tensor* dgamma,
-                                    Tensor* dbeta, bool accumulate) {
+void CudaBackend::BatchNormBackward(const BatchNormArgs& a, const Tensor& x, const Tensor& dy,
+                                    const Tensor* relu_y, const Tensor& gamma,
+                                    const Tensor& save_mean, const Tensor& save_invstd, Tensor* dx,
+                                    Tensor* dgamma, Tensor* dbeta, bool accumulate) {
   OpScope scope(this, "batchnorm_bwd");
+  DPT_CHECK(!a.nhwc)
+      << "cuda: batch norm on channels-last activations (PrefersChannelsLast is false)";
   CheckF32(x, "batch norm x");
   CheckF32(dy, "batch norm dy");
   CheckF32(*dx, "batch norm dx");

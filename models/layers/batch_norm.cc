@@ -10,6 +10,7 @@ Shape BatchNorm::Setup(const Shape& in, const SetupOptions& opts) {
   DPT_CHECK_AS(ConfigError, in.rank() == 2 || in.rank() == 4)
       << "batchnorm '" << name_ << "' needs (N, C) or (N, C, H, W) input, got " << in.ToString();
   channels_ = in[1];
+  args_.nhwc = opts.nhwc_in && in.rank() == 4;
   per_sample_ = in.numel() / in[0];
   need_dx_ = opts.need_dx;
   save_mean_ = backend_.Empty(Shape{channels_}, DType::kF32, label() + " saved mean");
@@ -46,8 +47,8 @@ const Tensor& BatchNorm::Backward(const Tensor& dy, bool accumulate) {
   // into the output buffer, which is no longer needed once backward has reached this layer.
   dx_ = need_dx_ ? dx_buf_.Batch(dy.shape()[0]) : out_.Batch(dy.shape()[0]);
   // With a folded ReLU, y_ gates dy; written over by dx_ when dx_ is the output buffer.
-  backend_.BatchNormBackward(x_, dy, args_.relu ? &y_ : nullptr, gamma_, save_mean_, save_invstd_,
-                             &dx_, &ggamma_, &gbeta_, accumulate);
+  backend_.BatchNormBackward(args_, x_, dy, args_.relu ? &y_ : nullptr, gamma_, save_mean_,
+                             save_invstd_, &dx_, &ggamma_, &gbeta_, accumulate);
   if (!need_dx_) dx_ = Tensor();
   return dx_;
 }

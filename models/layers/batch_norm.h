@@ -24,6 +24,7 @@ class BatchNorm final : public Layer {
     args_.relu = true;
     return true;
   }
+  bool TakesNhwc() const override { return true; }
 
  private:
   int64_t channels_ = 0, per_sample_ = 0;

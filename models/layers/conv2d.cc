@@ -25,6 +25,8 @@ Shape Conv2d::Setup(const Shape& in, const SetupOptions& opts) {
   desc_ = Conv2dDesc{in[0],   in[1], in[2], in[3],          out_channels_, kernel_,  kernel_,
                      stride_, pad_,  bias_, opts.precision, groups_,       dilation_};
   desc_.relu = relu_;
+  desc_.x_nhwc = opts.nhwc_in;
+  desc_.y_nhwc = opts.nhwc_out;
   DPT_CHECK_AS(ConfigError, groups_ > 0 && in[1] % groups_ == 0 && out_channels_ % groups_ == 0)
       << "conv2d '" << name_ << "': groups " << groups_ << " must divide the " << in[1]
       << " input channels and the " << out_channels_ << " output channels";

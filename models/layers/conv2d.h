@@ -27,6 +27,8 @@ class Conv2d final : public Layer {
     relu_ = true;
     return true;
   }
+  bool TakesNhwc() const override { return true; }
+  bool ChoosesNhwcOut() const override { return true; }
 
  private:
   void PrepareFor(int64_t n);

@@ -41,6 +41,8 @@ Shape Add::SetupInputs(const std::vector<Shape>& in, const SetupOptions& opts) {
           << "; dptrain adds equal shapes, or (N, C, H, W) and (N, C, 1, 1)";
     }
   }
+  // The broadcast sums (N, C) into (N, C, H, W) viewed as N * C rows: NCHW only.
+  if (broadcast_ && opts.nhwc_in) throw NhwcRefused{};
   inputs_ = in.size();
   need_dx_ = opts.need_dx;
   const Shape& out = in[wide_];

@@ -41,6 +41,8 @@ class Add final : public Join {
     relu_ = true;
     return true;
   }
+  // Equal shapes are elementwise: any layout (a broadcast refuses NHWC at Setup).
+  bool TakesNhwc() const override { return true; }
 
  private:
   bool relu_ = false;

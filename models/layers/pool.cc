@@ -36,7 +36,8 @@ Shape Pool2d::Setup(const Shape& in, const SetupOptions& opts) {
                    stride == 0 ? kernel : stride,
                    pad_,
                    ceil_mode_,
-                   count_include_pad_};
+                   count_include_pad_,
+                   opts.nhwc_in};
   DPT_CHECK_AS(ConfigError, desc_.Valid())
       << type() << " '" << label() << "': kernel " << kernel << " stride " << desc_.stride
       << " pad " << pad_ << " does not fit input " << in.ToString()

@@ -19,6 +19,9 @@ class Pool2d final : public Layer {
   const Tensor& Backward(const Tensor& dy, bool accumulate) override;
   int64_t ActivationBytesPerSample() const override;
   void ListPlans(std::vector<const OpPlan*>* out) const override { out->push_back(plan_.get()); }
+  bool TakesNhwc() const override { return true; }
+  // A global pool's output, (N, C, 1, 1), is one layout in NCHW and NHWC.
+  bool ChoosesNhwcOut() const override { return kernel_ == 0; }
 
  private:
   PoolKind kind_;

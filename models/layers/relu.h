@@ -15,6 +15,7 @@ class Relu final : public Layer {
   const Tensor& Backward(const Tensor& dy, bool accumulate) override;
   int64_t ActivationBytesPerSample() const override { return folded_ ? 0 : 4 * 2 * per_sample_; }
   void FoldIntoInput(Layer& producer) override { folded_ = folded_ || producer.FoldRelu(); }
+  bool TakesNhwc() const override { return true; }  // elementwise: any layout
   bool folded() const { return folded_; }
 
  private:

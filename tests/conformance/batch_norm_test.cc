@@ -4,6 +4,7 @@
 // forward, and backward (dx, dgamma, dbeta, overwrite and accumulate) on (N, C) and (N, C, H, W).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -181,7 +182,7 @@ void CheckBackward(Backend& be, bool accumulate) {
     Tensor dx = be.Empty(bc.shape, DType::kF32, "dx");
     Tensor dg = ToDevice(be, dg0, {s.c});
     Tensor db = ToDevice(be, db0, {s.c});
-    be.BatchNormBackward(ToDevice(be, x, bc.shape), ToDevice(be, dy, bc.shape), nullptr,
+    be.BatchNormBackward({}, ToDevice(be, x, bc.shape), ToDevice(be, dy, bc.shape), nullptr,
                          ToDevice(be, gamma, {s.c}), ToDevice(be, sm, {s.c}),
                          ToDevice(be, si, {s.c}), &dx, &dg, &db, accumulate);
 
@@ -192,6 +193,84 @@ void CheckBackward(Backend& be, bool accumulate) {
     EXPECT_TRUE(AllClose(ToHost(be, dx), ref_dx, tol)) << "dx";
     EXPECT_TRUE(AllClose(ToHost(be, dg), ref_dg, tol)) << "dgamma";
     EXPECT_TRUE(AllClose(ToHost(be, db), ref_db, tol)) << "dbeta";
+  }
+}
+
+// Channels-last (BatchNormArgs::nhwc, on backends that prefer it): x, y, dy, dx in NHWC order
+// against the NCHW reference, with and without the folded ReLU: forward training (statistics
+// over row blocks: several blocks, and channels wider than one), inference, backward.
+TEST_P(BatchNormTest, ChannelsLastMatchesReference) {
+  Backend& be = backend();
+  if (!be.PrefersChannelsLast()) GTEST_SKIP() << be.name() << ": activations are NCHW only";
+  std::vector<BnCase> cases;
+  for (const BnCase& bc : Cases()) {
+    if (bc.shape.rank() == 4) cases.push_back(bc);
+  }
+  cases.push_back({{16, 16, 32, 32}, {}});  // 16 blocks of 1024 rows
+  cases.push_back({{2, 17000, 1, 2}, {}});  // blocks of one row
+  uint32_t seed = 8000;
+  for (BnCase bc : cases) {
+    for (const bool relu : {false, true}) {
+      seed += 10;
+      bc.args.nhwc = true;
+      bc.args.relu = relu;
+      SCOPED_TRACE("x " + bc.shape.ToString() + (relu ? " relu" : ""));
+      const ref::BatchNormShape s = RefShape(bc.shape);
+      const size_t c = static_cast<size_t>(s.c);
+      const std::vector<float> x = MakeX(s, seed), dy = RandomUniform(x.size(), seed + 1);
+      const std::vector<float> gamma = RandomUniform(c, seed + 2, 0.5f, 1.5f);
+      const std::vector<float> beta = RandomUniform(c, seed + 3);
+      Tensor x_t = ToDevice(be, ToNhwc(x, bc.shape), bc.shape);
+      Tensor g_t = ToDevice(be, gamma, {s.c}), b_t = ToDevice(be, beta, {s.c});
+      Tensor rm = be.Zeros({s.c}, DType::kF32, "running_mean");
+      Tensor rv = be.Empty({s.c}, DType::kF32, "running_var");
+      be.Fill(&rv, 1.0f);
+      Tensor y = be.Empty(bc.shape, DType::kF32, "y");
+      Tensor sm = be.Empty({s.c}, DType::kF32, "save_mean");
+      Tensor si = be.Empty({s.c}, DType::kF32, "save_invstd");
+      be.BatchNormForwardTraining(bc.args, x_t, g_t, b_t, &rm, &rv, &y, &sm, &si);
+
+      std::vector<double> ref_rm(c, 0.0), ref_rv(c, 1.0), ref_y, ref_sm, ref_si;
+      BatchNormArgs plain = bc.args;
+      plain.relu = false;
+      ref::BatchNormForwardTraining(plain, s, ToDouble(x), ToDouble(gamma), ToDouble(beta), &ref_rm,
+                                    &ref_rv, &ref_y, &ref_sm, &ref_si);
+      if (relu) {
+        for (double& v : ref_y) v = std::max(v, 0.0);
+      }
+      const Tolerance tol = ForReduction(Precision::kF32, s.count());
+      const std::vector<float> got_y = FromNhwc(ToHost(be, y), bc.shape);
+      EXPECT_TRUE(AllClose(got_y, ref_y, tol)) << "y";
+      EXPECT_TRUE(AllClose(ToHost(be, sm), ref_sm, tol)) << "save_mean";
+      EXPECT_TRUE(AllClose(ToHost(be, si), ref_si, tol)) << "save_invstd";
+      EXPECT_TRUE(AllClose(ToHost(be, rm), ref_rm, tol)) << "running_mean";
+      EXPECT_TRUE(AllClose(ToHost(be, rv), ref_rv, tol)) << "running_var";
+
+      Tensor y_inf = be.Empty(bc.shape, DType::kF32, "y inference");
+      be.BatchNormForwardInference(bc.args, x_t, g_t, b_t, rm, rv, &y_inf);
+      std::vector<double> ref_inf;
+      ref::BatchNormForwardInference(plain, s, ToDouble(x), ToDouble(gamma), ToDouble(beta),
+                                     ToDouble(ToHost(be, rm)), ToDouble(ToHost(be, rv)), &ref_inf);
+      if (relu) {
+        for (double& v : ref_inf) v = std::max(v, 0.0);
+      }
+      EXPECT_TRUE(AllClose(FromNhwc(ToHost(be, y_inf), bc.shape), ref_inf, tol)) << "inference";
+
+      // Backward from the forward's saved statistics; with the ReLU, dy gated by y (in place
+      // over y, as the layer runs it).
+      Tensor dx = relu ? y : be.Empty(bc.shape, DType::kF32, "dx");
+      Tensor dg = be.Zeros({s.c}, DType::kF32, "dgamma"), db = be.Zeros({s.c}, DType::kF32, "db");
+      be.BatchNormBackward(bc.args, x_t, ToDevice(be, ToNhwc(dy, bc.shape), bc.shape),
+                           relu ? &y : nullptr, g_t, sm, si, &dx, &dg, &db, false);
+      std::vector<double> gated = ToDouble(dy);
+      for (size_t i = 0; i < gated.size() && relu; ++i) gated[i] = got_y[i] > 0.f ? gated[i] : 0.0;
+      std::vector<double> ref_dx, ref_dg(c, 0.0), ref_db(c, 0.0);
+      ref::BatchNormBackward(s, ToDouble(x), gated, ToDouble(gamma), ToDouble(ToHost(be, sm)),
+                             ToDouble(ToHost(be, si)), &ref_dx, &ref_dg, &ref_db, false);
+      EXPECT_TRUE(AllClose(FromNhwc(ToHost(be, dx), bc.shape), ref_dx, tol)) << "dx";
+      EXPECT_TRUE(AllClose(ToHost(be, dg), ref_dg, tol)) << "dgamma";
+      EXPECT_TRUE(AllClose(ToHost(be, db), ref_db, tol)) << "dbeta";
+    }
   }
 }
 
@@ -247,11 +326,11 @@ TEST_P(BatchNormTest, FoldedReluIsBatchNormThenRelu) {
         Tensor dx = in_place ? y_copy : be.Empty(bc.shape, DType::kF32, "dx");
         Tensor dg = be.Zeros({c}, DType::kF32, "dgamma"), db = be.Zeros({c}, DType::kF32, "dbeta");
         if (fold) {
-          be.BatchNormBackward(x_t, dy_t, &y_copy, g_t, sm, si, &dx, &dg, &db, false);
+          be.BatchNormBackward({}, x_t, dy_t, &y_copy, g_t, sm, si, &dx, &dg, &db, false);
         } else {
           Tensor gated = be.Empty(bc.shape, DType::kF32, "relu dx");
           be.ReluBackward(y_copy, dy_t, &gated);
-          be.BatchNormBackward(x_t, gated, nullptr, g_t, sm, si, &dx, &dg, &db, false);
+          be.BatchNormBackward({}, x_t, gated, nullptr, g_t, sm, si, &dx, &dg, &db, false);
         }
         (in_place ? r.backward_in_place : r.backward) = {ToHost(be, dx), ToHost(be, dg),
                                                          ToHost(be, db)};

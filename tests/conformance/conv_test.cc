@@ -5,6 +5,7 @@
 // dilated, channel counts in multiples of 8) and in bf16/f16.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <string>
@@ -300,6 +301,65 @@ TEST_P(ConvTest, F16ResultsAreHalfValuesAndOverflowToInfinity) {
       EXPECT_EQ(bad, 0) << "dx overflowed with |dy| ~ 1";
     } else {
       EXPECT_GT(bad, 0) << "dy of 1e5 is infinite in fp16, so dx cannot be finite";
+    }
+  }
+}
+
+// Channels-last activations (Conv2dDesc::x_nhwc / y_nhwc, on backends that prefer them): x and
+// dx, or y and dy, or all four in NHWC order, against the NCHW reference; fp32 and bf16, every
+// shape above, the last combination with the folded ReLU.
+TEST_P(ConvTest, ChannelsLastMatchesReference) {
+  Backend& be = backend();
+  if (!be.PrefersChannelsLast()) GTEST_SKIP() << be.name() << ": activations are NCHW only";
+  uint32_t seed = 7000;
+  for (const Precision p : {Precision::kF32, Precision::kBF16}) {
+    for (Conv2dDesc d : Cases(p)) {
+      if (!be.Supports(d)) continue;  // bf16 without oneDNN's bf16 kernels
+      for (const int layouts : {1, 2, 3}) {
+        d.x_nhwc = (layouts & 1) != 0;
+        d.y_nhwc = (layouts & 2) != 0;
+        d.relu = layouts == 3;
+        SCOPED_TRACE(d.ToString());
+        seed += 10;
+        const std::vector<float> x = RandomUniform(static_cast<size_t>(XShape(d).numel()), seed),
+                                 w = RandomUniform(static_cast<size_t>(WShape(d).numel()),
+                                                   seed + 1),
+                                 b = RandomUniform(static_cast<size_t>(d.k), seed + 2),
+                                 dy = RandomUniform(static_cast<size_t>(YShape(d).numel()),
+                                                    seed + 3);
+        const auto in = [&](const std::vector<float>& v, const Shape& s, bool nhwc) {
+          return ToDevice(be, nhwc ? ToNhwc(v, s) : v, s);
+        };
+        const auto out = [&](const Tensor& t, bool nhwc) {
+          return nhwc ? FromNhwc(ToHost(be, t), t.shape()) : ToHost(be, t);
+        };
+        auto plan = be.PrepareConv2d(d);
+        Tensor x_t = in(x, XShape(d), d.x_nhwc), dy_t = in(dy, YShape(d), d.y_nhwc);
+        Tensor w_t = ToDevice(be, w, WShape(d)), b_t = ToDevice(be, b, Shape{d.k});
+        Tensor y = be.Empty(YShape(d), DType::kF32, "y");
+        be.Conv2dForward(*plan, x_t, w_t, d.bias ? &b_t : nullptr, &y);
+        std::vector<double> ref_b = ToDouble(b), ref_y, ref_dx, ref_dw, ref_db;
+        ref::Conv2dForward(d, ToDouble(x), ToDouble(w), d.bias ? &ref_b : nullptr, &ref_y);
+        if (d.relu) {
+          for (double& v : ref_y) v = std::max(v, 0.0);
+        }
+        EXPECT_TRUE(AllClose(out(y, d.y_nhwc), ref_y, ForReduction(p, d.group_c() * d.r * d.s + 1)))
+            << "forward";
+        Tensor dx = be.Empty(XShape(d), DType::kF32, "dx");
+        Tensor dw = be.Empty(WShape(d), DType::kF32, "dw"), db = be.Empty({d.k}, DType::kF32, "db");
+        be.Conv2dBackward(*plan, x_t, dy_t, w_t, &dx, &dw, d.bias ? &db : nullptr, false);
+        ref::Conv2dBackwardData(d, ToDouble(dy), ToDouble(w), &ref_dx);
+        ref::Conv2dBackwardWeights(d, ToDouble(x), ToDouble(dy), &ref_dw,
+                                   d.bias ? &ref_db : nullptr, false);
+        EXPECT_TRUE(
+            AllClose(out(dx, d.x_nhwc), ref_dx, ForReduction(p, d.k / d.groups * d.r * d.s)))
+            << "backward data";
+        const Tolerance wt = ForReduction(p, d.n * d.out_h() * d.out_w());
+        EXPECT_TRUE(AllClose(ToHost(be, dw), ref_dw, wt)) << "backward weights";
+        if (d.bias) {
+          EXPECT_TRUE(AllClose(ToHost(be, db), ref_db, wt)) << "backward bias";
+        }
+      }
     }
   }
 }

@@ -2,7 +2,8 @@
 // Max and average pooling on every built backend against the double reference: forward (training
 // with workspace, inference without) and backward on odd sizes, padding, overlapping windows
 // (stride < kernel), global pooling, ceil mode and count_include_pad both ways. Max-pool inputs are
-// distinct, so there are no ties.
+// distinct, so there are no ties. Each case also channels-last (PoolDesc::nhwc) where the backend
+// prefers it.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -68,10 +69,17 @@ void CheckPool(Backend& be, const PoolDesc& d, uint32_t seed) {
   SCOPED_TRACE(d.ToString());
   const std::vector<float> x = Inputs(d, seed);
   const std::vector<float> dy = RandomUniform(static_cast<size_t>(YShape(d).numel()), seed + 1);
+  // Channels-last: the same values in NHWC order in, and out (read back in NCHW order).
+  const auto in = [&](const std::vector<float>& v, const Shape& s) {
+    return ToDevice(be, d.nhwc ? ToNhwc(v, s) : v, s);
+  };
+  const auto out = [&](const Tensor& t) {
+    return d.nhwc ? FromNhwc(ToHost(be, t), t.shape()) : ToHost(be, t);
+  };
   auto plan = be.PreparePool(d);
   Tensor ws = Workspace(be, *plan);
   Tensor* ws_ptr = ws.defined() ? &ws : nullptr;
-  Tensor x_t = ToDevice(be, x, XShape(d));
+  Tensor x_t = in(x, XShape(d));
   Tensor y = be.Empty(YShape(d), DType::kF32, "y");
   be.PoolForward(*plan, x_t, &y, ws_ptr);
 
@@ -79,20 +87,19 @@ void CheckPool(Backend& be, const PoolDesc& d, uint32_t seed) {
   ref::PoolForward(d, ToDouble(x), &ref_y);
   // Max pooling is exact; average pooling is a sum of kernel^2 terms.
   const Tolerance tol = ForReduction(Precision::kF32, d.kernel * d.kernel);
-  EXPECT_TRUE(AllClose(ToHost(be, y), ref_y, tol)) << "training forward";
+  EXPECT_TRUE(AllClose(out(y), ref_y, tol)) << "training forward";
 
   Tensor y_inf = be.Empty(YShape(d), DType::kF32, "y inference");
   be.PoolForward(*plan, x_t, &y_inf, nullptr);
-  EXPECT_TRUE(AllClose(ToHost(be, y_inf), ref_y, tol)) << "inference forward";
+  EXPECT_TRUE(AllClose(out(y_inf), ref_y, tol)) << "inference forward";
 
-  Tensor dy_t = ToDevice(be, dy, YShape(d));
+  Tensor dy_t = in(dy, YShape(d));
   Tensor dx = ToDevice(be, RandomUniform(static_cast<size_t>(XShape(d).numel()), 99), XShape(d));
   be.PoolBackward(*plan, dy_t, ws_ptr, &dx);
   ref::PoolBackward(d, ToDouble(x), ToDouble(dy), &ref_dx);
   // An input can receive gradient from up to ceil(kernel/stride)^2 windows.
   const int64_t fan = (d.kernel + d.stride - 1) / d.stride;
-  EXPECT_TRUE(AllClose(ToHost(be, dx), ref_dx, ForReduction(Precision::kF32, fan * fan)))
-      << "backward";
+  EXPECT_TRUE(AllClose(out(dx), ref_dx, ForReduction(Precision::kF32, fan * fan))) << "backward";
 }
 
 class PoolTest : public BackendTest {
@@ -100,13 +107,16 @@ class PoolTest : public BackendTest {
   void RunAll(PoolKind kind) {
     std::string unsupported;
     uint32_t seed = 3000;
-    for (const PoolDesc& d : Cases(kind)) {
+    for (PoolDesc d : Cases(kind)) {
       seed += 10;
-      if (!backend().Supports(d)) {
-        unsupported += " [" + d.ToString() + "]";
-        continue;
+      for (const bool nhwc : {false, true}) {  // channels-last where the backend runs it
+        d.nhwc = nhwc;
+        if (!backend().Supports(d)) {
+          if (!nhwc || backend().PrefersChannelsLast()) unsupported += " [" + d.ToString() + "]";
+          continue;
+        }
+        CheckPool(backend(), d, seed);
       }
-      CheckPool(backend(), d, seed);
     }
     if (!unsupported.empty()) GTEST_SKIP() << backend().name() << ": unsupported" << unsupported;
   }

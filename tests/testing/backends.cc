@@ -87,6 +87,34 @@ double ScalarToHost(Backend& be, const Tensor& t) {
 std::vector<double> ToDouble(const std::vector<float>& v) { return {v.begin(), v.end()}; }
 
 // ---------------------------------------------------------------------------------------------
+std::vector<float> ToNhwc(const std::vector<float>& nchw, const Shape& s) {
+  const int64_t c = s[1], hw = s[2] * s[3];
+  std::vector<float> out(nchw.size());
+  for (int64_t i = 0; i < s[0]; ++i) {
+    for (int64_t j = 0; j < c; ++j) {
+      for (int64_t p = 0; p < hw; ++p) {
+        out[static_cast<size_t>((i * hw + p) * c + j)] =
+            nchw[static_cast<size_t>((i * c + j) * hw + p)];
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<float> FromNhwc(const std::vector<float>& nhwc, const Shape& s) {
+  const int64_t c = s[1], hw = s[2] * s[3];
+  std::vector<float> out(nhwc.size());
+  for (int64_t i = 0; i < s[0]; ++i) {
+    for (int64_t j = 0; j < c; ++j) {
+      for (int64_t p = 0; p < hw; ++p) {
+        out[static_cast<size_t>((i * c + j) * hw + p)] =
+            nhwc[static_cast<size_t>((i * hw + p) * c + j)];
+      }
+    }
+  }
+  return out;
+}
+
 // random data
 
 std::vector<float> RandomUniform(size_t n, uint32_t seed, float lo, float hi) {

@@ -71,6 +71,10 @@ std::vector<float> ToHost(Backend& be, const Tensor& t);
 // A 1-element tensor's value (f32 or i32) as double.
 double ScalarToHost(Backend& be, const Tensor& t);
 std::vector<double> ToDouble(const std::vector<float>& v);
+// Values of an (N, C, H, W) tensor from NCHW order to channels-last (NHWC) order, and back: the
+// inputs and outputs of the ops' nhwc variants (Conv2dDesc::x_nhwc) next to the NCHW reference.
+std::vector<float> ToNhwc(const std::vector<float>& nchw, const Shape& s);
+std::vector<float> FromNhwc(const std::vector<float>& nhwc, const Shape& s);
 
 // ---- fixed-seed random data (std::mt19937; the same on every run and platform) ----
 // Uniform in [lo, hi], f32.

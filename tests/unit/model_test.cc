@@ -6,13 +6,19 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <map>
+#include <memory>
 #include <ostream>
 
 #include "core/backend_registry.h"
 #include "core/error.h"
+#include "models/layers/conv2d.h"
+#include "models/layers/flatten.h"
 #include "models/layers/join.h"
 #include "models/layers/linear.h"
+#include "models/layers/pool.h"
 #include "models/layers/relu.h"
 #include "models/zoo/zoo.h"
 #include "tests/testing/backends.h"
@@ -241,6 +247,102 @@ INSTANTIATE_TEST_SUITE_P(
                                    16 * 32 * 32 + 32 * 16 * 16 + 64 * 8 * 8},  // after the sums
                       FoldCase{"ref_cnn", Shape{1, 28, 28}, 2, 32 * 28 * 28 + 64 * 14 * 14}),
     [](const ::testing::TestParamInfo<FoldCase>& p) { return std::string(p.param.model); });
+
+// Channels-last activations (Graph::set_channels_last, on where the backend prefers them: the
+// CPU backend) change no number beyond the rounding of a different summation order: two
+// training steps' outputs, gradients and buffers, and an evaluation, against all-NCHW.
+struct LayoutCase {
+  const char* model;
+  Shape sample;
+  std::vector<std::string> nhwc;  // nodes whose output is NHWC
+  std::vector<std::string> nchw;  // and some that stay NCHW
+};
+
+std::unique_ptr<Graph> BuildLayoutModel(Backend& be, const std::string& name) {
+  if (name != "broadcast_add") return BuildZooModel(be, name, 10);
+  // A sum broadcasting a global pool's (N, C, 1, 1) over its input refuses NHWC at Setup: the
+  // graph plans again with it (and so the convolution feeding it) on NCHW.
+  auto g = std::make_unique<Graph>(be);
+  g->Add(std::make_unique<Conv2d>(be, "conv", 8, 3, 1, 1, true));
+  g->Add(std::make_unique<Pool2d>(be, "pool", PoolKind::kAvg, 0, 0, 0));
+  g->Add(std::make_unique<Add>(be, "sum"), {0, 1});
+  g->Add(std::make_unique<Conv2d>(be, "conv2", 8, 3, 2, 1, false));
+  g->Add(std::make_unique<Pool2d>(be, "pool2", PoolKind::kAvg, 0, 0, 0));
+  g->Add(std::make_unique<Flatten>(be, "flat"));
+  g->Add(std::make_unique<Linear>(be, "fc", 10, true));
+  return g;
+}
+
+class ChannelsLastTest : public ::testing::TestWithParam<LayoutCase> {};
+
+TEST_P(ChannelsLastTest, ChangesNoNumberBeyondRounding) {
+  const LayoutCase& lc = GetParam();
+  Backend& be = GetBackend("cpu");
+  ASSERT_TRUE(be.PrefersChannelsLast());
+  const int64_t n = 4;
+  std::vector<int64_t> dims{n};
+  dims.insert(dims.end(), lc.sample.dims().begin(), lc.sample.dims().end());
+  const Shape batch(dims);
+  const auto train = [&](bool channels_last, std::map<std::string, bool>* layout) {
+    auto net = BuildLayoutModel(be, lc.model);
+    net->set_channels_last(channels_last);
+    Model m(be, std::move(net), lc.sample);
+    m.Setup(n, Precision::kF32);
+    m.InitParams(1);
+    for (size_t i = 0; i < m.net().size(); ++i) {
+      const std::string& name = m.net().node_name(i);
+      (*layout)[name.empty() ? m.net().layer(i).type() + " #" + std::to_string(i) : name] =
+          m.net().output_nhwc(i);
+    }
+    std::vector<std::vector<float>> seen;
+    ForwardContext ctx;
+    ctx.training = true;
+    for (int step = 0; step < 2; ++step) {
+      Tensor x = testing::ToDevice(
+          be, testing::RandomUniform(static_cast<size_t>(batch.numel()), 10 + step), batch);
+      const Tensor& y = m.Forward(x, ctx);
+      seen.push_back(testing::ToHost(be, y));
+      Tensor dy = testing::ToDevice(
+          be, testing::RandomUniform(static_cast<size_t>(y.numel()), 20 + step), y.shape());
+      m.Backward(dy, false);
+      for (const auto& g : m.named_grads()) seen.push_back(testing::ToHost(be, g.tensor));
+    }
+    for (const auto& b : m.named_buffers()) seen.push_back(testing::ToHost(be, b.tensor));
+    ctx.training = false;
+    Tensor x = testing::ToDevice(be, testing::RandomUniform(static_cast<size_t>(batch.numel()), 30),
+                                 batch);
+    seen.push_back(testing::ToHost(be, m.Forward(x, ctx)));
+    return seen;
+  };
+  std::map<std::string, bool> off, on;
+  const auto want = train(false, &off);
+  const auto got = train(true, &on);
+  for (const auto& [name, nhwc] : off) EXPECT_FALSE(nhwc) << name;
+  for (const auto& name : lc.nhwc) EXPECT_TRUE(on.at(name)) << name;
+  for (const auto& name : lc.nchw) EXPECT_FALSE(on.at(name)) << name;
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t t = 0; t < want.size(); ++t) {
+    ASSERT_EQ(got[t].size(), want[t].size());
+    float scale = 0.f;
+    for (float v : want[t]) scale = std::max(scale, std::abs(v));
+    for (size_t i = 0; i < want[t].size(); ++i) {
+      ASSERT_NEAR(got[t][i], want[t][i], 1e-4f * std::max(scale, 1.f))
+          << "tensor " << t << " element " << i;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Zoo, ChannelsLastTest,
+    ::testing::Values(
+        LayoutCase{"resnet8",
+                   Shape{3, 32, 32},
+                   {"conv1", "bn1", "layer1.0.conv1", "layer2.0.shortcut.1", "layer3.0.add"},
+                   {"avgpool", "fc"}},
+        // conv2's readers end at a flatten of 7 x 7: it writes NCHW, from an NHWC input.
+        LayoutCase{"ref_cnn", Shape{1, 28, 28}, {"conv1", "maxpool #2"}, {"conv2", "fc1"}},
+        LayoutCase{"broadcast_add", Shape{3, 8, 8}, {"conv2"}, {"conv", "pool", "sum", "fc"}}),
+    [](const ::testing::TestParamInfo<LayoutCase>& p) { return std::string(p.param.model); });
 
 TEST(ModelTest, CifarNetComputesFlattenSizeFromInput) {
   Backend& be = GetBackend("cpu");
