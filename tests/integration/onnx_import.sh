@@ -82,6 +82,21 @@ for MODEL in "${MODELS[@]}"; do
     "$PY" "$ORACLE" load "$MODEL" "$D" "$D/run2/checkpoints/ckpt-00000001.h5"
 done
 
+# model.channels_last (CPU): the same step with NHWC activations, against the larger of
+# PyTorch's NCHW and channels_last float32 errors. Not resnet50: its layer4.1 (a ReLU boundary
+# at 16 values per channel) lands at 2.3x that allowance (PyTorch's own channels_last step is
+# 10x further from float64 there than its NCHW one); model.channels_last is off by default.
+if [[ $DEVICE == cpu ]]; then
+  for MODEL in resnet18 mobilenet_v2 mobilenet_v3_small vgg11_bn squeezenet1_1 ops; do
+    D=$TMP/$MODEL
+    CASE="$MODEL: one SGD step with model.channels_last = true"
+    expect_ok -- "$DPTRAIN" train --config "$D/run.toml" --set model.channels_last=true \
+      --set "run_dir=$D/run_cl"
+    check "$MODEL, channels-last: parameters and buffers equal PyTorch's" \
+      "$PY" "$ORACLE" compare "$MODEL" "$D" "$D/run_cl/checkpoints/ckpt-00000001.h5" channels_last
+  done
+fi
+
 D=$TMP/recipe
 mkdir -p "$D"
 check "ops: PyTorch's step with label_smoothing=0.1, clip_grad_norm_(0.5), weight decay 0.01 but on biases and batch norm" \

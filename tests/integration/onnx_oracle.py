@@ -8,11 +8,13 @@
 #       label_smoothing=SMOOTHING, gradients clipped by clip_grad_norm_(CLIP) when CLIP > 0,
 #       weight decay WD on every parameter but biases and batch-norm ones, and with LARS_ETA > 0
 #       LARS's per-tensor trust ratio on those)
-#       from the file's own initializers in DIR/after.pt, taken by PyTorch in float32 and in
-#       float64.
-#   onnx_oracle.py compare MODEL DIR CKPT   every parameter of the dptrain checkpoint equals
-#       PyTorch's step to 1e-3 of the update's size, every batch-norm buffer to 1e-4, and the
-#       checkpoint loads into torchvision's MODEL with strict=True.
+#       from the file's own initializers in DIR/after.pt, taken by PyTorch in float32 (NCHW and
+#       channels_last) and in float64.
+#   onnx_oracle.py compare MODEL DIR CKPT [channels_last]   every parameter of the dptrain
+#       checkpoint equals PyTorch's step to 1e-3 of the update's size, every batch-norm buffer to
+#       1e-4, and the checkpoint loads into torchvision's MODEL with strict=True. With
+#       channels_last (a run with model.channels_last = true), PyTorch's own float32 error below
+#       is the larger of its NCHW and its channels_last step's.
 #
 # "PyTorch's step" is its float64 step: the exact answer both float32 programs approximate. At
 # 32x32 the last stages of the deeper models see 1x1 maps, where batch norm over 16 values
@@ -116,10 +118,13 @@ def export(name, out, smoothing=0.0, clip=0.0, wd=0.0, lars_eta=0.0):
         f["labels"] = y.numpy().astype(np.int32)
         f.attrs["classes"] = 10
     steps = {}
-    for dtype in (torch.float32, torch.float64):
-        m = from_onnx(name, f"{out}/model.onnx").to(dtype).train()
+    for key, dtype, fmt in (("f32", torch.float32, torch.contiguous_format),
+                            ("f32cl", torch.float32, torch.channels_last),
+                            ("f64", torch.float64, torch.contiguous_format)):
+        m = from_onnx(name, f"{out}/model.onnx").to(dtype).to(memory_format=fmt).train()
         before = {k: v.clone().float() for k, v in m.state_dict().items()}
-        loss = F.cross_entropy(m(x.to(dtype)), y, label_smoothing=smoothing)
+        loss = F.cross_entropy(m(x.to(dtype).contiguous(memory_format=fmt)), y,
+                               label_smoothing=smoothing)
         loss.backward()
         if clip > 0:
             norm = torch.nn.utils.clip_grad_norm_(m.parameters(), clip)
@@ -138,9 +143,9 @@ def export(name, out, smoothing=0.0, clip=0.0, wd=0.0, lars_eta=0.0):
                     if wn > 0 and gn > 0:
                         trust = lars_eta * wn / (gn + wd * wn + 1e-8)
                 p -= LR * trust * (p.grad + decay * p)
-        steps[dtype] = {k: v.clone() for k, v in m.state_dict().items()}
-    torch.save({"before": before, "after32": steps[torch.float32],
-                "after64": steps[torch.float64]}, f"{out}/after.pt")
+        steps[key] = {k: v.clone().contiguous() for k, v in m.state_dict().items()}
+    torch.save({"before": before, "after32": steps["f32"], "after32cl": steps["f32cl"],
+                "after64": steps["f64"]}, f"{out}/after.pt")
 
 
 def fuse_pad(src, dst):
@@ -159,9 +164,10 @@ def fuse_pad(src, dst):
     onnx.save(m, dst)
 
 
-def compare(name, out, ckpt):
+def compare(name, out, ckpt, layout="nchw"):
     ref = torch.load(f"{out}/after.pt")
-    before, after, after32 = ref["before"], ref["after64"], ref["after32"]
+    before, after = ref["before"], ref["after64"]
+    after32 = [ref["after32"]] + ([ref["after32cl"]] if layout == "channels_last" else [])
     params = {n for n, _ in build(name).named_parameters()}
     state = {}
     with h5py.File(ckpt, "r") as f:
@@ -177,7 +183,7 @@ def compare(name, out, ckpt):
             continue
         got = state[k].reshape(want.shape).to(want.dtype)
         err = (got - want).abs().max().item()
-        torch_err = (after32[k].to(want.dtype) - want).abs().max().item()
+        torch_err = max((a[k].to(want.dtype) - want).abs().max().item() for a in after32)
         if k in params:
             # A tensor with (almost) no update of its own, such as the bias of a batch norm that
             # the next batch norm cancels (exactly zero gradient), has only rounding noise to
@@ -266,4 +272,4 @@ if __name__ == "__main__":
     elif sys.argv[1] == "close":
         close(sys.argv[2], sys.argv[3], sys.argv[4])
     else:
-        compare(sys.argv[2], sys.argv[3], sys.argv[4])
+        compare(*sys.argv[2:6])
