@@ -71,8 +71,12 @@ class EquivalenceTest : public ::testing::Test {
   }
 };
 
-TEST_F(EquivalenceTest, OneTwoFourRanksGiveTheSameParameters) {
-  const TrainConfig cfg = Config(30);
+// The same with model.channels_last (NHWC activations between conv1, its pool and conv2).
+class EquivalenceLayoutTest : public EquivalenceTest, public ::testing::WithParamInterface<bool> {};
+
+TEST_P(EquivalenceLayoutTest, OneTwoFourRanksGiveTheSameParameters) {
+  TrainConfig cfg = Config(30);
+  cfg.model.channels_last = GetParam();
   const Params p1 = RunOn(1, cfg);
   const Params p2 = RunOn(2, cfg);
   const Params p4 = RunOn(4, cfg);
@@ -90,6 +94,11 @@ TEST_F(EquivalenceTest, OneTwoFourRanksGiveTheSameParameters) {
   ASSERT_TRUE(AllRanksOk(WorldComm(), ok))
       << "2 ranks: " << r2 << " at " << w2 << "; 4 ranks: " << r4 << " at " << w4;
 }
+
+INSTANTIATE_TEST_SUITE_P(Layouts, EquivalenceLayoutTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& p) {
+                           return p.param ? "ChannelsLast" : "Nchw";
+                         });
 
 TEST_F(EquivalenceTest, AccumulationMatchesTheFullBatch) {
   // 2 ranks x (2 micro-steps of 16) == 1 rank x 64.
