@@ -167,11 +167,12 @@ inline void RowGradInput(const float* g, const float* y, const float* x, float* 
   }
 }
 
-// Both backward passes over rows [r0, r1): the sums into s, sx (pass 0) or dx (pass 1).
+// Both backward passes over rows [r0, r1): the sums into s, sx (pass 0) or dx (pass 1). Inlined
+// into the vectorised entry points below, one per case.
 template <bool kGated>
-DPT_SIMD_CLONES void RowsGrad(int pass, const float* g, const float* y, const float* x, float* dx,
-                              int64_t r0, int64_t r1, int64_t c, const NhwcGradTerms& t, double* s,
-                              double* sx) {
+inline void RowsGrad(int pass, const float* g, const float* y, const float* x, float* dx,
+                     int64_t r0, int64_t r1, int64_t c, const NhwcGradTerms& t, double* s,
+                     double* sx) {
   for (int64_t r = r0; r < r1; ++r) {
     const int64_t o = r * c;
     if (pass == 0) {
@@ -180,6 +181,16 @@ DPT_SIMD_CLONES void RowsGrad(int pass, const float* g, const float* y, const fl
       RowGradInput<kGated>(g + o, kGated ? y + o : nullptr, x + o, dx + o, c, t);
     }
   }
+}
+DPT_SIMD_CLONES void RowsGradPlain(int pass, const float* g, const float* x, float* dx, int64_t r0,
+                                   int64_t r1, int64_t c, const NhwcGradTerms& t, double* s,
+                                   double* sx) {
+  RowsGrad<false>(pass, g, nullptr, x, dx, r0, r1, c, t, s, sx);
+}
+DPT_SIMD_CLONES void RowsGradGated(int pass, const float* g, const float* y, const float* x,
+                                   float* dx, int64_t r0, int64_t r1, int64_t c,
+                                   const NhwcGradTerms& t, double* s, double* sx) {
+  RowsGrad<true>(pass, g, y, x, dx, r0, r1, c, t, s, sx);
 }
 
 void BatchNormTrainingNhwc(const BatchNormArgs& a, int64_t m, int64_t c, const float* in,
@@ -254,9 +265,9 @@ void BatchNormBackwardNhwc(int64_t m, int64_t c, const float* x, const float* g,
       const int64_t r0 = k * b.rows, r1 = std::min(m, (k + 1) * b.rows);
       double* s = part.data() + 2 * k * c;
       if (ry != nullptr) {
-        RowsGrad<true>(pass, g, ry, x, dx, r0, r1, c, t, s, s + c);
+        RowsGradGated(pass, g, ry, x, dx, r0, r1, c, t, s, s + c);
       } else {
-        RowsGrad<false>(pass, g, ry, x, dx, r0, r1, c, t, s, s + c);
+        RowsGradPlain(pass, g, x, dx, r0, r1, c, t, s, s + c);
       }
     }
     if (pass == 1) break;
