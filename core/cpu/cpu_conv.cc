@@ -52,14 +52,17 @@ std::shared_ptr<OpPlan> CpuBackend::PrepareConv2d(const Conv2dDesc& d) {
   const memory::desc w_any(ws, ct, Tag::any), dw_any(ws, Dt::f32, Tag::any);
   const auto alg = dnnl::algorithm::convolution_direct;
   const auto attr = MakeAttr();
+  // The results (y, dx) come out in f32 whatever the precision: a bf16 convolution writes its
+  // f32 accumulators without rounding them to bf16, and no conversion pass follows.
   const auto plan = [&](Tag act) {
-    const memory::desc x_in(xs, ct, act), y_in(ys, ct, act);
+    const memory::desc x_in(xs, ct, act), y_in(ys, ct, act), x_out(xs, Dt::f32, act),
+        y_out(ys, Dt::f32, act);
     auto fwd = DPT_DNNL(dnnl::convolution_forward::primitive_desc(
         dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, alg, x_in, w_any,
-                                        p->b_md, y_in, strides, dilates, pad, pad),
+                                        p->b_md, y_out, strides, dilates, pad, pad),
         fwd_attr, eng));
     auto data = DPT_DNNL(dnnl::convolution_backward_data::primitive_desc(
-        dnnl::convolution_backward_data::desc(alg, x_in, w_any, y_in, strides, dilates, pad, pad),
+        dnnl::convolution_backward_data::desc(alg, x_out, w_any, y_in, strides, dilates, pad, pad),
         attr, eng, fwd));
     auto weights = DPT_DNNL(dnnl::convolution_backward_weights::primitive_desc(
         dnnl::convolution_backward_weights::desc(alg, x_in, dw_any, p->b_md, y_in, strides, dilates,
