@@ -87,32 +87,30 @@ double ScalarToHost(Backend& be, const Tensor& t) {
 std::vector<double> ToDouble(const std::vector<float>& v) { return {v.begin(), v.end()}; }
 
 // ---------------------------------------------------------------------------------------------
-std::vector<float> ToNhwc(const std::vector<float>& nchw, const Shape& s) {
+namespace {
+// (N, C, H, W) values between NCHW and NHWC order, either way.
+std::vector<float> Transpose(const std::vector<float>& from, const Shape& s, bool to_nhwc) {
   const int64_t c = s[1], hw = s[2] * s[3];
-  std::vector<float> out(nchw.size());
+  std::vector<float> out(from.size());
   for (int64_t i = 0; i < s[0]; ++i) {
     for (int64_t j = 0; j < c; ++j) {
       for (int64_t p = 0; p < hw; ++p) {
-        out[static_cast<size_t>((i * hw + p) * c + j)] =
-            nchw[static_cast<size_t>((i * c + j) * hw + p)];
+        const auto nchw = static_cast<size_t>((i * c + j) * hw + p);
+        const auto nhwc = static_cast<size_t>((i * hw + p) * c + j);
+        out[to_nhwc ? nhwc : nchw] = from[to_nhwc ? nchw : nhwc];
       }
     }
   }
   return out;
 }
+}  // namespace
+
+std::vector<float> ToNhwc(const std::vector<float>& nchw, const Shape& s) {
+  return Transpose(nchw, s, true);
+}
 
 std::vector<float> FromNhwc(const std::vector<float>& nhwc, const Shape& s) {
-  const int64_t c = s[1], hw = s[2] * s[3];
-  std::vector<float> out(nhwc.size());
-  for (int64_t i = 0; i < s[0]; ++i) {
-    for (int64_t j = 0; j < c; ++j) {
-      for (int64_t p = 0; p < hw; ++p) {
-        out[static_cast<size_t>((i * c + j) * hw + p)] =
-            nhwc[static_cast<size_t>((i * hw + p) * c + j)];
-      }
-    }
-  }
-  return out;
+  return Transpose(nhwc, s, false);
 }
 
 // random data

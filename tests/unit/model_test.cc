@@ -189,6 +189,30 @@ struct FoldCase {
 };
 void PrintTo(const FoldCase& c, std::ostream* os) { *os << c.model; }
 
+// Two training steps (random inputs, backward from a random dy) and an evaluation forward on
+// `m`, set up for `batch`: each output, every parameter gradient after each step, the buffers.
+std::vector<std::vector<float>> TwoStepsAndEval(Backend& be, Model& m, const Shape& batch) {
+  std::vector<std::vector<float>> seen;
+  ForwardContext ctx;
+  ctx.training = true;
+  for (int step = 0; step < 2; ++step) {
+    Tensor x = testing::ToDevice(
+        be, testing::RandomUniform(static_cast<size_t>(batch.numel()), 10 + step), batch);
+    const Tensor& y = m.Forward(x, ctx);
+    seen.push_back(testing::ToHost(be, y));
+    Tensor dy = testing::ToDevice(
+        be, testing::RandomUniform(static_cast<size_t>(y.numel()), 20 + step), y.shape());
+    m.Backward(dy, false);
+    for (const auto& g : m.named_grads()) seen.push_back(testing::ToHost(be, g.tensor));
+  }
+  for (const auto& b : m.named_buffers()) seen.push_back(testing::ToHost(be, b.tensor));
+  ctx.training = false;
+  Tensor x =
+      testing::ToDevice(be, testing::RandomUniform(static_cast<size_t>(batch.numel()), 30), batch);
+  seen.push_back(testing::ToHost(be, m.Forward(x, ctx)));
+  return seen;
+}
+
 class FoldingTest : public ::testing::TestWithParam<FoldCase> {};
 
 TEST_P(FoldingTest, FoldingReluChangesNoNumber) {
@@ -210,25 +234,7 @@ TEST_P(FoldingTest, FoldingReluChangesNoNumber) {
       *folded += relu != nullptr && relu->folded();
     }
     *activation_bytes = m.net().ActivationBytesPerSample();
-    std::vector<std::vector<float>> seen;
-    ForwardContext ctx;
-    ctx.training = true;
-    for (int step = 0; step < 2; ++step) {
-      Tensor x = testing::ToDevice(
-          be, testing::RandomUniform(static_cast<size_t>(batch.numel()), 10 + step), batch);
-      const Tensor& y = m.Forward(x, ctx);
-      seen.push_back(testing::ToHost(be, y));
-      Tensor dy = testing::ToDevice(
-          be, testing::RandomUniform(static_cast<size_t>(y.numel()), 20 + step), y.shape());
-      m.Backward(dy, false);
-      for (const auto& g : m.named_grads()) seen.push_back(testing::ToHost(be, g.tensor));
-    }
-    for (const auto& b : m.named_buffers()) seen.push_back(testing::ToHost(be, b.tensor));
-    ctx.training = false;
-    Tensor x = testing::ToDevice(be, testing::RandomUniform(static_cast<size_t>(batch.numel()), 30),
-                                 batch);
-    seen.push_back(testing::ToHost(be, m.Forward(x, ctx)));
-    return seen;
+    return TwoStepsAndEval(be, m, batch);
   };
   int folded = 0, unfolded = 0;
   int64_t bytes_folded = 0, bytes_unfolded = 0;
@@ -294,25 +300,7 @@ TEST_P(ChannelsLastTest, ChangesNoNumberBeyondRounding) {
       (*layout)[name.empty() ? m.net().layer(i).type() + " #" + std::to_string(i) : name] =
           m.net().output_nhwc(i);
     }
-    std::vector<std::vector<float>> seen;
-    ForwardContext ctx;
-    ctx.training = true;
-    for (int step = 0; step < 2; ++step) {
-      Tensor x = testing::ToDevice(
-          be, testing::RandomUniform(static_cast<size_t>(batch.numel()), 10 + step), batch);
-      const Tensor& y = m.Forward(x, ctx);
-      seen.push_back(testing::ToHost(be, y));
-      Tensor dy = testing::ToDevice(
-          be, testing::RandomUniform(static_cast<size_t>(y.numel()), 20 + step), y.shape());
-      m.Backward(dy, false);
-      for (const auto& g : m.named_grads()) seen.push_back(testing::ToHost(be, g.tensor));
-    }
-    for (const auto& b : m.named_buffers()) seen.push_back(testing::ToHost(be, b.tensor));
-    ctx.training = false;
-    Tensor x = testing::ToDevice(be, testing::RandomUniform(static_cast<size_t>(batch.numel()), 30),
-                                 batch);
-    seen.push_back(testing::ToHost(be, m.Forward(x, ctx)));
-    return seen;
+    return TwoStepsAndEval(be, m, batch);
   };
   std::map<std::string, bool> off, on;
   const auto want = train(false, &off);
