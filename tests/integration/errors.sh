@@ -113,15 +113,15 @@ both "out of memory under memory.limit (report + advice)" 4 \
 CASE="out of memory: the advice names a train.accumulate that fits [2 ranks]"
 expect_fail 4 "should fit (estimate of \`dptrain plan --config $BASE --ranks 2\`): set train.accumulate = " \
   -- "${MPI2[@]}" "$DPTRAIN" train --config "$BASE" --set train.global_batch=64 \
-  --set memory.limit=32MiB
+  --set memory.limit=20MiB
 check "  ... the report names the layer being set up" grep -qF "(layer " "$TMP/last.err"
 ACC=$(grep -o 'set train.accumulate = [0-9]*' "$TMP/last.err" | head -n 1 | grep -o '[0-9]*$')
 CASE="  ... and following it (train.accumulate = ${ACC:-?}) trains within the same limit [2 ranks]"
 expect_ok -- "${MPI2[@]}" "$DPTRAIN" train --config "$BASE" --set train.global_batch=64 \
-  --set memory.limit=32MiB --set "train.accumulate=${ACC:-0}" --set "run_dir=$TMP/run-advice"
+  --set memory.limit=20MiB --set "train.accumulate=${ACC:-0}" --set "run_dir=$TMP/run-advice"
 # dist.shard (docs/memory.md): when optimizer state is the largest item, the advice says to shard
 # it, and following it trains within the same limit.
-SHARD_OOM=(--set train.optimizer=adamw --set train.global_batch=2 --set memory.limit=9MiB)
+SHARD_OOM=(--set train.optimizer=adamw --set train.global_batch=2 --set memory.limit=8.5MiB)
 CASE="out of memory with AdamW state the largest item: the advice names dist.shard [2 ranks]"
 expect_fail 4 'or set dist.shard = "optimizer" (optimizer state is the largest item, 3.22 MiB per rank; sharded over 2 ranks 1.61 MiB)' \
   -- "${MPI2[@]}" "$DPTRAIN" train --config "$BASE" "${SHARD_OOM[@]}"

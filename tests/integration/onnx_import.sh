@@ -62,6 +62,14 @@ device = "$DEVICE"
 TOML
 }
 
+# On CPU the default step runs channels-last (model.channels_last): it is held to the larger of
+# PyTorch's NCHW and channels_last float32 errors, and the NCHW step below to PyTorch's NCHW one.
+# resnet50 is compared in NCHW only: one ReLU gate of its layer4.1 output (sample 1, channel
+# 443) sees 1.5e-4 in PyTorch's float64 step and 5.5e-5 / 7.6e-5 in its two float32 ones, so
+# any float32 sum order may close it; dptrain's channels-last order does (all of its difference
+# then sits in conv3's output channel 443, at 1.15x the allowance). That checkpoint must load.
+LAYOUT=nchw
+if [[ $DEVICE == cpu ]]; then LAYOUT=channels_last; fi
 MODELS=(resnet18 resnet50 mobilenet_v2 mobilenet_v3_small vgg11_bn squeezenet1_1 ops)
 for MODEL in "${MODELS[@]}"; do
   D=$TMP/$MODEL
@@ -71,8 +79,20 @@ for MODEL in "${MODELS[@]}"; do
   config "$D"
   CASE="$MODEL: one SGD step in dptrain, 1 process"
   expect_ok -- "$DPTRAIN" train --config "$D/run.toml"
-  check "$MODEL, 1 process: parameters and buffers equal PyTorch's; strict=True load" \
-    "$PY" "$ORACLE" compare "$MODEL" "$D" "$D/run/checkpoints/ckpt-00000001.h5"
+  if [[ $MODEL == resnet50 && $LAYOUT == channels_last ]]; then
+    check "$MODEL, 1 process, channels-last: the checkpoint loads with strict=True" \
+      "$PY" "$ORACLE" load "$MODEL" "$D" "$D/run/checkpoints/ckpt-00000001.h5"
+  else
+    check "$MODEL, 1 process: parameters and buffers equal PyTorch's; strict=True load" \
+      "$PY" "$ORACLE" compare "$MODEL" "$D" "$D/run/checkpoints/ckpt-00000001.h5" "$LAYOUT"
+  fi
+  if [[ $DEVICE == cpu ]]; then
+    CASE="$MODEL: one SGD step with model.channels_last = false (NCHW)"
+    expect_ok -- "$DPTRAIN" train --config "$D/run.toml" --set model.channels_last=false \
+      --set "run_dir=$D/run_nchw"
+    check "$MODEL, NCHW: parameters and buffers equal PyTorch's" \
+      "$PY" "$ORACLE" compare "$MODEL" "$D" "$D/run_nchw/checkpoints/ckpt-00000001.h5"
+  fi
   # On 2 ranks batch norm normalises each rank's 8 samples by their own statistics (as DDP
   # does), so the step differs from the 16-sample one; the checkpoint must still load.
   two_ranks || continue
@@ -81,21 +101,6 @@ for MODEL in "${MODELS[@]}"; do
   check "$MODEL, 2 ranks: the checkpoint loads with strict=True" \
     "$PY" "$ORACLE" load "$MODEL" "$D" "$D/run2/checkpoints/ckpt-00000001.h5"
 done
-
-# model.channels_last (CPU): the same step with NHWC activations, against the larger of
-# PyTorch's NCHW and channels_last float32 errors. Not resnet50: its layer4.1 (a ReLU boundary
-# at 16 values per channel) lands at 2.3x that allowance (PyTorch's own channels_last step is
-# 10x further from float64 there than its NCHW one); model.channels_last is off by default.
-if [[ $DEVICE == cpu ]]; then
-  for MODEL in resnet18 mobilenet_v2 mobilenet_v3_small vgg11_bn squeezenet1_1 ops; do
-    D=$TMP/$MODEL
-    CASE="$MODEL: one SGD step with model.channels_last = true"
-    expect_ok -- "$DPTRAIN" train --config "$D/run.toml" --set model.channels_last=true \
-      --set "run_dir=$D/run_cl"
-    check "$MODEL, channels-last: parameters and buffers equal PyTorch's" \
-      "$PY" "$ORACLE" compare "$MODEL" "$D" "$D/run_cl/checkpoints/ckpt-00000001.h5" channels_last
-  done
-fi
 
 D=$TMP/recipe
 mkdir -p "$D"
@@ -107,7 +112,7 @@ expect_ok -- "$DPTRAIN" train --config "$D/run.toml" --set train.label_smoothing
   --set train.clip_grad_norm=0.5 --set train.weight_decay=0.01 \
   --set 'train.no_weight_decay=["bias", "bn"]'
 check "ops, the recipe knobs: parameters and buffers equal PyTorch's" \
-  "$PY" "$ORACLE" compare ops "$D" "$D/run/checkpoints/ckpt-00000001.h5"
+  "$PY" "$ORACLE" compare ops "$D" "$D/run/checkpoints/ckpt-00000001.h5" "$LAYOUT"
 D=$TMP/lars
 mkdir -p "$D"
 check "ops: PyTorch's LARS step (eta 0.02, weight decay 0.01, biases and batch norm excluded)" \
@@ -118,14 +123,14 @@ expect_ok -- "$DPTRAIN" train --config "$D/run.toml" --set train.optimizer=lars 
   --set train.lars_eta=0.02 --set train.weight_decay=0.01 \
   --set 'train.no_weight_decay=["bias", "bn"]'
 check "ops, LARS: parameters and buffers equal PyTorch's" \
-  "$PY" "$ORACLE" compare ops "$D" "$D/run/checkpoints/ckpt-00000001.h5"
+  "$PY" "$ORACLE" compare ops "$D" "$D/run/checkpoints/ckpt-00000001.h5" "$LAYOUT"
 
 D=$TMP/ops
 CASE="ops with the padding merged into the conv (pads 0, 1, 2, 1): the same step"
 expect_ok -- "$DPTRAIN" train --config "$D/run.toml" --set "model.onnx=$D/model_fused.onnx" \
   --set "run_dir=$D/run_fused"
 check "ops, uneven conv pads: parameters and buffers equal PyTorch's" \
-  "$PY" "$ORACLE" compare ops "$D" "$D/run_fused/checkpoints/ckpt-00000001.h5"
+  "$PY" "$ORACLE" compare ops "$D" "$D/run_fused/checkpoints/ckpt-00000001.h5" "$LAYOUT"
 
 echo "== resnet18: PyTorch's weights in (checkpoint.init, dptrain eval), bf16 and fp16, resume"
 D=$TMP/resnet18
@@ -194,8 +199,8 @@ if [[ $DEVICE == cpu ]]; then  # the limit is set from the CPU backend's measure
   CASE="resnet18 at micro-batch 16: its peak memory"
   expect_ok -- "$DPTRAIN" train --config "$D/run.toml" --set "run_dir=$D/peak"
   PEAK=$(sed -n 's/^memory: peak per rank \([0-9.]*\) MiB (min).*/\1/p' "$TMP/last.out")
-  LIMIT=$(awk -v p="${PEAK:-0}" 'BEGIN { printf "%d", p - 8 }')
-  CASE="memory.auto_microbatch under memory.limit = ${LIMIT}MiB (8 MiB under that peak)"
+  LIMIT=$(awk -v p="${PEAK:-0}" 'BEGIN { printf "%d", p - 4 }')
+  CASE="memory.auto_microbatch under memory.limit = ${LIMIT}MiB (4 MiB under that peak: the activations of micro-batch 16 are a few MiB next to 85 MiB of weights and gradients)"
   expect_ok -- "$DPTRAIN" train --config "$D/run.toml" --set "run_dir=$D/amb" \
     --set "memory.limit=${LIMIT}MiB" --set memory.auto_microbatch=true
   check "it trains at micro-batch 8 x 2" \
