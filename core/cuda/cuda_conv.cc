@@ -107,6 +107,10 @@ std::shared_ptr<OpPlan> CudaBackend::PrepareConv2d(const Conv2dDesc& d) {
       // No algorithm meets the rules in NHWC (train.deterministic = true on a GPU whose
       // deterministic 16-bit kernels are NCHW only): the layout cuDNN has them for.
       plan_layout(false);
+    } catch (const CudnnError&) {
+      // cuDNN refused the NHWC descriptors themselves (a query's NOT_SUPPORTED or BAD_PARAM on
+      // this shape): NCHW, where a real error shows again.
+      plan_layout(false);
     }
   } else {
     plan_layout(false);
@@ -162,9 +166,10 @@ void CudaBackend::Conv2dForward(const OpPlan& plan, const Tensor& x, const Tenso
         cudnn_, &one, p.x.d, xin, p.w.d, win, p.fwd.d, p.fwd_algo, Workspace(), p.fwd_ws, &zero,
         p.y.d, yout, p.b32.d, b->raw(), p.relu.d, p.y.d, yout);
     if (st == CUDNN_STATUS_SUCCESS) return;
-    // cuDNN 9 reports sub-codes of NOT_SUPPORTED (shape, layout, ...): all mean "not here".
-    if (CUDNN_STATUS_CATEGORY(st) != CUDNN_STATUS_NOT_SUPPORTED) DPT_CUDNN_CHECK(st);
-    p.fused = false;  // this algorithm has no fused kernel: the epilogue from now on
+    // cuDNN 9 reports sub-codes of NOT_SUPPORTED (shape, layout, ...) and, for some
+    // combinations, of BAD_PARAM: either way the fused call is not for this plan. The plain call
+    // below runs on the same operands, so a real error shows there.
+    p.fused = false;  // the epilogue from now on
   }
   DPT_CUDNN_CHECK(cudnnConvolutionForward(cudnn_, &one, p.x.d, xin, p.w.d, win, p.fwd.d, p.fwd_algo,
                                           Workspace(), p.fwd_ws, &zero, p.y.d, yout));

@@ -3,6 +3,7 @@
 // train.cudnn_benchmark, timed) queries (forward, backward data, backward filter), each answered
 // by PickConvAlgo (cuda_rules.h); every descriptor keeps the math type cuDNN reported for its
 // algorithm.
+#include <cuda_runtime.h>
 #include <cudnn.h>
 
 #include <algorithm>
@@ -46,6 +47,27 @@ std::vector<AlgoCandidate> Candidates(const std::vector<Perf>& perfs) {
                    static_cast<int>(p.mathType), p.memory, Precise(p.algo)});
   }
   return out;
+}
+
+// One algorithm query: cuDNN's timed search (train.cudnn_benchmark) or its heuristic. The timed
+// search allocates its own buffers and workspace with cudaMalloc; planned mid-run (the
+// evaluator's smaller last batch, a new micro-batch) the caching allocator may hold most of the
+// device, and the search can fail for want of memory. The heuristic then answers, with a
+// warning, and the failed allocation's error is cleared so no later check reports it.
+template <class Find, class Get, class... Args>
+void QueryAlgorithms(bool timed, Find find, Get get, const char* what, const Conv2dDesc& d,
+                     Args... args) {
+  if (timed) {
+    const cudnnStatus_t s = find(args...);
+    if (s == CUDNN_STATUS_SUCCESS) return;
+    (void)cudaGetLastError();
+    std::fprintf(stderr,
+                 "%sdptrain: warning: cuDNN's timed %s search failed for %s (%s); using its "
+                 "heuristic choice\n",
+                 RankTag().c_str(), what, d.ToString().c_str(),
+                 detail::CudnnStatusText(static_cast<int>(s)).c_str());
+  }
+  DPT_CUDNN_CHECK(get(args...));
 }
 
 }  // namespace
@@ -95,10 +117,9 @@ void ChooseConvAlgorithms(cudnnHandle_t cudnn, ConvPlan* p, bool deterministic, 
     DPT_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithmMaxCount(cudnn, &max));
     std::vector<cudnnConvolutionFwdAlgoPerf_t> perfs(static_cast<size_t>(std::max(max, 1)));
     // The timed and the heuristic queries take the same arguments and return the same records.
-    const auto query =
-        timed ? cudnnFindConvolutionForwardAlgorithm : cudnnGetConvolutionForwardAlgorithm_v7;
-    DPT_CUDNN_CHECK(query(cudnn, p->x.d, p->w.d, p->fwd.d, p->y.d, static_cast<int>(perfs.size()),
-                          &got, perfs.data()));
+    QueryAlgorithms(timed, cudnnFindConvolutionForwardAlgorithm,
+                    cudnnGetConvolutionForwardAlgorithm_v7, "forward", d, cudnn, p->x.d, p->w.d,
+                    p->fwd.d, p->y.d, static_cast<int>(perfs.size()), &got, perfs.data());
     perfs.resize(static_cast<size_t>(got));
     const auto best = pick(perfs, Determinism::kAny, "forward");
     p->fwd_algo = best.algo;
@@ -110,10 +131,10 @@ void ChooseConvAlgorithms(cudnnHandle_t cudnn, ConvPlan* p, bool deterministic, 
     int max = 0, got = 0;
     DPT_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(cudnn, &max));
     std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perfs(static_cast<size_t>(std::max(max, 1)));
-    const auto query = timed ? cudnnFindConvolutionBackwardDataAlgorithm
-                             : cudnnGetConvolutionBackwardDataAlgorithm_v7;
-    DPT_CUDNN_CHECK(query(cudnn, p->w.d, p->y.d, p->bwd_data.d, p->x.d,
-                          static_cast<int>(perfs.size()), &got, perfs.data()));
+    QueryAlgorithms(timed, cudnnFindConvolutionBackwardDataAlgorithm,
+                    cudnnGetConvolutionBackwardDataAlgorithm_v7, "backward-data", d, cudnn, p->w.d,
+                    p->y.d, p->bwd_data.d, p->x.d, static_cast<int>(perfs.size()), &got,
+                    perfs.data());
     perfs.resize(static_cast<size_t>(got));
     const auto best = pick(perfs, backward, "backward-data");
     p->data_algo = best.algo;
@@ -125,10 +146,10 @@ void ChooseConvAlgorithms(cudnnHandle_t cudnn, ConvPlan* p, bool deterministic, 
     int max = 0, got = 0;
     DPT_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(cudnn, &max));
     std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> perfs(static_cast<size_t>(std::max(max, 1)));
-    const auto query = timed ? cudnnFindConvolutionBackwardFilterAlgorithm
-                             : cudnnGetConvolutionBackwardFilterAlgorithm_v7;
-    DPT_CUDNN_CHECK(query(cudnn, p->x.d, p->y.d, p->bwd_filter.d, p->w.d,
-                          static_cast<int>(perfs.size()), &got, perfs.data()));
+    QueryAlgorithms(timed, cudnnFindConvolutionBackwardFilterAlgorithm,
+                    cudnnGetConvolutionBackwardFilterAlgorithm_v7, "backward-filter", d, cudnn,
+                    p->x.d, p->y.d, p->bwd_filter.d, p->w.d, static_cast<int>(perfs.size()), &got,
+                    perfs.data());
     perfs.resize(static_cast<size_t>(got));
     const auto best = pick(perfs, backward, "backward-filter");
     p->filter_algo = best.algo;
