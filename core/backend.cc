@@ -135,6 +135,15 @@ PadDims CheckPad2d(const Tensor& x, const Tensor& y) {
   return PadDims{a[0] * a[1], a[2], a[3], b[2], b[3]};
 }
 
+LayoutDims CheckLayoutChange(const Tensor& x, const Tensor& y, const char* op) {
+  DPT_CHECK(x.dtype() == DType::kF32 && y.dtype() == DType::kF32) << op << ": f32 only";
+  const Shape& s = x.shape();
+  DPT_CHECK(s.rank() == 4 && y.shape() == s)
+      << op << ": " << s.ToString() << " into " << y.shape().ToString();
+  DPT_CHECK(x.raw() != y.raw()) << op << ": y aliases x";
+  return LayoutDims{s[0], s[1], s[2] * s[3]};
+}
+
 int64_t RowLength(int64_t n, int64_t rows, const char* op) {
   DPT_CHECK(rows > 0 && n % rows == 0) << op << ": " << n << " values in rows of " << rows;
   return n / rows;

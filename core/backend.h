@@ -147,6 +147,11 @@ struct PadDims {
   int64_t planes, h, w, out_h, out_w;
 };
 PadDims CheckPad2d(const Tensor& x, const Tensor& y);
+// The (N, C, H * W) of a ToChannelsLast / FromChannelsLast call, after checking both tensors.
+struct LayoutDims {
+  int64_t n, c, hw;
+};
+LayoutDims CheckLayoutChange(const Tensor& x, const Tensor& y, const char* op);
 // The rows of a MulRows / AddRows / RowDot / RowSum call: `n` values in rows of n / rows
 // (InternalError unless rows divides n).
 int64_t RowLength(int64_t n, int64_t rows, const char* op);
@@ -270,6 +275,11 @@ class Backend {
   // at (top, left) of y, everything else is 0. Negative offsets crop instead, so the gradient of
   // a padding is Pad2d(dy, -top, -left, dx). y must not alias x.
   virtual void Pad2d(const Tensor& x, int64_t top, int64_t left, Tensor* y) = 0;
+  // Layout changes of an (N, C, H, W) f32 tensor (a 4-D shape, the same in x and y): y holds x's
+  // values channels-last (ToChannelsLast: x NCHW in memory, y NHWC) or back (FromChannelsLast).
+  // Exact (a copy). y must not alias x.
+  virtual void ToChannelsLast(const Tensor& x, Tensor* y) = 0;
+  virtual void FromChannelsLast(const Tensor& x, Tensor* y) = 0;
   virtual void Scale(Tensor* t, float alpha) = 0;
   // Inverted dropout with a stateless mask from (seed, element index).
   virtual void DropoutForward(const Tensor& x, float p, uint64_t seed, Tensor* y) = 0;

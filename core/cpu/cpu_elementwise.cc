@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // CPU backend: the flat OpenMP loops over core/elementwise.h: ReLU, add, scale, dropout, the
 // optimizer updates (SGD, AdamW) and the checks (non-finite count, sum of squares).
+#include <algorithm>
 #include <cstdint>
 
 #include "core/cpu/cpu_backend.h"
@@ -153,6 +154,41 @@ void CpuBackend::Pad2d(const Tensor& x, int64_t top, int64_t left, Tensor* y) {
     out[e] =
         ew::ShiftedAt(in + plane * d.h * d.w, d.h, d.w, top, left, pos / d.out_w, pos % d.out_w);
   }
+}
+
+namespace {
+
+// y = each of x's `batch` (rows x cols) row-major matrices transposed, in 32 x 32 tiles (a tile
+// of each side stays in the L1 cache).
+void TransposeBatch(const float* x, float* y, int64_t batch, int64_t rows, int64_t cols) {
+  constexpr int64_t kTile = 32;
+  const int64_t row_tiles = (rows + kTile - 1) / kTile, col_tiles = (cols + kTile - 1) / kTile;
+  const int64_t tiles = batch * row_tiles * col_tiles;
+#pragma omp parallel for if (batch * rows * cols > kParallelMin)
+  for (int64_t t = 0; t < tiles; ++t) {
+    const int64_t b = t / (row_tiles * col_tiles), rc = t % (row_tiles * col_tiles);
+    const int64_t r0 = rc / col_tiles * kTile, c0 = rc % col_tiles * kTile;
+    const int64_t r1 = std::min(rows, r0 + kTile), c1 = std::min(cols, c0 + kTile);
+    const float* xb = x + b * rows * cols;
+    float* yb = y + b * rows * cols;
+    for (int64_t c = c0; c < c1; ++c) {
+      for (int64_t r = r0; r < r1; ++r) yb[c * rows + r] = xb[r * cols + c];
+    }
+  }
+}
+
+}  // namespace
+
+void CpuBackend::ToChannelsLast(const Tensor& x, Tensor* y) {
+  OpScope scope(this, "to_channels_last");
+  const LayoutDims d = CheckLayoutChange(x, *y, "to_channels_last");
+  TransposeBatch(x.data<float>(), y->data<float>(), d.n, d.c, d.hw);
+}
+
+void CpuBackend::FromChannelsLast(const Tensor& x, Tensor* y) {
+  OpScope scope(this, "from_channels_last");
+  const LayoutDims d = CheckLayoutChange(x, *y, "from_channels_last");
+  TransposeBatch(x.data<float>(), y->data<float>(), d.n, d.hw, d.c);
 }
 
 void CpuBackend::Scale(Tensor* t, float alpha) {

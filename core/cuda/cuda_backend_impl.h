@@ -110,6 +110,8 @@ class CudaBackend final : public Backend {
   void AddRows(const Tensor& x, const Tensor& s, Tensor* y) override;
   void RowSum(const Tensor& dy, Tensor* ds) override;
   void Pad2d(const Tensor& x, int64_t top, int64_t left, Tensor* y) override;
+  void ToChannelsLast(const Tensor& x, Tensor* y) override;
+  void FromChannelsLast(const Tensor& x, Tensor* y) override;
   void Scale(Tensor* t, float alpha) override;
   void DropoutForward(const Tensor& x, float p, uint64_t seed, Tensor* y) override;
   void DropoutBackward(const Tensor& dy, float p, uint64_t seed, Tensor* dx) override;

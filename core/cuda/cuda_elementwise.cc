@@ -130,6 +130,22 @@ void CudaBackend::Pad2d(const Tensor& x, int64_t top, int64_t left, Tensor* y) {
                  stream_);
 }
 
+void CudaBackend::ToChannelsLast(const Tensor& x, Tensor* y) {
+  OpScope scope(this, "to_channels_last");
+  CheckDev(x, "to_channels_last x");
+  CheckDev(*y, "to_channels_last y");
+  const LayoutDims d = CheckLayoutChange(x, *y, "to_channels_last");
+  kernels::ToChannelsLast(x.data<float>(), y->data<float>(), d.n, d.c, d.hw, stream_);
+}
+
+void CudaBackend::FromChannelsLast(const Tensor& x, Tensor* y) {
+  OpScope scope(this, "from_channels_last");
+  CheckDev(x, "from_channels_last x");
+  CheckDev(*y, "from_channels_last y");
+  const LayoutDims d = CheckLayoutChange(x, *y, "from_channels_last");
+  kernels::FromChannelsLast(x.data<float>(), y->data<float>(), d.n, d.c, d.hw, stream_);
+}
+
 void CudaBackend::Scale(Tensor* t, float alpha) {
   OpScope scope(this, "scale");
   CheckF32(*t, "scale");

@@ -167,6 +167,7 @@ __global__ void ConvEpilogueKernel(const Src* src, const float* b, bool relu, fl
 constexpr int kTile = 32;
 constexpr int kTileRows = 8;  // blockDim = (kTile, kTileRows): each thread moves 4 elements
 
+__device__ inline void Narrow(float v, float* out) { *out = v; }
 __device__ inline void Narrow(float v, uint16_t* out) { *out = ew::FloatToBf16(v); }
 __device__ inline void Narrow(float v, __half* out) { *out = __float2half_rn(v); }
 
@@ -223,6 +224,9 @@ __global__ void FromChannelsLastKernel(const H* x, const float* b, bool relu, bo
 
 dim3 ChannelsLastGrid(int64_t planes, int64_t c, int64_t hw) {
   const auto tiles = [](int64_t n) { return static_cast<unsigned>((n + kTile - 1) / kTile); };
+  DPT_CHECK((c + kTile - 1) / kTile <= 65535)
+      << "channels-last tiles: " << c << " channels exceed the grid's y (65535 tiles of " << kTile
+      << ")";
   return dim3(tiles(hw), tiles(c), static_cast<unsigned>(std::min<int64_t>(planes, 65535)));
 }
 
@@ -695,6 +699,18 @@ void F32ToHalfChannelsLast(Half kind, const float* x, void* y, int64_t planes, i
     DPT_LAUNCH(ToChannelsLastKernel<__half>, grid, block, s, x, static_cast<__half*>(y), planes, c,
                hw);
   }
+}
+
+void ToChannelsLast(const float* x, float* y, int64_t n, int64_t c, int64_t hw, cudaStream_t s) {
+  if (n * c * hw == 0) return;
+  const dim3 grid = ChannelsLastGrid(n, c, hw), block(kTile, kTileRows);
+  DPT_LAUNCH(ToChannelsLastKernel<float>, grid, block, s, x, y, n, c, hw);
+}
+
+void FromChannelsLast(const float* x, float* y, int64_t n, int64_t c, int64_t hw, cudaStream_t s) {
+  if (n * c * hw == 0) return;
+  const dim3 grid = ChannelsLastGrid(n, c, hw), block(kTile, kTileRows);
+  DPT_LAUNCH(FromChannelsLastKernel<float>, grid, block, s, x, nullptr, false, false, y, n, c, hw);
 }
 
 void HalfChannelsLastToF32(Half kind, const void* x, const float* b, bool relu, bool accumulate,

@@ -63,6 +63,10 @@ void F32ToHalfChannelsLast(Half kind, const float* x, void* y, int64_t planes, i
 // when relu, stored into y (planes, c, hw), or added to it when accumulate.
 void HalfChannelsLastToF32(Half kind, const void* x, const float* b, bool relu, bool accumulate,
                            float* y, int64_t planes, int64_t c, int64_t hw, cudaStream_t s);
+// The same tiles in f32 (Backend::ToChannelsLast / FromChannelsLast): x (n, c, hw) into y
+// (n, hw, c), and back. c at most 65535 * 32 (the tiles of c are the grid's y).
+void ToChannelsLast(const float* x, float* y, int64_t n, int64_t c, int64_t hw, cudaStream_t s);
+void FromChannelsLast(const float* x, float* y, int64_t n, int64_t c, int64_t hw, cudaStream_t s);
 
 // ---- linear helpers: y (rows, cols) row-major ----
 void AddBiasRows(float* y, const float* b, int64_t rows, int64_t cols, cudaStream_t s);

@@ -8,20 +8,48 @@
 
 namespace dptrain {
 
-Shape Flatten::Setup(const Shape& in, const SetupOptions& /*opts*/) {
+Shape Flatten::Setup(const Shape& in, const SetupOptions& opts) {
   in_ = in;
+  // Only a convolution or a global pool reads channels-last, and neither takes a 2-D input.
+  DPT_CHECK(!opts.nhwc_out) << "flatten '" << label() << "': its output is never channels-last";
+  // One channel or one position (a global pool's (N, C, 1, 1)) is the same bytes in both
+  // layouts: a view, as NCHW.
+  transpose_ = opts.nhwc_in && in.rank() == 4 && in[1] > 1 && in[2] * in[3] > 1;
+  if (transpose_) {
+    out_ = backend_.Empty(in, DType::kF32, label() + " output (NCHW order)");
+    if (opts.need_dx) dx_buf_ = backend_.Empty(in, DType::kF32, label() + " input gradient");
+  }
   return Shape{in[0], in.numel() / in[0]};
 }
 
 const Tensor& Flatten::Forward(const Tensor& x, const ForwardContext& /*ctx*/) {
   const int64_t n = x.shape()[0];
-  y_ = x.View(Shape{n, x.numel() / n});
+  if (!transpose_) {
+    y_ = x.View(Shape{n, x.numel() / n});
+    return y_;
+  }
+  Tensor nchw = out_.Batch(n);
+  backend_.FromChannelsLast(x, &nchw);
+  y_ = nchw.View(Shape{n, x.numel() / n});
   return y_;
 }
 
 const Tensor& Flatten::Backward(const Tensor& dy, bool /*accumulate*/) {
-  dx_ = dy.View(in_.WithBatch(dy.shape()[0]));
+  const int64_t n = dy.shape()[0];
+  if (!transpose_) {
+    dx_ = dy.View(in_.WithBatch(n));
+    return dx_;
+  }
+  if (dx_buf_.defined()) {
+    dx_ = dx_buf_.Batch(n);
+    backend_.ToChannelsLast(dy.View(in_.WithBatch(n)), &dx_);
+  }
   return dx_;
+}
+
+int64_t Flatten::ActivationBytesPerSample() const {
+  if (!transpose_) return 0;
+  return 4 * (in_.numel() / in_[0]) * (dx_buf_.defined() ? 2 : 1);
 }
 
 Shape Reshape::Setup(const Shape& in, const SetupOptions& /*opts*/) {

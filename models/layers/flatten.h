@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// Flatten: (N, d1, d2, ...) -> (N, d1*d2*...), a view of its input (no copy) in NCHW order;
-// Reshape to any per-sample shape of the same size, also a view.
+// Flatten: (N, d1, d2, ...) -> (N, d1*d2*...) in NCHW order, a view of its input (no copy), or
+// one transposing copy of a channels-last input; Reshape to any per-sample shape of the same
+// size, a view.
 #pragma once
 
 #include <vector>
@@ -9,7 +10,11 @@
 
 namespace dptrain {
 
-// (N, d1, d2, ...) -> (N, d1*d2*...), in NCHW order as torch.flatten(x, 1).
+// (N, d1, d2, ...) -> (N, d1*d2*...), in NCHW order as torch.flatten(x, 1) (the order the next
+// linear layer's weights are in). A channels-last (N, C, H, W) input is transposed into that
+// order (Backend::FromChannelsLast) and its gradient back: the graph then keeps the layers
+// before it channels-last (ref_cnn's last convolution and pooling) and transposes the smaller
+// tensor here, not the convolution's output. The output is never channels-last.
 class Flatten final : public Layer {
  public:
   Flatten(Backend& be, std::string name) : Layer(be, std::move(name)) {}
@@ -17,9 +22,14 @@ class Flatten final : public Layer {
   Shape Setup(const Shape& in, const SetupOptions& opts) override;
   const Tensor& Forward(const Tensor& x, const ForwardContext& ctx) override;
   const Tensor& Backward(const Tensor& dy, bool accumulate) override;
+  bool TakesNhwc() const override { return true; }
+  bool ChoosesNhwcOut() const override { return true; }
+  int64_t ActivationBytesPerSample() const override;
 
  private:
   Shape in_;
+  bool transpose_ = false;  // a channels-last input with more than one channel and position
+  Tensor out_, dx_buf_;     // the transposed copies (transpose_ only)
   Tensor y_, dx_;
 };
 

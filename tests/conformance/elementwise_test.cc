@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Elementwise ops on every built backend against the double reference: ReLU and the other
 // activations (clip, sigmoid, hard sigmoid, hard swish, tanh) forward/backward
-// (inputs away from the kink), Add (including aliased outputs), CopyColumns, Scale, and inverted
+// (inputs away from the kink), Add (including aliased outputs), CopyColumns, Scale, the NCHW <->
+// NHWC layout changes, and inverted
 // dropout (p = 0 is the identity, the mask matches the shared stateless hash, keep-rate
 // statistics).
 #include <gtest/gtest.h>
@@ -157,6 +158,29 @@ TEST_P(ElementwiseTest, Pad2dPadsAndCrops) {
     ref::Pad2d(ToDouble(x), k.n * k.c, k.h, k.w, k.top, k.left, k.bottom, k.right, &ref_y);
     EXPECT_TRUE(AllClose(ToHost(be, y), ref_y, kExactTol));
   }
+}
+
+// NCHW <-> NHWC (the flatten of a channels-last activation and its gradient): exact copies, on
+// shapes around the 32 x 32 tiles (one channel, one position, partial tiles, several tiles).
+TEST_P(ElementwiseTest, ChannelsLastLayoutChanges) {
+  Backend& be = backend();
+  for (const Shape& s : std::vector<Shape>{{2, 3, 5, 7},
+                                           {1, 1, 4, 4},
+                                           {3, 40, 1, 1},
+                                           {2, 64, 7, 7},
+                                           {1, 33, 9, 65},
+                                           {5, 96, 16, 16}}) {
+    SCOPED_TRACE(s.ToString());
+    const std::vector<float> x = RandomUniform(static_cast<size_t>(s.numel()), 33);
+    const Tensor x_t = ToDevice(be, x, s);
+    Tensor y = ToDevice(be, RandomUniform(static_cast<size_t>(s.numel()), 34), s);
+    be.ToChannelsLast(x_t, &y);
+    EXPECT_TRUE(AllClose(ToHost(be, y), ToDouble(ToNhwc(x, s)), kExactTol)) << "to";
+    be.FromChannelsLast(x_t, &y);
+    EXPECT_TRUE(AllClose(ToHost(be, y), ToDouble(FromNhwc(x, s)), kExactTol)) << "from";
+  }
+  Tensor x_t = ToDevice(be, RandomUniform(24, 35), {2, 3, 2, 2});
+  EXPECT_THROW(be.ToChannelsLast(x_t, &x_t), InternalError) << "y aliases x";
 }
 
 TEST_P(ElementwiseTest, ReluOnImageShape) {

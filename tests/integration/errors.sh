@@ -110,15 +110,22 @@ both "out of memory under memory.limit (report + advice)" 4 \
   "hint: micro-batch" train --config "$BASE" --set memory.limit=2MiB
 # The advice is concrete and right: it names the micro-batch that fits (the estimate of
 # `dptrain plan`) and the train.accumulate that keeps the global batch; following it trains.
-CASE="out of memory: the advice names a train.accumulate that fits [2 ranks]"
+# The limit is 2 MiB under the job's measured peak (weights, gradients and momentum are 5 MiB of
+# it, activations of 32 samples per rank most of the rest).
+CASE="the job's peak memory without a limit [2 ranks]"
+expect_ok -- "${MPI2[@]}" "$DPTRAIN" train --config "$BASE" --set train.global_batch=64 \
+  --set "run_dir=$TMP/run-peak"
+PEAK=$(sed -n 's/^memory: peak per rank \([0-9.]*\) MiB (min).*/\1/p' "$TMP/last.out")
+LIMIT=$(awk -v p="${PEAK:-0}" 'BEGIN { printf "%d", p - 2 }')
+CASE="out of memory under memory.limit = ${LIMIT}MiB: the advice names a train.accumulate that fits [2 ranks]"
 expect_fail 4 "should fit (estimate of \`dptrain plan --config $BASE --ranks 2\`): set train.accumulate = " \
   -- "${MPI2[@]}" "$DPTRAIN" train --config "$BASE" --set train.global_batch=64 \
-  --set memory.limit=20MiB
+  --set "memory.limit=${LIMIT}MiB"
 check "  ... the report names the layer being set up" grep -qF "(layer " "$TMP/last.err"
 ACC=$(grep -o 'set train.accumulate = [0-9]*' "$TMP/last.err" | head -n 1 | grep -o '[0-9]*$')
 CASE="  ... and following it (train.accumulate = ${ACC:-?}) trains within the same limit [2 ranks]"
 expect_ok -- "${MPI2[@]}" "$DPTRAIN" train --config "$BASE" --set train.global_batch=64 \
-  --set memory.limit=20MiB --set "train.accumulate=${ACC:-0}" --set "run_dir=$TMP/run-advice"
+  --set "memory.limit=${LIMIT}MiB" --set "train.accumulate=${ACC:-0}" --set "run_dir=$TMP/run-advice"
 # dist.shard (docs/memory.md): when optimizer state is the largest item, the advice says to shard
 # it, and following it trains within the same limit.
 SHARD_OOM=(--set train.optimizer=adamw --set train.global_batch=2 --set memory.limit=8.5MiB)

@@ -323,12 +323,18 @@ TEST_P(ChannelsLastTest, ChangesNoNumberBeyondRounding) {
 INSTANTIATE_TEST_SUITE_P(
     Zoo, ChannelsLastTest,
     ::testing::Values(
-        LayoutCase{"resnet8",
-                   Shape{3, 32, 32},
-                   {"conv1", "bn1", "layer1.0.conv1", "layer2.0.shortcut.1", "layer3.0.add"},
-                   {"avgpool", "fc"}},
-        // conv2's readers end at a flatten of 7 x 7: it writes NCHW, from an NHWC input.
-        LayoutCase{"ref_cnn", Shape{1, 28, 28}, {"conv1", "maxpool #2"}, {"conv2", "fc1"}},
+        LayoutCase{
+            "resnet8",
+            Shape{3, 32, 32},
+            // avgpool's (N, C, 1, 1) is the same bytes in both layouts.
+            {"conv1", "bn1", "layer1.0.conv1", "layer2.0.shortcut.1", "layer3.0.add", "avgpool"},
+            {"flatten", "fc"}},
+        // The flatten of conv2's pooled 7 x 7 maps takes them channels-last and writes the
+        // linear layer's NCHW order.
+        LayoutCase{"ref_cnn",
+                   Shape{1, 28, 28},
+                   {"conv1", "maxpool #2", "conv2", "maxpool #5"},
+                   {"flatten #6", "fc1"}},
         LayoutCase{"broadcast_add", Shape{3, 8, 8}, {"conv2"}, {"conv", "pool", "sum", "fc"}}),
     [](const ::testing::TestParamInfo<LayoutCase>& p) { return std::string(p.param.model); });
 
