@@ -10,8 +10,9 @@ namespace dptrain {
 
 Shape Flatten::Setup(const Shape& in, const SetupOptions& opts) {
   in_ = in;
-  // Only a convolution or a global pool reads channels-last, and neither takes a 2-D input.
-  DPT_CHECK(!opts.nhwc_out) << "flatten '" << label() << "': its output is never channels-last";
+  // The output is (N, features) in NCHW order whatever opts.nhwc_out says: the graph asks for
+  // NHWC only when every reader takes it, a convolution or a global pool, and those refuse a
+  // 2-D input at their own Setup (a model.layers mistake, reported there).
   // One channel or one position (a global pool's (N, C, 1, 1)) is the same bytes in both
   // layouts: a view, as NCHW.
   transpose_ = opts.nhwc_in && in.rank() == 4 && in[1] > 1 && in[2] * in[3] > 1;

@@ -14,7 +14,7 @@ namespace dptrain {
 // linear layer's weights are in). A channels-last (N, C, H, W) input is transposed into that
 // order (Backend::FromChannelsLast) and its gradient back: the graph then keeps the layers
 // before it channels-last (ref_cnn's last convolution and pooling) and transposes the smaller
-// tensor here, not the convolution's output. The output is never channels-last.
+// tensor here, not the convolution's output. The output is never channels-last (2-D).
 class Flatten final : public Layer {
  public:
   Flatten(Backend& be, std::string name) : Layer(be, std::move(name)) {}
