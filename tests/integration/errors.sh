@@ -115,8 +115,7 @@ both "out of memory under memory.limit (report + advice)" 4 \
 CASE="the job's peak memory without a limit [2 ranks]"
 expect_ok -- "${MPI2[@]}" "$DPTRAIN" train --config "$BASE" --set train.global_batch=64 \
   --set "run_dir=$TMP/run-peak"
-PEAK=$(sed -n 's/^memory: peak per rank \([0-9.]*\) MiB (min).*/\1/p' "$TMP/last.out")
-LIMIT=$(awk -v p="${PEAK:-0}" 'BEGIN { printf "%d", p - 2 }')
+LIMIT=$(limit_under_peak 2)
 CASE="out of memory under memory.limit = ${LIMIT}MiB: the advice names a train.accumulate that fits [2 ranks]"
 expect_fail 4 "should fit (estimate of \`dptrain plan --config $BASE --ranks 2\`): set train.accumulate = " \
   -- "${MPI2[@]}" "$DPTRAIN" train --config "$BASE" --set train.global_batch=64 \

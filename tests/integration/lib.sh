@@ -236,6 +236,14 @@ last_err_count() {
   [[ $(grep -cF -- "$1" "$TMP/last.err") == "$2" ]]
 }
 
+# limit_under_peak MIB: the whole MiB that are MIB under the last run's printed peak per rank
+# ("memory: peak per rank P MiB (min) ..."), for memory.limit tests tied to the measured peak.
+limit_under_peak() {
+  local peak
+  peak=$(sed -n 's/^memory: peak per rank \([0-9.]*\) MiB (min).*/\1/p' "$TMP/last.out")
+  awk -v p="${peak:-0}" -v m="$1" 'BEGIN { printf "%d", p - m }'
+}
+
 # both NAME CODE PATTERN [--] ARGS...: `dptrain ARGS` as 1 process and as 4 ranks; each must
 # exit CODE within 30 s with PATTERN printed once. When the array AS holds a command (e.g.
 # setpriv to another user), both runs go through it.

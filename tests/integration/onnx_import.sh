@@ -198,8 +198,7 @@ check "the report names the ONNX node" \
 if [[ $DEVICE == cpu ]]; then  # the limit is set from the CPU backend's measured peak
   CASE="resnet18 at micro-batch 16: its peak memory"
   expect_ok -- "$DPTRAIN" train --config "$D/run.toml" --set "run_dir=$D/peak"
-  PEAK=$(sed -n 's/^memory: peak per rank \([0-9.]*\) MiB (min).*/\1/p' "$TMP/last.out")
-  LIMIT=$(awk -v p="${PEAK:-0}" 'BEGIN { printf "%d", p - 4 }')
+  LIMIT=$(limit_under_peak 4)
   CASE="memory.auto_microbatch under memory.limit = ${LIMIT}MiB (4 MiB under that peak: the activations of micro-batch 16 are a few MiB next to 85 MiB of weights and gradients)"
   expect_ok -- "$DPTRAIN" train --config "$D/run.toml" --set "run_dir=$D/amb" \
     --set "memory.limit=${LIMIT}MiB" --set memory.auto_microbatch=true
