@@ -11,6 +11,45 @@
 
 namespace dptrain::cpu {
 
+namespace {
+
+// The flat loops run on blocks of the tensor, each block in a loop compiled for the machine's
+// widest vectors (DPT_SIMD_CLONES): 3-4x the x86-64 baseline's 4-wide SSE where the data is in
+// cache (the optimizer's flat buffers, most activations of a small batch). Arguments come by
+// value, so the compiler knows no store aliases them. Every element's arithmetic is the same
+// expression in every build (no contraction), so results do not depend on the vector width or
+// the thread count.
+template <class F>
+void ForBlocks(int64_t n, F f) {
+  constexpr int64_t kBlock = 1 << 13;
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+#pragma omp parallel for if (n > kParallelMin)
+  for (int64_t k = 0; k < blocks; ++k) f(k * kBlock, std::min(n, (k + 1) * kBlock));
+}
+
+DPT_SIMD_CLONES void ReluLoop(const float* x, float* y, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] = ew::Relu(x[i]);
+}
+
+DPT_SIMD_CLONES void ReluGradLoop(const float* y, const float* dy, float* dx, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) dx[i] = ew::ReluGrad(y[i], dy[i]);
+}
+
+// y = a + b, or max(a + b, 0) when relu.
+DPT_SIMD_CLONES void AddLoop(const float* a, const float* b, float* y, int64_t n, bool relu) {
+  if (relu) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) y[i] = ew::Relu(a[i] + b[i]);
+  } else {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
+  }
+}
+
+}  // namespace
+
 // ---- elementwise -------------------------------------------------------------------------
 
 void CpuBackend::ReluForward(const Tensor& x, Tensor* y) {
@@ -18,9 +57,7 @@ void CpuBackend::ReluForward(const Tensor& x, Tensor* y) {
   CheckSame(x, *y, "relu");
   const float* in = x.data<float>();
   float* out = y->data<float>();
-  const int64_t n = x.numel();
-#pragma omp parallel for simd if (n > kParallelMin)
-  for (int64_t i = 0; i < n; ++i) out[i] = ew::Relu(in[i]);
+  ForBlocks(x.numel(), [&](int64_t b, int64_t e) { ReluLoop(in + b, out + b, e - b); });
 }
 
 void CpuBackend::ReluBackward(const Tensor& y, const Tensor& dy, Tensor* dx) {
@@ -29,9 +66,7 @@ void CpuBackend::ReluBackward(const Tensor& y, const Tensor& dy, Tensor* dx) {
   const float* yy = y.data<float>();
   const float* g = dy.data<float>();
   float* out = dx->data<float>();
-  const int64_t n = y.numel();
-#pragma omp parallel for simd if (n > kParallelMin)
-  for (int64_t i = 0; i < n; ++i) out[i] = ew::ReluGrad(yy[i], g[i]);
+  ForBlocks(y.numel(), [&](int64_t b, int64_t e) { ReluGradLoop(yy + b, g + b, out + b, e - b); });
 }
 
 void CpuBackend::ActivationForward(const ew::Activation& f, const Tensor& x, Tensor* y) {
@@ -60,32 +95,26 @@ void CpuBackend::ActivationBackward(const ew::Activation& f, const Tensor& x, co
 }
 
 namespace {
-// y = a + b, or max(a + b, 0) when relu (Add, AddRelu).
-void AddLoop(const Tensor& a, const Tensor& b, Tensor* y, bool relu, const char* what) {
+// Add and AddRelu.
+void AddOp(const Tensor& a, const Tensor& b, Tensor* y, bool relu, const char* what) {
   CheckSame(a, b, what);
   CheckSame(a, *y, what);
   const float* pa = a.data<float>();
   const float* pb = b.data<float>();
   float* out = y->data<float>();
-  const int64_t n = a.numel();
-  if (relu) {
-#pragma omp parallel for simd if (n > kParallelMin)
-    for (int64_t i = 0; i < n; ++i) out[i] = ew::Relu(pa[i] + pb[i]);
-  } else {
-#pragma omp parallel for simd if (n > kParallelMin)
-    for (int64_t i = 0; i < n; ++i) out[i] = pa[i] + pb[i];
-  }
+  ForBlocks(a.numel(),
+            [&](int64_t s, int64_t e) { AddLoop(pa + s, pb + s, out + s, e - s, relu); });
 }
 }  // namespace
 
 void CpuBackend::Add(const Tensor& a, const Tensor& b, Tensor* y) {
   OpScope scope(this, "add");
-  AddLoop(a, b, y, false, "add");
+  AddOp(a, b, y, false, "add");
 }
 
 void CpuBackend::AddRelu(const Tensor& a, const Tensor& b, Tensor* y) {
   OpScope scope(this, "add_relu");
-  AddLoop(a, b, y, true, "add_relu");
+  AddOp(a, b, y, true, "add_relu");
 }
 
 void CpuBackend::MulRows(const Tensor& x, const Tensor& s, Tensor* y) {
@@ -215,6 +244,36 @@ void CpuBackend::DropoutBackward(const Tensor& dy, float p, uint64_t seed, Tenso
 
 // ---- optimizers --------------------------------------------------------------------------
 
+namespace {
+
+// The optimizer updates are bound by their arithmetic (SGD's five operations per element,
+// AdamW's divide and square root) on a flat buffer that mostly stays in cache. One loop per
+// configuration keeps the per-element branches of ew::SgdUpdate out of the loop.
+DPT_SIMD_CLONES void SgdLoop(ew::SgdHyper h, float* p, const float* g, float* buf, int64_t n) {
+  if (buf == nullptr) {
+    h.momentum = 0.f;
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) {
+      float unused = 0.f;
+      ew::SgdUpdate(h, p + i, g[i], &unused);
+    }
+  } else if (h.nesterov) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) ew::SgdUpdate(h, p + i, g[i], buf + i);
+  } else {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) ew::SgdUpdate(h, p + i, g[i], buf + i);
+  }
+}
+
+DPT_SIMD_CLONES void AdamWLoop(ew::AdamWHyper h, float* p, const float* g, float* m, float* v,
+                               int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) ew::AdamWUpdate(h, p + i, g[i], m + i, v + i);
+}
+
+}  // namespace
+
 void CpuBackend::SgdStep(const ew::SgdHyper& h, Tensor* param, const Tensor& grad,
                          Tensor* momentum) {
   OpScope scope(this, "sgd");
@@ -223,28 +282,9 @@ void CpuBackend::SgdStep(const ew::SgdHyper& h, Tensor* param, const Tensor& gra
   const float* g = grad.data<float>();
   float* buf = momentum != nullptr && momentum->defined() ? momentum->data<float>() : nullptr;
   DPT_CHECK(buf != nullptr || h.momentum == 0.f) << "sgd with momentum needs a momentum buffer";
-  const int64_t n = param->numel();
-  // The same ew::SgdUpdate either way; one loop per configuration keeps the per-element
-  // branches and the pointer select out of the loop so it vectorises (2x on AVX-512).
-  if (buf != nullptr) {
-    ew::SgdHyper hm = h;
-    if (!h.nesterov) {
-      hm.nesterov = false;
-#pragma omp parallel for simd if (n > kParallelMin)
-      for (int64_t i = 0; i < n; ++i) ew::SgdUpdate(hm, p + i, g[i], buf + i);
-    } else {
-#pragma omp parallel for simd if (n > kParallelMin)
-      for (int64_t i = 0; i < n; ++i) ew::SgdUpdate(h, p + i, g[i], buf + i);
-    }
-  } else {
-    ew::SgdHyper h0 = h;
-    h0.momentum = 0.f;
-#pragma omp parallel for simd if (n > kParallelMin)
-    for (int64_t i = 0; i < n; ++i) {
-      float unused = 0.f;
-      ew::SgdUpdate(h0, p + i, g[i], &unused);
-    }
-  }
+  ForBlocks(param->numel(), [&](int64_t b, int64_t e) {
+    SgdLoop(h, p + b, g + b, buf != nullptr ? buf + b : nullptr, e - b);
+  });
 }
 
 void CpuBackend::AdamWStep(const ew::AdamWHyper& h, Tensor* param, const Tensor& grad, Tensor* m,
@@ -255,9 +295,8 @@ void CpuBackend::AdamWStep(const ew::AdamWHyper& h, Tensor* param, const Tensor&
   const float* g = grad.data<float>();
   float* pm = m->data<float>();
   float* pv = v->data<float>();
-  const int64_t n = param->numel();
-#pragma omp parallel for if (n > kParallelMin)
-  for (int64_t i = 0; i < n; ++i) ew::AdamWUpdate(h, p + i, g[i], pm + i, pv + i);
+  ForBlocks(param->numel(),
+            [&](int64_t b, int64_t e) { AdamWLoop(h, p + b, g + b, pm + b, pv + b, e - b); });
 }
 
 // ---- checks ------------------------------------------------------------------------------
