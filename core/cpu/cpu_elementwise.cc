@@ -301,12 +301,25 @@ void CpuBackend::AdamWStep(const ew::AdamWHyper& h, Tensor* param, const Tensor&
 
 // ---- checks ------------------------------------------------------------------------------
 
+namespace {
+DPT_SIMD_CLONES int64_t NonFiniteLoop(const float* p, int64_t n) {
+  int64_t bad = 0;
+#pragma omp simd reduction(+ : bad)
+  for (int64_t i = 0; i < n; ++i) bad += ew::IsFinite(p[i]) ? 0 : 1;
+  return bad;
+}
+}  // namespace
+
+// Every step, over the whole gradient buffer (Trainer::CheckGradients).
 int64_t CpuBackend::CountNonFinite(const Tensor& t) {
   const float* p = t.data<float>();
-  const int64_t n = t.numel();
+  constexpr int64_t kBlock = 1 << 13;
+  const int64_t n = t.numel(), blocks = (n + kBlock - 1) / kBlock;
   int64_t bad = 0;
 #pragma omp parallel for reduction(+ : bad) if (n > kParallelMin)
-  for (int64_t i = 0; i < n; ++i) bad += ew::IsFinite(p[i]) ? 0 : 1;
+  for (int64_t k = 0; k < blocks; ++k) {
+    bad += NonFiniteLoop(p + k * kBlock, std::min(n, (k + 1) * kBlock) - k * kBlock);
+  }
   return bad;
 }
 
