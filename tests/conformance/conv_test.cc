@@ -51,6 +51,11 @@ std::vector<Conv2dDesc> Cases(Precision p) {
       MakeConv(2, 8, 6, 5, 16, 3, 3, 1, 1, true, p),   // one partial tile along C and H*W
       MakeConv(3, 16, 7, 7, 8, 1, 1, 2, 0, false, p),  // 1x1 stride 2, no bias
       MakeConv(2, 40, 9, 7, 48, 3, 3, 1, 1, true, p),  // two tiles along C and H*W
+      // first layers: 1-3 input channels into many
+      MakeConv(3, 1, 10, 9, 32, 3, 3, 1, 1, true, p),    // ref_cnn's conv1, smaller
+      MakeConv(2, 3, 11, 12, 16, 5, 5, 2, 2, false, p),  // RGB, stride 2, kernel 5
+      MakeConv(2, 2, 9, 7, 16, 3, 2, 1, 0, true, p),     // non-square kernel, no padding
+      MakeConv(1, 1, 9, 9, 16, 8, 8, 1, 3, true, p),     // kernel 8, pad 3
       // depthwise (MobileNet): groups = C = K, stride 1 and 2, with and without bias
       WithGroups(MakeConv(2, 6, 7, 7, 6, 3, 3, 1, 1, false, p), 6),
       WithGroups(MakeConv(2, 5, 8, 6, 5, 3, 3, 2, 1, true, p), 5),
@@ -358,6 +363,14 @@ TEST_P(ConvTest, ChannelsLastMatchesReference) {
         EXPECT_TRUE(AllClose(ToHost(be, dw), ref_dw, wt)) << "backward weights";
         if (d.bias) {
           EXPECT_TRUE(AllClose(ToHost(be, db), ref_db, wt)) << "backward bias";
+        }
+        // accumulate = true adds this gradient to the last: twice the reference
+        be.Conv2dBackwardWeights(*plan, x_t, dy_t, &dw, d.bias ? &db : nullptr, true);
+        for (double& v : ref_dw) v *= 2;
+        for (double& v : ref_db) v *= 2;
+        EXPECT_TRUE(AllClose(ToHost(be, dw), ref_dw, wt)) << "backward weights, accumulated";
+        if (d.bias) {
+          EXPECT_TRUE(AllClose(ToHost(be, db), ref_db, wt)) << "backward bias, accumulated";
         }
       }
     }
