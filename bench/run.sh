@@ -120,7 +120,8 @@ for model in "${models[@]}"; do
 done
 
 # dptrain samples/s between the log line at the end of warm-up and the last one (metrics.jsonl).
-run_id=0
+# `extra`: more arguments for dptrain; the run's directory is left in `last_run`.
+run_id=0 extra=() last_run=""
 dptrain_run() {  # model ranks threads batch precision warmup_steps steps
   local model=$1 ranks=$2 threads=$3 batch=$4 prec=$5 warm=$6 steps=$7 data=synthetic
   run_id=$((run_id + 1))
@@ -135,7 +136,8 @@ dptrain_run() {  # model ranks threads batch precision warmup_steps steps
     --set "train.global_batch=$batch" --set "train.precision=$prec" --set "dist.threads=$threads"
     --set data.workers=1 --set "train.max_steps=$((warm + steps))"
     --set "train.log_every_steps=$warm" --set checkpoint.every_epochs=0
-    --set checkpoint.resume=never)
+    --set checkpoint.resume=never "${extra[@]}")
+  last_run=$run
   local rc=0
   if [ "$ranks" = 1 ]; then
     OMP_NUM_THREADS=$threads "$dptrain" "${args[@]}" >"$run.log" 2>&1 || rc=$?
@@ -246,6 +248,52 @@ cat <<EOF
  %pk: of the $peak_fp32 GFLOP/s fp32 or $peak_bf16 GFLOP/s bf16 peak of the $cores cores)
 targets met: $met of $rows
 EOF
+
+# Issue 17 point 2: each of ref_cnn's convolutions, each pass, at >= 60% of the fp32 peak; from
+# train.profile (every op timed on the host), 1 rank x 2 threads, the median over the runs.
+if [[ " ${models[*]} " == *" ref_cnn "* ]]; then
+  echo
+  echo "== ref_cnn's convolutions against the fp32 peak (train.profile, 1 rank x 2 threads, fp32;" \
+    "median of $repeat runs; target >= 60% of $peak_fp32 GFLOP/s for each)"
+  printf '%-6s %-6s %-18s %8s %8s %6s %s\n' batch layer pass ms/step GFLOP/s '%pk' target
+  conv_met=0 conv_rows=0
+  for batch in "${batches[@]}"; do
+    warm=$((2560 / scale / batch)) steps=$((30720 / scale / batch))
+    [ $warm -ge 2 ] || warm=2
+    [ $steps -ge 4 ] || steps=4
+    profiles=()
+    extra=(--set train.profile=true)
+    for ((r = 0; r < repeat; r++)); do
+      dptrain_run ref_cnn 1 2 "$batch" fp32 "$warm" "$steps" >/dev/null
+      profiles+=("$last_run/metrics.jsonl")
+    done
+    extra=()
+    "$py" - "$batch" "$peak_fp32" "$work/conv-met" "${profiles[@]}" <<'PY'
+import json, statistics, sys
+batch, peak, counts, files = sys.argv[1], float(sys.argv[2]), sys.argv[3], sys.argv[4:]
+passes = {"conv2d_fwd": "forward", "conv2d_bwd_data": "backward-data",
+          "conv2d_bwd_weights": "backward-weights"}
+rows = {}
+for f in files:
+    prof = next(r for r in map(json.loads, open(f)) if r.get("kind") == "profile")
+    for op in prof["ops"]:
+        if op["op"] in passes and "gflop_per_s" in op:
+            rows.setdefault((op["node"], op["op"]), []).append(op)
+met = 0
+for (node, op), runs in sorted(rows.items(), key=lambda kv: (kv[0][0], list(passes).index(kv[0][1]))):
+    gf = statistics.median(r["gflop_per_s"] for r in runs)
+    ms = statistics.median(r["ms_per_step"] for r in runs)
+    ok = gf >= 0.6 * peak
+    met += ok
+    print(f"{batch:<6} {node:<6} {passes[op]:<18} {ms:8.3f} {gf:8.0f} {100 * gf / peak:5.0f}% "
+          f">=60% {'met' if ok else 'NOT met'}")
+open(counts, "w").write(f"{met} {len(rows)}\n")
+PY
+    read -r m n <"$work/conv-met"
+    conv_met=$((conv_met + m)) conv_rows=$((conv_rows + n))
+  done
+  echo "convolution targets met: $conv_met of $conv_rows"
+fi
 
 echo
 echo "== per-step time breakdown (ref_cnn, 2 ranks x 1 thread, batch 64, fp32; dptrain's summary)"
