@@ -107,6 +107,14 @@ class Layer {
   // holding no buffers.
   virtual void FoldIntoInput(Layer& /*producer*/) {}
   virtual bool FoldRelu() { return false; }
+  // A max pool offered a ReLU's output (a ReLU layer's, or a producer's with the ReLU folded in)
+  // takes over the ReLU's backward gate: it gates its pooled gradient by its own output (> 0)
+  // before scattering it to the window maxima. That is the ReLU's gate on the scattered gradient
+  // bit for bit (a window's maximum is > 0 exactly when the ReLU passed it; every other position
+  // gets 0 either way) on a quarter of the elements for a 2x2 pool, and one pass over the
+  // ReLU's output fewer. True when this layer's output is a ReLU's and its backward now skips
+  // that gate.
+  virtual bool HandOverReluGate() { return false; }
 
   // Channels-last, asked by the graph before Setup: whether the layer runs on NHWC inputs (and
   // then writes an NHWC output: batch norm, pooling, the elementwise layers), and whether it

@@ -24,11 +24,16 @@ class BatchNorm final : public Layer {
     args_.relu = true;
     return true;
   }
+  bool HandOverReluGate() override {
+    gate_handed_ = args_.relu;
+    return args_.relu;
+  }
   bool TakesNhwc() const override { return true; }
 
  private:
   int64_t channels_ = 0, per_sample_ = 0;
   bool need_dx_ = true;
+  bool gate_handed_ = false;  // the max pool after the folded ReLU gates dy (HandOverReluGate)
   BatchNormArgs args_;
   Tensor gamma_, beta_, ggamma_, gbeta_, running_mean_, running_var_;
   Tensor save_mean_, save_invstd_;

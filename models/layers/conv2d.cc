@@ -81,8 +81,9 @@ const Tensor& Conv2d::Backward(const Tensor& dy, bool accumulate) {
   if (need_dx_) dx_ = dx_buf_.Batch(desc_.n);
   // With a folded ReLU, dy is gated by the output, written over it: every reader of the output
   // (the ReLU's readers) has run its backward before this layer's.
-  if (relu_) backend_.ReluBackward(y_, dy, &y_);
-  backend_.Conv2dBackward(*plan_, x_, relu_ ? y_ : dy, w_, need_dx_ ? &dx_ : nullptr, &gw_,
+  const bool gate = relu_ && !gate_handed_;
+  if (gate) backend_.ReluBackward(y_, dy, &y_);
+  backend_.Conv2dBackward(*plan_, x_, gate ? y_ : dy, w_, need_dx_ ? &dx_ : nullptr, &gw_,
                           bias_ ? &gb_ : nullptr, accumulate);
   return dx_;
 }

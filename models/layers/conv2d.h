@@ -27,6 +27,10 @@ class Conv2d final : public Layer {
     relu_ = true;
     return true;
   }
+  bool HandOverReluGate() override {
+    gate_handed_ = relu_;
+    return relu_;
+  }
   bool TakesNhwc() const override { return true; }
   bool ChoosesNhwcOut() const override { return true; }
 
@@ -36,6 +40,7 @@ class Conv2d final : public Layer {
   int64_t out_channels_, kernel_, stride_, pad_, groups_, dilation_;
   bool bias_;
   bool relu_ = false;
+  bool gate_handed_ = false;  // the max pool after the folded ReLU gates dy (HandOverReluGate)
   bool need_dx_ = true;
   Conv2dDesc desc_;
   std::shared_ptr<OpPlan> plan_;

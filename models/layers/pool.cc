@@ -75,7 +75,9 @@ const Tensor& Pool2d::Backward(const Tensor& dy, bool /*accumulate*/) {
   if (!need_dx_) return dx_;
   DPT_CHECK(have_ws_ || kind_ == PoolKind::kAvg) << "pool backward without a training forward";
   dx_ = dx_buf_.Batch(desc_.n);
-  backend_.PoolBackward(*plan_, dy, have_ws_ ? &ws_ : nullptr, &dx_);
+  // dy gated by the output, written over it: every reader of the output has run its backward.
+  if (gate_relu_) backend_.ReluBackward(y_, dy, &y_);
+  backend_.PoolBackward(*plan_, gate_relu_ ? y_ : dy, have_ws_ ? &ws_ : nullptr, &dx_);
   return dx_;
 }
 

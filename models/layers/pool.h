@@ -19,6 +19,10 @@ class Pool2d final : public Layer {
   const Tensor& Backward(const Tensor& dy, bool accumulate) override;
   int64_t ActivationBytesPerSample() const override;
   void ListPlans(std::vector<const OpPlan*>* out) const override { out->push_back(plan_.get()); }
+  // A max pool takes over the backward gate of the ReLU before it (Layer::HandOverReluGate).
+  void FoldIntoInput(Layer& producer) override {
+    gate_relu_ = kind_ == PoolKind::kMax && producer.HandOverReluGate();
+  }
   bool TakesNhwc() const override { return true; }
   // A global pool's output, (N, C, 1, 1), is one layout in NCHW and NHWC.
   bool ChoosesNhwcOut() const override { return kernel_ == 0; }
@@ -33,6 +37,7 @@ class Pool2d final : public Layer {
   Tensor out_, dx_buf_, ws_;
   Tensor y_, dx_;
   bool have_ws_ = false;
+  bool gate_relu_ = false;  // gates dy by the output first: the ReLU before handed it over
 };
 
 }  // namespace dptrain

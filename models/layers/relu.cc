@@ -8,7 +8,8 @@ Shape Relu::Setup(const Shape& in, const SetupOptions& opts) {
   per_sample_ = in.numel() / in[0];
   if (folded_) return in;
   out_ = backend_.Empty(in, DType::kF32, label() + " output");
-  if (opts.need_dx) dx_buf_ = backend_.Empty(in, DType::kF32, label() + " input gradient");
+  if (opts.need_dx && !gate_handed_)
+    dx_buf_ = backend_.Empty(in, DType::kF32, label() + " input gradient");
   return in;
 }
 
@@ -20,7 +21,7 @@ const Tensor& Relu::Forward(const Tensor& x, const ForwardContext& /*ctx*/) {
 }
 
 const Tensor& Relu::Backward(const Tensor& dy, bool /*accumulate*/) {
-  if (folded_) return dy;
+  if (folded_ || gate_handed_) return dy;
   if (dx_buf_.defined()) {
     dx_ = dx_buf_.Batch(y_.shape()[0]);
     backend_.ReluBackward(y_, dy, &dx_);

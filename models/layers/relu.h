@@ -13,14 +13,28 @@ class Relu final : public Layer {
   Shape Setup(const Shape& in, const SetupOptions& opts) override;
   const Tensor& Forward(const Tensor& x, const ForwardContext& ctx) override;
   const Tensor& Backward(const Tensor& dy, bool accumulate) override;
-  int64_t ActivationBytesPerSample() const override { return folded_ ? 0 : 4 * 2 * per_sample_; }
-  void FoldIntoInput(Layer& producer) override { folded_ = folded_ || producer.FoldRelu(); }
+  int64_t ActivationBytesPerSample() const override {
+    return folded_ ? 0 : 4 * (gate_handed_ ? 1 : 2) * per_sample_;
+  }
+  void FoldIntoInput(Layer& producer) override {
+    folded_ = folded_ || producer.FoldRelu();
+    if (folded_) producer_ = &producer;
+  }
+  // Folded: the producer applies the ReLU and hands over its gate; else this layer's backward
+  // passes dy through.
+  bool HandOverReluGate() override {
+    if (folded_) return producer_->HandOverReluGate();
+    gate_handed_ = true;
+    return true;
+  }
   bool TakesNhwc() const override { return true; }  // elementwise: any layout
   bool folded() const { return folded_; }
 
  private:
   int64_t per_sample_ = 0;
-  bool folded_ = false;  // the layer before applies it: forward and backward pass through
+  bool folded_ = false;        // the layer before applies it: forward and backward pass through
+  bool gate_handed_ = false;   // the max pool after this gates dy (HandOverReluGate)
+  Layer* producer_ = nullptr;  // the layer it is folded into
   Tensor out_, dx_buf_, y_, dx_;
 };
 

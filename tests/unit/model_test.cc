@@ -254,6 +254,66 @@ INSTANTIATE_TEST_SUITE_P(
                       FoldCase{"ref_cnn", Shape{1, 28, 28}, 2, 32 * 28 * 28 + 64 * 14 * 14}),
     [](const ::testing::TestParamInfo<FoldCase>& p) { return std::string(p.param.model); });
 
+// A max pool that alone reads a ReLU's output gates its pooled gradient itself, and the ReLU (a
+// convolution's or a batch norm's folded one, or a ReLU layer after a layer that cannot fold it)
+// skips its gate: the same numbers as the unfolded model, no relu_bwd pass left, and a ReLU
+// layer without its input-gradient buffer.
+TEST(ReluGateTest, MaxPoolTakesOverTheReluGate) {
+  Backend& be = GetBackend("cpu");
+  const auto layer = [](std::string type, int64_t out = 0, int64_t kernel = 0, int64_t stride = 0,
+                        int64_t pad = 0) {
+    LayerSpec s;
+    s.type = std::move(type), s.out = out, s.kernel = kernel, s.stride = stride, s.pad = pad;
+    return s;
+  };
+  const std::vector<std::pair<const char*, std::vector<LayerSpec>>> stacks = {
+      {"conv, relu, maxpool 2",
+       {layer("conv2d", 4, 3, 1, 1), layer("relu"), layer("maxpool", 0, 2)}},
+      {"conv, batchnorm, relu, maxpool 3/2 pad 1 (the ImageNet stem)",
+       {layer("conv2d", 4, 3, 1, 1), layer("batchnorm"), layer("relu"),
+        layer("maxpool", 0, 3, 2, 1)}},
+      {"conv, avgpool, relu, maxpool 2 (a ReLU layer)",
+       {layer("conv2d", 4, 3, 1, 1), layer("avgpool", 0, 2), layer("relu"),
+        layer("maxpool", 0, 2)}},
+  };
+  const Shape sample{2, 12, 12}, batch{3, 2, 12, 12};
+  for (const auto& [what, specs] : stacks) {
+    SCOPED_TRACE(what);
+    std::vector<LayerSpec> all = specs;
+    all.push_back(layer("flatten"));
+    all.push_back(layer("linear", 3));
+    // relu_bwd calls per graph node
+    const auto train = [&](bool fold, std::map<std::string, int64_t>* relu_bwd, int64_t* bytes) {
+      auto net = BuildFromLayers(be, all);
+      net->set_fold(fold);
+      Model m(be, std::move(net), sample);
+      m.Setup(batch[0], Precision::kF32);
+      m.InitParams(3);
+      *bytes = m.net().ActivationBytesPerSample();
+      be.ResetProfile();
+      be.EnableProfiling(true);
+      auto seen = TwoStepsAndEval(be, m, batch);
+      be.EnableProfiling(false);
+      for (const OpStat& st : be.Profile()) {
+        if (st.name == "relu_bwd") (*relu_bwd)[st.node] += st.calls;
+      }
+      be.ResetProfile();
+      return seen;
+    };
+    std::map<std::string, int64_t> gates_unfolded, gates_folded;
+    int64_t bytes_unfolded = 0, bytes_folded = 0;
+    const auto want = train(false, &gates_unfolded, &bytes_unfolded);
+    const auto got = train(true, &gates_folded, &bytes_folded);
+    EXPECT_EQ(got, want);
+    // Layers are named by their index: the ReLU's gate once per training step, then the pool's.
+    const std::string relu = std::to_string(specs.size() - 2),
+                      pool = std::to_string(specs.size() - 1);
+    EXPECT_EQ(gates_unfolded, (std::map<std::string, int64_t>{{relu, 2}}));
+    EXPECT_EQ(gates_folded, (std::map<std::string, int64_t>{{pool, 2}}));
+    EXPECT_LT(bytes_folded, bytes_unfolded);
+  }
+}
+
 // Channels-last activations (Graph::set_channels_last, on where the backend prefers them: the
 // CPU backend) change no number beyond the rounding of a different summation order: two
 // training steps' outputs, gradients and buffers, and an evaluation, against all-NCHW.
