@@ -61,6 +61,9 @@ DPT_DEFINE_ERROR(BackendError, Error, kExitInternal);
 DPT_DEFINE_ERROR(DnnlError, BackendError, kExitInternal);
 DPT_DEFINE_ERROR(CudaError, BackendError, kExitInternal);
 DPT_DEFINE_ERROR(CudnnError, BackendError, kExitInternal);
+// cuDNN's NOT_SUPPORTED or BAD_PARAM families: this call is not for these operands (a layout, a
+// fused call, a shape), as opposed to a failure while running.
+DPT_DEFINE_ERROR(CudnnRefusal, CudnnError, kExitInternal);
 DPT_DEFINE_ERROR(CublasError, BackendError, kExitInternal);
 DPT_DEFINE_ERROR(InternalError, Error, kExitInternal);
 #undef DPT_DEFINE_ERROR

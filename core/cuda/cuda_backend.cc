@@ -343,6 +343,7 @@ void CudaBackend::StopDeviceTimer(int64_t token, OpStat* stat) noexcept {
   try {
     cudaEvent_t stop = SpareTimerEvent();
     if (cudaEventRecord(stop, stream_) != cudaSuccess) {
+      (void)cudaGetLastError();  // so that no later launch check reports it as its own
       spare_events_.push_back(stop);
       return;  // dropped: the timer stays without a stop and is not read
     }

@@ -184,7 +184,7 @@ class CudaBackend final : public Backend {
   cudaEvent_t compute_mark_ = nullptr;  // where the copy stream joins the compute stream
 
   // Profile timers: an event pair around each op on the compute stream, read in batches (at most
-  // kTimersBeforeRead pairs wait, so the host synchronises once every few hundred ops at most).
+  // kTimersBeforeRead pairs wait, so the host synchronises at most once every 4,096 ops).
   int64_t StartDeviceTimer() override;
   void StopDeviceTimer(int64_t token, OpStat* stat) noexcept override;
   void FlushDeviceTimers() override;

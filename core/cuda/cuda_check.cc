@@ -43,6 +43,11 @@ std::string CudnnStatusText(int status) {
   return s;
 }
 
+bool CudnnRefused(int status) {
+  const int category = CUDNN_STATUS_CATEGORY(status);
+  return category == CUDNN_STATUS_NOT_SUPPORTED || category == CUDNN_STATUS_BAD_PARAM;
+}
+
 std::string CublasStatusText(int status) {
   const auto st = static_cast<cublasStatus_t>(status);
   return std::string(cublasGetStatusName(st)) + ": " + cublasGetStatusString(st);

@@ -24,7 +24,10 @@ namespace dptrain::cuda::detail {
 
 // "cudaErrorMemoryAllocation: out of memory" plus a hint for the common failures.
 std::string CudaErrorText(cudaError_t e);
-std::string CudnnStatusText(int status);   // cudnnGetErrorString + cudnnGetLastErrorString
+std::string CudnnStatusText(int status);  // cudnnGetErrorString + cudnnGetLastErrorString
+// Whether a cuDNN status is a refusal of the operands (NOT_SUPPORTED or BAD_PARAM, with their
+// cuDNN 9 sub-codes) rather than a failure while running.
+bool CudnnRefused(int status);
 std::string CublasStatusText(int status);  // cublasGetStatusName: cublasGetStatusString
 std::string NcclResultText(int result);    // ncclGetErrorString + ncclGetLastError
 // DPTRAIN_SYNC_CHECKS: cudaDeviceSynchronize and throw CudaError naming `expr` on failure.
@@ -64,14 +67,18 @@ void Warn(const char* expr, const std::string& what, const char* file, int line)
     DPT_CUDA_SYNC_AFTER_(kernel);                                                             \
   } while (false)
 
-#define DPT_CUDNN_CHECK(expr)                                                         \
-  do {                                                                                \
-    const int dpt_cudnn_s_ = static_cast<int>(expr);                                  \
-    if (dpt_cudnn_s_ != 0) {                                                          \
-      DPT_THROW(::dptrain::CudnnError)                                                \
-          << #expr << ": " << ::dptrain::cuda::detail::CudnnStatusText(dpt_cudnn_s_); \
-    }                                                                                 \
-    DPT_CUDA_SYNC_AFTER_(#expr);                                                      \
+#define DPT_CUDNN_CHECK(expr)                                                                 \
+  do {                                                                                        \
+    const int dpt_cudnn_s_ = static_cast<int>(expr);                                          \
+    if (dpt_cudnn_s_ != 0) {                                                                  \
+      const std::string dpt_cudnn_m_ =                                                        \
+          std::string(#expr) + ": " + ::dptrain::cuda::detail::CudnnStatusText(dpt_cudnn_s_); \
+      if (::dptrain::cuda::detail::CudnnRefused(dpt_cudnn_s_)) {                              \
+        DPT_THROW(::dptrain::CudnnRefusal) << dpt_cudnn_m_;                                   \
+      }                                                                                       \
+      DPT_THROW(::dptrain::CudnnError) << dpt_cudnn_m_;                                       \
+    }                                                                                         \
+    DPT_CUDA_SYNC_AFTER_(#expr);                                                              \
   } while (false)
 
 #define DPT_CUBLAS_CHECK(expr)                                                          \

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdio>
 #include <memory>
 #include <mutex>
 #include <tuple>
@@ -107,9 +108,10 @@ std::shared_ptr<OpPlan> CudaBackend::PrepareConv2d(const Conv2dDesc& d) {
       // No algorithm meets the rules in NHWC (train.deterministic = true on a GPU whose
       // deterministic 16-bit kernels are NCHW only): the layout cuDNN has them for.
       plan_layout(false);
-    } catch (const CudnnError&) {
+    } catch (const CudnnRefusal&) {
       // cuDNN refused the NHWC descriptors themselves (a query's NOT_SUPPORTED or BAD_PARAM on
-      // this shape): NCHW, where a real error shows again.
+      // this shape): NCHW. Any other cuDNN error (a failure while running) is thrown as it is.
+      (void)cudaGetLastError();
       plan_layout(false);
     }
   } else {
@@ -167,8 +169,18 @@ void CudaBackend::Conv2dForward(const OpPlan& plan, const Tensor& x, const Tenso
         p.y.d, yout, p.b32.d, b->raw(), p.relu.d, p.y.d, yout);
     if (st == CUDNN_STATUS_SUCCESS) return;
     // cuDNN 9 reports sub-codes of NOT_SUPPORTED (shape, layout, ...) and, for some
-    // combinations, of BAD_PARAM: either way the fused call is not for this plan. The plain call
-    // below runs on the same operands, so a real error shows there.
+    // combinations, of BAD_PARAM: either way the fused call is not for this plan, and the plain
+    // call and the epilogue take over. Any other status is a failure and throws. The runtime's
+    // error flag is cleared, so that no later launch check reports cuDNN's failure as its own.
+    (void)cudaGetLastError();
+    if (!detail::CudnnRefused(static_cast<int>(st))) {
+      DPT_CUDNN_CHECK(st);
+    }
+    std::fprintf(stderr,
+                 "%sdptrain: note: cuDNN's fused bias+ReLU convolution is not available for %s "
+                 "(%s); running the convolution and its epilogue separately\n",
+                 RankTag().c_str(), d.ToString().c_str(),
+                 detail::CudnnStatusText(static_cast<int>(st)).c_str());
     p.fused = false;  // the epilogue from now on
   }
   DPT_CUDNN_CHECK(cudnnConvolutionForward(cudnn_, &one, p.x.d, xin, p.w.d, win, p.fwd.d, p.fwd_algo,

@@ -49,25 +49,40 @@ std::vector<AlgoCandidate> Candidates(const std::vector<Perf>& perfs) {
   return out;
 }
 
-// One algorithm query: cuDNN's timed search (train.cudnn_benchmark) or its heuristic. The timed
-// search allocates its own buffers and workspace with cudaMalloc; planned mid-run (the
+// One algorithm query's results: cuDNN's timed search (train.cudnn_benchmark) or its heuristic.
+// The timed search allocates its own buffers and workspace with cudaMalloc; planned mid-run (the
 // evaluator's smaller last batch, a new micro-batch) the caching allocator may hold most of the
-// device, and the search can fail for want of memory. The heuristic then answers, with a
-// warning, and the failed allocation's error is cleared so no later check reports it.
-template <class Find, class Get, class... Args>
-void QueryAlgorithms(bool timed, Find find, Get get, const char* what, const Conv2dDesc& d,
-                     Args... args) {
+// device, and the search can fail for want of memory: the call itself, or each algorithm it
+// tried (a result's status is ALLOC_FAILED when its workspace could not be had, while the call
+// succeeds). When it fails, or none of its results can be used (`usable`: PickConvAlgo finds
+// one), the heuristic answers, with a warning, and the failed allocation's error is cleared so
+// no later check reports it.
+template <class Perf, class Find, class Get, class Usable, class... Args>
+std::vector<Perf> QueryAlgorithms(bool timed, int max, Find find, Get get, Usable usable,
+                                  const char* what, const Conv2dDesc& d, Args... args) {
+  std::vector<Perf> perfs(static_cast<size_t>(std::max(max, 1)));
+  int got = 0;
   if (timed) {
-    const cudnnStatus_t s = find(args...);
-    if (s == CUDNN_STATUS_SUCCESS) return;
+    const cudnnStatus_t s = find(args..., static_cast<int>(perfs.size()), &got, perfs.data());
+    std::string why;
+    if (s == CUDNN_STATUS_SUCCESS) {
+      perfs.resize(static_cast<size_t>(got));
+      if (usable(perfs)) return perfs;
+      why = "none of the algorithms it ran can be used here; short of memory for a workspace?";
+      perfs.assign(static_cast<size_t>(std::max(max, 1)), Perf{});
+      got = 0;
+    } else {
+      why = detail::CudnnStatusText(static_cast<int>(s));
+    }
     (void)cudaGetLastError();
     std::fprintf(stderr,
                  "%sdptrain: warning: cuDNN's timed %s search failed for %s (%s); using its "
                  "heuristic choice\n",
-                 RankTag().c_str(), what, d.ToString().c_str(),
-                 detail::CudnnStatusText(static_cast<int>(s)).c_str());
+                 RankTag().c_str(), what, d.ToString().c_str(), why.c_str());
   }
-  DPT_CUDNN_CHECK(get(args...));
+  DPT_CUDNN_CHECK(get(args..., static_cast<int>(perfs.size()), &got, perfs.data()));
+  perfs.resize(static_cast<size_t>(got));
+  return perfs;
 }
 
 }  // namespace
@@ -112,15 +127,20 @@ void ChooseConvAlgorithms(cudnnHandle_t cudnn, ConvPlan* p, bool deterministic, 
         }
         return perfs[*i];
       };
+  // Whether PickConvAlgo finds an algorithm among a query's results.
+  const auto usable = [&](Determinism det) {
+    return [&, det](const auto& perfs) {
+      std::string relaxed;
+      return PickConvAlgo(Candidates(perfs), fp32, det, cap, &relaxed).has_value();
+    };
+  };
   {
-    int max = 0, got = 0;
+    int max = 0;
     DPT_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithmMaxCount(cudnn, &max));
-    std::vector<cudnnConvolutionFwdAlgoPerf_t> perfs(static_cast<size_t>(std::max(max, 1)));
     // The timed and the heuristic queries take the same arguments and return the same records.
-    QueryAlgorithms(timed, cudnnFindConvolutionForwardAlgorithm,
-                    cudnnGetConvolutionForwardAlgorithm_v7, "forward", d, cudnn, p->x.d, p->w.d,
-                    p->fwd.d, p->y.d, static_cast<int>(perfs.size()), &got, perfs.data());
-    perfs.resize(static_cast<size_t>(got));
+    const auto perfs = QueryAlgorithms<cudnnConvolutionFwdAlgoPerf_t>(
+        timed, max, cudnnFindConvolutionForwardAlgorithm, cudnnGetConvolutionForwardAlgorithm_v7,
+        usable(Determinism::kAny), "forward", d, cudnn, p->x.d, p->w.d, p->fwd.d, p->y.d);
     const auto best = pick(perfs, Determinism::kAny, "forward");
     p->fwd_algo = best.algo;
     DPT_CUDNN_CHECK(cudnnSetConvolutionMathType(p->fwd.d, best.mathType));
@@ -128,14 +148,12 @@ void ChooseConvAlgorithms(cudnnHandle_t cudnn, ConvPlan* p, bool deterministic, 
                                                             p->fwd_algo, &p->fwd_ws));
   }
   {
-    int max = 0, got = 0;
+    int max = 0;
     DPT_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(cudnn, &max));
-    std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perfs(static_cast<size_t>(std::max(max, 1)));
-    QueryAlgorithms(timed, cudnnFindConvolutionBackwardDataAlgorithm,
-                    cudnnGetConvolutionBackwardDataAlgorithm_v7, "backward-data", d, cudnn, p->w.d,
-                    p->y.d, p->bwd_data.d, p->x.d, static_cast<int>(perfs.size()), &got,
-                    perfs.data());
-    perfs.resize(static_cast<size_t>(got));
+    const auto perfs = QueryAlgorithms<cudnnConvolutionBwdDataAlgoPerf_t>(
+        timed, max, cudnnFindConvolutionBackwardDataAlgorithm,
+        cudnnGetConvolutionBackwardDataAlgorithm_v7, usable(backward), "backward-data", d, cudnn,
+        p->w.d, p->y.d, p->bwd_data.d, p->x.d);
     const auto best = pick(perfs, backward, "backward-data");
     p->data_algo = best.algo;
     DPT_CUDNN_CHECK(cudnnSetConvolutionMathType(p->bwd_data.d, best.mathType));
@@ -143,14 +161,12 @@ void ChooseConvAlgorithms(cudnnHandle_t cudnn, ConvPlan* p, bool deterministic, 
         cudnn, p->w.d, p->y.d, p->bwd_data.d, p->x.d, p->data_algo, &p->data_ws));
   }
   {
-    int max = 0, got = 0;
+    int max = 0;
     DPT_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(cudnn, &max));
-    std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> perfs(static_cast<size_t>(std::max(max, 1)));
-    QueryAlgorithms(timed, cudnnFindConvolutionBackwardFilterAlgorithm,
-                    cudnnGetConvolutionBackwardFilterAlgorithm_v7, "backward-filter", d, cudnn,
-                    p->x.d, p->y.d, p->bwd_filter.d, p->w.d, static_cast<int>(perfs.size()), &got,
-                    perfs.data());
-    perfs.resize(static_cast<size_t>(got));
+    const auto perfs = QueryAlgorithms<cudnnConvolutionBwdFilterAlgoPerf_t>(
+        timed, max, cudnnFindConvolutionBackwardFilterAlgorithm,
+        cudnnGetConvolutionBackwardFilterAlgorithm_v7, usable(backward), "backward-filter", d,
+        cudnn, p->x.d, p->y.d, p->bwd_filter.d, p->w.d);
     const auto best = pick(perfs, backward, "backward-filter");
     p->filter_algo = best.algo;
     DPT_CUDNN_CHECK(cudnnSetConvolutionMathType(p->bwd_filter.d, best.mathType));

@@ -142,9 +142,19 @@ TEST_P(CudaModelTest, MatchesTheCpuBackend) {
 TEST_P(CudaModelTest, TimedAlgorithmSearchMatchesTheCpuBackend) {
   DPT_BACKEND_OR_SKIP(cuda, "cuda");
   const ModelRun ref = ForwardBackward(GetBackend("cpu"), GetParam(), Precision::kF32);
-  cuda->SetTimedAlgorithmSearch(true);
-  const ModelRun got = ForwardBackward(*cuda, GetParam(), Precision::kF32);
-  cuda->SetTimedAlgorithmSearch(false);
+  // Off again however this test ends, so that no later test runs with it.
+  struct TimedSearch {
+    Backend* be;
+    explicit TimedSearch(Backend* b) : be(b) { be->SetTimedAlgorithmSearch(true); }
+    ~TimedSearch() { be->SetTimedAlgorithmSearch(false); }
+    TimedSearch(const TimedSearch&) = delete;
+    TimedSearch& operator=(const TimedSearch&) = delete;
+  };
+  ModelRun got;
+  {
+    const TimedSearch on(cuda);
+    got = ForwardBackward(*cuda, GetParam(), Precision::kF32);
+  }
   EXPECT_TRUE(AllClose(got.out, ToDouble(ref.out), kCrossBackendTol)) << "outputs";
   EXPECT_TRUE(Close(got.loss, ref.loss, kCrossBackendTol)) << "loss";
   EXPECT_TRUE(GradientsClose(got, ref));

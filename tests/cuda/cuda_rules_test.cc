@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "core/cuda/cuda_check.h"
+
 namespace dptrain::cuda {
 namespace {
 
@@ -139,6 +141,28 @@ TEST(CudaRulesTest, BatchNormPartsFillTheGpuWithoutTinyBlocks) {
   EXPECT_EQ(BatchNormParts(64, 8, 16), 1) << "at least 4096 elements a block";
   for (int64_t c : {1, 3, 64, 1000, 4096}) {
     EXPECT_LE(c * BatchNormParts(1 << 16, c, 1 << 10), c + 512) << c;
+  }
+}
+
+// A cuDNN status that refuses the operands (the NOT_SUPPORTED and BAD_PARAM families, cuDNN 9's
+// sub-codes included) lets the caller try another way (NCHW instead of NHWC, the plain call
+// instead of the fused one); a failure while running does not, and throws CudnnRefusal only for
+// the former.
+TEST(CudaRulesTest, CudnnRefusalsAreTheNotSupportedAndBadParamFamilies) {
+  // cudnn_graph.h's values (this test does not include cuDNN's headers): NOT_SUPPORTED 3000,
+  // _SHAPE 3002, _LAYOUT 3004; BAD_PARAM 2000, _NULL_POINTER 2002; NOT_INITIALIZED 1001,
+  // INTERNAL_ERROR 4000, _DEVICE_ALLOCATION_FAILED 4004, EXECUTION_FAILED 5000.
+  for (const int s : {3000, 3002, 3004, 2000, 2002}) EXPECT_TRUE(detail::CudnnRefused(s)) << s;
+  for (const int s : {1001, 4000, 4004, 5000}) EXPECT_FALSE(detail::CudnnRefused(s)) << s;
+  const auto refuse = [] { DPT_CUDNN_CHECK(3004); };
+  const auto fail = [] { DPT_CUDNN_CHECK(5000); };
+  EXPECT_THROW(refuse(), CudnnRefusal);
+  EXPECT_THROW(fail(), CudnnError);
+  try {
+    fail();
+  } catch (const CudnnRefusal&) {
+    ADD_FAILURE() << "a failure while running is not a refusal";
+  } catch (const CudnnError&) {
   }
 }
 
