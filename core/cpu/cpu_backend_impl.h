@@ -131,10 +131,6 @@ struct ConvPlan final : WeightedPlan {
 
 struct LinearPlan final : WeightedPlan {
   LinearDesc d;
-  // fp32 forward as a matmul reading W (out, in) transposed where it lies (see PrepareLinear).
-  bool matmul = false;
-  dnnl::primitive mm;
-  memory::desc mm_w, mm_b, mm_scratch;
 };
 
 // Max pooling runs on oneDNN primitives; average pooling on dptrain's own loops over the window

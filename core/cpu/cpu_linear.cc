@@ -4,8 +4,6 @@
 #include <dnnl.hpp>
 #include <memory>
 #include <mutex>
-#include <string>
-#include <unordered_map>
 
 #include "core/cpu/cpu_backend.h"
 #include "core/cpu/cpu_backend_impl.h"
@@ -43,23 +41,6 @@ std::shared_ptr<OpPlan> CpuBackend::PrepareLinear(const LinearDesc& d) {
       dnnl::inner_product_backward_weights::desc(x_md, dw_md, p->b_md, y_md), attr, eng, fwd));
   impl_->Finish(*this, p.get(), "linear", d.precision == Precision::kF16, fwd, data, weights,
                 x_user, w_user, y_user, Shape{d.out, d.in});
-  // fp32 forward: oneDNN's inner product runs below its own backward passes at a classifier's
-  // shapes, and blocking the weights instead costs a reorder per step as they change. A matmul
-  // reads W^T as a strided view of W and takes faster kernels (2 threads, this machine: ref_cnn's
-  // fc1, 64 x 3136 -> 128, 0.172 -> 0.122 ms; 64 x 512 -> 1000, 0.324 -> 0.159 ms), unless
-  // oneDNN has only its reference kernel for it.
-  if (d.precision == Precision::kF32) {
-    p->mm_w = memory::desc({d.in, d.out}, Dt::f32, Tag::ba);
-    p->mm_b = d.bias ? memory::desc({1, d.out}, Dt::f32, Tag::ab) : memory::desc();
-    const auto mm = DPT_DNNL(dnnl::matmul::primitive_desc(
-        dnnl::matmul::desc(x_user, p->mm_w, p->mm_b, y_user), attr, eng));
-    if (std::string(mm.impl_info_str()).rfind("ref", 0) != 0) {
-      p->matmul = true;
-      p->mm = dnnl::matmul(mm);
-      p->mm_scratch = mm.scratchpad_desc();
-      impl_->Reserve(*this, p->mm_scratch);
-    }
-  }
   slot = p;
   return p;
 }
@@ -72,17 +53,7 @@ void CpuBackend::LinearForward(const OpPlan& plan, const Tensor& x, const Tensor
   CheckF32(x, "linear x");
   DPT_CHECK(x.numel() == p.d.n * p.d.in) << x.shape().ToString() << " for " << p.d.ToString();
   DPT_CHECK(!p.d.bias || b != nullptr) << "linear with bias needs a bias tensor";
-  if (!p.matmul) {
-    impl_->Forward(p, x, w, b, y);
-    return;
-  }
-  const auto& eng = impl_->engine;
-  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, impl_->Mem(p.f_x.user, x)},
-                                       {DNNL_ARG_WEIGHTS, memory(p.mm_w, eng, w.raw())},
-                                       {DNNL_ARG_DST, impl_->Mem(p.f_y.user, *y)},
-                                       {DNNL_ARG_SCRATCHPAD, impl_->Scratch(p.mm_scratch)}};
-  if (p.d.bias) args.emplace(DNNL_ARG_BIAS, memory(p.mm_b, eng, b->raw()));
-  DPT_DNNL(p.mm.execute(impl_->stream, args));
+  impl_->Forward(p, x, w, b, y);
 }
 
 void CpuBackend::LinearBackwardData(const OpPlan& plan, const Tensor& dy, const Tensor& w,
