@@ -161,7 +161,9 @@ class Backend {
   virtual ~Backend() = default;
   virtual Device device() const = 0;
   virtual std::string name() const = 0;  // "cpu", "cuda"
-  // Compute threads for this backend (CPU: OpenMP/oneDNN threads; no-op elsewhere).
+  // Compute threads for this backend (CPU: OpenMP/oneDNN threads; no-op elsewhere). Before any
+  // Prepare*: oneDNN splits a primitive's work for the threads there are when it is created, so
+  // plans made earlier keep their old split (ReleasePlans drops the cached ones).
   virtual void SetThreads(int /*threads*/) {}
   // train.deterministic: every op must give the same bits on every run (CUDA: only
   // deterministic cuDNN algorithms, an error naming the layer when a conv has none; the CPU
