@@ -45,7 +45,9 @@ class Model {
   // Deterministic PyTorch-style initialisation from `seed` (same on every rank).
   void InitParams(uint64_t seed);
 
-  // x: (n, input_shape...) on the backend's device. Returns the output (logits / predictions).
+  // x: (n, input_shape...) on the backend's device. Returns the output (logits / predictions),
+  // valid until the next Forward or Backward: layers write gradients over their own outputs in
+  // backward, and a model that ends in a view (a flatten after a pool) returns that layer's.
   const Tensor& Forward(const Tensor& x, const ForwardContext& ctx);
   // Backward from d(loss)/d(output). Gradients are written into grads() (added when
   // accumulate). `on_ready(n)` is called as backward proceeds: the first n floats of grads() are

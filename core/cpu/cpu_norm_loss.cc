@@ -17,7 +17,9 @@ namespace dptrain::cpu {
 // ---- batch norm --------------------------------------------------------------------------
 // Per channel, over its N runs of H*W contiguous elements: each run goes through one of the
 // vectorised loops below (double accumulators; `omp simd` lets the compiler split each sum over
-// vector lanes, a fixed order for a given build, so reruns are bit-identical).
+// vector lanes, a fixed order for a given build and CPU, so reruns are bit-identical; the clone
+// picked for the CPU (DPT_SIMD_CLONES: AVX-512, AVX2 or the baseline) sets the lane count, so
+// two kinds of CPU may differ in a sum's last bits).
 
 namespace {
 
