@@ -179,16 +179,21 @@ verdict() {  # value target: sets $v to "met" or "NOT met" and counts it
 }
 gf() { calc %.0f "$1 * ${flops[$model]} / 1e9"; }  # samples/s -> GFLOP/s of $model
 pct() { calc %.0f "100 * $1 * ${flops[$model]} / 1e9 / $peak"; }  # ... as % of $peak
+# set_steps MODEL BATCH: $warm and $steps, the warm-up and timed steps of one process (about 4 s
+# of timed steps after the warm-up; the whole run: about 11 minutes, resnet18_cifar about 8 more).
+set_steps() {
+  local warm_samples=2560 measure_samples=30720
+  [ "$1" = resnet8 ] && warm_samples=1024 measure_samples=12288
+  [ "$1" = resnet18_cifar ] && warm_samples=128 measure_samples=512
+  warm=$((warm_samples / scale / $2)) steps=$((measure_samples / scale / $2))
+  [ $warm -ge 2 ] || warm=2
+  [ $steps -ge 4 ] || steps=4
+}
 for model in "${models[@]}"; do
-  # About 4 s of timed steps per process after the warm-up (the whole run: about 11 minutes;
-  # resnet18_cifar, batch 64 only, about 8 more).
-  warm_samples=2560 measure_samples=30720 model_batches=("${batches[@]}")
-  [ "$model" = resnet8 ] && warm_samples=1024 measure_samples=12288
-  [ "$model" = resnet18_cifar ] && warm_samples=128 measure_samples=512 model_batches=(64)
+  model_batches=("${batches[@]}")
+  [ "$model" = resnet18_cifar ] && model_batches=(64)  # batch 64 only
   for batch in "${model_batches[@]}"; do
-    warm=$((warm_samples / scale / batch)) steps=$((measure_samples / scale / batch))
-    [ $warm -ge 2 ] || warm=2
-    [ $steps -ge 4 ] || steps=4
+    set_steps "$model" "$batch"
     for layout in "${layouts[@]}"; do
       read -r ranks threads <<<"$layout"
       for prec in fp32 bf16; do
@@ -258,9 +263,7 @@ if [[ " ${models[*]} " == *" ref_cnn "* ]]; then
   printf '%-6s %-6s %-18s %8s %8s %6s %s\n' batch layer pass ms/step GFLOP/s '%pk' target
   conv_met=0 conv_rows=0
   for batch in "${batches[@]}"; do
-    warm=$((2560 / scale / batch)) steps=$((30720 / scale / batch))
-    [ $warm -ge 2 ] || warm=2
-    [ $steps -ge 4 ] || steps=4
+    set_steps ref_cnn "$batch"
     profiles=()
     extra=(--set train.profile=true)
     for ((r = 0; r < repeat; r++)); do

@@ -19,12 +19,13 @@ namespace {
 // value, so the compiler knows no store aliases them. Every element's arithmetic is the same
 // expression in every build (no contraction), so results do not depend on the vector width or
 // the thread count.
+constexpr int64_t kBlock = 1 << 13;
+int64_t Blocks(int64_t n) { return (n + kBlock - 1) / kBlock; }
+int64_t BlockEnd(int64_t n, int64_t k) { return std::min(n, (k + 1) * kBlock); }
 template <class F>
 void ForBlocks(int64_t n, F f) {
-  constexpr int64_t kBlock = 1 << 13;
-  const int64_t blocks = (n + kBlock - 1) / kBlock;
 #pragma omp parallel for if (n > kParallelMin)
-  for (int64_t k = 0; k < blocks; ++k) f(k * kBlock, std::min(n, (k + 1) * kBlock));
+  for (int64_t k = 0; k < Blocks(n); ++k) f(k * kBlock, BlockEnd(n, k));
 }
 
 DPT_SIMD_CLONES void ReluLoop(const float* x, float* y, int64_t n) {
@@ -313,12 +314,11 @@ DPT_SIMD_CLONES int64_t NonFiniteLoop(const float* p, int64_t n) {
 // Every step, over the whole gradient buffer (Trainer::CheckGradients).
 int64_t CpuBackend::CountNonFinite(const Tensor& t) {
   const float* p = t.data<float>();
-  constexpr int64_t kBlock = 1 << 13;
-  const int64_t n = t.numel(), blocks = (n + kBlock - 1) / kBlock;
+  const int64_t n = t.numel();
   int64_t bad = 0;
 #pragma omp parallel for reduction(+ : bad) if (n > kParallelMin)
-  for (int64_t k = 0; k < blocks; ++k) {
-    bad += NonFiniteLoop(p + k * kBlock, std::min(n, (k + 1) * kBlock) - k * kBlock);
+  for (int64_t k = 0; k < Blocks(n); ++k) {
+    bad += NonFiniteLoop(p + k * kBlock, BlockEnd(n, k) - k * kBlock);
   }
   return bad;
 }
