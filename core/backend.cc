@@ -45,6 +45,17 @@ void Backend::LinearBackward(const OpPlan& plan, const Tensor& x, const Tensor& 
   if (dx != nullptr) LinearBackwardData(plan, dy, w, dx);
 }
 
+void Backend::ConvPoolForward(const ConvPoolDesc& d, const Tensor& /*x*/, const Tensor& /*w*/,
+                              const Tensor* /*b*/, Tensor* /*y*/, Tensor* /*ws*/) {
+  DPT_THROW(InternalError) << name() << ": no fused " << d.ToString();
+}
+
+void Backend::ConvPoolBackward(const ConvPoolDesc& d, const Tensor& /*x*/, const Tensor& /*y*/,
+                               const Tensor& /*dy*/, const Tensor& /*ws*/, Tensor* /*dw*/,
+                               Tensor* /*db*/, bool /*accumulate*/) {
+  DPT_THROW(InternalError) << name() << ": no fused " << d.ToString();
+}
+
 namespace {
 int64_t NowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -165,6 +176,17 @@ bool Conv2dDesc::Valid() const {
          groups > 0 && dilation > 0 && c % groups == 0 && k % groups == 0 && out_h() > 0 &&
          out_w() > 0;
 }
+
+bool ConvPoolDesc::Valid() const {
+  const Conv2dDesc& c = conv;
+  const PoolDesc& p = pool;
+  return c.Valid() && c.relu && c.groups == 1 && c.dilation == 1 && c.stride == 1 &&
+         c.c <= kMaxInputChannels && p.Valid() && p.kind == PoolKind::kMax && p.n == c.n &&
+         p.c == c.k && p.h == c.out_h() && p.w == c.out_w() && p.kernel == 2 && p.stride == 2 &&
+         p.pad == 0 && p.out_h() == p.h / 2 && p.out_w() == p.w / 2;
+}
+
+std::string ConvPoolDesc::ToString() const { return conv.ToString() + " + " + pool.ToString(); }
 
 std::string LinearDesc::ToString() const {
   std::ostringstream os;

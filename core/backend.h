@@ -96,6 +96,23 @@ struct PoolDesc {
   int64_t OutSize(int64_t in) const;
 };
 
+// A convolution with its ReLU folded in (Conv2dDesc::relu) and the 2x2 max pool (stride 2, no
+// padding, floor mode) that alone reads it, run as one op: the convolution's full-size output
+// (4x the pooled) is never written, and the weight gradient is taken from the pooled gradient and
+// the window position each maximum came from (no scattered full-size gradient). For first layers:
+// a few input channels (the pixel's channels), stride 1, no groups or dilation, and no input
+// gradient. `conv` describes the convolution, `pool` the pool over its output (its nhwc flag is
+// the pooled output's layout, conv.x_nhwc the input's).
+struct ConvPoolDesc {
+  static constexpr int64_t kMaxInputChannels = 4;
+  Conv2dDesc conv;
+  PoolDesc pool;
+  // The shapes and flags above agree with each other and fit this op's cases (not whether a
+  // backend runs it: Backend::Supports).
+  bool Valid() const;
+  std::string ToString() const;
+};
+
 // What Prepare* returns: backend-specific state for one shape. `workspace_bytes` is the size of
 // the per-call workspace a layer must allocate once and pass back (max-pool indices).
 class OpPlan {
@@ -208,6 +225,9 @@ class Backend {
   virtual bool Supports(const Conv2dDesc& d) const = 0;
   virtual bool Supports(const LinearDesc& d) const = 0;
   virtual bool Supports(const PoolDesc& d) const = 0;
+  // A fusion, not an op a model needs: a backend without it answers no and the graph runs the
+  // convolution and the pool as two ops.
+  virtual bool Supports(const ConvPoolDesc& /*d*/) const { return false; }
   // Whether the graph should keep 4-D activations channels-last (NHWC) between the ops that take
   // them (convolution, batch norm, pooling, the elementwise ops): the CPU backend's convolutions
   // run on NHWC without a reorder in and out of each. A backend that says yes supports the
@@ -249,6 +269,20 @@ class Backend {
   virtual std::shared_ptr<OpPlan> PreparePool(const PoolDesc& d) = 0;
   virtual void PoolForward(const OpPlan& plan, const Tensor& x, Tensor* y, Tensor* ws) = 0;
   virtual void PoolBackward(const OpPlan& plan, const Tensor& dy, const Tensor* ws, Tensor* dx) = 0;
+
+  // ---- convolution + ReLU + 2x2 max pool (ConvPoolDesc), where Supports says yes ----
+  // y: the pooled output (N, K, P/2, Q/2). ws: (N, K, P/2, Q/2) u8, which of the window's four
+  // positions (row-major) held the maximum, written in training; nullptr for inference. The same
+  // values as Conv2dForward then PoolForward, up to the rounding of the convolution's sums (and
+  // so, where two window values come within it, which of them is the maximum).
+  virtual void ConvPoolForward(const ConvPoolDesc& d, const Tensor& x, const Tensor& w,
+                               const Tensor* b, Tensor* y, Tensor* ws);
+  // dy: the pooled output's gradient; y, ws: the forward's. Gates dy by y > 0 (the ReLU), then
+  // the convolution's weight and bias gradients as PoolBackward then Conv2dBackwardWeights would
+  // give them (added to dw, db when accumulating), up to rounding.
+  virtual void ConvPoolBackward(const ConvPoolDesc& d, const Tensor& x, const Tensor& y,
+                                const Tensor& dy, const Tensor& ws, Tensor* dw, Tensor* db,
+                                bool accumulate);
 
   // ---- elementwise ----
   virtual void ReluForward(const Tensor& x, Tensor* y) = 0;

@@ -36,6 +36,7 @@ class CpuBackend final : public Backend {
   bool Supports(const Conv2dDesc& d) const override;
   bool Supports(const LinearDesc& d) const override;
   bool Supports(const PoolDesc& d) const override;
+  bool Supports(const ConvPoolDesc& d) const override;  // fp32 and bf16 (cpu_conv_pool.cc)
   // oneDNN's convolutions read and write NHWC as fast as their blocked layouts, without the
   // reorders NCHW costs at both ends of each (cpu_conv.cc).
   bool PrefersChannelsLast() const override { return true; }
@@ -63,6 +64,11 @@ class CpuBackend final : public Backend {
   std::shared_ptr<OpPlan> PreparePool(const PoolDesc& d) override;
   void PoolForward(const OpPlan& plan, const Tensor& x, Tensor* y, Tensor* ws) override;
   void PoolBackward(const OpPlan& plan, const Tensor& dy, const Tensor* ws, Tensor* dx) override;
+
+  void ConvPoolForward(const ConvPoolDesc& d, const Tensor& x, const Tensor& w, const Tensor* b,
+                       Tensor* y, Tensor* ws) override;
+  void ConvPoolBackward(const ConvPoolDesc& d, const Tensor& x, const Tensor& y, const Tensor& dy,
+                        const Tensor& ws, Tensor* dw, Tensor* db, bool accumulate) override;
 
   void ReluForward(const Tensor& x, Tensor* y) override;
   void ReluBackward(const Tensor& y, const Tensor& dy, Tensor* dx) override;

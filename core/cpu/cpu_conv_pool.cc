@@ -1,0 +1,294 @@
+// SPDX-License-Identifier: Apache-2.0
+// CPU backend: a first layer's convolution, its ReLU and the 2x2 max pool after them as one op
+// (ConvPoolDesc). With one to four input channels a convolution does little arithmetic per output
+// value, and oneDNN's kernels spend their time writing the full-size output that the pool reads
+// back, then the pool's scattered gradient (3 zeros in 4) that the weight gradient reads: ref_cnn
+// at batch 64 moves 6.4 MB in each of those passes, and they took a quarter of its step. Here
+// each pooled value is the maximum of its window's four convolution outputs, computed side by
+// side and never stored, and the weight gradient reads only the pooled gradient and the window
+// position of each maximum.
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "core/cpu/cpu_backend.h"
+#include "core/cpu/cpu_backend_impl.h"
+#include "core/elementwise.h"
+#include "core/error.h"
+
+namespace dptrain::cpu {
+namespace {
+
+constexpr int64_t kLanes = 16;  // output channels per step: one AVX-512 register of floats
+
+// How the kernels see the op: the input zero-padded (hp x wp per channel, one sample at a time)
+// and the weights as taps (c, r, s) of kp output channels each (K rounded up to kLanes, zeros
+// after K), so each tap's weights for a step of kLanes channels are contiguous.
+struct Geometry {
+  int64_t c, k, kp, r, s, taps, hp, wp, ph, pw;
+  int64_t xs;  // row stride of the padded input: wp and two zeros (a pair's idle second column)
+  bool x_nhwc, y_nhwc, bf16;
+};
+
+Geometry Describe(const ConvPoolDesc& d) {
+  const Conv2dDesc& c = d.conv;
+  Geometry g{};
+  g.c = c.c, g.k = c.k, g.kp = (c.k + kLanes - 1) / kLanes * kLanes, g.r = c.r, g.s = c.s;
+  g.taps = c.c * c.r * c.s;
+  g.hp = c.h + 2 * c.pad, g.wp = c.w + 2 * c.pad, g.xs = g.wp + 2;
+  g.ph = d.pool.out_h(), g.pw = d.pool.out_w();
+  g.x_nhwc = c.x_nhwc, g.y_nhwc = d.pool.nhwc, g.bf16 = c.precision == Precision::kBF16;
+  return g;
+}
+
+// bf16 precision computes on bf16 operands with f32 sums, as oneDNN's bf16 kernels: rounded to
+// bf16 here, every product is exact in f32.
+float Operand(float v, bool bf16) { return bf16 ? ew::Bf16ToFloat(ew::FloatToBf16(v)) : v; }
+
+// Sample n of x into xp (g.c planes of hp x wp, zeros around).
+void PadSample(const Geometry& g, const Conv2dDesc& d, const float* x, int64_t n, float* xp) {
+  std::fill(xp, xp + g.c * g.hp * g.xs, 0.f);
+  for (int64_t c = 0; c < g.c; ++c) {
+    for (int64_t h = 0; h < d.h; ++h) {
+      float* row = xp + (c * g.hp + h + d.pad) * g.xs + d.pad;
+      for (int64_t w = 0; w < d.w; ++w) {
+        const int64_t at =
+            g.x_nhwc ? ((n * d.h + h) * d.w + w) * g.c + c : ((n * g.c + c) * d.h + h) * d.w + w;
+        row[w] = Operand(x[at], g.bf16);
+      }
+    }
+  }
+}
+
+// A step of kLanes output channels as one vector (GCC's vector extension: AVX-512 in the clone
+// built for it, several narrower registers in the others), so the four window positions' sums
+// stay in registers. Values move in and out through memcpy; no vector crosses a function call.
+using Vec = float __attribute__((vector_size(kLanes * sizeof(float))));
+using Mask = int32_t __attribute__((vector_size(kLanes * sizeof(int32_t))));
+using Bytes = uint8_t __attribute__((vector_size(kLanes)));
+
+// The pooled elements (i, j, channels k0..k0+kLanes) of sample n: their offsets in y, dy and ws
+// (lanes past K get none: `lanes` of them are real).
+struct Step {
+  int64_t at[kLanes];
+  int64_t lanes;
+  bool contiguous;  // channels-last: at[l] = at[0] + l (only at[0] is set)
+};
+void Locate(const Geometry& g, int64_t n, int64_t i, int64_t j, int64_t k0, Step* st) {
+  st->lanes = std::min(kLanes, g.k - k0);
+  st->contiguous = g.y_nhwc;
+  if (g.y_nhwc) {
+    st->at[0] = ((n * g.ph + i) * g.pw + j) * g.k + k0;
+    return;
+  }
+  for (int64_t l = 0; l < st->lanes; ++l) {
+    const int64_t kk = k0 + l;
+    st->at[l] =
+        g.y_nhwc ? ((n * g.ph + i) * g.pw + j) * g.k + kk : ((n * g.k + kk) * g.ph + i) * g.pw + j;
+  }
+}
+
+// One sample's pooled outputs, two pooled columns at a time (eight independent sums: the adds'
+// latency hides; a last odd column computes an idle second one over the zeros past the row).
+// Each lane sums bias, then the taps in (c, r, s) order; the first window position holding the
+// maximum wins (as the pool's scan).
+DPT_SIMD_CLONES void ForwardSample(const Geometry g, const float* xp, const float* wt,
+                                   const float* bias, int64_t n, float* y, uint8_t* ws) {
+  for (int64_t i = 0; i < g.ph; ++i) {
+    for (int64_t j = 0; j < g.pw; j += 2) {
+      for (int64_t k0 = 0; k0 < g.kp; k0 += kLanes) {
+        Vec a[8];
+        std::memcpy(&a[0], bias + k0, sizeof(Vec));
+        for (auto& v : a) v = a[0];
+        for (int64_t c = 0; c < g.c; ++c) {
+          for (int64_t r = 0; r < g.r; ++r) {
+            const float* row = xp + (c * g.hp + 2 * i + r) * g.xs + 2 * j;
+            const float* wv = wt + ((c * g.r + r) * g.s) * g.kp + k0;
+            for (int64_t s = 0; s < g.s; ++s, wv += g.kp) {
+              Vec w;
+              std::memcpy(&w, wv, sizeof(Vec));
+              const float* top = row + s;
+              const float* bottom = top + g.xs;
+              a[0] += top[0] * w;
+              a[1] += top[1] * w;
+              a[2] += bottom[0] * w;
+              a[3] += bottom[1] * w;
+              a[4] += top[2] * w;
+              a[5] += top[3] * w;
+              a[6] += bottom[2] * w;
+              a[7] += bottom[3] * w;
+            }
+          }
+        }
+        for (int64_t col = 0; col < std::min<int64_t>(2, g.pw - j); ++col) {
+          const Vec* q = a + 4 * col;
+          Vec m = q[0];
+          Mask p = Mask{} + 0;
+          for (int32_t pos = 1; pos < 4; ++pos) {
+            const Mask up = q[pos] > m;
+            m = up ? q[pos] : m;
+            p = up ? Mask{} + pos : p;
+          }
+          m = m > 0.f ? m : Vec{};  // the ReLU (ew::Relu)
+          const Bytes pb = __builtin_convertvector(p, Bytes);
+          Step st;
+          Locate(g, n, i, j + col, k0, &st);
+          if (st.contiguous) {
+            std::memcpy(y + st.at[0], &m, static_cast<size_t>(st.lanes) * sizeof(float));
+            if (ws != nullptr) std::memcpy(ws + st.at[0], &pb, static_cast<size_t>(st.lanes));
+            continue;
+          }
+          for (int64_t l = 0; l < st.lanes; ++l) {
+            y[st.at[l]] = m[l];
+            if (ws != nullptr) ws[st.at[l]] = pb[l];
+          }
+        }
+      }
+    }
+  }
+}
+
+// One sample's weight and bias gradients, (taps, kp) and (kp), added in f32 to dw and db over its
+// pooled positions, two columns at a time as forward: dy gated by the ReLU (y > 0) lands on the
+// window position the maximum came from (g[4 * col + position], zero at the other three).
+DPT_SIMD_CLONES void BackwardSample(const Geometry g, const float* xp, const float* y,
+                                    const float* dy, const uint8_t* ws, int64_t n, float* dw,
+                                    float* db) {
+  for (int64_t i = 0; i < g.ph; ++i) {
+    for (int64_t j = 0; j < g.pw; j += 2) {
+      for (int64_t k0 = 0; k0 < g.kp; k0 += kLanes) {
+        Vec gq[8];
+        Vec acc;
+        std::memcpy(&acc, db + k0, sizeof(Vec));
+        for (int64_t col = 0; col < 2; ++col) {
+          float yl[kLanes] = {}, gl[kLanes] = {};
+          uint8_t al[kLanes] = {};
+          if (j + col < g.pw) {
+            Step st;
+            Locate(g, n, i, j + col, k0, &st);
+            for (int64_t l = 0; l < st.lanes; ++l) {
+              const int64_t o = st.contiguous ? st.at[0] + l : st.at[l];
+              yl[l] = y[o], gl[l] = Operand(dy[o], g.bf16), al[l] = ws[o];
+            }
+          }
+          Vec yv, gv;
+          Bytes ab;
+          std::memcpy(&yv, yl, sizeof(Vec));
+          std::memcpy(&gv, gl, sizeof(Vec));
+          std::memcpy(&ab, al, sizeof(Bytes));
+          const Mask at = __builtin_convertvector(ab, Mask);
+          gv = yv > 0.f ? gv : Vec{};
+          acc += gv;
+          for (int32_t pos = 0; pos < 4; ++pos) gq[4 * col + pos] = at == pos ? gv : Vec{};
+        }
+        std::memcpy(db + k0, &acc, sizeof(Vec));
+        for (int64_t c = 0; c < g.c; ++c) {
+          for (int64_t r = 0; r < g.r; ++r) {
+            const float* row = xp + (c * g.hp + 2 * i + r) * g.xs + 2 * j;
+            float* dv = dw + ((c * g.r + r) * g.s) * g.kp + k0;
+            for (int64_t s = 0; s < g.s; ++s, dv += g.kp) {
+              const float* top = row + s;
+              const float* bottom = top + g.xs;
+              std::memcpy(&acc, dv, sizeof(Vec));
+              acc += gq[0] * top[0] + gq[1] * top[1] + gq[2] * bottom[0] + gq[3] * bottom[1] +
+                     gq[4] * top[2] + gq[5] * top[3] + gq[6] * bottom[2] + gq[7] * bottom[3];
+              std::memcpy(dv, &acc, sizeof(Vec));
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+bool CpuBackend::Supports(const ConvPoolDesc& d) const {
+  return d.Valid() && d.conv.precision != Precision::kF16 && PrecisionOk(d.conv.precision);
+}
+
+void CpuBackend::ConvPoolForward(const ConvPoolDesc& d, const Tensor& x, const Tensor& w,
+                                 const Tensor* b, Tensor* y, Tensor* ws) {
+  OpScope scope(this, "conv_pool_fwd");
+  DPT_CHECK(Supports(d)) << "cpu: fused " << d.ToString();
+  const Conv2dDesc& cd = d.conv;
+  scope.set_flops(cd.flops());
+  CheckF32(x, "conv_pool x");
+  DPT_CHECK(x.numel() == cd.n * cd.c * cd.h * cd.w && w.numel() == cd.weight_numel() &&
+            y->numel() == cd.n * cd.k * d.pool.out_h() * d.pool.out_w() &&
+            (ws == nullptr || ws->bytes() >= static_cast<size_t>(y->numel())) &&
+            (!cd.bias || b != nullptr))
+      << "conv_pool operands for " << d.ToString();
+  const Geometry g = Describe(d);
+  // Weights as (taps, kp), bias as (kp): zeros past K, so the last step's idle lanes compute 0.
+  std::vector<float> wt(static_cast<size_t>(g.taps * g.kp), 0.f), bias(static_cast<size_t>(g.kp));
+  const float* wp = w.data<float>();
+  for (int64_t k = 0; k < g.k; ++k) {
+    for (int64_t t = 0; t < g.taps; ++t) wt[t * g.kp + k] = Operand(wp[k * g.taps + t], g.bf16);
+    bias[k] = cd.bias ? b->data<float>()[k] : 0.f;
+  }
+  const float* xs = x.data<float>();
+  float* out = y->data<float>();
+  uint8_t* at = ws != nullptr ? ws->data<uint8_t>() : nullptr;
+#pragma omp parallel
+  {
+    std::vector<float> xp(static_cast<size_t>(g.c * g.hp * g.xs));
+#pragma omp for
+    for (int64_t n = 0; n < cd.n; ++n) {
+      PadSample(g, cd, xs, n, xp.data());
+      ForwardSample(g, xp.data(), wt.data(), bias.data(), n, out, at);
+    }
+  }
+}
+
+void CpuBackend::ConvPoolBackward(const ConvPoolDesc& d, const Tensor& x, const Tensor& y,
+                                  const Tensor& dy, const Tensor& ws, Tensor* dw, Tensor* db,
+                                  bool accumulate) {
+  OpScope scope(this, "conv_pool_bwd");
+  DPT_CHECK(Supports(d)) << "cpu: fused " << d.ToString();
+  const Conv2dDesc& cd = d.conv;
+  scope.set_flops(cd.flops());
+  const Geometry g = Describe(d);
+  DPT_CHECK(dy.numel() == y.numel() && ws.bytes() >= static_cast<size_t>(y.numel()) &&
+            dw->numel() == cd.weight_numel() && (!cd.bias || db != nullptr))
+      << "conv_pool backward operands for " << d.ToString();
+  // Each sample's sums in f32 (its pooled positions), added in double into one partial per block
+  // of samples, the blocks added in order: the same bits on any number of threads, and as
+  // accurate as oneDNN's blocked sums (the 1 vs N rank equivalence tests compare them).
+  constexpr int64_t kBlock = 8;
+  const int64_t blocks = (cd.n + kBlock - 1) / kBlock, part = g.taps * g.kp + g.kp;
+  std::vector<double> parts(static_cast<size_t>(blocks * part), 0.0);
+  const float* xs = x.data<float>();
+#pragma omp parallel
+  {
+    std::vector<float> xp(static_cast<size_t>(g.c * g.hp * g.xs)), one(static_cast<size_t>(part));
+#pragma omp for
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+      double* p = parts.data() + blk * part;
+      for (int64_t n = blk * kBlock; n < std::min(cd.n, (blk + 1) * kBlock); ++n) {
+        PadSample(g, cd, xs, n, xp.data());
+        std::fill(one.begin(), one.end(), 0.f);
+        BackwardSample(g, xp.data(), y.data<float>(), dy.data<float>(), ws.data<uint8_t>(), n,
+                       one.data(), one.data() + g.taps * g.kp);
+        for (int64_t t = 0; t < part; ++t) p[t] += one[static_cast<size_t>(t)];
+      }
+    }
+  }
+  float* gw = dw->data<float>();
+  for (int64_t k = 0; k < g.k; ++k) {
+    for (int64_t t = 0; t < g.taps; ++t) {
+      double sum = 0;
+      for (int64_t b = 0; b < blocks; ++b)
+        sum += parts[static_cast<size_t>(b * part + t * g.kp + k)];
+      gw[k * g.taps + t] = static_cast<float>(sum) + (accumulate ? gw[k * g.taps + t] : 0.f);
+    }
+    if (!cd.bias) continue;
+    double sum = 0;
+    for (int64_t b = 0; b < blocks; ++b)
+      sum += parts[static_cast<size_t>(b * part + g.taps * g.kp + k)];
+    db->data<float>()[k] = static_cast<float>(sum) + (accumulate ? db->data<float>()[k] : 0.f);
+  }
+}
+
+}  // namespace dptrain::cpu
