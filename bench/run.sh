@@ -260,7 +260,7 @@ if [[ " ${models[*]} " == *" ref_cnn "* ]]; then
   echo
   echo "== ref_cnn's convolutions against the fp32 peak (train.profile, 1 rank x 2 threads, fp32;" \
     "median of $repeat runs; target >= 60% of $peak_fp32 GFLOP/s for each)"
-  printf '%-6s %-6s %-18s %8s %8s %6s %s\n' batch layer pass ms/step GFLOP/s '%pk' target
+  printf '%-6s %-10s %-18s %8s %8s %6s %s\n' batch layer pass ms/step GFLOP/s '%pk' target
   conv_met=0 conv_rows=0
   for batch in "${batches[@]}"; do
     set_steps ref_cnn "$batch"
@@ -274,8 +274,10 @@ if [[ " ${models[*]} " == *" ref_cnn "* ]]; then
     "$py" - "$batch" "$peak_fp32" "$work/conv-met" "${profiles[@]}" <<'PY'
 import json, statistics, sys
 batch, peak, counts, files = sys.argv[1], float(sys.argv[2]), sys.argv[3], sys.argv[4:]
+# conv1, its ReLU and the pool after them run as one op (ConvPoolDesc), timed under the pool's node.
 passes = {"conv2d_fwd": "forward", "conv2d_bwd_data": "backward-data",
-          "conv2d_bwd_weights": "backward-weights"}
+          "conv2d_bwd_weights": "backward-weights", "conv_pool_fwd": "fused forward",
+          "conv_pool_bwd": "fused bwd-weights"}
 rows = {}
 for f in files:
     prof = next(r for r in map(json.loads, open(f)) if r.get("kind") == "profile")
@@ -288,7 +290,7 @@ for (node, op), runs in sorted(rows.items(), key=lambda kv: (kv[0][0], list(pass
     ms = statistics.median(r["ms_per_step"] for r in runs)
     ok = gf >= 0.6 * peak
     met += ok
-    print(f"{batch:<6} {node:<6} {passes[op]:<18} {ms:8.3f} {gf:8.0f} {100 * gf / peak:5.0f}% "
+    print(f"{batch:<6} {node:<10} {passes[op]:<18} {ms:8.3f} {gf:8.0f} {100 * gf / peak:5.0f}% "
           f">=60% {'met' if ok else 'NOT met'}")
 open(counts, "w").write(f"{met} {len(rows)}\n")
 PY

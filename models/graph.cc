@@ -126,6 +126,7 @@ void Graph::SetupNodes(const Shape& in, const SetupOptions& opts, size_t* failed
       o.nhwc_in = o.nhwc_in && j != kInput && nodes_[static_cast<size_t>(j)].nhwc;
     o.nhwc_out = n.nhwc;
     o.need_dx = opts.need_dx || !reads_graph_input_only;
+    o.fuse_conv_pool = opts.fuse_conv_pool && fuse_conv_pool_;
     // Out-of-memory reports name the node whose buffers were being allocated.
     const AllocationScope scope(what);
     *failed = i;

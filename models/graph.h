@@ -47,6 +47,10 @@ class Graph {
   Shape Setup(const Shape& in, const SetupOptions& opts);
   // Off: no folding at the next Setup (the tests that prove folding changes no number).
   void set_fold(bool on) { fold_ = on; }
+  // Off: a first layer's convolution, ReLU and 2x2 max pool stay two ops where the backend could
+  // fuse them (SetupOptions::fuse_conv_pool; with folding on, which the fusion builds on). The
+  // fused op sums in another order: the tests that prove folding changes no number turn it off.
+  void set_fuse_conv_pool(bool on) { fuse_conv_pool_ = on; }
   // Channels-last activations, on a backend that prefers them (Backend::PrefersChannelsLast):
   // Setup plans which outputs are NHWC. A node's output is NHWC when the node chooses its
   // output's layout (a convolution) and every reader takes NHWC inputs, or when the node takes
@@ -114,6 +118,7 @@ class Graph {
   std::map<std::string, std::vector<float>> initial_;
   std::string origin_;
   bool fold_ = true;
+  bool fuse_conv_pool_ = true;
   bool channels_last_ = true;
   std::vector<const Tensor*> xs_;   // scratch: a node's inputs
   std::vector<const Tensor*> dxs_;  // scratch: a node's input gradients

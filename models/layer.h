@@ -41,6 +41,9 @@ struct SetupOptions {
   // writes an NHWC output.
   bool nhwc_in = false;
   bool nhwc_out = false;
+  // A first layer's convolution, ReLU and 2x2 max pool may run as one op where the backend has it
+  // (Backend::Supports(ConvPoolDesc); Graph::set_fuse_conv_pool).
+  bool fuse_conv_pool = true;
 };
 
 // Thrown by SetupInputs when a layer that said it takes channels-last inputs (TakesNhwc) finds,

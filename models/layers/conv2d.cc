@@ -44,8 +44,16 @@ Shape Conv2d::Setup(const Shape& in, const SetupOptions& opts) {
         << "(lower train.micro_batch) and bf16 needs compute capability 8.0";
   }
   need_dx_ = opts.need_dx;
-  plan_ = backend_.PrepareConv2d(desc_);
   Shape out{in[0], out_channels_, desc_.out_h(), desc_.out_w()};
+  if (pool_offered_ && opts.fuse_conv_pool && !need_dx_) {
+    fused_.conv = desc_;
+    fused_.pool = pool_offer_;
+    fused_.pool.n = out[0], fused_.pool.c = out[1], fused_.pool.h = out[2], fused_.pool.w = out[3];
+    fused_.pool.nhwc = desc_.y_nhwc;  // the pool writes its input's layout
+    pool_fused_ = backend_.Supports(fused_);
+    if (pool_fused_) return out;  // the pool's Setup allocates what the fused op needs
+  }
+  plan_ = backend_.PrepareConv2d(desc_);
   out_ = backend_.Empty(out, DType::kF32, label() + " output");
   if (need_dx_) dx_buf_ = backend_.Empty(in, DType::kF32, label() + " input gradient");
   return out;
@@ -70,14 +78,19 @@ void Conv2d::PrepareFor(int64_t n) {
 }
 
 const Tensor& Conv2d::Forward(const Tensor& x, const ForwardContext& /*ctx*/) {
-  PrepareFor(x.shape()[0]);
   x_ = x;
+  if (pool_fused_) {
+    fused_.conv.n = fused_.pool.n = x.shape()[0];
+    return x;  // the pool reads the input and runs the fused op
+  }
+  PrepareFor(x.shape()[0]);
   y_ = out_.Batch(desc_.n);
   backend_.Conv2dForward(*plan_, x, w_, bias_ ? &b_ : nullptr, &y_);
   return y_;
 }
 
 const Tensor& Conv2d::Backward(const Tensor& dy, bool accumulate) {
+  if (pool_fused_) return dx_;  // the pool wrote the gradients; no input gradient is wanted
   if (need_dx_) dx_ = dx_buf_.Batch(desc_.n);
   // With a folded ReLU, dy is gated by the output, written over it: every reader of the output
   // (the ReLU's readers) has run its backward before this layer's.
@@ -89,6 +102,7 @@ const Tensor& Conv2d::Backward(const Tensor& dy, bool accumulate) {
 }
 
 int64_t Conv2d::ActivationBytesPerSample() const {
+  if (pool_fused_) return 0;  // the pool holds the output (pooled) and nothing else is kept
   const int64_t out = out_channels_ * desc_.out_h() * desc_.out_w();
   const int64_t in = desc_.c * desc_.h * desc_.w;
   return 4 * (out + (need_dx_ ? in : 0));

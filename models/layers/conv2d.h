@@ -20,7 +20,9 @@ class Conv2d final : public Layer {
   const Tensor& Forward(const Tensor& x, const ForwardContext& ctx) override;
   const Tensor& Backward(const Tensor& dy, bool accumulate) override;
   int64_t ActivationBytesPerSample() const override;
-  void ListPlans(std::vector<const OpPlan*>* out) const override { out->push_back(plan_.get()); }
+  void ListPlans(std::vector<const OpPlan*>* out) const override {
+    if (plan_ != nullptr) out->push_back(plan_.get());
+  }
   // The convolution applies the ReLU that alone reads it (Conv2dDesc::relu); backward gates dy by
   // the output, in place over it (no reader of the output is left by then).
   bool FoldRelu() override {
@@ -34,6 +36,25 @@ class Conv2d final : public Layer {
   bool TakesNhwc() const override { return true; }
   bool ChoosesNhwcOut() const override { return true; }
 
+  // A 2x2 max pool that alone reads this convolution's output (through its folded ReLU) offers to
+  // run both as one op (ConvPoolDesc), before Setup; `pool` is the pool's descriptor without the
+  // shapes. Setup takes the offer when the backend runs the fused op for the shapes it sees
+  // (SetupOptions::fuse_conv_pool, no input gradient wanted): this layer then computes nothing,
+  // its forward hands its input to the pool, and the pool computes the output and the gradients.
+  void OfferPool(const PoolDesc& pool) {
+    pool_offer_ = pool;
+    pool_offered_ = true;
+  }
+  // After Setup: whether the pool runs this convolution, and the fused op's descriptor for the
+  // pool's Setup and batch size (null otherwise).
+  const ConvPoolDesc* pool_fused() const { return pool_fused_ ? &fused_ : nullptr; }
+  // What the pool's fused calls read: the input of the last forward, the parameters, gradients.
+  const Tensor& input() const { return x_; }
+  const Tensor& weight() const { return w_; }
+  const Tensor* bias() const { return bias_ ? &b_ : nullptr; }
+  Tensor* weight_grad() { return &gw_; }
+  Tensor* bias_grad() { return bias_ ? &gb_ : nullptr; }
+
  private:
   void PrepareFor(int64_t n);
 
@@ -42,6 +63,9 @@ class Conv2d final : public Layer {
   bool relu_ = false;
   bool gate_handed_ = false;  // the max pool after the folded ReLU gates dy (HandOverReluGate)
   bool need_dx_ = true;
+  bool pool_offered_ = false, pool_fused_ = false;
+  PoolDesc pool_offer_;
+  ConvPoolDesc fused_;
   Conv2dDesc desc_;
   std::shared_ptr<OpPlan> plan_;
   Tensor w_, b_, gw_, gb_;

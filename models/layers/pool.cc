@@ -4,6 +4,7 @@
 #include "models/layers/pool.h"
 
 #include "core/error.h"
+#include "models/layers/relu.h"
 
 namespace dptrain {
 
@@ -16,6 +17,19 @@ Pool2d::Pool2d(Backend& be, std::string name, PoolKind kind, int64_t kernel, int
       pad_(pad),
       ceil_mode_(ceil_mode),
       count_include_pad_(count_include_pad) {}
+
+void Pool2d::FoldIntoInput(Layer& producer) {
+  gate_relu_ = kind_ == PoolKind::kMax && producer.HandOverReluGate();
+  if (!gate_relu_ || kernel_ != 2 || (stride_ != 2 && stride_ != 0) || pad_ != 0) return;
+  Layer* p = &producer;
+  if (auto* relu = dynamic_cast<Relu*>(p); relu != nullptr) p = relu->folded_into();
+  conv_ = dynamic_cast<Conv2d*>(p);
+  if (conv_ == nullptr) return;
+  PoolDesc offer;
+  offer.kind = kind_, offer.kernel = 2, offer.stride = 2, offer.pad = 0;
+  offer.ceil_mode = ceil_mode_;
+  conv_->OfferPool(offer);
+}
 
 Shape Pool2d::Setup(const Shape& in, const SetupOptions& opts) {
   DPT_CHECK_AS(ConfigError, in.rank() == 4)
@@ -47,9 +61,14 @@ Shape Pool2d::Setup(const Shape& in, const SetupOptions& opts) {
                                 << desc_.ToString() << " (layer '" << label()
                                 << "'); hint: on CPU use train.precision = \"fp32\" or \"bf16\"";
   need_dx_ = opts.need_dx;
-  plan_ = backend_.PreparePool(desc_);
   Shape out{in[0], in[1], desc_.out_h(), desc_.out_w()};
   out_ = backend_.Empty(out, DType::kF32, label() + " output");
+  fused_ = conv_ != nullptr ? conv_->pool_fused() : nullptr;
+  if (fused_ != nullptr) {
+    ws_ = backend_.Empty(out, DType::kU8, label() + " window positions");  // one byte each
+    return out;
+  }
+  plan_ = backend_.PreparePool(desc_);
   if (need_dx_) dx_buf_ = backend_.Empty(in, DType::kF32, label() + " input gradient");
   if (plan_->workspace_bytes > 0) {
     ws_ = backend_.Empty(Shape{static_cast<int64_t>(plan_->workspace_bytes)}, DType::kU8,
@@ -60,20 +79,30 @@ Shape Pool2d::Setup(const Shape& in, const SetupOptions& opts) {
 
 const Tensor& Pool2d::Forward(const Tensor& x, const ForwardContext& ctx) {
   const int64_t n = x.shape()[0];
-  if (plan_ == nullptr || n != desc_.n) {
+  if (fused_ == nullptr && (plan_ == nullptr || n != desc_.n)) {
     plan_.reset();  // as in Conv2d::PrepareFor: the old plan may have to go for the new to fit
     desc_.n = n;
     plan_ = backend_.PreparePool(desc_);
   }
   y_ = out_.Batch(n);
   have_ws_ = ctx.training && ws_.defined();
+  if (fused_ != nullptr) {  // x is the convolution's input (Conv2d::Forward)
+    backend_.ConvPoolForward(*fused_, x, conv_->weight(), conv_->bias(), &y_,
+                             have_ws_ ? &ws_ : nullptr);
+    return y_;
+  }
   backend_.PoolForward(*plan_, x, &y_, have_ws_ ? &ws_ : nullptr);
   return y_;
 }
 
-const Tensor& Pool2d::Backward(const Tensor& dy, bool /*accumulate*/) {
+const Tensor& Pool2d::Backward(const Tensor& dy, bool accumulate) {
   if (!need_dx_) return dx_;
   DPT_CHECK(have_ws_ || kind_ == PoolKind::kAvg) << "pool backward without a training forward";
+  if (fused_ != nullptr) {  // the convolution's gradients; it wants no input gradient
+    backend_.ConvPoolBackward(*fused_, conv_->input(), y_, dy, ws_, conv_->weight_grad(),
+                              conv_->bias_grad(), accumulate);
+    return dx_;
+  }
   dx_ = dx_buf_.Batch(desc_.n);
   // dy gated by the output, written over it: every reader of the output has run its backward.
   if (gate_relu_) backend_.ReluBackward(y_, dy, &y_);
@@ -85,6 +114,7 @@ int64_t Pool2d::ActivationBytesPerSample() const {
   const int64_t out = desc_.c * desc_.out_h() * desc_.out_w();
   const int64_t in = desc_.c * desc_.h * desc_.w;
   const int64_t ws = ws_.defined() && desc_.n > 0 ? ws_.numel() / desc_.n : 0;
+  if (fused_ != nullptr) return 4 * out + ws;  // no input: the convolution's output never exists
   return 4 * (out + (need_dx_ ? in : 0)) + ws;
 }
 

@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "models/layer.h"
+#include "models/layers/conv2d.h"
 
 namespace dptrain {
 
@@ -18,11 +19,12 @@ class Pool2d final : public Layer {
   const Tensor& Forward(const Tensor& x, const ForwardContext& ctx) override;
   const Tensor& Backward(const Tensor& dy, bool accumulate) override;
   int64_t ActivationBytesPerSample() const override;
-  void ListPlans(std::vector<const OpPlan*>* out) const override { out->push_back(plan_.get()); }
-  // A max pool takes over the backward gate of the ReLU before it (Layer::HandOverReluGate).
-  void FoldIntoInput(Layer& producer) override {
-    gate_relu_ = kind_ == PoolKind::kMax && producer.HandOverReluGate();
+  void ListPlans(std::vector<const OpPlan*>* out) const override {
+    if (plan_ != nullptr) out->push_back(plan_.get());
   }
+  // A max pool takes over the backward gate of the ReLU before it (Layer::HandOverReluGate), and
+  // a 2x2 one offers to run the convolution before that ReLU with it (Conv2d::OfferPool).
+  void FoldIntoInput(Layer& producer) override;
   bool TakesNhwc() const override { return true; }
   // A global pool's output, (N, C, 1, 1), is one layout in NCHW and NHWC.
   bool ChoosesNhwcOut() const override { return kernel_ == 0; }
@@ -38,6 +40,8 @@ class Pool2d final : public Layer {
   Tensor y_, dx_;
   bool have_ws_ = false;
   bool gate_relu_ = false;  // gates dy by the output first: the ReLU before handed it over
+  Conv2d* conv_ = nullptr;  // offered to run this convolution (OfferPool)
+  const ConvPoolDesc* fused_ = nullptr;  // and runs it: the fused op (after Setup)
 };
 
 }  // namespace dptrain

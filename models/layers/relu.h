@@ -29,6 +29,7 @@ class Relu final : public Layer {
   }
   bool TakesNhwc() const override { return true; }  // elementwise: any layout
   bool folded() const { return folded_; }
+  Layer* folded_into() const { return producer_; }  // the layer applying it, when folded
 
  private:
   int64_t per_sample_ = 0;

@@ -146,14 +146,15 @@ TEST_F(EquivalenceTest, MicroStepsNeverWaitToReadTheLoss) {
 }
 
 TEST_F(EquivalenceTest, AutoMicrobatchUnderAMemoryLimitMatchesTheFullBatch) {
-  // 2 ranks x 128 does not fit in 60 MiB; auto_microbatch falls back to 32 x 4 micro-steps.
+  // 2 ranks x 128 (34 MiB a rank) does not fit in 24 MiB; auto_microbatch falls back to
+  // smaller micro-batches (64 x 2).
   TrainConfig full = Config(8);
   full.train.global_batch = 256;
   const Params p_full = RunOn(2, full);
   Backend& be = GetBackend("cpu");
   TrainConfig limited = full;
-  limited.memory.limit = "60MiB";
-  limited.memory.limit_bytes = size_t{60} << 20;
+  limited.memory.limit = "24MiB";
+  limited.memory.limit_bytes = size_t{24} << 20;
   limited.memory.auto_microbatch = true;
   be.allocator().EmptyCache();
   be.allocator().set_budget(limited.memory.limit_bytes);

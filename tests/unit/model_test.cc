@@ -22,6 +22,7 @@
 #include "models/layers/relu.h"
 #include "models/zoo/zoo.h"
 #include "tests/testing/backends.h"
+#include "tests/testing/tolerances.h"
 
 namespace dptrain {
 namespace {
@@ -225,6 +226,7 @@ TEST_P(FoldingTest, FoldingReluChangesNoNumber) {
   const auto train = [&](bool fold, int* folded, int64_t* activation_bytes) {
     auto net = BuildZooModel(be, fc.model, 10);
     net->set_fold(fold);
+    net->set_fuse_conv_pool(false);  // sums in another order (ConvPoolFusionTest)
     Model m(be, std::move(net), fc.sample);
     m.Setup(n, Precision::kF32);
     m.InitParams(1);
@@ -286,6 +288,7 @@ TEST(ReluGateTest, MaxPoolTakesOverTheReluGate) {
     const auto train = [&](bool fold, std::map<std::string, int64_t>* relu_bwd, int64_t* bytes) {
       auto net = BuildFromLayers(be, all);
       net->set_fold(fold);
+      net->set_fuse_conv_pool(false);  // the first stack would fuse (ConvPoolFusionTest)
       Model m(be, std::move(net), sample);
       m.Setup(batch[0], Precision::kF32);
       m.InitParams(3);
@@ -311,6 +314,102 @@ TEST(ReluGateTest, MaxPoolTakesOverTheReluGate) {
     EXPECT_EQ(gates_unfolded, (std::map<std::string, int64_t>{{relu, 2}}));
     EXPECT_EQ(gates_folded, (std::map<std::string, int64_t>{{pool, 2}}));
     EXPECT_LT(bytes_folded, bytes_unfolded);
+  }
+}
+
+// A first convolution, its ReLU and a 2x2 max pool run as one op on the CPU backend
+// (ConvPoolDesc): ref_cnn's conv1 and a 3-channel stack built from layers, in fp32 and bf16, give
+// the two-op model's outputs, gradients and evaluation up to the rounding of a different
+// summation order, with the same parameter names, no conv2d or pool op left for them in the
+// profile, and without the convolution's full-size output among the activations. A convolution
+// whose input gradient is wanted (not the first layer) or a 3x3 pool stays two ops.
+TEST(ConvPoolFusionTest, FirstConvReluAndPoolRunAsOneOp) {
+  Backend& be = GetBackend("cpu");
+  const auto layer = [](std::string type, int64_t out = 0, int64_t kernel = 0, int64_t stride = 0,
+                        int64_t pad = 0) {
+    LayerSpec s;
+    s.type = std::move(type), s.out = out, s.kernel = kernel, s.stride = stride, s.pad = pad;
+    return s;
+  };
+  struct Case {
+    const char* what;
+    std::vector<LayerSpec> layers;  // empty: ref_cnn
+    Shape sample;
+    std::string conv, pool;  // the fused pair's node names; empty: none fuses
+  };
+  const std::vector<Case> cases = {
+      {"ref_cnn", {}, Shape{1, 28, 28}, "conv1", "maxpool #2"},
+      {"rgb, odd size",
+       {layer("conv2d", 20, 5, 1, 2), layer("relu"), layer("maxpool", 0, 2), layer("flatten"),
+        layer("linear", 3)},
+       Shape{3, 11, 9},
+       "0",
+       "2"},
+      {"second conv (input gradient wanted)",
+       {layer("conv2d", 4, 3, 1, 1), layer("relu"), layer("conv2d", 4, 3, 1, 1), layer("relu"),
+        layer("maxpool", 0, 2), layer("flatten"), layer("linear", 3)},
+       Shape{2, 8, 8},
+       "",
+       ""},
+      {"3x3 pool",
+       {layer("conv2d", 4, 3, 1, 1), layer("relu"), layer("maxpool", 0, 3, 2, 1), layer("flatten"),
+        layer("linear", 3)},
+       Shape{2, 8, 8},
+       "",
+       ""},
+  };
+  for (const Precision prec : {Precision::kF32, Precision::kBF16}) {
+    if (!be.Supports(Conv2dDesc{1, 1, 1, 1, 1, 1, 1, 1, 0, true, prec})) continue;
+    for (const Case& c : cases) {
+      SCOPED_TRACE(std::string(c.what) + " " + PrecisionName(prec));
+      std::vector<int64_t> dims{3};
+      dims.insert(dims.end(), c.sample.dims().begin(), c.sample.dims().end());
+      const Shape batch(dims);
+      const auto train = [&](bool fuse, std::map<std::pair<std::string, std::string>, int64_t>* ops,
+                             int64_t* bytes, std::vector<std::string>* names) {
+        auto net =
+            c.layers.empty() ? BuildZooModel(be, "ref_cnn", 10) : BuildFromLayers(be, c.layers);
+        net->set_fuse_conv_pool(fuse);
+        Model m(be, std::move(net), c.sample);
+        m.Setup(batch[0], prec);
+        m.InitParams(5);
+        *bytes = m.net().ActivationBytesPerSample();
+        for (const auto& p : m.named_params()) names->push_back(p.name);
+        be.ResetProfile();
+        be.EnableProfiling(true);
+        auto seen = TwoStepsAndEval(be, m, batch);
+        be.EnableProfiling(false);
+        for (const OpStat& st : be.Profile()) (*ops)[{st.node, st.name}] += st.calls;
+        be.ResetProfile();
+        return seen;
+      };
+      std::map<std::pair<std::string, std::string>, int64_t> ops_two, ops_fused;
+      int64_t bytes_two = 0, bytes_fused = 0;
+      std::vector<std::string> names_two, names_fused;
+      const auto want = train(false, &ops_two, &bytes_two, &names_two);
+      const auto got = train(true, &ops_fused, &bytes_fused, &names_fused);
+      EXPECT_EQ(names_fused, names_two);
+      ASSERT_EQ(got.size(), want.size());
+      const testing::Tolerance tol =
+          prec == Precision::kF32 ? testing::kCrossBackendTol : testing::kBF16Tol;
+      for (size_t i = 0; i < got.size(); ++i) {
+        EXPECT_TRUE(testing::AllClose(got[i], testing::ToDouble(want[i]), tol)) << "tensor " << i;
+      }
+      if (c.conv.empty()) {
+        EXPECT_EQ(ops_fused, ops_two) << "nothing fuses";
+        EXPECT_EQ(bytes_fused, bytes_two);
+        continue;
+      }
+      EXPECT_EQ((ops_fused[{c.pool, "conv_pool_fwd"}]), 3) << "2 training steps, 1 evaluation";
+      EXPECT_EQ((ops_fused[{c.pool, "conv_pool_bwd"}]), 2);
+      EXPECT_EQ((ops_two[{c.conv, "conv2d_fwd"}]), 3);
+      for (const auto& [key, n] : ops_fused) {
+        EXPECT_TRUE(key.first != c.conv &&
+                    (key.first != c.pool || key.second.rfind("conv_pool", 0) == 0))
+            << key.first << " " << key.second << " ran " << n << " times";
+      }
+      EXPECT_LT(bytes_fused, bytes_two);
+    }
   }
 }
 
