@@ -93,8 +93,9 @@ void Locate(const Geometry& g, int64_t n, int64_t i, int64_t j, int64_t k0, Step
 // latency hides; a last odd column computes an idle second one over the zeros past the row).
 // Each lane sums bias, then the taps in (c, r, s) order; the first window position holding the
 // maximum wins (as the pool's scan).
-DPT_SIMD_CLONES void ForwardSample(const Geometry g, const float* xp, const float* wt,
+DPT_SIMD_CLONES void ForwardSample(const Geometry& geo, const float* xp, const float* wt,
                                    const float* bias, int64_t n, float* y, uint8_t* ws) {
+  const Geometry g = geo;  // a copy: no store through y can change it, so it stays in registers
   for (int64_t i = 0; i < g.ph; ++i) {
     for (int64_t j = 0; j < g.pw; j += 2) {
       for (int64_t k0 = 0; k0 < g.kp; k0 += kLanes) {
@@ -152,9 +153,10 @@ DPT_SIMD_CLONES void ForwardSample(const Geometry g, const float* xp, const floa
 // One sample's weight and bias gradients, (taps, kp) and (kp), added in f32 to dw and db over its
 // pooled positions, two columns at a time as forward: dy gated by the ReLU (y > 0) lands on the
 // window position the maximum came from (g[4 * col + position], zero at the other three).
-DPT_SIMD_CLONES void BackwardSample(const Geometry g, const float* xp, const float* y,
+DPT_SIMD_CLONES void BackwardSample(const Geometry& geo, const float* xp, const float* y,
                                     const float* dy, const uint8_t* ws, int64_t n, float* dw,
                                     float* db) {
+  const Geometry g = geo;  // as in ForwardSample
   for (int64_t i = 0; i < g.ph; ++i) {
     for (int64_t j = 0; j < g.pw; j += 2) {
       for (int64_t k0 = 0; k0 < g.kp; k0 += kLanes) {

@@ -45,13 +45,18 @@ Shape Conv2d::Setup(const Shape& in, const SetupOptions& opts) {
   }
   need_dx_ = opts.need_dx;
   Shape out{in[0], out_channels_, desc_.out_h(), desc_.out_w()};
+  pool_fused_ = false;  // Setup may run again (the graph planning its layouts again)
   if (pool_offered_ && opts.fuse_conv_pool && !need_dx_) {
     fused_.conv = desc_;
     fused_.pool = pool_offer_;
     fused_.pool.n = out[0], fused_.pool.c = out[1], fused_.pool.h = out[2], fused_.pool.w = out[3];
     fused_.pool.nhwc = desc_.y_nhwc;  // the pool writes its input's layout
     pool_fused_ = backend_.Supports(fused_);
-    if (pool_fused_) return out;  // the pool's Setup allocates what the fused op needs
+    if (pool_fused_) {  // the pool's Setup allocates what the fused op needs
+      plan_.reset();
+      out_ = dx_buf_ = Tensor();
+      return out;
+    }
   }
   plan_ = backend_.PrepareConv2d(desc_);
   out_ = backend_.Empty(out, DType::kF32, label() + " output");

@@ -64,6 +64,8 @@ Shape Pool2d::Setup(const Shape& in, const SetupOptions& opts) {
   Shape out{in[0], in[1], desc_.out_h(), desc_.out_w()};
   out_ = backend_.Empty(out, DType::kF32, label() + " output");
   fused_ = conv_ != nullptr ? conv_->pool_fused() : nullptr;
+  plan_.reset();  // Setup may run again (the graph planning its layouts again)
+  ws_ = dx_buf_ = Tensor();
   if (fused_ != nullptr) {
     ws_ = backend_.Empty(out, DType::kU8, label() + " window positions");  // one byte each
     return out;
