@@ -22,9 +22,9 @@ namespace {
 
 constexpr int64_t kLanes = 16;  // output channels per step: one AVX-512 register of floats
 
-// How the kernels see the op: the input zero-padded (hp x wp per channel, one sample at a time)
-// and the weights as taps (c, r, s) of kp output channels each (K rounded up to kLanes, zeros
-// after K), so each tap's weights for a step of kLanes channels are contiguous.
+// How the kernels see the op: the input zero-padded (hp rows of xs per channel, one sample at a
+// time) and the weights as taps (c, r, s) of kp output channels each (K rounded up to kLanes,
+// zeros after K), so each tap's weights for a step of kLanes channels are contiguous.
 struct Geometry {
   int64_t c, k, kp, r, s, taps, hp, wp, ph, pw;
   int64_t xs;  // row stride of the padded input: wp and two zeros (a pair's idle second column)
@@ -84,8 +84,7 @@ void Locate(const Geometry& g, int64_t n, int64_t i, int64_t j, int64_t k0, Step
   }
   for (int64_t l = 0; l < st->lanes; ++l) {
     const int64_t kk = k0 + l;
-    st->at[l] =
-        g.y_nhwc ? ((n * g.ph + i) * g.pw + j) * g.k + kk : ((n * g.k + kk) * g.ph + i) * g.pw + j;
+    st->at[l] = ((n * g.k + kk) * g.ph + i) * g.pw + j;
   }
 }
 
