@@ -256,18 +256,20 @@ INSTANTIATE_TEST_SUITE_P(
                       FoldCase{"ref_cnn", Shape{1, 28, 28}, 2, 32 * 28 * 28 + 64 * 14 * 14}),
     [](const ::testing::TestParamInfo<FoldCase>& p) { return std::string(p.param.model); });
 
+// One model.layers entry: type, out (channels or features), kernel, stride, pad.
+LayerSpec layer(std::string type, int64_t out = 0, int64_t kernel = 0, int64_t stride = 0,
+                int64_t pad = 0) {
+  LayerSpec s;
+  s.type = std::move(type), s.out = out, s.kernel = kernel, s.stride = stride, s.pad = pad;
+  return s;
+}
+
 // A max pool that alone reads a ReLU's output gates its pooled gradient itself, and the ReLU (a
 // convolution's or a batch norm's folded one, or a ReLU layer after a layer that cannot fold it)
 // skips its gate: the same numbers as the unfolded model, no relu_bwd pass left, and a ReLU
 // layer without its input-gradient buffer.
 TEST(ReluGateTest, MaxPoolTakesOverTheReluGate) {
   Backend& be = GetBackend("cpu");
-  const auto layer = [](std::string type, int64_t out = 0, int64_t kernel = 0, int64_t stride = 0,
-                        int64_t pad = 0) {
-    LayerSpec s;
-    s.type = std::move(type), s.out = out, s.kernel = kernel, s.stride = stride, s.pad = pad;
-    return s;
-  };
   const std::vector<std::pair<const char*, std::vector<LayerSpec>>> stacks = {
       {"conv, relu, maxpool 2",
        {layer("conv2d", 4, 3, 1, 1), layer("relu"), layer("maxpool", 0, 2)}},
@@ -325,12 +327,6 @@ TEST(ReluGateTest, MaxPoolTakesOverTheReluGate) {
 // whose input gradient is wanted (not the first layer) or a 3x3 pool stays two ops.
 TEST(ConvPoolFusionTest, FirstConvReluAndPoolRunAsOneOp) {
   Backend& be = GetBackend("cpu");
-  const auto layer = [](std::string type, int64_t out = 0, int64_t kernel = 0, int64_t stride = 0,
-                        int64_t pad = 0) {
-    LayerSpec s;
-    s.type = std::move(type), s.out = out, s.kernel = kernel, s.stride = stride, s.pad = pad;
-    return s;
-  };
   struct Case {
     const char* what;
     std::vector<LayerSpec> layers;  // empty: ref_cnn
