@@ -119,6 +119,12 @@ inline Dt ComputeType(Precision p) { return p == Precision::kBF16 ? Dt::bf16 : D
 struct WeightedPlan : OpPlan {
   bool bias = false;
   memory::desc b_md, fwd_scratch, data_scratch, weights_scratch;
+  // Linear runs its three passes as oneDNN matmuls (cpu_linear.cc): forward y = x W^T, backward
+  // data dx = dy W, backward weights dW = dy^T x, with the bias gradient summed here. A matmul
+  // reads W^T, dy^T and the bias as other dims over the same bytes: these views, applied when
+  // the passes run.
+  bool matmul = false;
+  memory::desc fwd_w_view, fwd_b_view, w_dy_view;
   dnnl::primitive fwd, bwd_data, bwd_w;
   // forward: x, w in; y out. backward data: dy, w in; dx out. backward weights: x, dy in; dw out.
   Staged f_x, f_w, f_y, d_dy, d_w, d_dx, w_x, w_dy, w_dw;
@@ -180,31 +186,54 @@ struct CpuBackend::Impl {
     return memory(md, engine, scratchpad.defined() ? scratchpad.raw() : nullptr);
   }
 
-  // Completes a conv2d / linear plan from its three primitive descriptors: the primitives, the
-  // staging between the caller's f32 layouts (x_user, w_user, y_user) and the primitives' own,
-  // the scratchpad, the weight-gradient accumulators. `op` names the buffers ("conv2d").
-  template <class FwdPd, class DataPd, class WeightsPd>
-  void Finish(CpuBackend& be, WeightedPlan* p, const std::string& op, bool half, const FwdPd& fwd,
-              const DataPd& data, const WeightsPd& weights, const memory::desc& x_user,
-              const memory::desc& w_user, const memory::desc& y_user, const Shape& w_shape) {
-    p->fwd = dnnl::primitive(fwd);
-    p->bwd_data = dnnl::primitive(data);
-    p->bwd_w = dnnl::primitive(weights);
-    p->fwd_scratch = fwd.scratchpad_desc();
-    p->data_scratch = data.scratchpad_desc();
-    p->weights_scratch = weights.scratchpad_desc();
+  // One pass's primitive and the layouts it reads its two operands (a, b) and writes its result
+  // in, as the plan's dims: forward x, w -> y; backward data dy, w -> dx; backward weights
+  // x, dy -> dw.
+  struct PassPrimitive {
+    dnnl::primitive prim;
+    memory::desc a, b, out, scratch;
+    template <class Pd>
+    static PassPrimitive Forward(const Pd& pd) {
+      return {dnnl::primitive(pd), pd.src_desc(), pd.weights_desc(), pd.dst_desc(),
+              pd.scratchpad_desc()};
+    }
+    template <class Pd>
+    static PassPrimitive Data(const Pd& pd) {
+      return {dnnl::primitive(pd), pd.diff_dst_desc(), pd.weights_desc(), pd.diff_src_desc(),
+              pd.scratchpad_desc()};
+    }
+    template <class Pd>
+    static PassPrimitive Weights(const Pd& pd) {
+      return {dnnl::primitive(pd), pd.src_desc(), pd.diff_dst_desc(), pd.diff_weights_desc(),
+              pd.scratchpad_desc()};
+    }
+  };
+
+  // Completes a conv2d / linear plan from its three passes: the staging between the caller's f32
+  // layouts (x_user, w_user, y_user) and the primitives' own, the scratchpad, the
+  // weight-gradient accumulators. `op` names the buffers ("conv2d").
+  void Finish(CpuBackend& be, WeightedPlan* p, const std::string& op, bool half,
+              const PassPrimitive& fwd, const PassPrimitive& data, const PassPrimitive& weights,
+              const memory::desc& x_user, const memory::desc& w_user, const memory::desc& y_user,
+              const Shape& w_shape) {
+    p->fwd = fwd.prim;
+    p->bwd_data = data.prim;
+    p->bwd_w = weights.prim;
+    p->fwd_scratch = fwd.scratch;
+    p->data_scratch = data.scratch;
+    p->weights_scratch = weights.scratch;
     const bool in = true;
-    p->f_x.Init(be, engine, x_user, fwd.src_desc(), op + " staged input", half, in);
-    p->f_w.Init(be, engine, w_user, fwd.weights_desc(), op + " staged weight", half, in);
-    p->f_y.Init(be, engine, y_user, fwd.dst_desc(), op + " staged output", half);
-    p->w_x.Init(be, engine, x_user, weights.src_desc(), op + " staged input", half, in);
-    p->w_dy.Init(be, engine, y_user, weights.diff_dst_desc(), op + " staged dy", half, in);
+    p->f_x.Init(be, engine, x_user, fwd.a, op + " staged input", half, in);
+    p->f_w.Init(be, engine, w_user, fwd.b, op + " staged weight", half, in);
+    p->f_y.Init(be, engine, y_user, fwd.out, op + " staged output", half);
+    p->w_x.Init(be, engine, x_user, weights.a, op + " staged input", half, in);
+    p->w_dy.Init(be, engine, y_user, weights.b, op + " staged dy", half, in);
     // Backward data reads dy from the weight gradient's staging when both read one layout
     // (DyForData), and a separate call restages it there: one buffer for both.
-    p->d_dy.Init(be, engine, y_user, data.diff_dst_desc(), op + " staged dy", half, in, &p->w_dy);
-    p->d_w.Init(be, engine, w_user, data.weights_desc(), op + " staged weight", half, in);
-    p->d_dx.Init(be, engine, x_user, data.diff_src_desc(), op + " staged dx", half);
-    p->w_dw.Init(be, engine, w_user, weights.diff_weights_desc(), op + " staged dw", half);
+    p->d_dy.Init(be, engine, y_user, data.a, op + " staged dy", half, in, &p->w_dy);
+    p->d_w.Init(be, engine, w_user, data.b, op + " staged weight", half, in);
+    p->d_dx.Init(be, engine, x_user, data.out, op + " staged dx", half);
+    p->w_dw.Init(be, engine, w_user, weights.out, op + " staged dw", half);
     Reserve(be, p->fwd_scratch);
     Reserve(be, p->data_scratch);
     Reserve(be, p->weights_scratch);
@@ -221,13 +250,14 @@ struct CpuBackend::Impl {
   }
   void BackwardWeights(const WeightedPlan& p, const Tensor& x, const Tensor& dy, Tensor* dw,
                        Tensor* db, bool accumulate) {
-    BackwardWeights(p, p.w_x.In(engine, stream, x), p.w_dy.In(engine, stream, dy), dw, db,
+    BackwardWeights(p, p.w_x.In(engine, stream, x), p.w_dy.In(engine, stream, dy), dy, dw, db,
                     accumulate);
   }
   // The same from operands already in the primitive's layouts (from the plan's Staged::In).
   void BackwardData(const WeightedPlan& p, const memory& dy_in, const memory& w_in, Tensor* dx);
-  void BackwardWeights(const WeightedPlan& p, const memory& x_in, const memory& dy_in, Tensor* dw,
-                       Tensor* db, bool accumulate);
+  // dy: the caller's (a matmul plan sums the bias gradient from it).
+  void BackwardWeights(const WeightedPlan& p, const memory& x_in, const memory& dy_in,
+                       const Tensor& dy, Tensor* dw, Tensor* db, bool accumulate);
   // Operands for both backward passes in a row (Backend::Conv2dBackward's contract): x and w as
   // the forward staged them when the plan's last forward staged these very tensors in the
   // layout the backward primitive reads; dy for the data gradient as the weight gradient's

@@ -85,8 +85,10 @@ std::shared_ptr<OpPlan> CpuBackend::PrepareConv2d(const Conv2dDesc& d) {
   if (is_ref(fwd) || is_ref(data) || is_ref(weights)) {
     std::tie(fwd, data, weights) = plan(Tag::any, Tag::any);
   }
-  impl_->Finish(*this, p.get(), "conv2d", d.precision == Precision::kF16, fwd, data, weights,
-                x_user, w_user, y_user, Shape{d.k, d.group_c(), d.r, d.s});
+  using Pass = Impl::PassPrimitive;
+  impl_->Finish(*this, p.get(), "conv2d", d.precision == Precision::kF16, Pass::Forward(fwd),
+                Pass::Data(data), Pass::Weights(weights), x_user, w_user, y_user,
+                Shape{d.k, d.group_c(), d.r, d.s});
   slot = p;
   return p;
 }

@@ -7,6 +7,7 @@
 #include <dnnl.hpp>
 #include <set>
 #include <unordered_map>
+#include <vector>
 
 #include "core/cpu/cpu_backend_impl.h"
 #include "core/elementwise.h"
@@ -121,35 +122,63 @@ void CpuBackend::Impl::Reserve(CpuBackend& be, const memory::desc& md) {
 
 void CpuBackend::Impl::Forward(const WeightedPlan& p, const Tensor& x, const Tensor& w,
                                const Tensor* b, Tensor* y) {
+  memory w_in = p.f_w.In(engine, stream, w);
+  if (p.fwd_w_view) w_in = memory(p.fwd_w_view, engine, w_in.get_data_handle());
   std::unordered_map<int, memory> args{{DNNL_ARG_SRC, p.f_x.In(engine, stream, x)},
-                                       {DNNL_ARG_WEIGHTS, p.f_w.In(engine, stream, w)},
+                                       {DNNL_ARG_WEIGHTS, w_in},
                                        {DNNL_ARG_DST, p.f_y.OutMem(engine, *y)},
                                        {DNNL_ARG_SCRATCHPAD, Scratch(p.fwd_scratch)}};
-  if (p.bias) args.emplace(DNNL_ARG_BIAS, Mem(p.b_md, *b));
+  if (p.bias) args.emplace(DNNL_ARG_BIAS, Mem(p.fwd_b_view ? p.fwd_b_view : p.b_md, *b));
   DPT_DNNL(p.fwd.execute(stream, args));
   p.f_y.Out(engine, stream, *y);
 }
 
 void CpuBackend::Impl::BackwardData(const WeightedPlan& p, const memory& dy_in, const memory& w_in,
                                     Tensor* dx) {
-  DPT_DNNL(p.bwd_data.execute(stream, {{DNNL_ARG_DIFF_DST, dy_in},
-                                       {DNNL_ARG_WEIGHTS, w_in},
-                                       {DNNL_ARG_DIFF_SRC, p.d_dx.OutMem(engine, *dx)},
-                                       {DNNL_ARG_SCRATCHPAD, Scratch(p.data_scratch)}}));
+  // A matmul's operands are SRC, WEIGHTS and DST: dx = dy W.
+  DPT_DNNL(p.bwd_data.execute(
+      stream, {{p.matmul ? DNNL_ARG_SRC : DNNL_ARG_DIFF_DST, dy_in},
+               {DNNL_ARG_WEIGHTS, w_in},
+               {p.matmul ? DNNL_ARG_DST : DNNL_ARG_DIFF_SRC, p.d_dx.OutMem(engine, *dx)},
+               {DNNL_ARG_SCRATCHPAD, Scratch(p.data_scratch)}}));
   p.d_dx.Out(engine, stream, *dx);
 }
 
+namespace {
+// out[j] = the sum over the rows of column j of the (rows, cols) matrix a (in double, rows in
+// order: the same bits on any thread count).
+void ColumnSums(const float* a, int64_t rows, int64_t cols, float* out) {
+  std::vector<double> acc(static_cast<size_t>(cols), 0.0);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = a + r * cols;
+    for (int64_t j = 0; j < cols; ++j) acc[static_cast<size_t>(j)] += row[j];
+  }
+  for (int64_t j = 0; j < cols; ++j) out[j] = static_cast<float>(acc[static_cast<size_t>(j)]);
+}
+}  // namespace
+
 void CpuBackend::Impl::BackwardWeights(const WeightedPlan& p, const memory& x_in,
-                                       const memory& dy_in, Tensor* dw, Tensor* db,
-                                       bool accumulate) {
+                                       const memory& dy_in, const Tensor& dy, Tensor* dw,
+                                       Tensor* db, bool accumulate) {
   Tensor w_out = accumulate ? p.acc_w : *dw;
-  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, x_in},
-                                       {DNNL_ARG_DIFF_DST, dy_in},
-                                       {DNNL_ARG_DIFF_WEIGHTS, p.w_dw.OutMem(engine, w_out)},
-                                       {DNNL_ARG_SCRATCHPAD, Scratch(p.weights_scratch)}};
-  if (p.bias) args.emplace(DNNL_ARG_DIFF_BIAS, Mem(p.b_md, accumulate ? p.acc_b : *db));
+  Tensor b_out = accumulate ? p.acc_b : (p.bias ? *db : Tensor());
+  std::unordered_map<int, memory> args{{DNNL_ARG_SCRATCHPAD, Scratch(p.weights_scratch)}};
+  if (p.matmul) {  // dW = dy^T x
+    args.emplace(DNNL_ARG_SRC, memory(p.w_dy_view, engine, dy_in.get_data_handle()));
+    args.emplace(DNNL_ARG_WEIGHTS, x_in);
+    args.emplace(DNNL_ARG_DST, p.w_dw.OutMem(engine, w_out));
+  } else {
+    args.emplace(DNNL_ARG_SRC, x_in);
+    args.emplace(DNNL_ARG_DIFF_DST, dy_in);
+    args.emplace(DNNL_ARG_DIFF_WEIGHTS, p.w_dw.OutMem(engine, w_out));
+    if (p.bias) args.emplace(DNNL_ARG_DIFF_BIAS, Mem(p.b_md, b_out));
+  }
   DPT_DNNL(p.bwd_w.execute(stream, args));
   p.w_dw.Out(engine, stream, w_out);
+  if (p.matmul && p.bias) {
+    const int64_t cols = b_out.numel();
+    ColumnSums(dy.data<float>(), dy.numel() / cols, cols, b_out.data<float>());
+  }
   if (accumulate) {
     AddInto(p.acc_w.data<float>(), dw->data<float>(), dw->numel());
     if (p.bias) AddInto(p.acc_b.data<float>(), db->data<float>(), db->numel());
@@ -167,7 +196,7 @@ void CpuBackend::WeightedBackward(const OpPlan& plan, double flops, const char* 
     scope.set_flops(flops);
     const memory x_in = impl_->FromForward(p.f_x, p.w_x, x);
     dy_in = p.w_dy.In(impl_->engine, impl_->stream, dy);
-    impl_->BackwardWeights(p, x_in, dy_in, dw, db, accumulate);
+    impl_->BackwardWeights(p, x_in, dy_in, dy, dw, db, accumulate);
   }
   if (dx == nullptr) return;
   OpScope scope(this, data_op);

@@ -193,7 +193,13 @@ def compare(name, out, ckpt, layout="nchw"):
             tol = 1e-4 * max(1.0, want.abs().max().item())
         if err > tol:
             slack += 1
-        tol = max(tol, 2 * torch_err)
+        # Where PyTorch's float64 update is zero to rounding (a conv bias that batch norm
+        # cancels), both float32 steps move the tensor by summation noise alone, and noise is
+        # compared with noise: vgg11_bn's features.0.bias (a sum over 16 x 32 x 32 positions)
+        # moves 2.0e-8 in PyTorch's NCHW step and 3.5e-8 or 4.3e-8 in dptrain's, depending on
+        # float32 sum orders far upstream (its linear layers' GEMM kernel).
+        noise_only = k in params and steps[k] < 1e-9 * typical
+        tol = max(tol, (4 if noise_only else 2) * torch_err)
         if err / tol > worst[0]:
             worst = (err / tol, k)
         if not err <= tol:
