@@ -206,8 +206,8 @@ void CpuBackend::WeightedBackward(const OpPlan& plan, double flops, const char* 
 }
 
 namespace {
-// oneDNN runs bf16 convolutions and inner products only on CPUs with AVX-512 (avx512_core and
-// newer); elsewhere creating the primitive fails with "unimplemented". Probe once with the
+// oneDNN runs bf16 convolutions, inner products and matmuls only on CPUs with AVX-512 (avx512_core
+// and newer); elsewhere creating the primitive fails with "unimplemented". Probe once with the
 // smallest shapes instead of guessing from ISA names.
 bool OneDnnHasBf16() {
   static const bool ok = [] {
@@ -224,8 +224,11 @@ bool OneDnnHasBf16() {
           yi({1, 1}, Dt::bf16, Tag::any);
       const auto ip = dnnl::inner_product_forward::primitive_desc(
           dnnl::inner_product_forward::desc(dnnl::prop_kind::forward_training, xi, wi, yi), eng);
+      const memory::desc m({1, 1}, Dt::bf16, Tag::ab), mo({1, 1}, Dt::f32, Tag::ab);
+      const auto mm = dnnl::matmul::primitive_desc(dnnl::matmul::desc(m, m, mo), eng);
       (void)conv;
       (void)ip;
+      (void)mm;
       return true;
     } catch (const dnnl::error&) {
       return false;
