@@ -118,13 +118,13 @@ inline Dt ComputeType(Precision p) { return p == Precision::kBF16 ? Dt::bf16 : D
 // (x, w -> y), backward data (dy, w -> dx) and backward weights (x, dy -> dw and db).
 struct WeightedPlan : OpPlan {
   bool bias = false;
-  memory::desc b_md, fwd_scratch, data_scratch, weights_scratch;
+  memory::desc b_md, fwd_scratch, data_scratch, weights_scratch;  // b_md: as the forward reads it
   // Linear runs its three passes as oneDNN matmuls (cpu_linear.cc): forward y = x W^T, backward
   // data dx = dy W, backward weights dW = dy^T x, with the bias gradient summed here. A matmul
-  // reads W^T, dy^T and the bias as other dims over the same bytes: these views, applied when
-  // the passes run.
+  // reads W^T and dy^T as other dims over the same bytes: these views, applied when the passes
+  // run.
   bool matmul = false;
-  memory::desc fwd_w_view, fwd_b_view, w_dy_view;
+  memory::desc fwd_w_view, w_dy_view;
   dnnl::primitive fwd, bwd_data, bwd_w;
   // forward: x, w in; y out. backward data: dy, w in; dx out. backward weights: x, dy in; dw out.
   Staged f_x, f_w, f_y, d_dy, d_w, d_dx, w_x, w_dy, w_dw;

@@ -35,16 +35,15 @@ std::shared_ptr<OpPlan> CpuBackend::PrepareLinear(const LinearDesc& d) {
   const memory::desc x_in({d.n, d.in}, ct, Tag::ab), w_in({d.out, d.in}, ct, Tag::ab),
       dy_in({d.n, d.out}, ct, Tag::ab);
   p->matmul = true;
-  p->b_md = d.bias ? memory::desc({d.out}, Dt::f32, Tag::x) : memory::desc();
+  p->b_md = d.bias ? memory::desc({1, d.out}, Dt::f32, Tag::ab) : memory::desc();
   p->fwd_w_view = memory::desc({d.in, d.out}, ct, Tag::ba);
-  if (d.bias) p->fwd_b_view = memory::desc({1, d.out}, Dt::f32, Tag::ab);
   p->w_dy_view = memory::desc({d.out, d.n}, ct, Tag::ba);
   const auto attr = MakeAttr();
   const auto matmul = [&](const memory::desc& a, const memory::desc& b, const memory::desc& bias,
                           const memory::desc& out) {
     return DPT_DNNL(dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, bias, out), attr, eng));
   };
-  const auto fwd = matmul(x_in, p->fwd_w_view, p->fwd_b_view, y_user);
+  const auto fwd = matmul(x_in, p->fwd_w_view, p->b_md, y_user);
   const auto data = matmul(dy_in, w_in, memory::desc(), x_user);
   const auto weights = matmul(p->w_dy_view, x_in, memory::desc(), w_user);
   impl_->Finish(*this, p.get(), "linear", d.precision == Precision::kF16,
