@@ -141,6 +141,46 @@ TEST_P(ConvPoolTest, MatchesConvReluPoolFp32) { CheckAll(Precision::kF32, 100); 
 
 TEST_P(ConvPoolTest, MatchesConvReluPoolBf16) { CheckAll(Precision::kBF16, 500); }
 
+// bf16 computes on bf16 operands: a pooled gradient that bf16 does not hold gives the weight
+// gradient of that gradient rounded to bf16 (ew::FloatToBf16, to nearest even), to the bit, in
+// both layouts (the channels-last path rounds whole vectors, the other one lane by lane).
+TEST_P(ConvPoolTest, Bf16RoundsThePooledGradientToNearestEven) {
+  Backend& be = backend();
+  int ran = 0;
+  uint32_t seed = 900;
+  for (const ConvPoolDesc& d : Cases(Precision::kBF16)) {
+    if (!be.Supports(d)) continue;
+    SCOPED_TRACE(d.ToString());
+    ++ran;
+    const Conv2dDesc& c = d.conv;
+    const Shape xs{c.n, c.c, c.h, c.w}, ws{c.k, c.c, c.r, c.s},
+        ys{c.n, c.k, d.pool.out_h(), d.pool.out_w()};
+    std::vector<float> dy = RandomUniform(static_cast<size_t>(ys.numel()), seed += 10);
+    // Ties: halfway between two bf16 values, with an even and an odd last kept bit.
+    if (dy.size() >= 2) dy[0] = ew::Bf16ToFloat(0x3f80) + 0x1p-8f, dy[1] = 0x1.01p0f + 0x1p-8f;
+    std::vector<float> rounded = dy;
+    for (float& f : rounded) f = ew::Bf16ToFloat(ew::FloatToBf16(f));
+    ASSERT_NE(dy, rounded);
+    Tensor tx = ToDevice(be, Bf16Values(static_cast<size_t>(xs.numel()), seed + 1), xs),
+           tw = ToDevice(be, Bf16Values(static_cast<size_t>(ws.numel()), seed + 2), ws),
+           tb = ToDevice(be, Bf16Values(static_cast<size_t>(c.k), seed + 3), Shape{c.k}),
+           ty = ToDevice(be, std::vector<float>(dy.size()), ys);
+    Tensor pos = be.Empty(ys, DType::kU8, "window positions");
+    be.ConvPoolForward(d, tx, tw, c.bias ? &tb : nullptr, &ty, &pos);
+    std::vector<float> got[2], got_b[2];
+    for (int i = 0; i < 2; ++i) {
+      Tensor tdy = ToDevice(be, Layout(i == 0 ? dy : rounded, ys, d.pool.nhwc), ys);
+      Tensor tdw = ToDevice(be, std::vector<float>(static_cast<size_t>(ws.numel())), ws),
+             tdb = ToDevice(be, std::vector<float>(static_cast<size_t>(c.k)), Shape{c.k});
+      be.ConvPoolBackward(d, tx, ty, tdy, pos, &tdw, c.bias ? &tdb : nullptr, false);
+      got[i] = ToHost(be, tdw), got_b[i] = ToHost(be, tdb);
+    }
+    EXPECT_EQ(got[0], got[1]) << "weight gradient";
+    EXPECT_EQ(got_b[0], got_b[1]) << "bias gradient";
+  }
+  if (ran == 0) GTEST_SKIP() << backend().name() << " does not fuse convolution and pool";
+}
+
 // What the fused op is for, and nothing else: each descriptor below differs from a valid one in
 // one field, and ConvPoolDesc::Valid refuses it (so does every backend).
 TEST(ConvPoolDescTest, ValidOnlyForFirstLayersBeforeA2x2Pool) {
