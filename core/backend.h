@@ -333,11 +333,14 @@ class Backend {
                                          const Tensor& running_mean, const Tensor& running_var,
                                          Tensor* y) = 0;
   // relu_y: the forward's output when it applied the ReLU (BatchNormArgs::relu), else nullptr;
-  // dx may be that same tensor (written in place). `a` as the forward's (its nhwc is read).
+  // dx may be that same tensor (written in place). `a` as the forward's (its nhwc is read);
+  // gamma and beta as the forward's. A backend may gate dy by the ReLU recomputed from x, gamma,
+  // beta and the saved statistics instead of reading relu_y, when that gives the forward's
+  // output to the bit (the CPU backend does: a pass over memory less).
   virtual void BatchNormBackward(const BatchNormArgs& a, const Tensor& x, const Tensor& dy,
-                                 const Tensor* relu_y, const Tensor& gamma, const Tensor& save_mean,
-                                 const Tensor& save_invstd, Tensor* dx, Tensor* dgamma,
-                                 Tensor* dbeta, bool accumulate) = 0;
+                                 const Tensor* relu_y, const Tensor& gamma, const Tensor& beta,
+                                 const Tensor& save_mean, const Tensor& save_invstd, Tensor* dx,
+                                 Tensor* dgamma, Tensor* dbeta, bool accumulate) = 0;
 
   // ---- losses: sums over the batch (the caller divides), written to 1-element f32 tensors ----
   // logits (N, K), labels i32 (N); probs (N, K) kept for backward; correct = argmax hits.

@@ -50,8 +50,11 @@ DPT_SIMD_CLONES void RunAffine(const float* p, float* q, int64_t n, ew::BnAffine
 }
 
 // The backward loops over one run, with dy as the batch norm's own output sees it: `dy_at(j)`
-// is dy[j], or dy[j] gated by the folded ReLU's output (ew::ReluGrad). Inlined into the
-// vectorised entry points below, one per case, so that no loop tests for the ReLU per element.
+// is dy[j], or dy[j] gated by the folded ReLU's output (ew::ReluGrad). That output is not read:
+// the gate is the forward's affine value recomputed from x (ew::BnFold of the saved mean and
+// 1/std gives the forward's scale and shift to the bit, and ew::BnApply rounds as it did), one
+// pass over memory less than reading y. Inlined into the vectorised entry points below, one per
+// case, so that no loop tests for the ReLU per element.
 struct BnGradTerms {
   double mean, invstd, k, m, sum_dy, sum_dy_xhat;
 };
@@ -89,17 +92,19 @@ inline float ReluGate(float y, float g) {
 DPT_SIMD_CLONES void RunGradSums(const float* g, const float* x, int64_t n, BnGradTerms* t) {
   GradSums([g](int64_t j) { return g[j]; }, x, n, t);
 }
-DPT_SIMD_CLONES void RunGatedGradSums(const float* g, const float* y, const float* x, int64_t n,
-                                      BnGradTerms* t) {
-  GradSums([g, y](int64_t j) { return ReluGate(y[j], g[j]); }, x, n, t);
+DPT_SIMD_CLONES void RunGatedGradSums(const float* g, ew::BnAffine affine, const float* x,
+                                      int64_t n, BnGradTerms* t) {
+  GradSums([g, x, affine](int64_t j) { return ReluGate(ew::BnApply(x[j], affine), g[j]); }, x, n,
+           t);
 }
 DPT_SIMD_CLONES void RunGradInput(const float* g, const float* x, float* dx, int64_t n,
                                   const BnGradTerms& t) {
   GradInput([g](int64_t j) { return g[j]; }, x, dx, n, t);
 }
-DPT_SIMD_CLONES void RunGatedGradInput(const float* g, const float* y, const float* x, float* dx,
-                                       int64_t n, const BnGradTerms& t) {
-  GradInput([g, y](int64_t j) { return ReluGate(y[j], g[j]); }, x, dx, n, t);
+DPT_SIMD_CLONES void RunGatedGradInput(const float* g, ew::BnAffine affine, const float* x,
+                                       float* dx, int64_t n, const BnGradTerms& t) {
+  GradInput([g, x, affine](int64_t j) { return ReluGate(ew::BnApply(x[j], affine), g[j]); }, x, dx,
+            n, t);
 }
 
 // ---- channels-last (BatchNormArgs::nhwc): m rows of C channels each ----
@@ -142,29 +147,36 @@ DPT_SIMD_CLONES void RowsAffine(const float* x, float* y, int64_t r0, int64_t r1
   }
 }
 
-// Per-channel backward terms of the NHWC loops (BnGradTerms, one array per field).
+// Per-channel backward terms of the NHWC loops (BnGradTerms, one array per field; with the
+// folded ReLU, the forward's scale and shift for its gate).
 struct NhwcGradTerms {
   std::vector<double> mean, invstd, k, sum_dy, sum_dy_xhat;
+  std::vector<float> scale, shift;
   double m = 0;
 };
 
+// The folded ReLU's gate of element j of a row: dy where the forward's output was positive.
+inline float RowGate(const float* g, const float* x, const NhwcGradTerms& t, int64_t j) {
+  return ReluGate(ew::BnApply(x[j], {t.scale[j], t.shift[j]}), g[j]);
+}
+
 template <bool kGated>
-inline void RowGradSums(const float* g, const float* y, const float* x, int64_t c,
-                        const NhwcGradTerms& t, double* s, double* sx) {
+inline void RowGradSums(const float* g, const float* x, int64_t c, const NhwcGradTerms& t,
+                        double* s, double* sx) {
 #pragma omp simd
   for (int64_t j = 0; j < c; ++j) {
-    const float gj = kGated ? ReluGate(y[j], g[j]) : g[j];
+    const float gj = kGated ? RowGate(g, x, t, j) : g[j];
     s[j] += gj;
     sx[j] += ew::BnDyXhat(gj, x[j], t.mean[j], t.invstd[j]);
   }
 }
 
 template <bool kGated>
-inline void RowGradInput(const float* g, const float* y, const float* x, float* dx, int64_t c,
+inline void RowGradInput(const float* g, const float* x, float* dx, int64_t c,
                          const NhwcGradTerms& t) {
 #pragma omp simd
   for (int64_t j = 0; j < c; ++j) {
-    const float gj = kGated ? ReluGate(y[j], g[j]) : g[j];
+    const float gj = kGated ? RowGate(g, x, t, j) : g[j];
     dx[j] = ew::BnDx(gj, x[j], t.mean[j], t.invstd[j], t.k[j], t.m, t.sum_dy[j], t.sum_dy_xhat[j]);
   }
 }
@@ -172,27 +184,26 @@ inline void RowGradInput(const float* g, const float* y, const float* x, float* 
 // Both backward passes over rows [r0, r1): the sums into s, sx (pass 0) or dx (pass 1). Inlined
 // into the vectorised entry points below, one per case.
 template <bool kGated>
-inline void RowsGrad(int pass, const float* g, const float* y, const float* x, float* dx,
-                     int64_t r0, int64_t r1, int64_t c, const NhwcGradTerms& t, double* s,
-                     double* sx) {
+inline void RowsGrad(int pass, const float* g, const float* x, float* dx, int64_t r0, int64_t r1,
+                     int64_t c, const NhwcGradTerms& t, double* s, double* sx) {
   for (int64_t r = r0; r < r1; ++r) {
     const int64_t o = r * c;
     if (pass == 0) {
-      RowGradSums<kGated>(g + o, kGated ? y + o : nullptr, x + o, c, t, s, sx);
+      RowGradSums<kGated>(g + o, x + o, c, t, s, sx);
     } else {
-      RowGradInput<kGated>(g + o, kGated ? y + o : nullptr, x + o, dx + o, c, t);
+      RowGradInput<kGated>(g + o, x + o, dx + o, c, t);
     }
   }
 }
 DPT_SIMD_CLONES void RowsGradPlain(int pass, const float* g, const float* x, float* dx, int64_t r0,
                                    int64_t r1, int64_t c, const NhwcGradTerms& t, double* s,
                                    double* sx) {
-  RowsGrad<false>(pass, g, nullptr, x, dx, r0, r1, c, t, s, sx);
+  RowsGrad<false>(pass, g, x, dx, r0, r1, c, t, s, sx);
 }
-DPT_SIMD_CLONES void RowsGradGated(int pass, const float* g, const float* y, const float* x,
-                                   float* dx, int64_t r0, int64_t r1, int64_t c,
-                                   const NhwcGradTerms& t, double* s, double* sx) {
-  RowsGrad<true>(pass, g, y, x, dx, r0, r1, c, t, s, sx);
+DPT_SIMD_CLONES void RowsGradGated(int pass, const float* g, const float* x, float* dx, int64_t r0,
+                                   int64_t r1, int64_t c, const NhwcGradTerms& t, double* s,
+                                   double* sx) {
+  RowsGrad<true>(pass, g, x, dx, r0, r1, c, t, s, sx);
 }
 
 void BatchNormTrainingNhwc(const BatchNormArgs& a, int64_t m, int64_t c, const float* in,
@@ -252,22 +263,33 @@ void BatchNormInferenceNhwc(const BatchNormArgs& a, int64_t m, int64_t c, const 
   }
 }
 
-void BatchNormBackwardNhwc(int64_t m, int64_t c, const float* x, const float* g, const float* ry,
-                           const float* gamma, const float* save_mean, const float* save_invstd,
-                           float* dx, float* dgamma, float* dbeta, bool accumulate) {
+// gated: the forward folded a ReLU (its gate recomputed from x, gamma, beta and the statistics).
+void BatchNormBackwardNhwc(int64_t m, int64_t c, const float* x, const float* g, bool gated,
+                           const float* gamma, const float* beta, const float* save_mean,
+                           const float* save_invstd, float* dx, float* dgamma, float* dbeta,
+                           bool accumulate) {
   const RowBlocks b = SplitRows(m, c);
   NhwcGradTerms t;
   t.m = static_cast<double>(m);
   t.mean.assign(save_mean, save_mean + c);
   t.invstd.assign(save_invstd, save_invstd + c);
+  if (gated) {
+    t.scale.resize(static_cast<size_t>(c));
+    t.shift.resize(static_cast<size_t>(c));
+    for (int64_t j = 0; j < c; ++j) {
+      const ew::BnAffine affine = ew::BnFold(gamma[j], beta[j], save_mean[j], save_invstd[j]);
+      t.scale[static_cast<size_t>(j)] = affine.scale;
+      t.shift[static_cast<size_t>(j)] = affine.shift;
+    }
+  }
   std::vector<double> part(static_cast<size_t>(2 * b.count * c), 0.0);
   for (int pass = 0; pass < 2; ++pass) {
 #pragma omp parallel for if (m * c > kParallelMin)
     for (int64_t k = 0; k < b.count; ++k) {
       const int64_t r0 = k * b.rows, r1 = std::min(m, (k + 1) * b.rows);
       double* s = part.data() + 2 * k * c;
-      if (ry != nullptr) {
-        RowsGradGated(pass, g, ry, x, dx, r0, r1, c, t, s, s + c);
+      if (gated) {
+        RowsGradGated(pass, g, x, dx, r0, r1, c, t, s, s + c);
       } else {
         RowsGradPlain(pass, g, x, dx, r0, r1, c, t, s, s + c);
       }
@@ -356,19 +378,23 @@ void CpuBackend::BatchNormForwardInference(const BatchNormArgs& a, const Tensor&
 }
 
 void CpuBackend::BatchNormBackward(const BatchNormArgs& a, const Tensor& x, const Tensor& dy,
-                                   const Tensor* relu_y, const Tensor& gamma,
+                                   const Tensor* relu_y, const Tensor& gamma, const Tensor& beta,
                                    const Tensor& save_mean, const Tensor& save_invstd, Tensor* dx,
                                    Tensor* dgamma, Tensor* dbeta, bool accumulate) {
   OpScope scope(this, "batchnorm_bwd");
   const BatchNormDims d = BatchNormShape(x.shape());
-  if (relu_y != nullptr) CheckSame(x, *relu_y, "batch norm backward (relu output)");
+  // With the folded ReLU, relu_y's values are not read: the gate comes from x (see RunGatedGrad*).
+  const bool gated = relu_y != nullptr;
+  if (gated) CheckSame(x, *relu_y, "batch norm backward (relu output)");
   const float* in = x.data<float>();
   const float* g = dy.data<float>();
-  const float* ry = relu_y != nullptr ? relu_y->data<float>() : nullptr;
+  const float* gm = gamma.data<float>();
+  const float* bt = beta.data<float>();
+  const float* sm = save_mean.data<float>();
+  const float* si = save_invstd.data<float>();
   float* out = dx->data<float>();
   if (a.nhwc) {
-    BatchNormBackwardNhwc(d.n * d.hw, d.c, in, g, ry, gamma.data<float>(), save_mean.data<float>(),
-                          save_invstd.data<float>(), out, dgamma->data<float>(),
+    BatchNormBackwardNhwc(d.n * d.hw, d.c, in, g, gated, gm, bt, sm, si, out, dgamma->data<float>(),
                           dbeta->data<float>(), accumulate);
     return;
   }
@@ -376,22 +402,23 @@ void CpuBackend::BatchNormBackward(const BatchNormArgs& a, const Tensor& x, cons
 #pragma omp parallel for if (d.n * d.c * d.hw > kParallelMin)
   for (int64_t c = 0; c < d.c; ++c) {
     BnGradTerms t{};
-    t.mean = save_mean.data<float>()[c];
-    t.invstd = save_invstd.data<float>()[c];
+    t.mean = sm[c];
+    t.invstd = si[c];
     t.m = m;
+    const ew::BnAffine affine = ew::BnFold(gm[c], bt[c], sm[c], si[c]);
     for (int64_t i = 0; i < d.n; ++i) {
       const int64_t off = (i * d.c + c) * d.hw;
-      if (ry != nullptr) {
-        RunGatedGradSums(g + off, ry + off, in + off, d.hw, &t);
+      if (gated) {
+        RunGatedGradSums(g + off, affine, in + off, d.hw, &t);
       } else {
         RunGradSums(g + off, in + off, d.hw, &t);
       }
     }
-    t.k = ew::BnGradScale(gamma.data<float>()[c], t.invstd, m);
+    t.k = ew::BnGradScale(gm[c], t.invstd, m);
     for (int64_t i = 0; i < d.n; ++i) {
       const int64_t off = (i * d.c + c) * d.hw;
-      if (ry != nullptr) {
-        RunGatedGradInput(g + off, ry + off, in + off, out + off, d.hw, t);
+      if (gated) {
+        RunGatedGradInput(g + off, affine, in + off, out + off, d.hw, t);
       } else {
         RunGradInput(g + off, in + off, out + off, d.hw, t);
       }

@@ -123,9 +123,9 @@ class CudaBackend final : public Backend {
                                  const Tensor& beta, const Tensor& running_mean,
                                  const Tensor& running_var, Tensor* y) override;
   void BatchNormBackward(const BatchNormArgs& a, const Tensor& x, const Tensor& dy,
-                         const Tensor* relu_y, const Tensor& gamma, const Tensor& save_mean,
-                         const Tensor& save_invstd, Tensor* dx, Tensor* dgamma, Tensor* dbeta,
-                         bool accumulate) override;
+                         const Tensor* relu_y, const Tensor& gamma, const Tensor& beta,
+                         const Tensor& save_mean, const Tensor& save_invstd, Tensor* dx,
+                         Tensor* dgamma, Tensor* dbeta, bool accumulate) override;
 
   void SoftmaxCrossEntropy(const Tensor& logits, const Tensor& labels, float label_smoothing,
                            Tensor* probs, Tensor* loss_sum, Tensor* correct) override;

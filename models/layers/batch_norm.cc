@@ -48,7 +48,7 @@ const Tensor& BatchNorm::Backward(const Tensor& dy, bool accumulate) {
   dx_ = need_dx_ ? dx_buf_.Batch(dy.shape()[0]) : out_.Batch(dy.shape()[0]);
   // With a folded ReLU, y_ gates dy; written over by dx_ when dx_ is the output buffer.
   backend_.BatchNormBackward(args_, x_, dy, args_.relu && !gate_handed_ ? &y_ : nullptr, gamma_,
-                             save_mean_, save_invstd_, &dx_, &ggamma_, &gbeta_, accumulate);
+                             beta_, save_mean_, save_invstd_, &dx_, &ggamma_, &gbeta_, accumulate);
   if (!need_dx_) dx_ = Tensor();
   return dx_;
 }
