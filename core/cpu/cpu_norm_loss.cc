@@ -157,7 +157,8 @@ struct NhwcGradTerms {
 
 // The per-channel terms and sums through restrict pointers: reached through `t` the gated loops
 // ran at a third to half of the plain ones' rate (every store to s, sx or dx could have changed
-// the terms, as far as the compiler knew). dx is not restrict: it may be the caller's dy.
+// the terms, as far as the compiler knew). g, x and dx are not restrict: dx may share a buffer
+// with the folded ReLU's output, and nothing here needs more.
 template <bool kGated>
 inline void RowGradSums(const float* g, const float* x, int64_t c, const NhwcGradTerms& t,
                         double* __restrict s, double* __restrict sx) {
