@@ -155,47 +155,56 @@ struct NhwcGradTerms {
   double m = 0;
 };
 
-// The per-channel terms and sums through restrict pointers: reached through `t` the gated loops
-// ran at a third to half of the plain ones' rate (every store to s, sx or dx could have changed
-// the terms, as far as the compiler knew). g, x and dx are not restrict: dx may share a buffer
-// with the folded ReLU's output, and nothing here needs more.
+// The row loops see the per-channel terms through this view (restrict pointers: reached through
+// the NhwcGradTerms vectors the gated loops ran at a third to half of the plain ones' rate, since
+// every store to s, sx or dx could have changed the terms as far as the compiler knew). g, x and
+// dx are not restrict: dx may share a buffer with the folded ReLU's output.
+struct RowTerms {
+  const double* __restrict mean;
+  const double* __restrict invstd;
+  const double* __restrict k;
+  const double* __restrict sum_dy;
+  const double* __restrict sum_dy_xhat;
+  const float* __restrict scale;
+  const float* __restrict shift;
+  double m;
+};
+RowTerms View(const NhwcGradTerms& t) {
+  return {t.mean.data(),        t.invstd.data(), t.k.data(),     t.sum_dy.data(),
+          t.sum_dy_xhat.data(), t.scale.data(),  t.shift.data(), t.m};
+}
+
+// dy of element j of a row as the batch norm's own output sees it (gated by the folded ReLU).
 template <bool kGated>
-inline void RowGradSums(const float* g, const float* x, int64_t c, const NhwcGradTerms& t,
+inline float RowDy(const float* g, const float* x, const RowTerms& t, int64_t j) {
+  return kGated ? ReluGate(ew::BnApply(x[j], {t.scale[j], t.shift[j]}), g[j]) : g[j];
+}
+
+template <bool kGated>
+inline void RowGradSums(const float* g, const float* x, int64_t c, const RowTerms& t,
                         double* __restrict s, double* __restrict sx) {
-  const double* __restrict mean = t.mean.data();
-  const double* __restrict invstd = t.invstd.data();
-  const float* __restrict scale = t.scale.data();
-  const float* __restrict shift = t.shift.data();
 #pragma omp simd
   for (int64_t j = 0; j < c; ++j) {
-    const float gj = kGated ? ReluGate(ew::BnApply(x[j], {scale[j], shift[j]}), g[j]) : g[j];
+    const float gj = RowDy<kGated>(g, x, t, j);
     s[j] += gj;
-    sx[j] += ew::BnDyXhat(gj, x[j], mean[j], invstd[j]);
+    sx[j] += ew::BnDyXhat(gj, x[j], t.mean[j], t.invstd[j]);
   }
 }
 
 template <bool kGated>
-inline void RowGradInput(const float* g, const float* x, float* dx, int64_t c,
-                         const NhwcGradTerms& t) {
-  const double* __restrict mean = t.mean.data();
-  const double* __restrict invstd = t.invstd.data();
-  const double* __restrict k = t.k.data();
-  const double* __restrict sum_dy = t.sum_dy.data();
-  const double* __restrict sum_dy_xhat = t.sum_dy_xhat.data();
-  const float* __restrict scale = t.scale.data();
-  const float* __restrict shift = t.shift.data();
+inline void RowGradInput(const float* g, const float* x, float* dx, int64_t c, const RowTerms& t) {
 #pragma omp simd
   for (int64_t j = 0; j < c; ++j) {
-    const float gj = kGated ? ReluGate(ew::BnApply(x[j], {scale[j], shift[j]}), g[j]) : g[j];
-    dx[j] = ew::BnDx(gj, x[j], mean[j], invstd[j], k[j], t.m, sum_dy[j], sum_dy_xhat[j]);
+    dx[j] = ew::BnDx(RowDy<kGated>(g, x, t, j), x[j], t.mean[j], t.invstd[j], t.k[j], t.m,
+                     t.sum_dy[j], t.sum_dy_xhat[j]);
   }
 }
 
-// Both backward passes over rows [r0, r1): the sums into s, sx (pass 0) or dx (pass 1). Inlined
-// into the vectorised entry points below, one per case.
+// Both backward passes over rows [r0, r1) of c channels: the sums into s, sx (pass 0) or dx
+// (pass 1). Inlined into the vectorised entry points below, one per case.
 template <bool kGated>
 inline void RowsGrad(int pass, const float* g, const float* x, float* dx, int64_t r0, int64_t r1,
-                     int64_t c, const NhwcGradTerms& t, double* s, double* sx) {
+                     int64_t c, const RowTerms& t, double* s, double* sx) {
   for (int64_t r = r0; r < r1; ++r) {
     const int64_t o = r * c;
     if (pass == 0) {
@@ -205,69 +214,51 @@ inline void RowsGrad(int pass, const float* g, const float* x, float* dx, int64_
     }
   }
 }
-// RowsGrad for rows of exactly kC channels (16 or 32): the per-channel terms and sums in local
-// arrays the compiler keeps in registers across rows (with a run-time count it reloads and stores
-// the sums for every row: a store-to-load chain per short row). The same operations in the same
-// order as RowsGrad, so the same bits. In training (resnet8, batch 256) a gated 16-channel
-// backward took 2.1-2.2 ms this way, 2.8-3.3 through RowsGrad; at 64 channels and more the two
-// measured the same.
+
+// RowsGrad for rows of exactly kC channels (16 or 32): the terms and sums copied into local arrays
+// the compiler keeps in registers across rows (with a run-time count it loads and stores the sums
+// for every row: a store-to-load chain per short row). The same operations in the same order, so
+// the same bits. In training (resnet8, batch 256) a gated 16-channel backward took 2.1-2.2 ms
+// this way, 2.8-3.3 through RowsGrad; at 64 channels and more the two measured the same.
 template <bool kGated, int kC>
 inline void RowsGradFixed(int pass, const float* g, const float* x, float* dx, int64_t r0,
-                          int64_t r1, const NhwcGradTerms& t, double* s_out, double* sx_out) {
-  double mean[kC], invstd[kC];
+                          int64_t r1, const RowTerms& t, double* s, double* sx) {
+  double mean[kC], invstd[kC], k[kC], sum_dy[kC], sum_dy_xhat[kC], s_local[kC], sx_local[kC];
   float scale[kC] = {}, shift[kC] = {};
   for (int j = 0; j < kC; ++j) {
-    mean[j] = t.mean[static_cast<size_t>(j)], invstd[j] = t.invstd[static_cast<size_t>(j)];
-    if (kGated)
-      scale[j] = t.scale[static_cast<size_t>(j)], shift[j] = t.shift[static_cast<size_t>(j)];
-  }
-  const auto gate = [&](const float* gr, const float* xr, int j) {
-    return kGated ? ReluGate(ew::BnApply(xr[j], {scale[j], shift[j]}), gr[j]) : gr[j];
-  };
-  if (pass == 0) {
-    double s[kC], sx[kC];
-    for (int j = 0; j < kC; ++j) s[j] = s_out[j], sx[j] = sx_out[j];
-    for (int64_t r = r0; r < r1; ++r) {
-      const float* gr = g + r * kC;
-      const float* xr = x + r * kC;
-#pragma omp simd
-      for (int j = 0; j < kC; ++j) {
-        const float gj = gate(gr, xr, j);
-        s[j] += gj;
-        sx[j] += ew::BnDyXhat(gj, xr[j], mean[j], invstd[j]);
-      }
+    mean[j] = t.mean[j], invstd[j] = t.invstd[j];
+    if (kGated) scale[j] = t.scale[j], shift[j] = t.shift[j];
+    if (pass == 0) {
+      s_local[j] = s[j], sx_local[j] = sx[j];
+    } else {
+      k[j] = t.k[j], sum_dy[j] = t.sum_dy[j], sum_dy_xhat[j] = t.sum_dy_xhat[j];
     }
-    for (int j = 0; j < kC; ++j) s_out[j] = s[j], sx_out[j] = sx[j];
+  }
+  const RowTerms local{mean, invstd, k, sum_dy, sum_dy_xhat, scale, shift, t.m};
+  if (pass == 0) {
+    for (int64_t r = r0; r < r1; ++r) {
+      RowGradSums<kGated>(g + r * kC, x + r * kC, kC, local, s_local, sx_local);
+    }
+    for (int j = 0; j < kC; ++j) s[j] = s_local[j], sx[j] = sx_local[j];
     return;
   }
-  double k[kC], sum_dy[kC], sum_dy_xhat[kC];
-  for (int j = 0; j < kC; ++j) {
-    const auto u = static_cast<size_t>(j);
-    k[j] = t.k[u], sum_dy[j] = t.sum_dy[u], sum_dy_xhat[j] = t.sum_dy_xhat[u];
-  }
   for (int64_t r = r0; r < r1; ++r) {
-    const float* gr = g + r * kC;
-    const float* xr = x + r * kC;
-    float* dr = dx + r * kC;
-#pragma omp simd
-    for (int j = 0; j < kC; ++j) {
-      dr[j] = ew::BnDx(gate(gr, xr, j), xr[j], mean[j], invstd[j], k[j], t.m, sum_dy[j],
-                       sum_dy_xhat[j]);
-    }
+    RowGradInput<kGated>(g + r * kC, x + r * kC, dx + r * kC, kC, local);
   }
 }
 
 DPT_SIMD_CLONES void RowsGradPlain(int pass, const float* g, const float* x, float* dx, int64_t r0,
                                    int64_t r1, int64_t c, const NhwcGradTerms& t, double* s,
                                    double* sx) {
-  RowsGrad<false>(pass, g, x, dx, r0, r1, c, t, s, sx);
+  RowsGrad<false>(pass, g, x, dx, r0, r1, c, View(t), s, sx);
 }
 DPT_SIMD_CLONES void RowsGradGated(int pass, const float* g, const float* x, float* dx, int64_t r0,
                                    int64_t r1, int64_t c, const NhwcGradTerms& t, double* s,
                                    double* sx) {
-  if (c == 16) return RowsGradFixed<true, 16>(pass, g, x, dx, r0, r1, t, s, sx);
-  if (c == 32) return RowsGradFixed<true, 32>(pass, g, x, dx, r0, r1, t, s, sx);
-  RowsGrad<true>(pass, g, x, dx, r0, r1, c, t, s, sx);
+  const RowTerms terms = View(t);
+  if (c == 16) return RowsGradFixed<true, 16>(pass, g, x, dx, r0, r1, terms, s, sx);
+  if (c == 32) return RowsGradFixed<true, 32>(pass, g, x, dx, r0, r1, terms, s, sx);
+  RowsGrad<true>(pass, g, x, dx, r0, r1, c, terms, s, sx);
 }
 
 void BatchNormTrainingNhwc(const BatchNormArgs& a, int64_t m, int64_t c, const float* in,
