@@ -20,7 +20,8 @@
 namespace dptrain::cpu {
 namespace {
 
-constexpr int64_t kLanes = 16;  // output channels per step: one AVX-512 register of floats
+constexpr int64_t kLanes = 16;     // output channels per step: one AVX-512 register of floats
+constexpr int64_t kMaxKernel = 7;  // the largest kernel fused (rows and columns): see Supports
 
 // How the kernels see the op: the input zero-padded (hp rows of xs per channel, one sample at a
 // time) and the weights as taps (c, r, s) of kp output channels each (K rounded up to kLanes,
@@ -101,13 +102,54 @@ void Locate(const Geometry& g, int64_t n, int64_t i, int64_t j, int64_t k0, Step
   }
 }
 
+// A pooled step's lanes one by one (channels-first, or the last step of K channels): outside the
+// kernels, so that their stores are not compiled (and partly run) into every full step.
+[[gnu::noinline]] void StoreLanes(const Step& st, const float* m, const uint8_t* pos, float* y,
+                                  uint8_t* ws) {
+  for (int64_t l = 0; l < st.lanes; ++l) {
+    const int64_t o = st.contiguous ? st.at[0] + l : st.at[l];
+    y[o] = m[l];
+    if (ws != nullptr) ws[o] = pos[l];
+  }
+}
+
+// Stores one pooled step: the maximum over the window positions q[0..3] after the ReLU, and the
+// position it came from (the first holding it wins, as the pool's scan) when ws is set.
+[[gnu::always_inline]] inline void StorePooled(const Geometry& g, int64_t n, int64_t i, int64_t j,
+                                               int64_t k0, const Vec* q, float* y, uint8_t* ws) {
+  Vec m = q[0];
+  Mask p = Mask{} + 0;
+  for (int32_t pos = 1; pos < 4; ++pos) {
+    const Mask up = q[pos] > m;
+    m = up ? q[pos] : m;
+    p = up ? Mask{} + pos : p;
+  }
+  m = m > 0.f ? m : Vec{};  // the ReLU (ew::Relu)
+  const Bytes pb = __builtin_convertvector(p, Bytes);
+  Step st;
+  Locate(g, n, i, j, k0, &st);
+  if (st.contiguous && st.lanes == kLanes) {  // a full channels-last step: two vector stores
+    std::memcpy(y + st.at[0], &m, sizeof(Vec));
+    if (ws != nullptr) std::memcpy(ws + st.at[0], &pb, sizeof(Bytes));
+    return;
+  }
+  float ml[kLanes];
+  uint8_t pl[kLanes];
+  std::memcpy(ml, &m, sizeof(Vec));
+  std::memcpy(pl, &pb, sizeof(Bytes));
+  StoreLanes(st, ml, pl, y, ws);
+}
+
 // One sample's pooled outputs, two pooled columns at a time (eight independent sums: the adds'
 // latency hides; a last odd column computes an idle second one over the zeros past the row).
-// Each lane sums bias, then the taps in (c, r, s) order; the first window position holding the
-// maximum wins (as the pool's scan).
-DPT_SIMD_CLONES void ForwardSample(const Geometry& geo, const float* xp, const float* wt,
-                                   const float* bias, int64_t n, float* y, uint8_t* ws) {
+// Each lane sums bias, then the taps in (c, r, s) order. kR x kS > 0 fixes the kernel's size at
+// compile time (the taps unrolled); 0 reads it from g.
+template <int64_t kR, int64_t kS>
+[[gnu::always_inline]] inline void ForwardBody(const Geometry& geo, const float* xp,
+                                               const float* wt, const float* bias, int64_t n,
+                                               float* y, uint8_t* ws) {
   const Geometry g = geo;  // a copy: no store through y can change it, so it stays in registers
+  const int64_t rows = kR > 0 ? kR : g.r, cols = kS > 0 ? kS : g.s;
   for (int64_t i = 0; i < g.ph; ++i) {
     for (int64_t j = 0; j < g.pw; j += 2) {
       for (int64_t k0 = 0; k0 < g.kp; k0 += kLanes) {
@@ -115,10 +157,10 @@ DPT_SIMD_CLONES void ForwardSample(const Geometry& geo, const float* xp, const f
         std::memcpy(&a[0], bias + k0, sizeof(Vec));
         for (auto& v : a) v = a[0];
         for (int64_t c = 0; c < g.c; ++c) {
-          for (int64_t r = 0; r < g.r; ++r) {
+          for (int64_t r = 0; r < rows; ++r) {
             const float* row = xp + (c * g.hp + 2 * i + r) * g.xs + 2 * j;
-            const float* wv = wt + ((c * g.r + r) * g.s) * g.kp + k0;
-            for (int64_t s = 0; s < g.s; ++s, wv += g.kp) {
+            const float* wv = wt + ((c * rows + r) * cols) * g.kp + k0;
+            for (int64_t s = 0; s < cols; ++s, wv += g.kp) {
               Vec w;
               std::memcpy(&w, wv, sizeof(Vec));
               const float* top = row + s;
@@ -134,101 +176,148 @@ DPT_SIMD_CLONES void ForwardSample(const Geometry& geo, const float* xp, const f
             }
           }
         }
-        for (int64_t col = 0; col < std::min<int64_t>(2, g.pw - j); ++col) {
-          const Vec* q = a + 4 * col;
-          Vec m = q[0];
-          Mask p = Mask{} + 0;
-          for (int32_t pos = 1; pos < 4; ++pos) {
-            const Mask up = q[pos] > m;
-            m = up ? q[pos] : m;
-            p = up ? Mask{} + pos : p;
-          }
-          m = m > 0.f ? m : Vec{};  // the ReLU (ew::Relu)
-          const Bytes pb = __builtin_convertvector(p, Bytes);
-          Step st;
-          Locate(g, n, i, j + col, k0, &st);
-          if (st.contiguous) {
-            std::memcpy(y + st.at[0], &m, static_cast<size_t>(st.lanes) * sizeof(float));
-            if (ws != nullptr) std::memcpy(ws + st.at[0], &pb, static_cast<size_t>(st.lanes));
-            continue;
-          }
-          for (int64_t l = 0; l < st.lanes; ++l) {
-            y[st.at[l]] = m[l];
-            if (ws != nullptr) ws[st.at[l]] = pb[l];
-          }
-        }
+        StorePooled(g, n, i, j, k0, a, y, ws);
+        if (j + 1 < g.pw) StorePooled(g, n, i, j + 1, k0, a + 4, y, ws);
       }
     }
   }
 }
 
+// The window positions of a step as 32-bit lanes. Through 16 bits: GCC 12 converts bytes to 32
+// bits directly one lane at a time, through general registers.
+[[gnu::always_inline]] inline void Widen(Bytes b, Mask* m) {
+  using Halves = uint16_t __attribute__((vector_size(kLanes * sizeof(uint16_t))));
+  *m = __builtin_convertvector(__builtin_convertvector(b, Halves), Mask);
+}
+
+// A pooled step's output, gradient and window positions lane by lane (channels-first, or the last
+// step of K channels), zeros past its lanes: outside the kernels, as StoreLanes.
+[[gnu::noinline]] void LoadLanes(const Geometry& g, const Step& st, const float* y, const float* dy,
+                                 const uint8_t* ws, float* yl, float* gl, int32_t* al) {
+  for (int64_t l = 0; l < kLanes; ++l) yl[l] = gl[l] = 0.f, al[l] = 0;
+  for (int64_t l = 0; l < st.lanes; ++l) {
+    const int64_t o = st.contiguous ? st.at[0] + l : st.at[l];
+    yl[l] = y[o], gl[l] = Operand(dy[o], g.bf16), al[l] = ws[o];
+  }
+}
+
+// The gradient of one pooled step, two columns (j, j + 1) of channels k0..: dy gated by the ReLU
+// (y > 0) in gv[col], the window position the maximum came from in at[col] (zeros for a column
+// past the row); their sum added to db_sum.
+[[gnu::always_inline]] inline void PooledGradient(const Geometry& g, const float* y,
+                                                  const float* dy, const uint8_t* ws, int64_t n,
+                                                  int64_t i, int64_t j, int64_t k0, Vec* gv,
+                                                  Mask* at, Vec* db_sum) {
+  for (int64_t col = 0; col < 2; ++col) {
+    Vec yv{}, gc{};
+    Mask ac{};
+    if (j + col < g.pw) {
+      Step st;
+      Locate(g, n, i, j + col, k0, &st);
+      if (st.contiguous && st.lanes == kLanes) {
+        // Channels-last, a full step: three vector loads (a copy through per-lane arrays stalled
+        // store forwarding on every vector: a third of the op's time).
+        Bytes ab;
+        std::memcpy(&yv, y + st.at[0], sizeof(Vec));
+        std::memcpy(&gc, dy + st.at[0], sizeof(Vec));
+        std::memcpy(&ab, ws + st.at[0], sizeof(Bytes));
+        Widen(ab, &ac);
+        if (g.bf16) RoundOperands(&gc);
+      } else {
+        float yl[kLanes], gl[kLanes];
+        int32_t al[kLanes];
+        LoadLanes(g, st, y, dy, ws, yl, gl, al);
+        std::memcpy(&yv, yl, sizeof(Vec));
+        std::memcpy(&gc, gl, sizeof(Vec));
+        std::memcpy(&ac, al, sizeof(Mask));
+      }
+    }
+    gv[col] = yv > 0.f ? gc : Vec{};
+    at[col] = ac;
+    *db_sum += gv[col];
+  }
+}
+
+// The input under a tap at each lane's window position (at: 0 and 1 in the top row t, 2 and 3 in
+// the bottom row b). v - Vec{} is v in every lane (0 + v would make -0 into +0: a scalar add).
+[[gnu::always_inline]] inline void Pick(Mask at, const float* t, const float* b, Vec* x) {
+  Vec v = t[0] - Vec{};
+  v = at == 1 ? t[1] - Vec{} : v;
+  v = at == 2 ? b[0] - Vec{} : v;
+  *x = at == 3 ? b[1] - Vec{} : v;
+}
+
+// Adds one tap's gradient terms to its sum: each column's gradient times the input under the tap
+// at the window position its maximum came from, column 0's term first. The other three
+// positions' terms are zeros (the pool's gradient is zero there): adding them would not change
+// the sum.
+[[gnu::always_inline]] inline void AddTap(const Vec* gv, const Mask* at, const float* top,
+                                          const float* bottom, Vec* sum) {
+  Vec x0, x1;
+  Pick(at[0], top, bottom, &x0);
+  Pick(at[1], top + 2, bottom + 2, &x1);
+  *sum += gv[0] * x0 + gv[1] * x1;
+}
+
 // One sample's weight and bias gradients, (taps, kp) and (kp), added in f32 to dw and db over its
-// pooled positions, two columns at a time as forward: dy gated by the ReLU (y > 0) lands on the
-// window position the maximum came from (g[4 * col + position], zero at the other three).
-DPT_SIMD_CLONES void BackwardSample(const Geometry& geo, const float* xp, const float* y,
-                                    const float* dy, const uint8_t* ws, int64_t n, float* dw,
-                                    float* db) {
-  const Geometry g = geo;  // as in ForwardSample
-  for (int64_t i = 0; i < g.ph; ++i) {
-    for (int64_t j = 0; j < g.pw; j += 2) {
-      for (int64_t k0 = 0; k0 < g.kp; k0 += kLanes) {
-        Vec gq[8];
-        Vec acc;
-        std::memcpy(&acc, db + k0, sizeof(Vec));
-        for (int64_t col = 0; col < 2; ++col) {
-          Vec yv{}, gv{};
-          Bytes ab{};
-          if (j + col < g.pw) {
-            Step st;
-            Locate(g, n, i, j + col, k0, &st);
-            if (st.contiguous && st.lanes == kLanes) {
-              // Channels-last, a full step: three vector loads (a copy through per-lane arrays
-              // stalled store forwarding on every vector: a third of the op's time).
-              std::memcpy(&yv, y + st.at[0], sizeof(Vec));
-              std::memcpy(&gv, dy + st.at[0], sizeof(Vec));
-              std::memcpy(&ab, ws + st.at[0], sizeof(Bytes));
-              if (g.bf16) RoundOperands(&gv);
-            } else {
-              float yl[kLanes] = {}, gl[kLanes] = {};
-              uint8_t al[kLanes] = {};
-              for (int64_t l = 0; l < st.lanes; ++l) {
-                const int64_t o = st.contiguous ? st.at[0] + l : st.at[l];
-                yl[l] = y[o], gl[l] = Operand(dy[o], g.bf16), al[l] = ws[o];
-              }
-              std::memcpy(&yv, yl, sizeof(Vec));
-              std::memcpy(&gv, gl, sizeof(Vec));
-              std::memcpy(&ab, al, sizeof(Bytes));
-            }
-          }
-          const Mask at = __builtin_convertvector(ab, Mask);
-          gv = yv > 0.f ? gv : Vec{};
-          acc += gv;
-          for (int32_t pos = 0; pos < 4; ++pos) gq[4 * col + pos] = at == pos ? gv : Vec{};
-        }
-        std::memcpy(db + k0, &acc, sizeof(Vec));
-        for (int64_t c = 0; c < g.c; ++c) {
-          for (int64_t r = 0; r < g.r; ++r) {
+// pooled positions in (i, j) order, two columns at a time as forward: for each step of channels
+// and each input channel, the kernel's r * s sums are local over the whole sample. A fixed kR x kS
+// kernel unrolls the taps, which keeps those sums in registers (GCC leaves such short loops
+// rolled, and the sums would live in memory); 0 reads the size from g.
+template <int64_t kR, int64_t kS>
+[[gnu::always_inline]] inline void BackwardBody(const Geometry& geo, const float* xp,
+                                                const float* y, const float* dy, const uint8_t* ws,
+                                                int64_t n, float* dw, float* db) {
+  const Geometry g = geo;  // as in ForwardBody
+  const int64_t rows = kR > 0 ? kR : g.r, cols = kS > 0 ? kS : g.s, taps = rows * cols;
+  for (int64_t k0 = 0; k0 < g.kp; k0 += kLanes) {
+    for (int64_t c = 0; c < g.c; ++c) {
+      Vec db_sum, sums[kR > 0 ? kR * kS : kMaxKernel * kMaxKernel];
+      std::memcpy(&db_sum, db + k0, sizeof(Vec));
+      for (int64_t t = 0; t < taps; ++t)
+        std::memcpy(&sums[t], dw + (c * taps + t) * g.kp + k0, sizeof(Vec));
+      for (int64_t i = 0; i < g.ph; ++i) {
+        for (int64_t j = 0; j < g.pw; j += 2) {
+          Vec gv[2];
+          Mask at[2];
+          PooledGradient(g, y, dy, ws, n, i, j, k0, gv, at, &db_sum);
+#pragma GCC unroll 8
+          for (int64_t r = 0; r < rows; ++r) {
             const float* row = xp + (c * g.hp + 2 * i + r) * g.xs + 2 * j;
-            float* dv = dw + ((c * g.r + r) * g.s) * g.kp + k0;
-            for (int64_t s = 0; s < g.s; ++s, dv += g.kp) {
-              const float* top = row + s;
-              const float* bottom = top + g.xs;
-              std::memcpy(&acc, dv, sizeof(Vec));
-              acc += gq[0] * top[0] + gq[1] * top[1] + gq[2] * bottom[0] + gq[3] * bottom[1] +
-                     gq[4] * top[2] + gq[5] * top[3] + gq[6] * bottom[2] + gq[7] * bottom[3];
-              std::memcpy(dv, &acc, sizeof(Vec));
-            }
+#pragma GCC unroll 8
+            for (int64_t s = 0; s < cols; ++s)
+              AddTap(gv, at, row + s, row + s + g.xs, &sums[r * cols + s]);
           }
         }
       }
+      for (int64_t t = 0; t < taps; ++t)
+        std::memcpy(dw + (c * taps + t) * g.kp + k0, &sums[t], sizeof(Vec));
+      if (c == 0) std::memcpy(db + k0, &db_sum, sizeof(Vec));
     }
   }
+}
+
+// The kernels, compiled for each CPU kind: 3x3 and 5x5 kernels fixed, any other read from g.
+DPT_SIMD_CLONES void ForwardSample(const Geometry& g, const float* xp, const float* wt,
+                                   const float* bias, int64_t n, float* y, uint8_t* ws) {
+  if (g.r == 3 && g.s == 3) return ForwardBody<3, 3>(g, xp, wt, bias, n, y, ws);
+  if (g.r == 5 && g.s == 5) return ForwardBody<5, 5>(g, xp, wt, bias, n, y, ws);
+  ForwardBody<0, 0>(g, xp, wt, bias, n, y, ws);
+}
+DPT_SIMD_CLONES void BackwardSample(const Geometry& g, const float* xp, const float* y,
+                                    const float* dy, const uint8_t* ws, int64_t n, float* dw,
+                                    float* db) {
+  if (g.r == 3 && g.s == 3) return BackwardBody<3, 3>(g, xp, y, dy, ws, n, dw, db);
+  if (g.r == 5 && g.s == 5) return BackwardBody<5, 5>(g, xp, y, dy, ws, n, dw, db);
+  BackwardBody<0, 0>(g, xp, y, dy, ws, n, dw, db);
 }
 
 }  // namespace
 
 bool CpuBackend::Supports(const ConvPoolDesc& d) const {
-  return d.Valid() && d.conv.precision != Precision::kF16 && PrecisionOk(d.conv.precision);
+  // A larger kernel is no first layer's and would not keep its sums local: it runs unfused.
+  return d.Valid() && d.conv.r <= kMaxKernel && d.conv.s <= kMaxKernel &&
+         d.conv.precision != Precision::kF16 && PrecisionOk(d.conv.precision);
 }
 
 void CpuBackend::ConvPoolForward(const ConvPoolDesc& d, const Tensor& x, const Tensor& w,
