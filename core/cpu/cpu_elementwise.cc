@@ -3,6 +3,8 @@
 // optimizer updates (SGD, AdamW) and the checks (non-finite count, sum of squares).
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
+#include <utility>
 
 #include "core/cpu/cpu_backend.h"
 #include "core/cpu/cpu_backend_impl.h"
@@ -188,22 +190,56 @@ void CpuBackend::Pad2d(const Tensor& x, int64_t top, int64_t left, Tensor* y) {
 
 namespace {
 
-// y = each of x's `batch` (rows x cols) row-major matrices transposed, in 32 x 32 tiles (a tile
-// of each side stays in the L1 cache).
-void TransposeBatch(const float* x, float* y, int64_t batch, int64_t rows, int64_t cols) {
-  constexpr int64_t kTile = 32;
-  const int64_t row_tiles = (rows + kTile - 1) / kTile, col_tiles = (cols + kTile - 1) / kTile;
-  const int64_t tiles = batch * row_tiles * col_tiles;
-#pragma omp parallel for if (batch * rows * cols > kParallelMin)
-  for (int64_t t = 0; t < tiles; ++t) {
-    const int64_t b = t / (row_tiles * col_tiles), rc = t % (row_tiles * col_tiles);
-    const int64_t r0 = rc / col_tiles * kTile, c0 = rc % col_tiles * kTile;
-    const int64_t r1 = std::min(rows, r0 + kTile), c1 = std::min(cols, c0 + kTile);
-    const float* xb = x + b * rows * cols;
-    float* yb = y + b * rows * cols;
-    for (int64_t c = c0; c < c1; ++c) {
-      for (int64_t r = r0; r < r1; ++r) yb[c * rows + r] = xb[r * cols + c];
+// A 16 x 16 tile transposed in registers: rows r[0..15] of 16 floats (one AVX-512 register each in
+// the clone built for it). Each stage swaps the off-diagonal K x K blocks of every 2K x 2K block
+// (lane l of row i takes lane l - K of row i + K, and back); after K = 8, 4, 2, 1 row i holds
+// column i. Lane indices are constants (__builtin_shufflevector): a two-register permute each.
+constexpr int64_t kTile = 16;
+using TileRow = float __attribute__((vector_size(kTile * sizeof(float))));
+template <size_t K, size_t... L>
+[[gnu::always_inline]] inline void SwapBlocks(TileRow* r, std::index_sequence<L...> /*lanes*/) {
+  for (size_t i = 0; i < kTile; ++i) {
+    if ((i & K) != 0) continue;
+    const TileRow a = r[i], b = r[i + K];
+    r[i] = __builtin_shufflevector(a, b, ((L & K) != 0 ? L - K + kTile : L)...);
+    r[i + K] = __builtin_shufflevector(a, b, ((L & K) != 0 ? L + kTile : L + K)...);
+  }
+}
+
+// Rows [r0, r0 + 16) of one (rows x cols) row-major matrix x into y, its transpose (cols x rows):
+// whole tiles through registers, the edges element by element.
+DPT_SIMD_CLONES void TransposeBand(const float* x, float* y, int64_t rows, int64_t cols,
+                                   int64_t r0) {
+  const int64_t r1 = std::min(rows, r0 + kTile);
+  for (int64_t c0 = 0; c0 < cols; c0 += kTile) {
+    const int64_t c1 = std::min(cols, c0 + kTile);
+    if (r1 - r0 < kTile || c1 - c0 < kTile) {
+      for (int64_t c = c0; c < c1; ++c) {
+        for (int64_t r = r0; r < r1; ++r) y[c * rows + r] = x[r * cols + c];
+      }
+      continue;
     }
+    TileRow t[kTile];
+    for (int64_t i = 0; i < kTile; ++i)
+      std::memcpy(&t[i], x + (r0 + i) * cols + c0, sizeof(TileRow));
+    constexpr auto lanes = std::make_index_sequence<kTile>();
+    SwapBlocks<8>(t, lanes);
+    SwapBlocks<4>(t, lanes);
+    SwapBlocks<2>(t, lanes);
+    SwapBlocks<1>(t, lanes);
+    for (int64_t i = 0; i < kTile; ++i)
+      std::memcpy(y + (c0 + i) * rows + r0, &t[i], sizeof(TileRow));
+  }
+}
+
+// y = each of x's `batch` (rows x cols) row-major matrices transposed, a band of 16 rows at a time
+// (a band of each side stays in the L1 cache).
+void TransposeBatch(const float* x, float* y, int64_t batch, int64_t rows, int64_t cols) {
+  const int64_t bands = (rows + kTile - 1) / kTile;
+#pragma omp parallel for if (batch * rows * cols > kParallelMin)
+  for (int64_t t = 0; t < batch * bands; ++t) {
+    const int64_t b = t / bands;
+    TransposeBand(x + b * rows * cols, y + b * rows * cols, rows, cols, t % bands * kTile);
   }
 }
 

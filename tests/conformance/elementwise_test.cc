@@ -161,7 +161,7 @@ TEST_P(ElementwiseTest, Pad2dPadsAndCrops) {
 }
 
 // NCHW <-> NHWC (the flatten of a channels-last activation and its gradient): exact copies, on
-// shapes around the 32 x 32 tiles (one channel, one position, partial tiles, several tiles).
+// shapes around the 16 x 16 tiles (one channel, one position, partial tiles, several tiles).
 TEST_P(ElementwiseTest, ChannelsLastLayoutChanges) {
   Backend& be = backend();
   for (const Shape& s : std::vector<Shape>{{2, 3, 5, 7},
