@@ -46,6 +46,7 @@ std::vector<ConvPoolDesc> Cases(Precision p) {
   all.push_back(MakeConvPool(2, 2, 6, 8, 40, 1, 1, 0, true, p, false, true));   // 1x1, 3 steps
   all.push_back(MakeConvPool(2, 1, 9, 8, 8, 3, 2, 1, true, p, false, true));    // 3x2 kernel
   all.push_back(MakeConvPool(1, 1, 3, 3, 1, 3, 3, 1, false, p, false, false));  // one channel
+  all.push_back(MakeConvPool(2, 2, 9, 10, 16, 7, 7, 3, true, p, true, true));   // 7x7: the largest
   return all;
 }
 
@@ -179,6 +180,19 @@ TEST_P(ConvPoolTest, Bf16RoundsThePooledGradientToNearestEven) {
     EXPECT_EQ(got_b[0], got_b[1]) << "bias gradient";
   }
   if (ran == 0) GTEST_SKIP() << backend().name() << " does not fuse convolution and pool";
+}
+
+// The CPU kernels keep a kernel's sums of a step in a local array of 7 x 7: a larger kernel runs
+// unfused (the graph then runs the convolution and the pool).
+TEST_P(ConvPoolTest, CpuFusesKernelsUpTo7x7) {
+  Backend& be = backend();
+  if (be.name() != "cpu") GTEST_SKIP() << "the 7 x 7 bound is the CPU kernels'";
+  for (const int64_t r : {7, 8}) {
+    const ConvPoolDesc d =
+        MakeConvPool(2, 1, 12, 12, 16, r, r, 3, true, Precision::kF32, true, true);
+    ASSERT_TRUE(d.Valid());
+    EXPECT_EQ(be.Supports(d), r <= 7) << r << "x" << r;
+  }
 }
 
 // What the fused op is for, and nothing else: each descriptor below differs from a valid one in
