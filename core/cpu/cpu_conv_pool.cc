@@ -64,7 +64,8 @@ void PadSample(const Geometry& g, const Conv2dDesc& d, const float* x, int64_t n
 
 // A step of kLanes output channels as one vector (GCC's vector extension: AVX-512 in the clone
 // built for it, several narrower registers in the others), so the four window positions' sums
-// stay in registers. Values move in and out through memcpy; no vector crosses a function call.
+// stay in registers. Values move in and out through memcpy; no vector crosses a call (the helpers
+// that take or return vectors are always_inline; the per-lane fallbacks take arrays).
 using Vec = float __attribute__((vector_size(kLanes * sizeof(float))));
 using Mask = int32_t __attribute__((vector_size(kLanes * sizeof(int32_t))));
 using Bytes = uint8_t __attribute__((vector_size(kLanes)));
