@@ -47,9 +47,13 @@ Geometry Describe(const ConvPoolDesc& d) {
 // bf16 here, every product is exact in f32.
 float Operand(float v, bool bf16) { return bf16 ? ew::Bf16ToFloat(ew::FloatToBf16(v)) : v; }
 
+// The padded sample's floats: g.c planes of hp rows of xs, and zeros for the backward's 8-wide
+// row loads (RowPair) to read past the last row.
+int64_t PaddedSize(const Geometry& g) { return g.c * g.hp * g.xs + 8; }
+
 // Sample n of x into xp (g.c planes of hp x wp, zeros around).
 void PadSample(const Geometry& g, const Conv2dDesc& d, const float* x, int64_t n, float* xp) {
-  std::fill(xp, xp + g.c * g.hp * g.xs, 0.f);
+  std::fill(xp, xp + PaddedSize(g), 0.f);
   for (int64_t c = 0; c < g.c; ++c) {
     for (int64_t h = 0; h < d.h; ++h) {
       float* row = xp + (c * g.hp + h + d.pad) * g.xs + d.pad;
@@ -260,13 +264,46 @@ template <int64_t kR, int64_t kS>
   *sum += gv[0] * x0 + gv[1] * x1;
 }
 
+// Two input rows' first 8 values as one vector: the top row in lanes 0-7, the bottom one in 8-15.
+[[gnu::always_inline]] inline void RowPair(const float* top, const float* bottom, Vec* pair) {
+  static_assert(kLanes == 16, "the lane lists below");
+  using Half = float __attribute__((vector_size(kLanes / 2 * sizeof(float))));
+  Half lo, hi;
+  std::memcpy(&lo, top, sizeof(Half));
+  std::memcpy(&hi, bottom, sizeof(Half));
+  *pair = __builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+}
+
+// Lane l of *out = lane idx[l] (0-15) of v: one permute (vpermps) in GCC's AVX-512 clone; clang
+// (the lint and fuzz builds) has no shuffle with lanes known only at run time, so a lane loop.
+[[gnu::always_inline]] inline void Permute(const Vec& v, Mask idx, Vec* out) {
+#if defined(__clang__)
+  for (int64_t l = 0; l < kLanes; ++l) (*out)[l] = v[idx[l] & (kLanes - 1)];
+#else
+  *out = __builtin_shuffle(v, idx);
+#endif
+}
+
+// AddTap for kernels up to 5 columns wide, on RowPair(row, row + xs) of the tap's row: the input
+// under each lane's maximum picked by one permute per column (at[col]'s row and column in the
+// pair plus the tap's column s, base[col] without s), the same values and arithmetic as AddTap.
+[[gnu::always_inline]] inline void AddTapFromPair(const Vec& pair, const Mask* base, int64_t s,
+                                                  const Vec* gv, Vec* sum) {
+  Vec x0, x1;
+  Permute(pair, base[0] + static_cast<int32_t>(s), &x0);
+  Permute(pair, base[1] + static_cast<int32_t>(s), &x1);
+  *sum += gv[0] * x0 + gv[1] * x1;
+}
+
 // One sample's weight and bias gradients, (taps, kp) and (kp), added in f32 to dw and db over its
 // pooled positions in (i, j) order, two columns at a time as forward. For each pooled row, step
 // of channels and input channel, the kernel's r * s sums stay local over the row; the row's
 // output, gradient and window positions (cold in training) are read from memory once, the second
 // step of channels finding them in cache (a step over the whole sample at a time took 1.6x as
 // long at batch 256). A fixed kR x kS kernel unrolls the taps, which keeps the sums in registers
-// (GCC leaves such short loops rolled, and the sums would live in memory); 0 reads the size from g.
+// (GCC leaves such short loops rolled, and the sums would live in memory), and up to 5 columns
+// picks the inputs with permutes (AddTapFromPair: 1.3x AddTap's masked broadcasts); 0 reads the
+// size from g.
 template <int64_t kR, int64_t kS>
 [[gnu::always_inline]] inline void BackwardBody(const Geometry& geo, const float* xp,
                                                 const float* y, const float* dy, const uint8_t* ws,
@@ -284,12 +321,24 @@ template <int64_t kR, int64_t kS>
           Vec gv[2];
           Mask at[2];
           PooledGradient(g, y, dy, ws, n, i, j, k0, gv, at, &db_sum);
+          if constexpr (kS > 0 && kS <= 5) {
+            const Mask base[2] = {(at[0] >> 1) * 8 + (at[0] & 1),
+                                  (at[1] >> 1) * 8 + (at[1] & 1) + 2};
 #pragma GCC unroll 8
-          for (int64_t r = 0; r < rows; ++r) {
-            const float* row = xp + (c * g.hp + 2 * i + r) * g.xs + 2 * j;
+            for (int64_t r = 0; r < rows; ++r) {
+              const float* row = xp + (c * g.hp + 2 * i + r) * g.xs + 2 * j;
+              Vec pair;
+              RowPair(row, row + g.xs, &pair);
 #pragma GCC unroll 8
-            for (int64_t s = 0; s < cols; ++s)
-              AddTap(gv, at, row + s, row + s + g.xs, &sums[r * cols + s]);
+              for (int64_t s = 0; s < cols; ++s)
+                AddTapFromPair(pair, base, s, gv, &sums[r * cols + s]);
+            }
+          } else {
+            for (int64_t r = 0; r < rows; ++r) {
+              const float* row = xp + (c * g.hp + 2 * i + r) * g.xs + 2 * j;
+              for (int64_t s = 0; s < cols; ++s)
+                AddTap(gv, at, row + s, row + s + g.xs, &sums[r * cols + s]);
+            }
           }
         }
         for (int64_t t = 0; t < taps; ++t)
@@ -348,7 +397,7 @@ void CpuBackend::ConvPoolForward(const ConvPoolDesc& d, const Tensor& x, const T
   uint8_t* at = ws != nullptr ? ws->data<uint8_t>() : nullptr;
 #pragma omp parallel
   {
-    std::vector<float> xp(static_cast<size_t>(g.c * g.hp * g.xs));
+    std::vector<float> xp(static_cast<size_t>(PaddedSize(g)));
 #pragma omp for
     for (int64_t n = 0; n < cd.n; ++n) {
       PadSample(g, cd, xs, n, xp.data());
@@ -377,7 +426,7 @@ void CpuBackend::ConvPoolBackward(const ConvPoolDesc& d, const Tensor& x, const 
   const float* xs = x.data<float>();
 #pragma omp parallel
   {
-    std::vector<float> xp(static_cast<size_t>(g.c * g.hp * g.xs)), one(static_cast<size_t>(part));
+    std::vector<float> xp(static_cast<size_t>(PaddedSize(g))), one(static_cast<size_t>(part));
 #pragma omp for
     for (int64_t blk = 0; blk < blocks; ++blk) {
       double* p = parts.data() + blk * part;
