@@ -47,9 +47,9 @@ Geometry Describe(const ConvPoolDesc& d) {
 // bf16 here, every product is exact in f32.
 float Operand(float v, bool bf16) { return bf16 ? ew::Bf16ToFloat(ew::FloatToBf16(v)) : v; }
 
-// The padded sample's floats: g.c planes of hp rows of xs, and zeros for the backward's 8-wide
-// row loads (RowPair) to read past the last row.
-int64_t PaddedSize(const Geometry& g) { return g.c * g.hp * g.xs + 8; }
+// The padded sample's floats: g.c planes of hp rows of xs, and zeros for the backward's 16-wide
+// row loads (AddTap's rows) to read past the last row.
+int64_t PaddedSize(const Geometry& g) { return g.c * g.hp * g.xs + kLanes; }
 
 // Sample n of x into xp (g.c planes of hp x wp, zeros around).
 void PadSample(const Geometry& g, const Conv2dDesc& d, const float* x, int64_t n, float* xp) {
@@ -243,56 +243,28 @@ template <int64_t kR, int64_t kS>
   }
 }
 
-// The input under a tap at each lane's window position (at: 0 and 1 in the top row t, 2 and 3 in
-// the bottom row b). v - Vec{} is v in every lane (0 + v would make -0 into +0: a scalar add).
-[[gnu::always_inline]] inline void Pick(Mask at, const float* t, const float* b, Vec* x) {
-  Vec v = t[0] - Vec{};
-  v = at == 1 ? t[1] - Vec{} : v;
-  v = at == 2 ? b[0] - Vec{} : v;
-  *x = at == 3 ? b[1] - Vec{} : v;
-}
-
 // Adds one tap's gradient terms to its sum: each column's gradient times the input under the tap
-// at the window position its maximum came from, column 0's term first. The other three
-// positions' terms are zeros (the pool's gradient is zero there): adding them would not change
-// the sum.
-[[gnu::always_inline]] inline void AddTap(const Vec* gv, const Mask* at, const float* top,
-                                          const float* bottom, Vec* sum) {
-  Vec x0, x1;
-  Pick(at[0], top, bottom, &x0);
-  Pick(at[1], top + 2, bottom + 2, &x1);
-  *sum += gv[0] * x0 + gv[1] * x1;
-}
-
-// Two input rows' first 8 values as one vector: the top row in lanes 0-7, the bottom one in 8-15.
-[[gnu::always_inline]] inline void RowPair(const float* top, const float* bottom, Vec* pair) {
-  static_assert(kLanes == 16, "the lane lists below");
-  using Half = float __attribute__((vector_size(kLanes / 2 * sizeof(float))));
-  Half lo, hi;
-  std::memcpy(&lo, top, sizeof(Half));
-  std::memcpy(&hi, bottom, sizeof(Half));
-  *pair = __builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-}
-
-// Lane l of *out = lane idx[l] (0-15) of v: one permute (vpermps) in GCC's AVX-512 clone; clang
-// (the lint and fuzz builds) has no shuffle with lanes known only at run time, so a lane loop.
-[[gnu::always_inline]] inline void Permute(const Vec& v, Mask idx, Vec* out) {
+// at the window position its maximum came from, column 0's term first (the other three
+// positions' terms are zeros: the pool's gradient is zero there, so adding them would not change
+// the sum). top and bottom are the tap row's two input rows from the pair's first column, 16
+// values each; base[col] is lane by lane where col's maximum lies in them, 16 * row + column,
+// before the tap's column s. One two-register permute (vpermt2ps in GCC's AVX-512 clone) per
+// column picks the inputs; clang (the lint and fuzz builds) has no shuffle with lanes known only
+// at run time, so a lane loop there.
+[[gnu::always_inline]] inline void AddTap(const Vec& top, const Vec& bottom, const Mask* base,
+                                          int64_t s, const Vec* gv, Vec* sum) {
+  Vec x[2];
+  for (int64_t col = 0; col < 2; ++col) {
+    const Mask idx = base[col] + static_cast<int32_t>(s);
 #if defined(__clang__)
-  for (int64_t l = 0; l < kLanes; ++l) (*out)[l] = v[idx[l] & (kLanes - 1)];
+    for (int64_t l = 0; l < kLanes; ++l) {
+      x[col][l] = idx[l] < kLanes ? top[idx[l]] : bottom[idx[l] - kLanes];
+    }
 #else
-  *out = __builtin_shuffle(v, idx);
+    x[col] = __builtin_shuffle(top, bottom, idx);
 #endif
-}
-
-// AddTap for kernels up to 5 columns wide, on RowPair(row, row + xs) of the tap's row: the input
-// under each lane's maximum picked by one permute per column (at[col]'s row and column in the
-// pair plus the tap's column s, base[col] without s), the same values and arithmetic as AddTap.
-[[gnu::always_inline]] inline void AddTapFromPair(const Vec& pair, const Mask* base, int64_t s,
-                                                  const Vec* gv, Vec* sum) {
-  Vec x0, x1;
-  Permute(pair, base[0] + static_cast<int32_t>(s), &x0);
-  Permute(pair, base[1] + static_cast<int32_t>(s), &x1);
-  *sum += gv[0] * x0 + gv[1] * x1;
+  }
+  *sum += gv[0] * x[0] + gv[1] * x[1];
 }
 
 // One sample's weight and bias gradients, (taps, kp) and (kp), added in f32 to dw and db over its
@@ -301,9 +273,8 @@ template <int64_t kR, int64_t kS>
 // output, gradient and window positions (cold in training) are read from memory once, the second
 // step of channels finding them in cache (a step over the whole sample at a time took 1.6x as
 // long at batch 256). A fixed kR x kS kernel unrolls the taps, which keeps the sums in registers
-// (GCC leaves such short loops rolled, and the sums would live in memory), and up to 5 columns
-// picks the inputs with permutes (AddTapFromPair: 1.3x AddTap's masked broadcasts); 0 reads the
-// size from g.
+// (GCC leaves such short loops rolled, and the sums would live in memory); 0 reads the size from
+// g.
 template <int64_t kR, int64_t kS>
 [[gnu::always_inline]] inline void BackwardBody(const Geometry& geo, const float* xp,
                                                 const float* y, const float* dy, const uint8_t* ws,
@@ -321,24 +292,17 @@ template <int64_t kR, int64_t kS>
           Vec gv[2];
           Mask at[2];
           PooledGradient(g, y, dy, ws, n, i, j, k0, gv, at, &db_sum);
-          if constexpr (kS > 0 && kS <= 5) {
-            const Mask base[2] = {(at[0] >> 1) * 8 + (at[0] & 1),
-                                  (at[1] >> 1) * 8 + (at[1] & 1) + 2};
+          const Mask base[2] = {(at[0] >> 1) * kLanes + (at[0] & 1),
+                                (at[1] >> 1) * kLanes + (at[1] & 1) + 2};
 #pragma GCC unroll 8
-            for (int64_t r = 0; r < rows; ++r) {
-              const float* row = xp + (c * g.hp + 2 * i + r) * g.xs + 2 * j;
-              Vec pair;
-              RowPair(row, row + g.xs, &pair);
+          for (int64_t r = 0; r < rows; ++r) {
+            const float* row = xp + (c * g.hp + 2 * i + r) * g.xs + 2 * j;
+            Vec top, bottom;
+            std::memcpy(&top, row, sizeof(Vec));
+            std::memcpy(&bottom, row + g.xs, sizeof(Vec));
 #pragma GCC unroll 8
-              for (int64_t s = 0; s < cols; ++s)
-                AddTapFromPair(pair, base, s, gv, &sums[r * cols + s]);
-            }
-          } else {
-            for (int64_t r = 0; r < rows; ++r) {
-              const float* row = xp + (c * g.hp + 2 * i + r) * g.xs + 2 * j;
-              for (int64_t s = 0; s < cols; ++s)
-                AddTap(gv, at, row + s, row + s + g.xs, &sums[r * cols + s]);
-            }
+            for (int64_t s = 0; s < cols; ++s)
+              AddTap(top, bottom, base, s, gv, &sums[r * cols + s]);
           }
         }
         for (int64_t t = 0; t < taps; ++t)
