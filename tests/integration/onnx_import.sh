@@ -17,7 +17,9 @@
 # shellcheck source=lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-PY=/usr/bin/python3
+# DPTRAIN_TORCH_PYTHON: a python3 with torch, torchvision, onnx and h5py (a GPU machine's venv);
+# Debian's /usr/bin/python3 by default.
+PY=${DPTRAIN_TORCH_PYTHON:-/usr/bin/python3}
 if ! "$PY" -c 'import torch, torchvision, onnx, h5py' 2>/dev/null; then
   skip "no python3 with torch, torchvision, onnx and h5py (scripts/install-deps.sh installs them)"
   finish
@@ -64,13 +66,14 @@ TOML
 
 # On CPU the default step runs channels-last (model.channels_last): it is held to the larger of
 # PyTorch's NCHW and channels_last float32 errors, and the NCHW step below to PyTorch's NCHW one.
-# resnet50 is compared in NCHW only: one ReLU gate of its layer4.1 output (sample 1, channel
-# 443) sees 1.5e-4 in PyTorch's float64 step and 5.5e-5 / 7.6e-5 in its two float32 ones, so
-# any float32 sum order may close it; dptrain's channels-last order does (all of its difference
-# then sits in conv3's output channel 443, at 1.15x the allowance). That checkpoint must load.
+# ReLU inputs within float32 rounding of zero may gate either way in any float32 program
+# (onnx_oracle.py's header): resnet50 has 70 such gates at this batch, vgg11_bn 2; the
+# comparison allows each tensor what those gates can move it by.
 LAYOUT=nchw
 if [[ $DEVICE == cpu ]]; then LAYOUT=channels_last; fi
-MODELS=(resnet18 resnet50 mobilenet_v2 mobilenet_v3_small vgg11_bn squeezenet1_1 ops)
+# ONNX_MODELS (a developer's knob): a subset, space-separated; the cases after the loop need
+# resnet18 and ops.
+read -r -a MODELS <<<"${ONNX_MODELS:-resnet18 resnet50 mobilenet_v2 mobilenet_v3_small vgg11_bn squeezenet1_1 ops}"
 for MODEL in "${MODELS[@]}"; do
   D=$TMP/$MODEL
   mkdir -p "$D"
@@ -79,13 +82,8 @@ for MODEL in "${MODELS[@]}"; do
   config "$D"
   CASE="$MODEL: one SGD step in dptrain, 1 process"
   expect_ok -- "$DPTRAIN" train --config "$D/run.toml"
-  if [[ $MODEL == resnet50 && $LAYOUT == channels_last ]]; then
-    check "$MODEL, 1 process, channels-last: the checkpoint loads with strict=True" \
-      "$PY" "$ORACLE" load "$MODEL" "$D" "$D/run/checkpoints/ckpt-00000001.h5"
-  else
-    check "$MODEL, 1 process: parameters and buffers equal PyTorch's; strict=True load" \
-      "$PY" "$ORACLE" compare "$MODEL" "$D" "$D/run/checkpoints/ckpt-00000001.h5" "$LAYOUT"
-  fi
+  check "$MODEL, 1 process: parameters and buffers equal PyTorch's; strict=True load" \
+    "$PY" "$ORACLE" compare "$MODEL" "$D" "$D/run/checkpoints/ckpt-00000001.h5" "$LAYOUT"
   if [[ $DEVICE == cpu ]]; then
     CASE="$MODEL: one SGD step with model.channels_last = false (NCHW)"
     expect_ok -- "$DPTRAIN" train --config "$D/run.toml" --set model.channels_last=false \

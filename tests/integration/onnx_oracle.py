@@ -25,6 +25,19 @@
 # batch norm that the next batch norm cancels, is compared at 1e-3 of 1% of the model's median
 # update: all there is to compare there is rounding noise.
 #
+# ReLU gates on a knife edge: where a ReLU's input is within float32 rounding of zero, whether
+# its gradient passes depends on the last bits of the sums before it, and any float32 program may
+# decide that gate either way. Measured on an H200 (cuDNN 9.14): vgg11_bn's features.10 has an
+# input 8.2e-7 from zero; cuDNN's sum order flips it, PyTorch's CPU order does not, and eight
+# tensors upstream move by up to 1e-4 (8x the bound). PyTorch's float64 step with that one gate
+# flipped moves the same eight tensors by the same amounts (1.0e-4 against 8.2e-5 on
+# features.8.weight). The forward barely changes (the value is ~0 either way); the backward
+# changes exactly by the gradient through that element, g_i * d(input_i)/d(theta), which is
+# linear, so any set of flips adds up. `export` takes the gates whose float64 input is within
+# AMBIGUOUS times PyTorch's own float32 error on that element (the larger of NCHW's and
+# channels_last's) and stores, per parameter, the sum of LR * |g_i * d(input_i)/d(theta)| over
+# them; `compare` lets each element differ by that much more, and says how many tensors needed it.
+#
 # ops: a small network of the ops torchvision's families do not reach (nn.ZeroPad2d, which
 # torch.onnx writes as a Pad fed by shape arithmetic on constants; a per-channel Add; ceil-mode
 # max and average pooling, an average without the padding; nn.Linear without bias, written as
@@ -41,6 +54,7 @@
 #       eval-mode loss and accuracy on the batch in DIR/torch_eval.txt, as `dptrain eval` prints.
 #   onnx_oracle.py same CKPT_A CKPT_B   every parameter and optimizer tensor bitwise equal.
 #   onnx_oracle.py close A B REL   the numbers A and B agree to REL (relative).
+import inspect
 import statistics
 import sys
 import warnings
@@ -55,6 +69,42 @@ import torchvision
 
 LR = 0.1
 warnings.filterwarnings("ignore")  # torch.onnx.export notes on num_batches_tracked
+AMBIGUOUS = 2  # a gate is ambiguous within this many times PyTorch's float32 error at that ReLU
+
+
+def relu_calls(m):
+    """Makes m's ReLUs out-of-place and records each call's (input, output), in call order."""
+    seen = []
+    for mod in m.modules():
+        if isinstance(mod, torch.nn.ReLU):
+            mod.inplace = False
+            mod.register_forward_hook(lambda mod, i, o: seen.append((i[0], o)))
+    return seen
+
+
+def ambiguity(m, calls, f32_inputs, loss):
+    """Per parameter, LR * the sum over the ambiguous gates of |g_i * d(input_i)/d(theta)|, and
+    the number of those gates (see the header). Call before loss.backward()."""
+    names = [n for n, _ in m.named_parameters()]
+    params = [p for _, p in m.named_parameters()]
+    total = {n: torch.zeros_like(p) for n, p in zip(names, params)}
+    if not calls:  # no nn.ReLU (mobilenet_v2's are ReLU6)
+        return total, 0
+    grads = torch.autograd.grad(loss, [o for _, o in calls], retain_graph=True)
+    gates = 0
+    for k, ((v, _), g) in enumerate(zip(calls, grads)):
+        err = torch.stack([(a[k] - v.detach()).abs() for a in f32_inputs]).amax(0)
+        near = (v.detach().abs() <= AMBIGUOUS * err).flatten().nonzero().flatten()
+        for i in near.tolist():
+            gi = g.flatten()[i]
+            if gi == 0:
+                continue
+            dv = torch.autograd.grad(v.flatten()[i], params, retain_graph=True, allow_unused=True)
+            for n, d in zip(names, dv):
+                if d is not None:
+                    total[n] += LR * (gi * d).abs()
+            gates += 1
+    return total, gates
 
 
 class Ops(torch.nn.Module):
@@ -109,22 +159,30 @@ def export(name, out, smoothing=0.0, clip=0.0, wd=0.0, lars_eta=0.0):
     m = build(name).train()
     x = torch.randn(16, 3, 32, 32, generator=torch.Generator().manual_seed(1))
     y = torch.randint(0, 10, (16,), generator=torch.Generator().manual_seed(2))
+    # torch 2.9 and later export through torch.export unless dynamo=False; the training-mode
+    # export this test feeds dptrain is the TorchScript exporter's (what torch 1.13 writes).
+    legacy = {"dynamo": False} if "dynamo" in inspect.signature(torch.onnx.export).parameters else {}
     torch.onnx.export(m, x, f"{out}/model.onnx", training=torch.onnx.TrainingMode.TRAINING,
-                      do_constant_folding=False, opset_version=13)
+                      do_constant_folding=False, opset_version=13, **legacy)
     if name == "ops":
         fuse_pad(f"{out}/model.onnx", f"{out}/model_fused.onnx")
     with h5py.File(f"{out}/batch.h5", "w") as f:
         f["images"] = x.numpy().astype(np.float32)
         f["labels"] = y.numpy().astype(np.int32)
         f.attrs["classes"] = 10
-    steps = {}
+    steps, f32_inputs = {}, []
     for key, dtype, fmt in (("f32", torch.float32, torch.contiguous_format),
                             ("f32cl", torch.float32, torch.channels_last),
                             ("f64", torch.float64, torch.contiguous_format)):
         m = from_onnx(name, f"{out}/model.onnx").to(dtype).to(memory_format=fmt).train()
         before = {k: v.clone().float() for k, v in m.state_dict().items()}
+        calls = relu_calls(m)
         loss = F.cross_entropy(m(x.to(dtype).contiguous(memory_format=fmt)), y,
                                label_smoothing=smoothing)
+        if dtype == torch.float32:
+            f32_inputs.append([v.detach().double() for v, _ in calls])
+        else:
+            amb, gates = ambiguity(m, calls, f32_inputs, loss)
         loss.backward()
         if clip > 0:
             norm = torch.nn.utils.clip_grad_norm_(m.parameters(), clip)
@@ -145,7 +203,7 @@ def export(name, out, smoothing=0.0, clip=0.0, wd=0.0, lars_eta=0.0):
                 p -= LR * trust * (p.grad + decay * p)
         steps[key] = {k: v.clone().contiguous() for k, v in m.state_dict().items()}
     torch.save({"before": before, "after32": steps["f32"], "after32cl": steps["f32cl"],
-                "after64": steps["f64"]}, f"{out}/after.pt")
+                "after64": steps["f64"], "ambiguous": amb, "gates": gates}, f"{out}/after.pt")
 
 
 def fuse_pad(src, dst):
@@ -176,13 +234,18 @@ def compare(name, out, ckpt, layout="nchw"):
     bad = []
     worst = (0.0, "")  # the largest error / tolerance
     slack = 0  # tensors that need the float32 allowance (further than 1e-3 of the update)
+    gated = 0  # tensors within their bound only with the ambiguous gates' allowance
     steps = {k: (after[k] - before[k].to(after[k].dtype)).abs().max().item() for k in params}
     typical = statistics.median(steps.values())
     for k, want in after.items():
         if k.endswith("num_batches_tracked"):
             continue
         got = state[k].reshape(want.shape).to(want.dtype)
-        err = (got - want).abs().max().item()
+        diff = (got - want).abs()
+        plain = diff.max().item()
+        if k in ref["ambiguous"]:  # what the knife-edge ReLU gates may move it by
+            diff = (diff - ref["ambiguous"][k].to(want.dtype)).clamp(min=0)
+        err = diff.max().item()
         torch_err = max((a[k].to(want.dtype) - want).abs().max().item() for a in after32)
         if k in params:
             # A tensor with (almost) no update of its own, such as the bias of a batch norm that
@@ -200,6 +263,8 @@ def compare(name, out, ckpt, layout="nchw"):
         # float32 sum orders far upstream (its linear layers' GEMM kernel).
         noise_only = k in params and steps[k] < 1e-9 * typical
         tol = max(tol, (4 if noise_only else 2) * torch_err)
+        if plain > tol >= err:
+            gated += 1
         if err / tol > worst[0]:
             worst = (err / tol, k)
         if not err <= tol:
@@ -209,7 +274,8 @@ def compare(name, out, ckpt, layout="nchw"):
         print("\n".join(bad[:20]))
         sys.exit(1)
     print(f"{name}: {len(after)} tensors agree with PyTorch's float64 step; closest to its bound: "
-          f"{worst[1]} at {worst[0]:.2f}x; {slack} need the float32 allowance")
+          f"{worst[1]} at {worst[0]:.2f}x; {slack} need the float32 allowance; "
+          f"{ref['gates']} ReLU gates within float32 rounding of zero, which {gated} need")
     load(name, ckpt, state)
 
 
@@ -231,7 +297,8 @@ def torch_ckpt(name, out, path):
     with h5py.File(path, "w") as f:
         for k, t in wrapped.state_dict().items():
             assert k.startswith("module.")
-            f["params/" + k] = t.numpy()
+            f["params/" + k] = t.cpu().numpy()
+    m = wrapped.module.cpu()  # where CUDA is available DataParallel moved it to a GPU
     with h5py.File(f"{out}/batch.h5", "r") as f:
         x = torch.from_numpy(np.array(f["images"]))
         y = torch.from_numpy(np.array(f["labels"])).long()
