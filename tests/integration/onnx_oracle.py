@@ -29,7 +29,7 @@
 # its gradient passes depends on the last bits of the sums before it, and any float32 program may
 # decide that gate either way. Measured on an H200 (cuDNN 9.14): vgg11_bn's features.10 has an
 # input 8.2e-7 from zero; cuDNN's sum order flips it, PyTorch's CPU order does not, and eight
-# tensors upstream move by up to 1e-4 (8x the bound). PyTorch's float64 step with that one gate
+# tensors upstream move by up to 1e-4 (2.5x to 40x their bounds). PyTorch's float64 step with that one gate
 # flipped moves the same eight tensors by the same amounts (1.0e-4 against 8.2e-5 on
 # features.8.weight). The forward barely changes (the value is ~0 either way); the backward
 # changes exactly by the gradient through that element, g_i * d(input_i)/d(theta), which is
@@ -69,7 +69,7 @@ import torchvision
 
 LR = 0.1
 warnings.filterwarnings("ignore")  # torch.onnx.export notes on num_batches_tracked
-AMBIGUOUS = 2  # a gate is ambiguous within this many times PyTorch's float32 error at that ReLU
+AMBIGUOUS = 2  # a gate is ambiguous within this many times PyTorch's float32 error there
 
 
 def relu_calls(m):
