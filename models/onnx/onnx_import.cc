@@ -40,7 +40,7 @@ constexpr char kSupported[] =
     "Constant, and shape arithmetic on constants";
 constexpr char kExport[] =
     "torch.onnx.export(model, x, FILE, training=torch.onnx.TrainingMode.TRAINING, "
-    "do_constant_folding=False)";
+    "do_constant_folding=False) (with PyTorch 2.9 or later also dynamo=False)";
 
 onnx::ModelProto LoadModel(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -61,7 +61,8 @@ onnx::ModelProto LoadModel(const std::string& path) {
   }
   DPT_CHECK_AS(ConfigError, opset >= 13 && opset <= 17)
       << "model.onnx: " << path << " uses opset " << opset
-      << "; dptrain reads opsets 13 to 17 (torch.onnx.export(..., opset_version=13))";
+      << "; dptrain reads opsets 13 to 17 (torch.onnx.export(..., opset_version=13), with "
+      << "PyTorch 2.9 or later also dynamo=False)";
   return m;
 }
 
