@@ -273,8 +273,7 @@ template <int64_t kR, int64_t kS>
 // output, gradient and window positions (cold in training) are read from memory once, the second
 // step of channels finding them in cache (a step over the whole sample at a time took 1.6x as
 // long at batch 256). A fixed kR x kS kernel unrolls the taps, which keeps the sums in registers
-// (GCC leaves such short loops rolled, and the sums would live in memory); 0 reads the size from
-// g.
+// (GCC leaves such short loops rolled, and the sums would live in memory); 0: the size from g.
 template <int64_t kR, int64_t kS>
 [[gnu::always_inline]] inline void BackwardBody(const Geometry& geo, const float* xp,
                                                 const float* y, const float* dy, const uint8_t* ws,

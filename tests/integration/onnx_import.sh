@@ -218,10 +218,12 @@ CASE="a missing file"
 expect_fail 2 "model.onnx: cannot open $TMP/none.onnx" -- \
   "$DPTRAIN" train --config "$D/run.toml" --set "model.onnx=$TMP/none.onnx"
 
-"$PY" - "$TMP" <<'PYEOF'
-import inspect, sys
+"$PY" - "$TMP" "$(dirname "$ORACLE")" <<'PYEOF'
+import sys
 import onnx, onnx.numpy_helper, torch
 out = sys.argv[1]
+sys.path.insert(0, sys.argv[2])
+from onnx_oracle import EXPORT as kw
 class Leaky(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -258,9 +260,6 @@ class RawMatMul(torch.nn.Module):
     def forward(self, x):
         return torch.flatten(x, 1) @ self.w
 x = torch.zeros(2, 3, 32, 32)
-kw = dict(training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False, opset_version=13)
-if "dynamo" in inspect.signature(torch.onnx.export).parameters:
-    kw["dynamo"] = False  # torch 2.9+: the TorchScript exporter, as onnx_oracle.py
 torch.onnx.export(Leaky(), x, f"{out}/leaky.onnx", **kw)
 torch.onnx.export(TwoInputs(), (x, x), f"{out}/two_inputs.onnx", **kw)
 torch.onnx.export(View(False), x, f"{out}/view.onnx", **kw)

@@ -69,6 +69,13 @@ import torchvision
 
 LR = 0.1
 warnings.filterwarnings("ignore")  # torch.onnx.export notes on num_batches_tracked
+# torch.onnx.export's arguments for the files dptrain reads: training mode, no constant folding.
+# torch 2.9 and later export through torch.export unless dynamo=False; the training-mode export
+# dptrain reads is the TorchScript exporter's (what torch 1.13 writes).
+EXPORT = dict(training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False,
+              opset_version=13)
+if "dynamo" in inspect.signature(torch.onnx.export).parameters:
+    EXPORT["dynamo"] = False
 AMBIGUOUS = 2  # a gate is ambiguous within this many times PyTorch's float32 error there
 
 
@@ -159,11 +166,7 @@ def export(name, out, smoothing=0.0, clip=0.0, wd=0.0, lars_eta=0.0):
     m = build(name).train()
     x = torch.randn(16, 3, 32, 32, generator=torch.Generator().manual_seed(1))
     y = torch.randint(0, 10, (16,), generator=torch.Generator().manual_seed(2))
-    # torch 2.9 and later export through torch.export unless dynamo=False; the training-mode
-    # export this test feeds dptrain is the TorchScript exporter's (what torch 1.13 writes).
-    legacy = {"dynamo": False} if "dynamo" in inspect.signature(torch.onnx.export).parameters else {}
-    torch.onnx.export(m, x, f"{out}/model.onnx", training=torch.onnx.TrainingMode.TRAINING,
-                      do_constant_folding=False, opset_version=13, **legacy)
+    torch.onnx.export(m, x, f"{out}/model.onnx", **EXPORT)
     if name == "ops":
         fuse_pad(f"{out}/model.onnx", f"{out}/model_fused.onnx")
     with h5py.File(f"{out}/batch.h5", "w") as f:
