@@ -37,6 +37,12 @@ class CpuBackend final : public Backend {
   bool Supports(const LinearDesc& d) const override;
   bool Supports(const PoolDesc& d) const override;
   bool Supports(const ConvPoolDesc& d) const override;  // fp32 and bf16 (cpu_conv_pool.cc)
+  // Whether conv2d computes its weight gradient as one GEMM over the input unfolded (im2col)
+  // rather than oneDNN's convolution kernel: bf16, channels-last on both sides, not grouped, at
+  // most 16 output pixels per image (ResNet-18's last stage at 32x32 input, 4x4). There oneDNN
+  // 2.6's bf16 weight-gradient kernel runs at a third of the machine's bf16 rate and gains
+  // nothing from a second thread; the GEMM runs at 80% (cpu_conv.cc).
+  static bool UnfoldsWeightGradient(const Conv2dDesc& d);
   // oneDNN's convolutions read and write NHWC as fast as their blocked layouts, without the
   // reorders NCHW costs at both ends of each (cpu_conv.cc).
   bool PrefersChannelsLast() const override { return true; }

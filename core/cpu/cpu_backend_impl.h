@@ -125,15 +125,27 @@ struct WeightedPlan : OpPlan {
   // run.
   bool matmul = false;
   memory::desc fwd_w_view, w_dy_view;
+  // The weight gradient as that matmul, dW = dy^T x, with dW written through w_dw_view when set
+  // (linear; conv2d's unfolded path, ConvPlan::unfold).
+  bool weights_matmul = false;
+  memory::desc w_dw_view;
   dnnl::primitive fwd, bwd_data, bwd_w;
   // forward: x, w in; y out. backward data: dy, w in; dx out. backward weights: x, dy in; dw out.
   Staged f_x, f_w, f_y, d_dy, d_w, d_dx, w_x, w_dy, w_dw;
   Tensor acc_w, acc_b;  // accumulate = true computes here first, then adds
 };
 
+// A convolution's input unfolded for its weight gradient as a GEMM (UnfoldsWeightGradient): one
+// row per output pixel (n, oh, ow), its columns the kernel window's (r, s, c) in that order, in
+// bf16, zero where the window lies on the padding. dW = dy^T cols is then (K, R, S, C): OHWI.
 struct ConvPlan final : WeightedPlan {
   Conv2dDesc d;
+  bool unfold = false;
+  memory::desc cols_md;  // (N * OH * OW, R * S * C) bf16, row-major
+  Tensor cols;
 };
+// Fills p.cols from x (f32, NHWC).
+void Unfold(const ConvPlan& p, const Tensor& x);
 
 struct LinearPlan final : WeightedPlan {
   LinearDesc d;
@@ -250,8 +262,18 @@ struct CpuBackend::Impl {
   }
   void BackwardWeights(const WeightedPlan& p, const Tensor& x, const Tensor& dy, Tensor* dw,
                        Tensor* db, bool accumulate) {
-    BackwardWeights(p, p.w_x.In(engine, stream, x), p.w_dy.In(engine, stream, dy), dy, dw, db,
+    BackwardWeights(p, WeightsX(p, x, false), p.w_dy.In(engine, stream, dy), dy, dw, db,
                     accumulate);
+  }
+  // x as the weight-gradient primitive reads it: unfolded (ConvPlan::unfold), or staged, or (with
+  // `from_forward`) as the forward staged it (FromForward).
+  memory WeightsX(const WeightedPlan& p, const Tensor& x, bool from_forward) {
+    const auto* conv = dynamic_cast<const ConvPlan*>(&p);
+    if (conv != nullptr && conv->unfold) {
+      Unfold(*conv, x);
+      return memory(conv->cols_md, engine, conv->cols.raw());
+    }
+    return from_forward ? FromForward(p.f_x, p.w_x, x) : p.w_x.In(engine, stream, x);
   }
   // The same from operands already in the primitive's layouts (from the plan's Staged::In).
   void BackwardData(const WeightedPlan& p, const memory& dy_in, const memory& w_in, Tensor* dx);

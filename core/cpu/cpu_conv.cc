@@ -1,6 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // CPU backend: conv2d on oneDNN convolution primitives (forward, backward data, backward
 // weights), planned once per shape and precision and cached.
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
 #include <dnnl.hpp>
 #include <memory>
 #include <mutex>
@@ -86,11 +89,73 @@ std::shared_ptr<OpPlan> CpuBackend::PrepareConv2d(const Conv2dDesc& d) {
     std::tie(fwd, data, weights) = plan(Tag::any, Tag::any);
   }
   using Pass = Impl::PassPrimitive;
+  Pass weights_pass = Pass::Weights(weights);
+  p->unfold = UnfoldsWeightGradient(d);
+  if (p->unfold) {
+    // dW (K, R*S*C) = dy^T (K, N*OH*OW) x cols (N*OH*OW, R*S*C) on oneDNN's matmul, dy staged
+    // K-major in bf16 ("bacd"), dW written OHWI and reordered to the caller's OIHW.
+    const int64_t rows = d.n * d.out_h() * d.out_w(), taps = d.r * d.s * d.c;
+    p->cols_md = memory::desc({rows, taps}, Dt::bf16, Tag::ab);
+    p->w_dy_view = memory::desc({d.k, rows}, Dt::bf16, Tag::ab);
+    p->w_dw_view = memory::desc({d.k, taps}, Dt::f32, Tag::ab);
+    p->weights_matmul = true;
+    const auto mm = DPT_DNNL(dnnl::matmul::primitive_desc(
+        dnnl::matmul::desc(p->w_dy_view, p->cols_md, p->w_dw_view), attr, eng));
+    weights_pass = {dnnl::primitive(mm), x_user, memory::desc(ys, Dt::bf16, Tag::bacd),
+                    memory::desc(ws, Dt::f32, Tag::acdb), mm.scratchpad_desc()};
+    p->cols = Empty(Shape{rows * taps}, DType::kBF16, "conv2d unfolded input");
+  }
   impl_->Finish(*this, p.get(), "conv2d", d.precision == Precision::kF16, Pass::Forward(fwd),
-                Pass::Data(data), Pass::Weights(weights), x_user, w_user, y_user,
+                Pass::Data(data), weights_pass, x_user, w_user, y_user,
                 Shape{d.k, d.group_c(), d.r, d.s});
+  p->held_bytes += p->cols.defined() ? p->cols.bytes() : 0;
   slot = p;
   return p;
+}
+
+bool CpuBackend::UnfoldsWeightGradient(const Conv2dDesc& d) {
+  return d.precision == Precision::kBF16 && d.x_nhwc && d.y_nhwc && d.groups == 1 &&
+         d.out_h() * d.out_w() <= 16 && PrecisionOk(d.precision);
+}
+
+namespace {
+// ew::FloatToBf16 of n values (round to nearest even, NaN kept a quiet NaN), without its branch
+// so that the loop vectorises.
+DPT_SIMD_CLONES void ToBf16(const float* in, uint16_t* out, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) {
+    uint32_t u = 0;
+    std::memcpy(&u, in + j, sizeof(u));
+    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    const uint32_t quiet = (u >> 16) | 0x40u;
+    out[j] = static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
+  }
+}
+}  // namespace
+
+void Unfold(const ConvPlan& p, const Tensor& x) {
+  const Conv2dDesc& d = p.d;
+  CheckF32(x, "conv2d x");
+  DPT_CHECK(d.x_nhwc && x.numel() == d.n * d.c * d.h * d.w)
+      << x.shape().ToString() << " for " << d.ToString();
+  const float* in = x.data<float>();
+  auto* cols = static_cast<uint16_t*>(p.cols.raw());
+  const int64_t oh = d.out_h(), ow = d.out_w(), rows = d.n * oh * ow, taps = d.r * d.s * d.c;
+#pragma omp parallel for if (rows * taps > kParallelMin)
+  for (int64_t row = 0; row < rows; ++row) {
+    const int64_t n = row / (oh * ow), i = row / ow % oh, j = row % ow;
+    uint16_t* out = cols + row * taps;
+    for (int64_t r = 0; r < d.r; ++r) {
+      const int64_t ih = i * d.stride - d.pad + r * d.dilation;
+      for (int64_t s = 0; s < d.s; ++s, out += d.c) {
+        const int64_t iw = j * d.stride - d.pad + s * d.dilation;
+        if (ih < 0 || ih >= d.h || iw < 0 || iw >= d.w) {
+          std::fill_n(out, d.c, uint16_t{0});
+        } else {
+          ToBf16(in + ((n * d.h + ih) * d.w + iw) * d.c, out, d.c);
+        }
+      }
+    }
+  }
 }
 
 void CpuBackend::Conv2dForward(const OpPlan& plan, const Tensor& x, const Tensor& w,

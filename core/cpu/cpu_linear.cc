@@ -34,7 +34,7 @@ std::shared_ptr<OpPlan> CpuBackend::PrepareLinear(const LinearDesc& d) {
   const Dt ct = ComputeType(d.precision);
   const memory::desc x_in({d.n, d.in}, ct, Tag::ab), w_in({d.out, d.in}, ct, Tag::ab),
       dy_in({d.n, d.out}, ct, Tag::ab);
-  p->matmul = true;
+  p->matmul = p->weights_matmul = true;
   p->b_md = d.bias ? memory::desc({1, d.out}, Dt::f32, Tag::ab) : memory::desc();
   p->fwd_w_view = memory::desc({d.in, d.out}, ct, Tag::ba);
   p->w_dy_view = memory::desc({d.out, d.n}, ct, Tag::ba);

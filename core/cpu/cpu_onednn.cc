@@ -163,10 +163,12 @@ void CpuBackend::Impl::BackwardWeights(const WeightedPlan& p, const memory& x_in
   Tensor w_out = accumulate ? p.acc_w : *dw;
   Tensor b_out = accumulate ? p.acc_b : (p.bias ? *db : Tensor());
   std::unordered_map<int, memory> args{{DNNL_ARG_SCRATCHPAD, Scratch(p.weights_scratch)}};
-  if (p.matmul) {  // dW = dy^T x
+  if (p.weights_matmul) {  // dW = dy^T x
     args.emplace(DNNL_ARG_SRC, memory(p.w_dy_view, engine, dy_in.get_data_handle()));
     args.emplace(DNNL_ARG_WEIGHTS, x_in);
-    args.emplace(DNNL_ARG_DST, p.w_dw.OutMem(engine, w_out));
+    memory dw_mem = p.w_dw.OutMem(engine, w_out);
+    if (p.w_dw_view) dw_mem = memory(p.w_dw_view, engine, dw_mem.get_data_handle());
+    args.emplace(DNNL_ARG_DST, dw_mem);
   } else {
     args.emplace(DNNL_ARG_SRC, x_in);
     args.emplace(DNNL_ARG_DIFF_DST, dy_in);
@@ -175,7 +177,7 @@ void CpuBackend::Impl::BackwardWeights(const WeightedPlan& p, const memory& x_in
   }
   DPT_DNNL(p.bwd_w.execute(stream, args));
   p.w_dw.Out(engine, stream, w_out);
-  if (p.matmul && p.bias) {
+  if (p.weights_matmul && p.bias) {  // dy is (rows, cols) in the caller's layout
     const int64_t cols = b_out.numel();
     ColumnSums(dy.data<float>(), dy.numel() / cols, cols, b_out.data<float>());
   }
@@ -194,7 +196,7 @@ void CpuBackend::WeightedBackward(const OpPlan& plan, double flops, const char* 
   {
     OpScope scope(this, weights_op);
     scope.set_flops(flops);
-    const memory x_in = impl_->FromForward(p.f_x, p.w_x, x);
+    const memory x_in = impl_->WeightsX(p, x, /*from_forward=*/true);
     dy_in = p.w_dy.In(impl_->engine, impl_->stream, dy);
     impl_->BackwardWeights(p, x_in, dy_in, dy, dw, db, accumulate);
   }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/backend.h"
+#include "core/cpu/cpu_backend.h"
 #include "core/elementwise.h"
 #include "tests/testing/backends.h"
 #include "tests/testing/reference_ops.h"
@@ -56,6 +57,10 @@ std::vector<Conv2dDesc> Cases(Precision p) {
       MakeConv(2, 3, 11, 12, 16, 5, 5, 2, 2, false, p),  // RGB, stride 2, kernel 5
       MakeConv(2, 2, 9, 7, 16, 3, 2, 1, 0, true, p),     // non-square kernel, no padding
       MakeConv(1, 1, 9, 9, 16, 8, 8, 1, 3, true, p),     // kernel 8, pad 3
+      // small outputs: the CPU's bf16 channels-last weight gradient as a GEMM over the input
+      // unfolded (CpuBackend::UnfoldsWeightGradient)
+      MakeConv(2, 32, 4, 4, 16, 3, 3, 1, 1, false, p),                 // ResNet-18's last stage
+      WithGroups(MakeConv(2, 3, 7, 7, 4, 3, 3, 2, 2, true, p), 1, 2),  // dilated, stride 2
       // depthwise (MobileNet): groups = C = K, stride 1 and 2, with and without bias
       WithGroups(MakeConv(2, 6, 7, 7, 6, 3, 3, 1, 1, false, p), 6),
       WithGroups(MakeConv(2, 5, 8, 6, 5, 3, 3, 2, 1, true, p), 5),
@@ -317,6 +322,7 @@ TEST_P(ConvTest, ChannelsLastMatchesReference) {
   Backend& be = backend();
   if (!be.PrefersChannelsLast()) GTEST_SKIP() << be.name() << ": activations are NCHW only";
   uint32_t seed = 7000;
+  int unfolded = 0, bf16_cases = 0;
   for (const Precision p : {Precision::kF32, Precision::kBF16}) {
     for (Conv2dDesc d : Cases(p)) {
       if (!be.Supports(d)) continue;  // bf16 without oneDNN's bf16 kernels
@@ -324,6 +330,8 @@ TEST_P(ConvTest, ChannelsLastMatchesReference) {
         d.x_nhwc = (layouts & 1) != 0;
         d.y_nhwc = (layouts & 2) != 0;
         d.relu = layouts == 3;
+        bf16_cases += p == Precision::kBF16 ? 1 : 0;
+        unfolded += be.device() == Device::kCpu && cpu::CpuBackend::UnfoldsWeightGradient(d);
         SCOPED_TRACE(d.ToString());
         seed += 10;
         const std::vector<float> x = RandomUniform(static_cast<size_t>(XShape(d).numel()), seed),
@@ -374,6 +382,11 @@ TEST_P(ConvTest, ChannelsLastMatchesReference) {
         }
       }
     }
+  }
+  // The unfolded weight gradient ran on the small outputs above (with and without bias, strided,
+  // dilated, padded, 1x1), wherever bf16 did.
+  if (be.device() == Device::kCpu && bf16_cases > 0) {
+    EXPECT_GE(unfolded, 6);
   }
 }
 
