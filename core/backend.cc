@@ -168,6 +168,7 @@ std::string Conv2dDesc::ToString() const {
   if (dilation != 1) os << " dilation=" << dilation;
   os << " bias=" << bias << (relu ? " relu" : "") << " " << PrecisionName(precision);
   if (x_nhwc || y_nhwc) os << " nhwc=" << (x_nhwc ? "x" : "") << (y_nhwc ? "y" : "");
+  if (dy_bf16) os << " dy=bf16";
   return os.str();
 }
 
@@ -216,6 +217,7 @@ std::string PoolDesc::ToString() const {
   if (ceil_mode) os << " ceil_mode";
   if (kind == PoolKind::kAvg && !count_include_pad) os << " count_include_pad=0";
   if (nhwc) os << " nhwc";
+  if (dx_bf16) os << " dx=bf16";
   return os.str();
 }
 

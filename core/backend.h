@@ -49,6 +49,9 @@ struct Conv2dDesc {
   // as N, H, W, C in memory. Set by the graph on backends that ask for them
   // (Backend::PrefersChannelsLast); the shapes above stay (N, C, H, W).
   bool x_nhwc = false, y_nhwc = false;
+  // The backward passes read dy in bf16 (bf16 precision only): the gradient of a 2x2 max pool
+  // that writes it so (PoolDesc::dx_bf16), the rounding the backward applies to an f32 dy anyway.
+  bool dy_bf16 = false;
   int64_t out_h() const { return (h + 2 * pad - dilation * (r - 1) - 1) / stride + 1; }
   int64_t out_w() const { return (w + 2 * pad - dilation * (s - 1) - 1) / stride + 1; }
   int64_t group_c() const { return c / groups; }  // input channels each output channel sees
@@ -86,6 +89,11 @@ struct PoolDesc {
   bool ceil_mode = false;
   bool count_include_pad = true;
   bool nhwc = false;  // x, y and their gradients channels-last (Conv2dDesc::x_nhwc)
+  // Max pooling's backward writes dx in bf16 (dy stays f32), for the bf16 convolution that
+  // produced x and reads its gradient so (Conv2dDesc::dy_bf16): the values it would round to
+  // bf16 itself, without the f32 copy. Windows must not overlap (stride >= kernel), so every dx
+  // element is one dy value or zero, and rounding it is rounding dy.
+  bool dx_bf16 = false;
   int64_t out_h() const { return OutSize(h); }
   int64_t out_w() const { return OutSize(w); }
   // Positive sizes, the padding within half the window (as PyTorch asks), a non-empty output.

@@ -162,20 +162,24 @@ struct PoolPlan final : OpPlan {
   dnnl::pooling_backward::primitive_desc bwd_pd;
   dnnl::pooling_forward train, infer;
   dnnl::pooling_backward bwd;
+  // PoolDesc::dx_bf16: dy rounded into dy_bf16 (a reorder), then the backward in bf16 (bwd_pd
+  // and bwd then run on bf16 operands, reading the f32 forward's workspace).
+  Tensor dy_bf16;
+  dnnl::reorder dy_to_bf16;
 };
 
 // Plan-cache keys: every field of the descriptor that changes the primitives.
 inline auto ConvKey(const Conv2dDesc& d) {
   return std::make_tuple(d.n, d.c, d.h, d.w, d.k, d.r, d.s, d.stride, d.pad, d.bias,
                          static_cast<int>(d.precision), d.groups, d.dilation, d.relu, d.x_nhwc,
-                         d.y_nhwc);
+                         d.y_nhwc, d.dy_bf16);
 }
 inline auto LinearKey(const LinearDesc& d) {
   return std::make_tuple(d.n, d.in, d.out, d.bias, static_cast<int>(d.precision));
 }
 inline auto PoolKey(const PoolDesc& d) {
   return std::make_tuple(static_cast<int>(d.kind), d.n, d.c, d.h, d.w, d.kernel, d.stride, d.pad,
-                         d.ceil_mode, d.count_include_pad, d.nhwc);
+                         d.ceil_mode, d.count_include_pad, d.nhwc, d.dx_bf16);
 }
 
 struct CpuBackend::Impl {
@@ -221,13 +225,14 @@ struct CpuBackend::Impl {
     }
   };
 
-  // Completes a conv2d / linear plan from its three passes: the staging between the caller's f32
-  // layouts (x_user, w_user, y_user) and the primitives' own, the scratchpad, the
-  // weight-gradient accumulators. `op` names the buffers ("conv2d").
+  // Completes a conv2d / linear plan from its three passes: the staging between the caller's
+  // layouts (x_user, w_user, y_user, f32; dy_user, y_user's or bf16 for Conv2dDesc::dy_bf16) and
+  // the primitives' own, the scratchpad, the weight-gradient accumulators. `op` names the buffers
+  // ("conv2d").
   void Finish(CpuBackend& be, WeightedPlan* p, const std::string& op, bool half,
               const PassPrimitive& fwd, const PassPrimitive& data, const PassPrimitive& weights,
               const memory::desc& x_user, const memory::desc& w_user, const memory::desc& y_user,
-              const Shape& w_shape) {
+              const memory::desc& dy_user, const Shape& w_shape) {
     p->fwd = fwd.prim;
     p->bwd_data = data.prim;
     p->bwd_w = weights.prim;
@@ -239,10 +244,10 @@ struct CpuBackend::Impl {
     p->f_w.Init(be, engine, w_user, fwd.b, op + " staged weight", half, in);
     p->f_y.Init(be, engine, y_user, fwd.out, op + " staged output", half);
     p->w_x.Init(be, engine, x_user, weights.a, op + " staged input", half, in);
-    p->w_dy.Init(be, engine, y_user, weights.b, op + " staged dy", half, in);
+    p->w_dy.Init(be, engine, dy_user, weights.b, op + " staged dy", half, in);
     // Backward data reads dy from the weight gradient's staging when both read one layout
     // (DyForData), and a separate call restages it there: one buffer for both.
-    p->d_dy.Init(be, engine, y_user, data.a, op + " staged dy", half, in, &p->w_dy);
+    p->d_dy.Init(be, engine, dy_user, data.a, op + " staged dy", half, in, &p->w_dy);
     p->d_w.Init(be, engine, w_user, data.b, op + " staged weight", half, in);
     p->d_dx.Init(be, engine, x_user, data.out, op + " staged dx", half);
     p->w_dw.Init(be, engine, w_user, weights.out, op + " staged dw", half);

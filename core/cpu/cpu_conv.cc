@@ -105,8 +105,10 @@ std::shared_ptr<OpPlan> CpuBackend::PrepareConv2d(const Conv2dDesc& d) {
                     memory::desc(ws, Dt::f32, Tag::acdb), mm.scratchpad_desc()};
     p->cols = Empty(Shape{rows * taps}, DType::kBF16, "conv2d unfolded input");
   }
+  const memory::desc dy_user =
+      d.dy_bf16 ? memory::desc(ys, Dt::bf16, d.y_nhwc ? Tag::nhwc : Tag::nchw) : y_user;
   impl_->Finish(*this, p.get(), "conv2d", d.precision == Precision::kF16, Pass::Forward(fwd),
-                Pass::Data(data), weights_pass, x_user, w_user, y_user,
+                Pass::Data(data), weights_pass, x_user, w_user, y_user, dy_user,
                 Shape{d.k, d.group_c(), d.r, d.s});
   p->held_bytes += p->cols.defined() ? p->cols.bytes() : 0;
   slot = p;
@@ -170,10 +172,18 @@ void CpuBackend::Conv2dForward(const OpPlan& plan, const Tensor& x, const Tensor
   impl_->Forward(p, x, w, b, y);
 }
 
+namespace {
+void CheckDy(const Conv2dDesc& d, const Tensor& dy) {
+  DPT_CHECK(dy.dtype() == (d.dy_bf16 ? DType::kBF16 : DType::kF32))
+      << "conv2d dy: " << DTypeName(dy.dtype()) << " for " << d.ToString();
+}
+}  // namespace
+
 void CpuBackend::Conv2dBackwardData(const OpPlan& plan, const Tensor& dy, const Tensor& w,
                                     Tensor* dx) {
   OpScope scope(this, "conv2d_bwd_data");
   const auto& p = static_cast<const ConvPlan&>(plan);
+  CheckDy(p.d, dy);
   scope.set_flops(p.d.flops());
   impl_->BackwardData(p, dy, w, dx);
 }
@@ -182,6 +192,7 @@ void CpuBackend::Conv2dBackwardWeights(const OpPlan& plan, const Tensor& x, cons
                                        Tensor* dw, Tensor* db, bool accumulate) {
   OpScope scope(this, "conv2d_bwd_weights");
   const auto& p = static_cast<const ConvPlan&>(plan);
+  CheckDy(p.d, dy);
   scope.set_flops(p.d.flops());
   impl_->BackwardWeights(p, x, dy, dw, db, accumulate);
 }
@@ -189,8 +200,10 @@ void CpuBackend::Conv2dBackwardWeights(const OpPlan& plan, const Tensor& x, cons
 void CpuBackend::Conv2dBackward(const OpPlan& plan, const Tensor& x, const Tensor& dy,
                                 const Tensor& w, Tensor* dx, Tensor* dw, Tensor* db,
                                 bool accumulate) {
-  WeightedBackward(plan, static_cast<const ConvPlan&>(plan).d.flops(), "conv2d_bwd_weights",
-                   "conv2d_bwd_data", x, dy, w, dx, dw, db, accumulate);
+  const auto& p = static_cast<const ConvPlan&>(plan);
+  CheckDy(p.d, dy);
+  WeightedBackward(plan, p.d.flops(), "conv2d_bwd_weights", "conv2d_bwd_data", x, dy, w, dx, dw, db,
+                   accumulate);
 }
 
 }  // namespace dptrain::cpu

@@ -50,7 +50,7 @@ std::shared_ptr<OpPlan> CpuBackend::PrepareLinear(const LinearDesc& d) {
                 {dnnl::primitive(fwd), x_in, w_in, y_user, fwd.scratchpad_desc()},
                 {dnnl::primitive(data), dy_in, w_in, x_user, data.scratchpad_desc()},
                 {dnnl::primitive(weights), x_in, dy_in, w_user, weights.scratchpad_desc()}, x_user,
-                w_user, y_user, Shape{d.out, d.in});
+                w_user, y_user, y_user, Shape{d.out, d.in});
   slot = p;
   return p;
 }

@@ -155,6 +155,15 @@ void ColumnSums(const float* a, int64_t rows, int64_t cols, float* out) {
   }
   for (int64_t j = 0; j < cols; ++j) out[j] = static_cast<float>(acc[static_cast<size_t>(j)]);
 }
+
+// out[i] = the sum of row i of the (rows, cols) bf16 matrix a (in double, in order).
+void RowSumsBf16(const uint16_t* a, int64_t rows, int64_t cols, float* out) {
+  for (int64_t i = 0; i < rows; ++i) {
+    double acc = 0;
+    for (int64_t j = 0; j < cols; ++j) acc += ew::Bf16ToFloat(a[i * cols + j]);
+    out[i] = static_cast<float>(acc);
+  }
+}
 }  // namespace
 
 void CpuBackend::Impl::BackwardWeights(const WeightedPlan& p, const memory& x_in,
@@ -177,9 +186,15 @@ void CpuBackend::Impl::BackwardWeights(const WeightedPlan& p, const memory& x_in
   }
   DPT_DNNL(p.bwd_w.execute(stream, args));
   p.w_dw.Out(engine, stream, w_out);
-  if (p.weights_matmul && p.bias) {  // dy is (rows, cols) in the caller's layout
+  if (p.weights_matmul && p.bias) {
     const int64_t cols = b_out.numel();
-    ColumnSums(dy.data<float>(), dy.numel() / cols, cols, b_out.data<float>());
+    if (dynamic_cast<const ConvPlan*>(&p) != nullptr) {
+      // from dy as the GEMM read it, (K, N*OH*OW) in bf16, as oneDNN's kernel sums it
+      RowSumsBf16(static_cast<const uint16_t*>(dy_in.get_data_handle()), cols, dy.numel() / cols,
+                  b_out.data<float>());
+    } else {
+      ColumnSums(dy.data<float>(), dy.numel() / cols, cols, b_out.data<float>());
+    }
   }
   if (accumulate) {
     AddInto(p.acc_w.data<float>(), dw->data<float>(), dw->numel());

@@ -47,9 +47,21 @@ std::shared_ptr<OpPlan> CpuBackend::PreparePool(const PoolDesc& d) {
       dnnl::pooling_forward::desc(dnnl::prop_kind::forward_inference, alg, p->x_md, p->y_md,
                                   strides, kernel, pad_l, pad_rb),
       attr, impl_->engine));
+  // dx in bf16 (dx_bf16): oneDNN's bf16 backward wants dy in bf16 too, and reads the f32
+  // forward's workspace (the window position of each maximum, one byte each).
+  const memory::desc dx_md = d.dx_bf16 ? memory::desc(p->x_md.dims(), Dt::bf16, tag) : p->x_md;
+  const memory::desc dy_md = d.dx_bf16 ? memory::desc(p->y_md.dims(), Dt::bf16, tag) : p->y_md;
   p->bwd_pd = DPT_DNNL(dnnl::pooling_backward::primitive_desc(
-      dnnl::pooling_backward::desc(alg, p->x_md, p->y_md, strides, kernel, pad_l, pad_rb), attr,
+      dnnl::pooling_backward::desc(alg, dx_md, dy_md, strides, kernel, pad_l, pad_rb), attr,
       impl_->engine, p->train_pd));
+  DPT_CHECK(p->bwd_pd.workspace_desc() == p->train_pd.workspace_desc())
+      << "oneDNN's bf16 max-pool backward reads another workspace than its f32 forward writes";
+  if (d.dx_bf16) {
+    p->dy_bf16 = Empty(Shape{static_cast<int64_t>(dy_md.get_size())}, DType::kU8, "pool dy (bf16)");
+    p->dy_to_bf16 = dnnl::reorder(memory(p->y_md, impl_->engine, nullptr),
+                                  memory(dy_md, impl_->engine, nullptr));
+    p->held_bytes = p->dy_bf16.bytes();
+  }
   p->train = dnnl::pooling_forward(p->train_pd);
   p->infer = dnnl::pooling_forward(p->infer_pd);
   p->bwd = dnnl::pooling_backward(p->bwd_pd);
@@ -150,9 +162,17 @@ void CpuBackend::PoolBackward(const OpPlan& plan, const Tensor& dy, const Tensor
     return;
   }
   DPT_CHECK(ws != nullptr) << "max-pool backward needs the forward workspace";
+  DPT_CHECK(dx->dtype() == (p.d.dx_bf16 ? DType::kBF16 : DType::kF32))
+      << "pool dx: " << DTypeName(dx->dtype()) << " for " << p.d.ToString();
+  memory dy_mem = impl_->Mem(p.y_md, dy);
+  if (p.d.dx_bf16) {
+    memory staged(p.bwd_pd.diff_dst_desc(), impl_->engine, p.dy_bf16.raw());
+    DPT_DNNL(p.dy_to_bf16.execute(impl_->stream, dy_mem, staged));
+    dy_mem = staged;
+  }
   std::unordered_map<int, memory> args{
-      {DNNL_ARG_DIFF_DST, impl_->Mem(p.y_md, dy)},
-      {DNNL_ARG_DIFF_SRC, impl_->Mem(p.x_md, *dx)},
+      {DNNL_ARG_DIFF_DST, dy_mem},
+      {DNNL_ARG_DIFF_SRC, impl_->Mem(p.bwd_pd.diff_src_desc(), *dx)},
       {DNNL_ARG_SCRATCHPAD, impl_->Scratch(p.bwd_pd.scratchpad_desc())},
       {DNNL_ARG_WORKSPACE, impl_->Mem(p.train_pd.workspace_desc(), *ws)}};
   DPT_DNNL(p.bwd.execute(impl_->stream, args));

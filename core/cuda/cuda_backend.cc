@@ -386,7 +386,7 @@ void CudaBackend::FlushDeviceTimers() {
 // architecture this binary is built for (7.5+). Activations are NCHW here (PrefersChannelsLast
 // is false: 16-bit convolutions go channels-last inside the op, cuda_conv.cc).
 bool CudaBackend::Supports(const Conv2dDesc& d) const {
-  return ConvFitsLegacyDescriptors(d) && !d.x_nhwc && !d.y_nhwc &&
+  return ConvFitsLegacyDescriptors(d) && !d.x_nhwc && !d.y_nhwc && !d.dy_bf16 &&
          (d.precision != Precision::kBF16 || identity_.cc_major >= 8);
 }
 
@@ -398,7 +398,8 @@ bool CudaBackend::Supports(const LinearDesc& d) const {
 // Own kernels (kernels.cu): 64-bit indexing, but max pooling stores each window's argmax as an
 // int32 position within its H x W plane.
 bool CudaBackend::Supports(const PoolDesc& d) const {
-  return d.Valid() && !d.nhwc && static_cast<double>(d.h) * static_cast<double>(d.w) <= INT_MAX;
+  return d.Valid() && !d.nhwc && !d.dx_bf16 &&
+         static_cast<double>(d.h) * static_cast<double>(d.w) <= INT_MAX;
 }
 
 // ---- the public functions of cuda_backend.h -----------------------------------------------------

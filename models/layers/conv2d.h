@@ -48,6 +48,9 @@ class Conv2d final : public Layer {
   // After Setup: whether the pool runs this convolution, and the fused op's descriptor for the
   // pool's Setup and batch size (null otherwise).
   const ConvPoolDesc* pool_fused() const { return pool_fused_ ? &fused_ : nullptr; }
+  // After Setup, not fused: whether the offered pool is to write this layer's output gradient in
+  // bf16 (Conv2dDesc::dy_bf16, PoolDesc::dx_bf16), as a bf16 backward reads it.
+  bool reads_dy_bf16() const { return !pool_fused_ && desc_.dy_bf16; }
   // What the pool's fused calls read: the input of the last forward, the parameters, gradients.
   const Tensor& input() const { return x_; }
   const Tensor& weight() const { return w_; }

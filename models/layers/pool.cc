@@ -52,6 +52,9 @@ Shape Pool2d::Setup(const Shape& in, const SetupOptions& opts) {
                    ceil_mode_,
                    count_include_pad_,
                    opts.nhwc_in};
+  fused_ = conv_ != nullptr ? conv_->pool_fused() : nullptr;
+  // The bf16 convolution before this pool reads its gradient in bf16: written so here.
+  desc_.dx_bf16 = fused_ == nullptr && conv_ != nullptr && conv_->reads_dy_bf16();
   DPT_CHECK_AS(ConfigError, desc_.Valid())
       << type() << " '" << label() << "': kernel " << kernel << " stride " << desc_.stride
       << " pad " << pad_ << " does not fit input " << in.ToString()
@@ -63,7 +66,6 @@ Shape Pool2d::Setup(const Shape& in, const SetupOptions& opts) {
   need_dx_ = opts.need_dx;
   Shape out{in[0], in[1], desc_.out_h(), desc_.out_w()};
   out_ = backend_.Empty(out, DType::kF32, label() + " output");
-  fused_ = conv_ != nullptr ? conv_->pool_fused() : nullptr;
   plan_.reset();  // Setup may run again (the graph planning its layouts again)
   ws_ = dx_buf_ = Tensor();
   if (fused_ != nullptr) {
@@ -71,7 +73,10 @@ Shape Pool2d::Setup(const Shape& in, const SetupOptions& opts) {
     return out;
   }
   plan_ = backend_.PreparePool(desc_);
-  if (need_dx_) dx_buf_ = backend_.Empty(in, DType::kF32, label() + " input gradient");
+  if (need_dx_) {
+    dx_buf_ =
+        backend_.Empty(in, desc_.dx_bf16 ? DType::kBF16 : DType::kF32, label() + " input gradient");
+  }
   if (plan_->workspace_bytes > 0) {
     ws_ = backend_.Empty(Shape{static_cast<int64_t>(plan_->workspace_bytes)}, DType::kU8,
                          label() + " workspace");
@@ -117,7 +122,7 @@ int64_t Pool2d::ActivationBytesPerSample() const {
   const int64_t in = desc_.c * desc_.h * desc_.w;
   const int64_t ws = ws_.defined() && desc_.n > 0 ? ws_.numel() / desc_.n : 0;
   if (fused_ != nullptr) return 4 * out + ws;  // no input: the convolution's output never exists
-  return 4 * (out + (need_dx_ ? in : 0)) + ws;
+  return 4 * out + (need_dx_ ? (desc_.dx_bf16 ? 2 : 4) * in : 0) + ws;
 }
 
 }  // namespace dptrain

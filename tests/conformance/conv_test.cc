@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -388,6 +389,57 @@ TEST_P(ConvTest, ChannelsLastMatchesReference) {
   if (be.device() == Device::kCpu && bf16_cases > 0) {
     EXPECT_GE(unfolded, 6);
   }
+}
+
+// Conv2dDesc::dy_bf16 (bf16, where the backend runs it): dy handed over in bf16 gives bit for bit
+// what the same values in f32 give (the backward rounds an f32 dy to bf16 itself), for both
+// passes in one call and each alone, accumulating, NCHW and channels-last.
+TEST_P(ConvTest, Bf16DyChangesNoBit) {
+  Backend& be = backend();
+  int ran = 0;
+  uint32_t seed = 9000;
+  for (Conv2dDesc d : Cases(Precision::kBF16)) {
+    for (const bool nhwc : {false, true}) {
+      d.x_nhwc = d.y_nhwc = nhwc;
+      d.dy_bf16 = true;
+      seed += 10;
+      if (!be.Supports(d)) continue;
+      SCOPED_TRACE(d.ToString());
+      ++ran;
+      Conv2dDesc f32 = d;
+      f32.dy_bf16 = false;
+      const auto order = [&](const std::vector<float>& v, const Shape& shape) {
+        return nhwc ? ToNhwc(v, shape) : v;
+      };
+      const std::vector<float> x = order(RandomUniform(XShape(d).numel(), seed), XShape(d)),
+                               w = RandomUniform(WShape(d).numel(), seed + 1),
+                               dy = order(RandomUniform(YShape(d).numel(), seed + 2), YShape(d));
+      std::vector<uint16_t> dy16(dy.size());
+      for (size_t i = 0; i < dy.size(); ++i) dy16[i] = ew::FloatToBf16(dy[i]);
+      Tensor x_t = ToDevice(be, x, XShape(d)), w_t = ToDevice(be, w, WShape(d));
+      Tensor dy_t = ToDevice(be, dy, YShape(d));
+      Tensor dy16_t = be.Empty(YShape(d), DType::kBF16, "dy bf16");
+      be.CopyFromHost(dy16.data(), &dy16_t);
+      std::vector<std::vector<float>> got[2];
+      for (const int k : {0, 1}) {
+        const auto plan = be.PrepareConv2d(k == 0 ? f32 : d);
+        const Tensor& g = k == 0 ? dy_t : dy16_t;
+        Tensor dx = be.Empty(XShape(d), DType::kF32, "dx"),
+               dw = be.Empty(WShape(d), DType::kF32, "dw"), db = be.Empty({d.k}, DType::kF32, "db");
+        Tensor* bias = d.bias ? &db : nullptr;
+        be.Conv2dBackward(*plan, x_t, g, w_t, &dx, &dw, bias, false);
+        got[k] = {ToHost(be, dx), ToHost(be, dw)};
+        if (d.bias) got[k].push_back(ToHost(be, db));
+        be.Conv2dBackwardData(*plan, g, w_t, &dx);
+        be.Conv2dBackwardWeights(*plan, x_t, g, &dw, bias, true);
+        got[k].push_back(ToHost(be, dx));
+        got[k].push_back(ToHost(be, dw));
+        if (d.bias) got[k].push_back(ToHost(be, db));
+      }
+      EXPECT_EQ(got[1], got[0]);
+    }
+  }
+  if (ran == 0) GTEST_SKIP() << be.name() << ": no bf16 dy";
 }
 
 INSTANTIATE_TEST_SUITE_P(All, ConvTest, ::testing::ValuesIn(TestBackends()), BackendParamName);

@@ -6,10 +6,12 @@
 // prefers it.
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
 #include "core/backend.h"
+#include "core/elementwise.h"
 #include "tests/testing/backends.h"
 #include "tests/testing/reference_ops.h"
 #include "tests/testing/tolerances.h"
@@ -168,6 +170,53 @@ TEST_P(PoolTest, MaxTiesKeepGradientMass) {
       }
     }
   }
+}
+
+// PoolDesc::dx_bf16 (max pooling, windows that do not overlap, where the backend runs it): the
+// input gradient written in bf16 is the f32 plan's, rounded (ew::FloatToBf16), bit for bit, in
+// both layouts; overlapping windows (a sum per input) and average pooling are refused.
+TEST_P(PoolTest, MaxInputGradientInBf16IsTheF32OneRounded) {
+  Backend& be = backend();
+  int ran = 0;
+  uint32_t seed = 4000;
+  for (PoolDesc d : Cases(PoolKind::kMax)) {
+    for (const bool nhwc : {false, true}) {
+      d.nhwc = nhwc;
+      d.dx_bf16 = true;
+      seed += 10;
+      if (d.stride < d.kernel) {
+        EXPECT_FALSE(be.Supports(d)) << d.ToString();
+        continue;
+      }
+      if (!be.Supports(d)) continue;
+      SCOPED_TRACE(d.ToString());
+      ++ran;
+      PoolDesc f32 = d;
+      f32.dx_bf16 = false;
+      const std::vector<float> x = Inputs(d, seed);
+      const std::vector<float> dy = RandomUniform(static_cast<size_t>(YShape(d).numel()), seed + 1);
+      const auto plan = be.PreparePool(d), plan_f32 = be.PreparePool(f32);
+      Tensor ws = Workspace(be, *plan), ws_f32 = Workspace(be, *plan_f32);
+      Tensor x_t = ToDevice(be, x, XShape(d)), dy_t = ToDevice(be, dy, YShape(d));
+      Tensor y = be.Empty(YShape(d), DType::kF32, "y");
+      be.PoolForward(*plan, x_t, &y, ws.defined() ? &ws : nullptr);
+      be.PoolForward(*plan_f32, x_t, &y, ws_f32.defined() ? &ws_f32 : nullptr);
+      Tensor dx = be.Empty(XShape(d), DType::kBF16, "dx bf16");
+      Tensor dx_f32 = be.Empty(XShape(d), DType::kF32, "dx");
+      be.PoolBackward(*plan, dy_t, ws.defined() ? &ws : nullptr, &dx);
+      be.PoolBackward(*plan_f32, dy_t, ws_f32.defined() ? &ws_f32 : nullptr, &dx_f32);
+      std::vector<uint16_t> got(static_cast<size_t>(dx.numel()));
+      be.CopyToHost(dx, got.data());
+      const std::vector<float> want = ToHost(be, dx_f32);
+      int64_t mismatches = 0;
+      for (size_t i = 0; i < got.size(); ++i) mismatches += got[i] != ew::FloatToBf16(want[i]);
+      EXPECT_EQ(mismatches, 0);
+    }
+  }
+  PoolDesc avg = MakePool(PoolKind::kAvg, 2, 3, 8, 8, 2, 2, 0);
+  avg.dx_bf16 = true;
+  EXPECT_FALSE(be.Supports(avg));
+  if (ran == 0) GTEST_SKIP() << be.name() << ": no bf16 input gradients for max pooling";
 }
 
 INSTANTIATE_TEST_SUITE_P(All, PoolTest, ::testing::ValuesIn(TestBackends()), BackendParamName);

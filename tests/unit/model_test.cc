@@ -267,55 +267,66 @@ LayerSpec layer(std::string type, int64_t out = 0, int64_t kernel = 0, int64_t s
 // A max pool that alone reads a ReLU's output gates its pooled gradient itself, and the ReLU (a
 // convolution's or a batch norm's folded one, or a ReLU layer after a layer that cannot fold it)
 // skips its gate: the same numbers as the unfolded model, no relu_bwd pass left, and a ReLU
-// layer without its input-gradient buffer.
+// layer without its input-gradient buffer. In bf16 a 2x2 pool after a convolution's folded ReLU
+// also writes its input gradient in bf16, as the convolution's backward reads it (the rounding it
+// applied to the f32 gradient before): still the same numbers, 2 bytes an element less.
 TEST(ReluGateTest, MaxPoolTakesOverTheReluGate) {
   Backend& be = GetBackend("cpu");
-  const std::vector<std::pair<const char*, std::vector<LayerSpec>>> stacks = {
-      {"conv, relu, maxpool 2",
-       {layer("conv2d", 4, 3, 1, 1), layer("relu"), layer("maxpool", 0, 2)}},
-      {"conv, batchnorm, relu, maxpool 3/2 pad 1 (the ImageNet stem)",
-       {layer("conv2d", 4, 3, 1, 1), layer("batchnorm"), layer("relu"),
-        layer("maxpool", 0, 3, 2, 1)}},
-      {"conv, avgpool, relu, maxpool 2 (a ReLU layer)",
-       {layer("conv2d", 4, 3, 1, 1), layer("avgpool", 0, 2), layer("relu"),
-        layer("maxpool", 0, 2)}},
-  };
-  const Shape sample{2, 12, 12}, batch{3, 2, 12, 12};
-  for (const auto& [what, specs] : stacks) {
-    SCOPED_TRACE(what);
-    std::vector<LayerSpec> all = specs;
-    all.push_back(layer("flatten"));
-    all.push_back(layer("linear", 3));
-    // relu_bwd calls per graph node
-    const auto train = [&](bool fold, std::map<std::string, int64_t>* relu_bwd, int64_t* bytes) {
-      auto net = BuildFromLayers(be, all);
-      net->set_fold(fold);
-      net->set_fuse_conv_pool(false);  // the first stack would fuse (ConvPoolFusionTest)
-      Model m(be, std::move(net), sample);
-      m.Setup(batch[0], Precision::kF32);
-      m.InitParams(3);
-      *bytes = m.net().ActivationBytesPerSample();
-      be.ResetProfile();
-      be.EnableProfiling(true);
-      auto seen = TwoStepsAndEval(be, m, batch);
-      be.EnableProfiling(false);
-      for (const OpStat& st : be.Profile()) {
-        if (st.name == "relu_bwd") (*relu_bwd)[st.node] += st.calls;
-      }
-      be.ResetProfile();
-      return seen;
+  for (const Precision prec : {Precision::kF32, Precision::kBF16}) {
+    if (!be.Supports(Conv2dDesc{1, 1, 1, 1, 1, 1, 1, 1, 0, true, prec})) continue;
+    const std::vector<std::pair<const char*, std::vector<LayerSpec>>> stacks = {
+        {"conv, relu, maxpool 2",
+         {layer("conv2d", 4, 3, 1, 1), layer("relu"), layer("maxpool", 0, 2)}},
+        {"conv, batchnorm, relu, maxpool 3/2 pad 1 (the ImageNet stem)",
+         {layer("conv2d", 4, 3, 1, 1), layer("batchnorm"), layer("relu"),
+          layer("maxpool", 0, 3, 2, 1)}},
+        {"conv, avgpool, relu, maxpool 2 (a ReLU layer)",
+         {layer("conv2d", 4, 3, 1, 1), layer("avgpool", 0, 2), layer("relu"),
+          layer("maxpool", 0, 2)}},
     };
-    std::map<std::string, int64_t> gates_unfolded, gates_folded;
-    int64_t bytes_unfolded = 0, bytes_folded = 0;
-    const auto want = train(false, &gates_unfolded, &bytes_unfolded);
-    const auto got = train(true, &gates_folded, &bytes_folded);
-    EXPECT_EQ(got, want);
-    // Layers are named by their index: the ReLU's gate once per training step, then the pool's.
-    const std::string relu = std::to_string(specs.size() - 2),
-                      pool = std::to_string(specs.size() - 1);
-    EXPECT_EQ(gates_unfolded, (std::map<std::string, int64_t>{{relu, 2}}));
-    EXPECT_EQ(gates_folded, (std::map<std::string, int64_t>{{pool, 2}}));
-    EXPECT_LT(bytes_folded, bytes_unfolded);
+    const Shape sample{2, 12, 12}, batch{3, 2, 12, 12};
+    for (const auto& [what, specs] : stacks) {
+      SCOPED_TRACE(std::string(what) + " " + PrecisionName(prec));
+      std::vector<LayerSpec> all = specs;
+      all.push_back(layer("flatten"));
+      all.push_back(layer("linear", 3));
+      // relu_bwd calls per graph node
+      const auto train = [&](bool fold, std::map<std::string, int64_t>* relu_bwd, int64_t* bytes) {
+        auto net = BuildFromLayers(be, all);
+        net->set_fold(fold);
+        net->set_fuse_conv_pool(false);  // the first stack would fuse (ConvPoolFusionTest)
+        Model m(be, std::move(net), sample);
+        m.Setup(batch[0], prec);
+        m.InitParams(3);
+        *bytes = m.net().ActivationBytesPerSample();
+        be.ResetProfile();
+        be.EnableProfiling(true);
+        auto seen = TwoStepsAndEval(be, m, batch);
+        be.EnableProfiling(false);
+        for (const OpStat& st : be.Profile()) {
+          if (st.name == "relu_bwd") (*relu_bwd)[st.node] += st.calls;
+        }
+        be.ResetProfile();
+        return seen;
+      };
+      std::map<std::string, int64_t> gates_unfolded, gates_folded;
+      int64_t bytes_unfolded = 0, bytes_folded = 0;
+      const auto want = train(false, &gates_unfolded, &bytes_unfolded);
+      const auto got = train(true, &gates_folded, &bytes_folded);
+      EXPECT_EQ(got, want);
+      // Layers are named by their index: the ReLU's gate once per training step, then the pool's.
+      const std::string relu = std::to_string(specs.size() - 2),
+                        pool = std::to_string(specs.size() - 1);
+      EXPECT_EQ(gates_unfolded, (std::map<std::string, int64_t>{{relu, 2}}));
+      EXPECT_EQ(gates_folded, (std::map<std::string, int64_t>{{pool, 2}}));
+      EXPECT_LT(bytes_folded, bytes_unfolded);
+      if (specs[0].type == "conv2d" && specs[1].type == "relu" && specs[2].kernel == 2) {
+        // the ReLU's output and input gradient (4 channels, 12 x 12, f32), and in bf16 half the
+        // pool's input gradient
+        const int64_t elements = 4 * 12 * 12;
+        EXPECT_EQ(bytes_unfolded - bytes_folded, (prec == Precision::kBF16 ? 10 : 8) * elements);
+      }
+    }
   }
 }
 
