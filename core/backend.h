@@ -149,6 +149,10 @@ struct BatchNormArgs {
   // forward's y, whose zeros gate dy (exactly ReLU's backward).
   bool relu = false;
   bool nhwc = false;  // x, y and their gradients channels-last (Conv2dDesc::x_nhwc)
+  // Backward writes dx in bf16 (rounded to nearest even), for the bf16 convolution before it,
+  // whose backward reads its dy so (Conv2dDesc::dy_bf16): the rounding it would apply to an f32
+  // dx itself, without the f32 copy. Backends that run it say so (Backend::Supports).
+  bool dx_bf16 = false;
 };
 
 // How batch norm sees its input x, (N, C) or (N, C, H, W): per channel c, n samples of hw
@@ -236,6 +240,9 @@ class Backend {
   // A fusion, not an op a model needs: a backend without it answers no and the graph runs the
   // convolution and the pool as two ops.
   virtual bool Supports(const ConvPoolDesc& /*d*/) const { return false; }
+  // Batch norm runs everywhere; its options beyond that (BatchNormArgs::dx_bf16) where the
+  // backend says so.
+  virtual bool Supports(const BatchNormArgs& a) const { return !a.dx_bf16; }
   // Whether the graph should keep 4-D activations channels-last (NHWC) between the ops that take
   // them (convolution, batch norm, pooling, the elementwise ops): the CPU backend's convolutions
   // run on NHWC without a reorder in and out of each. A backend that says yes supports the

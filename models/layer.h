@@ -118,6 +118,10 @@ class Layer {
   // ReLU's output fewer. True when this layer's output is a ReLU's and its backward now skips
   // that gate.
   virtual bool HandOverReluGate() { return false; }
+  // Whether this layer, set up for input `in` (channels-last or not), can write its input
+  // gradient in bf16 for the bf16 convolution whose output it alone reads (Conv2d::OfferBf16Dy:
+  // a batch norm, a non-overlapping max pool after the folded ReLU).
+  virtual bool CanWriteBf16Dx(const Shape& /*in*/, bool /*nhwc*/) const { return false; }
 
   // Channels-last, asked by the graph before Setup: whether the layer runs on NHWC inputs (and
   // then writes an NHWC output: batch norm, pooling, the elementwise layers), and whether it

@@ -37,6 +37,7 @@ class CpuBackend final : public Backend {
   bool Supports(const LinearDesc& d) const override;
   bool Supports(const PoolDesc& d) const override;
   bool Supports(const ConvPoolDesc& d) const override;  // fp32 and bf16 (cpu_conv_pool.cc)
+  bool Supports(const BatchNormArgs& /*a*/) const override { return true; }
   // Whether conv2d computes its weight gradient as one GEMM over the input unfolded (im2col)
   // rather than oneDNN's convolution kernel: bf16, channels-last on both sides, not grouped, at
   // most 16 output pixels per image (ResNet-18's last stage at 32x32 input, 4x4). There oneDNN

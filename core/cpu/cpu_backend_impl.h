@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <dnnl.hpp>
 #include <initializer_list>
 #include <map>
@@ -59,6 +60,16 @@ constexpr int64_t kParallelMin = 1 << 14;  // below this an OpenMP region costs 
 #else
 #define DPT_SIMD_CLONES
 #endif
+
+// ew::FloatToBf16 (round to nearest even, NaN kept a quiet NaN) without its branch, so that the
+// loops around it vectorise.
+inline uint16_t Bf16Bits(float f) {
+  uint32_t u = 0;
+  std::memcpy(&u, &f, sizeof(u));
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const uint32_t quiet = (u >> 16) | 0x40u;
+  return static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
+}
 
 // The argument checks of the ops.
 inline void CheckF32(const Tensor& t, const char* what) {

@@ -121,16 +121,8 @@ bool CpuBackend::UnfoldsWeightGradient(const Conv2dDesc& d) {
 }
 
 namespace {
-// ew::FloatToBf16 of n values (round to nearest even, NaN kept a quiet NaN), without its branch
-// so that the loop vectorises.
 DPT_SIMD_CLONES void ToBf16(const float* in, uint16_t* out, int64_t n) {
-  for (int64_t j = 0; j < n; ++j) {
-    uint32_t u = 0;
-    std::memcpy(&u, in + j, sizeof(u));
-    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    const uint32_t quiet = (u >> 16) | 0x40u;
-    out[j] = static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
-  }
+  for (int64_t j = 0; j < n; ++j) out[j] = Bf16Bits(in[j]);
 }
 }  // namespace
 

@@ -13,11 +13,28 @@ Shape BatchNorm::Setup(const Shape& in, const SetupOptions& opts) {
   args_.nhwc = opts.nhwc_in && in.rank() == 4;
   per_sample_ = in.numel() / in[0];
   need_dx_ = opts.need_dx;
+  args_.dx_bf16 = conv_ != nullptr && conv_->reads_dy_bf16();
+  DPT_CHECK(need_dx_ || !args_.dx_bf16) << label() << ": a bf16 input gradient nobody reads";
   save_mean_ = backend_.Empty(Shape{channels_}, DType::kF32, label() + " saved mean");
   save_invstd_ = backend_.Empty(Shape{channels_}, DType::kF32, label() + " saved invstd");
   out_ = backend_.Empty(in, DType::kF32, label() + " output");
-  if (need_dx_) dx_buf_ = backend_.Empty(in, DType::kF32, label() + " input gradient");
+  if (need_dx_) {
+    dx_buf_ =
+        backend_.Empty(in, args_.dx_bf16 ? DType::kBF16 : DType::kF32, label() + " input gradient");
+  }
   return in;
+}
+
+void BatchNorm::FoldIntoInput(Layer& producer) {
+  conv_ = dynamic_cast<Conv2d*>(&producer);
+  if (conv_ != nullptr) conv_->OfferBf16Dy(this);
+}
+
+bool BatchNorm::CanWriteBf16Dx(const Shape& in, bool nhwc) const {
+  BatchNormArgs a = args_;
+  a.nhwc = nhwc && in.rank() == 4;
+  a.dx_bf16 = true;
+  return backend_.Supports(a);
 }
 
 void BatchNorm::ListParams(std::vector<ParamRef>* out) {

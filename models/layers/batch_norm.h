@@ -5,6 +5,7 @@
 #pragma once
 
 #include "models/layer.h"
+#include "models/layers/conv2d.h"
 
 namespace dptrain {
 
@@ -19,7 +20,13 @@ class BatchNorm final : public Layer {
   void ListBuffers(std::vector<ParamRef>* out) override;
   const Tensor& Forward(const Tensor& x, const ForwardContext& ctx) override;
   const Tensor& Backward(const Tensor& dy, bool accumulate) override;
-  int64_t ActivationBytesPerSample() const override { return 4 * 2 * per_sample_; }
+  // the output (f32) and the input gradient (f32, or bf16 for a convolution that reads it so)
+  int64_t ActivationBytesPerSample() const override {
+    return (4 + (args_.dx_bf16 ? 2 : 4)) * per_sample_;
+  }
+  // A convolution's batch norm offers to write its gradient in bf16 (Conv2d::OfferBf16Dy).
+  void FoldIntoInput(Layer& producer) override;
+  bool CanWriteBf16Dx(const Shape& in, bool nhwc) const override;
   bool FoldRelu() override {
     args_.relu = true;
     return true;
@@ -35,6 +42,7 @@ class BatchNorm final : public Layer {
   bool need_dx_ = true;
   bool gate_handed_ = false;  // the max pool after the folded ReLU gates dy (HandOverReluGate)
   BatchNormArgs args_;
+  Conv2d* conv_ = nullptr;  // the convolution this batch norm alone reads (FoldIntoInput)
   Tensor gamma_, beta_, ggamma_, gbeta_, running_mean_, running_var_;
   Tensor save_mean_, save_invstd_;
   Tensor out_, dx_buf_, x_, y_, dx_;

@@ -45,13 +45,12 @@ Shape Conv2d::Setup(const Shape& in, const SetupOptions& opts) {
   }
   need_dx_ = opts.need_dx;
   Shape out{in[0], out_channels_, desc_.out_h(), desc_.out_w()};
-  PoolDesc pool = pool_offer_;  // the offered pool with this output's shape
-  pool.n = out[0], pool.c = out[1], pool.h = out[2], pool.w = out[3];
-  pool.nhwc = desc_.y_nhwc;  // the pool writes its input's layout
-  pool_fused_ = false;       // Setup may run again (the graph planning its layouts again)
+  pool_fused_ = false;  // Setup may run again (the graph planning its layouts again)
   if (pool_offered_ && opts.fuse_conv_pool && !need_dx_) {
     fused_.conv = desc_;
-    fused_.pool = pool;
+    fused_.pool = pool_offer_;
+    fused_.pool.n = out[0], fused_.pool.c = out[1], fused_.pool.h = out[2], fused_.pool.w = out[3];
+    fused_.pool.nhwc = desc_.y_nhwc;  // the pool writes its input's layout
     pool_fused_ = backend_.Supports(fused_);
     if (pool_fused_) {  // the pool's Setup allocates what the fused op needs
       plan_.reset();
@@ -59,12 +58,10 @@ Shape Conv2d::Setup(const Shape& in, const SetupOptions& opts) {
       return out;
     }
   }
-  // In bf16 the backward rounds dy to bf16 before it reads it: the offered pool writes it so,
-  // instead of an f32 gradient (4x the pooled size) rounded in a second pass.
-  if (pool_offered_ && desc_.precision == Precision::kBF16) {
+  if (dy_writer_ != nullptr && desc_.precision == Precision::kBF16) {  // OfferBf16Dy
     Conv2dDesc d = desc_;
-    d.dy_bf16 = pool.dx_bf16 = true;
-    desc_.dy_bf16 = backend_.Supports(d) && backend_.Supports(pool);
+    d.dy_bf16 = true;
+    desc_.dy_bf16 = backend_.Supports(d) && dy_writer_->CanWriteBf16Dx(out, desc_.y_nhwc);
   }
   plan_ = backend_.PrepareConv2d(desc_);
   out_ = backend_.Empty(out, DType::kF32, label() + " output");

@@ -48,8 +48,12 @@ class Conv2d final : public Layer {
   // After Setup: whether the pool runs this convolution, and the fused op's descriptor for the
   // pool's Setup and batch size (null otherwise).
   const ConvPoolDesc* pool_fused() const { return pool_fused_ ? &fused_ : nullptr; }
-  // After Setup, not fused: whether the offered pool is to write this layer's output gradient in
-  // bf16 (Conv2dDesc::dy_bf16, PoolDesc::dx_bf16), as a bf16 backward reads it.
+  // A layer that alone reads this convolution's output offers to write its gradient in bf16 (a
+  // batch norm; the 2x2 max pool after the folded ReLU), before Setup. In bf16 the backward
+  // rounds dy to bf16 before it reads it: Setup takes the offer where the backend runs both
+  // (Conv2dDesc::dy_bf16 and Layer::CanWriteBf16Dx), and the reader asks reads_dy_bf16() at its
+  // own Setup. The same bits, without the f32 gradient and the pass that rounded it.
+  void OfferBf16Dy(const Layer* writer) { dy_writer_ = writer; }
   bool reads_dy_bf16() const { return !pool_fused_ && desc_.dy_bf16; }
   // What the pool's fused calls read: the input of the last forward, the parameters, gradients.
   const Tensor& input() const { return x_; }
@@ -68,6 +72,7 @@ class Conv2d final : public Layer {
   bool need_dx_ = true;
   bool pool_offered_ = false, pool_fused_ = false;
   PoolDesc pool_offer_;
+  const Layer* dy_writer_ = nullptr;  // OfferBf16Dy
   ConvPoolDesc fused_;
   Conv2dDesc desc_;
   std::shared_ptr<OpPlan> plan_;

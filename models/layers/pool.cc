@@ -29,29 +29,32 @@ void Pool2d::FoldIntoInput(Layer& producer) {
   offer.kind = kind_, offer.kernel = 2, offer.stride = 2, offer.pad = 0;
   offer.ceil_mode = ceil_mode_;
   conv_->OfferPool(offer);
+  conv_->OfferBf16Dy(this);
+}
+
+PoolDesc Pool2d::DescFor(const Shape& in, bool nhwc) const {
+  const int64_t kernel = kernel_ == 0 ? in[2] : kernel_;  // 0: global pooling
+  const int64_t stride = kernel_ == 0 ? in[2] : (stride_ == 0 ? kernel : stride_);
+  return PoolDesc{kind_,  in[0],  in[1], in[2],      in[3],
+                  kernel, stride, pad_,  ceil_mode_, count_include_pad_,
+                  nhwc};
+}
+
+bool Pool2d::CanWriteBf16Dx(const Shape& in, bool nhwc) const {
+  PoolDesc d = DescFor(in, nhwc);
+  d.dx_bf16 = true;
+  return in.rank() == 4 && d.Valid() && backend_.Supports(d);
 }
 
 Shape Pool2d::Setup(const Shape& in, const SetupOptions& opts) {
   DPT_CHECK_AS(ConfigError, in.rank() == 4)
       << type() << " '" << name_ << "' needs (N, C, H, W) input, got " << in.ToString();
-  int64_t kernel = kernel_, stride = stride_;
-  if (kernel == 0) {  // global pooling
+  if (kernel_ == 0) {  // global pooling
     DPT_CHECK_AS(ConfigError, in[2] == in[3])
         << "global " << type() << " '" << name_ << "' needs square input, got " << in.ToString();
-    kernel = in[2];
-    stride = in[2];
   }
-  desc_ = PoolDesc{kind_,
-                   in[0],
-                   in[1],
-                   in[2],
-                   in[3],
-                   kernel,
-                   stride == 0 ? kernel : stride,
-                   pad_,
-                   ceil_mode_,
-                   count_include_pad_,
-                   opts.nhwc_in};
+  desc_ = DescFor(in, opts.nhwc_in);
+  const int64_t kernel = desc_.kernel;
   fused_ = conv_ != nullptr ? conv_->pool_fused() : nullptr;
   // The bf16 convolution before this pool reads its gradient in bf16: written so here.
   desc_.dx_bf16 = fused_ == nullptr && conv_ != nullptr && conv_->reads_dy_bf16();

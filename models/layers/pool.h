@@ -25,6 +25,7 @@ class Pool2d final : public Layer {
   // A max pool takes over the backward gate of the ReLU before it (Layer::HandOverReluGate), and
   // a 2x2 one offers to run the convolution before that ReLU with it (Conv2d::OfferPool).
   void FoldIntoInput(Layer& producer) override;
+  bool CanWriteBf16Dx(const Shape& in, bool nhwc) const override;
   bool TakesNhwc() const override { return true; }
   // A global pool's output, (N, C, 1, 1), is one layout in NCHW and NHWC.
   bool ChoosesNhwcOut() const override { return kernel_ == 0; }
@@ -41,6 +42,7 @@ class Pool2d final : public Layer {
   bool have_ws_ = false;
   bool gate_relu_ = false;  // gates dy by the output first: the ReLU before handed it over
   Conv2d* conv_ = nullptr;  // offered to run this convolution (OfferPool)
+  PoolDesc DescFor(const Shape& in, bool nhwc) const;
   const ConvPoolDesc* fused_ = nullptr;  // and runs it: the fused op (after Setup)
 };
 

@@ -5,10 +5,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <string>
 #include <vector>
 
 #include "core/backend.h"
+#include "core/elementwise.h"
 #include "tests/testing/backends.h"
 #include "tests/testing/reference_ops.h"
 #include "tests/testing/tolerances.h"
@@ -357,6 +359,60 @@ TEST_P(BatchNormTest, FoldedReluIsBatchNormThenRelu) {
     EXPECT_EQ(got.forward, want.forward) << "forward: y, inference y, saved and running statistics";
     EXPECT_EQ(got.backward, want.backward) << "backward: dx, dgamma, dbeta";
     EXPECT_EQ(got.backward_in_place, want.backward) << "backward with dx over the folded output";
+  }
+}
+
+// BatchNormArgs::dx_bf16 (where the backend runs it): dx written in bf16 is the f32 dx rounded
+// (ew::FloatToBf16), bit for bit, with dgamma and dbeta unchanged; with and without the folded
+// ReLU, NCHW and (on a backend that prefers it) channels-last, the unrolled 16- and 32-channel
+// loops included.
+TEST_P(BatchNormTest, Bf16InputGradientIsTheF32OneRounded) {
+  Backend& be = backend();
+  BatchNormArgs probe;
+  probe.dx_bf16 = true;
+  if (!be.Supports(probe)) GTEST_SKIP() << be.name() << ": no bf16 batch-norm input gradient";
+  uint32_t seed = 7500;
+  std::vector<BnCase> cases = Cases();
+  for (const int64_t c : {16, 32, 64}) cases.push_back({{3, c, 5, 6}, {}});
+  for (BnCase bc : cases) {
+    for (const bool nhwc : {false, true}) {
+      if (nhwc && (bc.shape.rank() != 4 || !be.PrefersChannelsLast())) continue;
+      for (const bool relu : {false, true}) {
+        bc.args.nhwc = nhwc;
+        bc.args.relu = relu;
+        seed += 10;
+        SCOPED_TRACE("x " + bc.shape.ToString() + (nhwc ? " channels-last" : "") +
+                     (relu ? " relu" : ""));
+        const int64_t c = bc.shape[1];
+        const std::vector<float> x = RandomUniform(static_cast<size_t>(bc.shape.numel()), seed);
+        const std::vector<float> dy = RandomUniform(x.size(), seed + 1);
+        Tensor x_t = ToDevice(be, x, bc.shape), dy_t = ToDevice(be, dy, bc.shape);
+        Tensor g_t = ToDevice(be, RandomUniform(static_cast<size_t>(c), seed + 2, 0.5f, 1.5f), {c});
+        Tensor b_t = ToDevice(be, RandomUniform(static_cast<size_t>(c), seed + 3), {c});
+        Tensor rm = be.Zeros({c}, DType::kF32, "running mean"),
+               rv = be.Zeros({c}, DType::kF32, "rv");
+        Tensor y = be.Empty(bc.shape, DType::kF32, "y");
+        Tensor sm = be.Empty({c}, DType::kF32, "save mean"), si = be.Empty({c}, DType::kF32, "si");
+        be.BatchNormForwardTraining(bc.args, x_t, g_t, b_t, &rm, &rv, &y, &sm, &si);
+        BatchNormArgs half = bc.args;
+        half.dx_bf16 = true;
+        Tensor dx = be.Empty(bc.shape, DType::kF32, "dx"),
+               dx16 = be.Empty(bc.shape, DType::kBF16, "dx");
+        Tensor dg = be.Zeros({c}, DType::kF32, "dgamma"), db = be.Zeros({c}, DType::kF32, "dbeta");
+        Tensor dg16 = be.Zeros({c}, DType::kF32, "dgamma"), db16 = be.Zeros({c}, DType::kF32, "db");
+        const Tensor* gate = relu ? &y : nullptr;
+        be.BatchNormBackward(bc.args, x_t, dy_t, gate, g_t, b_t, sm, si, &dx, &dg, &db, false);
+        be.BatchNormBackward(half, x_t, dy_t, gate, g_t, b_t, sm, si, &dx16, &dg16, &db16, false);
+        std::vector<uint16_t> got(static_cast<size_t>(dx16.numel()));
+        be.CopyToHost(dx16, got.data());
+        const std::vector<float> want = ToHost(be, dx);
+        int64_t mismatches = 0;
+        for (size_t i = 0; i < got.size(); ++i) mismatches += got[i] != ew::FloatToBf16(want[i]);
+        EXPECT_EQ(mismatches, 0);
+        EXPECT_EQ(ToHost(be, dg16), ToHost(be, dg));
+        EXPECT_EQ(ToHost(be, db16), ToHost(be, db));
+      }
+    }
   }
 }
 

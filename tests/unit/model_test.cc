@@ -181,12 +181,15 @@ TEST(ModelTest, ProfileNamesTheGraphNodeOfEachOp) {
 // it (resnet8: the stem's and each block's first, after batch norms, and each block's last, after
 // the sum. ref_cnn: both convolutions' ReLUs; fc1's stays): two training steps give bit for bit the
 // unfolded model's outputs, gradients and running statistics, and evaluation its outputs, with less
-// activation memory (each folded ReLU held an output and an input gradient).
+// activation memory (each folded ReLU held an output and an input gradient). In bf16 too, where
+// the layers that alone read a convolution's output (each batch norm; ref_cnn's 2x2 pools) write
+// its gradient in bf16 (Conv2d::OfferBf16Dy): 2 bytes an element less again.
 struct FoldCase {
   const char* model;
   Shape sample;
   int folded;
   int64_t floats_saved_per_sample;
+  int64_t bf16_gradients_per_sample;  // elements of the convolutions' outputs
 };
 void PrintTo(const FoldCase& c, std::ostream* os) { *os << c.model; }
 
@@ -219,41 +222,50 @@ class FoldingTest : public ::testing::TestWithParam<FoldCase> {};
 TEST_P(FoldingTest, FoldingReluChangesNoNumber) {
   const FoldCase& fc = GetParam();
   Backend& be = GetBackend("cpu");
-  const int64_t n = 4;
-  std::vector<int64_t> dims{n};
-  dims.insert(dims.end(), fc.sample.dims().begin(), fc.sample.dims().end());
-  const Shape batch(dims);
-  const auto train = [&](bool fold, int* folded, int64_t* activation_bytes) {
-    auto net = BuildZooModel(be, fc.model, 10);
-    net->set_fold(fold);
-    net->set_fuse_conv_pool(false);  // sums in another order (ConvPoolFusionTest)
-    Model m(be, std::move(net), fc.sample);
-    m.Setup(n, Precision::kF32);
-    m.InitParams(1);
-    *folded = 0;
-    for (size_t i = 0; i < m.net().size(); ++i) {
-      const auto* relu = dynamic_cast<const Relu*>(&m.net().layer(i));
-      *folded += relu != nullptr && relu->folded();
-    }
-    *activation_bytes = m.net().ActivationBytesPerSample();
-    return TwoStepsAndEval(be, m, batch);
-  };
-  int folded = 0, unfolded = 0;
-  int64_t bytes_folded = 0, bytes_unfolded = 0;
-  const auto want = train(false, &unfolded, &bytes_unfolded);
-  const auto got = train(true, &folded, &bytes_folded);
-  EXPECT_EQ(unfolded, 0);
-  EXPECT_EQ(folded, fc.folded);
-  EXPECT_EQ(got, want);
-  EXPECT_EQ(bytes_unfolded - bytes_folded, 4 * 2 * fc.floats_saved_per_sample);
+  for (const Precision prec : {Precision::kF32, Precision::kBF16}) {
+    if (!be.Supports(Conv2dDesc{1, 1, 1, 1, 1, 1, 1, 1, 0, true, prec})) continue;
+    SCOPED_TRACE(PrecisionName(prec));
+    const int64_t n = 4;
+    std::vector<int64_t> dims{n};
+    dims.insert(dims.end(), fc.sample.dims().begin(), fc.sample.dims().end());
+    const Shape batch(dims);
+    const auto train = [&](bool fold, int* folded, int64_t* activation_bytes) {
+      auto net = BuildZooModel(be, fc.model, 10);
+      net->set_fold(fold);
+      net->set_fuse_conv_pool(false);  // sums in another order (ConvPoolFusionTest)
+      Model m(be, std::move(net), fc.sample);
+      m.Setup(n, prec);
+      m.InitParams(1);
+      *folded = 0;
+      for (size_t i = 0; i < m.net().size(); ++i) {
+        const auto* relu = dynamic_cast<const Relu*>(&m.net().layer(i));
+        *folded += relu != nullptr && relu->folded();
+      }
+      *activation_bytes = m.net().ActivationBytesPerSample();
+      return TwoStepsAndEval(be, m, batch);
+    };
+    int folded = 0, unfolded = 0;
+    int64_t bytes_folded = 0, bytes_unfolded = 0;
+    const auto want = train(false, &unfolded, &bytes_unfolded);
+    const auto got = train(true, &folded, &bytes_folded);
+    EXPECT_EQ(unfolded, 0);
+    EXPECT_EQ(folded, fc.folded);
+    EXPECT_EQ(got, want);
+    EXPECT_EQ(bytes_unfolded - bytes_folded,
+              4 * 2 * fc.floats_saved_per_sample +
+                  (prec == Precision::kBF16 ? 2 * fc.bf16_gradients_per_sample : 0));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Zoo, FoldingTest,
     ::testing::Values(FoldCase{"resnet8", Shape{3, 32, 32}, 7,
                                16 * 32 * 32 * 2 + 32 * 16 * 16 + 64 * 8 * 8 +  // after batch norms
-                                   16 * 32 * 32 + 32 * 16 * 16 + 64 * 8 * 8},  // after the sums
-                      FoldCase{"ref_cnn", Shape{1, 28, 28}, 2, 32 * 28 * 28 + 64 * 14 * 14}),
+                                   16 * 32 * 32 + 32 * 16 * 16 + 64 * 8 * 8,   // after the sums
+                               // every batch norm's input: 3 per stage (a shortcut's in 2 and 3)
+                               3 * (16 * 32 * 32 + 32 * 16 * 16 + 64 * 8 * 8)},
+                      FoldCase{"ref_cnn", Shape{1, 28, 28}, 2, 32 * 28 * 28 + 64 * 14 * 14,
+                               32 * 28 * 28 + 64 * 14 * 14}),
     [](const ::testing::TestParamInfo<FoldCase>& p) { return std::string(p.param.model); });
 
 // One model.layers entry: type, out (channels or features), kernel, stride, pad.
