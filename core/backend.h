@@ -49,8 +49,9 @@ struct Conv2dDesc {
   // as N, H, W, C in memory. Set by the graph on backends that ask for them
   // (Backend::PrefersChannelsLast); the shapes above stay (N, C, H, W).
   bool x_nhwc = false, y_nhwc = false;
-  // The backward passes read dy in bf16 (bf16 precision only): the gradient of a 2x2 max pool
-  // that writes it so (PoolDesc::dx_bf16), the rounding the backward applies to an f32 dy anyway.
+  // The backward passes read dy in bf16 (bf16 precision only), as the batch norm or 2x2 max pool
+  // that alone reads y writes it (BatchNormArgs::dx_bf16, PoolDesc::dx_bf16): the rounding the
+  // backward applies to an f32 dy anyway.
   bool dy_bf16 = false;
   int64_t out_h() const { return (h + 2 * pad - dilation * (r - 1) - 1) / stride + 1; }
   int64_t out_w() const { return (w + 2 * pad - dilation * (s - 1) - 1) / stride + 1; }
