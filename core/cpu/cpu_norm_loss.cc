@@ -93,31 +93,38 @@ inline float ReluGate(float y, float g) {
   return std::bit_cast<float>(std::bit_cast<uint32_t>(g) & keep);
 }
 
+// dy as the batch norm's own output sees it: as it is, or gated by the folded ReLU.
+inline auto PlainDy(const float* g) {
+  return [g](int64_t j) { return g[j]; };
+}
+inline auto GatedDy(const float* g, const float* x, ew::BnAffine affine) {
+  return [g, x, affine](int64_t j) { return ReluGate(ew::BnApply(x[j], affine), g[j]); };
+}
+
+// The vectorised entry points: one per case and dx type (GCC's target_clones does not take a
+// template).
 DPT_SIMD_CLONES void RunGradSums(const float* g, const float* x, int64_t n, BnGradTerms* t) {
-  GradSums([g](int64_t j) { return g[j]; }, x, n, t);
+  GradSums(PlainDy(g), x, n, t);
 }
 DPT_SIMD_CLONES void RunGatedGradSums(const float* g, ew::BnAffine affine, const float* x,
                                       int64_t n, BnGradTerms* t) {
-  GradSums([g, x, affine](int64_t j) { return ReluGate(ew::BnApply(x[j], affine), g[j]); }, x, n,
-           t);
+  GradSums(GatedDy(g, x, affine), x, n, t);
 }
 DPT_SIMD_CLONES void RunGradInput(const float* g, const float* x, float* dx, int64_t n,
                                   const BnGradTerms& t) {
-  GradInput([g](int64_t j) { return g[j]; }, x, dx, n, t);
+  GradInput(PlainDy(g), x, dx, n, t);
 }
 DPT_SIMD_CLONES void RunGatedGradInput(const float* g, ew::BnAffine affine, const float* x,
                                        float* dx, int64_t n, const BnGradTerms& t) {
-  GradInput([g, x, affine](int64_t j) { return ReluGate(ew::BnApply(x[j], affine), g[j]); }, x, dx,
-            n, t);
+  GradInput(GatedDy(g, x, affine), x, dx, n, t);
 }
 DPT_SIMD_CLONES void RunGradInput(const float* g, const float* x, uint16_t* dx, int64_t n,
                                   const BnGradTerms& t) {
-  GradInput([g](int64_t j) { return g[j]; }, x, dx, n, t);
+  GradInput(PlainDy(g), x, dx, n, t);
 }
 DPT_SIMD_CLONES void RunGatedGradInput(const float* g, ew::BnAffine affine, const float* x,
                                        uint16_t* dx, int64_t n, const BnGradTerms& t) {
-  GradInput([g, x, affine](int64_t j) { return ReluGate(ew::BnApply(x[j], affine), g[j]); }, x, dx,
-            n, t);
+  GradInput(GatedDy(g, x, affine), x, dx, n, t);
 }
 
 // ---- channels-last (BatchNormArgs::nhwc): m rows of C channels each ----
