@@ -414,12 +414,8 @@ TEST_P(ConvTest, Bf16DyChangesNoBit) {
       const std::vector<float> x = order(RandomUniform(XShape(d).numel(), seed), XShape(d)),
                                w = RandomUniform(WShape(d).numel(), seed + 1),
                                dy = order(RandomUniform(YShape(d).numel(), seed + 2), YShape(d));
-      std::vector<uint16_t> dy16(dy.size());
-      for (size_t i = 0; i < dy.size(); ++i) dy16[i] = ew::FloatToBf16(dy[i]);
       Tensor x_t = ToDevice(be, x, XShape(d)), w_t = ToDevice(be, w, WShape(d));
-      Tensor dy_t = ToDevice(be, dy, YShape(d));
-      Tensor dy16_t = be.Empty(YShape(d), DType::kBF16, "dy bf16");
-      be.CopyFromHost(dy16.data(), &dy16_t);
+      Tensor dy_t = ToDevice(be, dy, YShape(d)), dy16_t = ToDeviceBf16(be, dy, YShape(d));
       std::vector<std::vector<float>> got[2];
       for (const int k : {0, 1}) {
         const auto plan = be.PrepareConv2d(k == 0 ? f32 : d);

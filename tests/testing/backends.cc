@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "core/backend_registry.h"
+#include "core/elementwise.h"
 #include "core/error.h"
 
 namespace dptrain::testing {
@@ -69,6 +70,28 @@ std::vector<float> ToHost(Backend& be, const Tensor& t) {
   std::vector<float> out(static_cast<size_t>(t.numel()));
   if (!out.empty()) be.CopyToHost(t, out.data());
   return out;
+}
+
+Tensor ToDeviceBf16(Backend& be, const std::vector<float>& values, const Shape& shape) {
+  DPT_CHECK(static_cast<int64_t>(values.size()) == shape.numel())
+      << values.size() << " values for shape " << shape.ToString();
+  std::vector<uint16_t> bits(values.size());
+  std::transform(values.begin(), values.end(), bits.begin(), ew::FloatToBf16);
+  Tensor t = be.Empty(shape, DType::kBF16, "test bf16 input");
+  if (!bits.empty()) be.CopyFromHost(bits.data(), &t);
+  return t;
+}
+
+int64_t CountNotRounded(Backend& be, const Tensor& bf16, const Tensor& f32) {
+  DPT_CHECK(bf16.dtype() == DType::kBF16 && bf16.numel() == f32.numel())
+      << DTypeName(bf16.dtype()) << " " << bf16.shape().ToString() << " against "
+      << f32.shape().ToString();
+  std::vector<uint16_t> got(static_cast<size_t>(bf16.numel()));
+  if (!got.empty()) be.CopyToHost(bf16, got.data());
+  const std::vector<float> want = ToHost(be, f32);
+  int64_t n = 0;
+  for (size_t i = 0; i < got.size(); ++i) n += got[i] != ew::FloatToBf16(want[i]);
+  return n;
 }
 
 double ScalarToHost(Backend& be, const Tensor& t) {

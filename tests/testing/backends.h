@@ -68,6 +68,10 @@ Tensor ToDevice(Backend& be, const std::vector<double>& values, const Shape& sha
 Tensor ToDeviceI32(Backend& be, const std::vector<int32_t>& values, const Shape& shape);
 // An f32 tensor's contents (synchronises).
 std::vector<float> ToHost(Backend& be, const Tensor& t);
+// bf16 tensors: one holding `values` rounded to bf16 (ew::FloatToBf16), and how many elements of
+// `bf16` differ from the rounded values of the f32 tensor `f32` (0: bit for bit).
+Tensor ToDeviceBf16(Backend& be, const std::vector<float>& values, const Shape& shape);
+int64_t CountNotRounded(Backend& be, const Tensor& bf16, const Tensor& f32);
 // A 1-element tensor's value (f32 or i32) as double.
 double ScalarToHost(Backend& be, const Tensor& t);
 std::vector<double> ToDouble(const std::vector<float>& v);
