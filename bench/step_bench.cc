@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Google Benchmark of the reference CNN: the full training step (forward, loss, backward, SGD)
-// and each primitive alone at the same shapes, for batch 64/256, fp32/bf16, 1/2 threads.
+// and each primitive alone at the same shapes, for batch 64/256, fp32/bf16, 1/2 threads; and
+// batch norm alone at resnet8's shapes.
 // bench/run.sh compares the step with the sum of its primitives (the framework's overhead).
 //
 //   step_bench --benchmark_filter='Step|Prim'   (names: Step/<batch>/<bf16?>/<threads>)
@@ -273,8 +274,54 @@ void PrimArgs(benchmark::internal::Benchmark* b) {
   b->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.1);
 }
 
+// Batch norm alone at resnet8's shapes (batch 64, channels-last, 32x32 x 16, 16x16 x 32, 8x8 x 64),
+// training forward or backward, with or without the folded ReLU, dx in f32 or bf16.
+void BatchNorm(benchmark::State& state) {
+  const int64_t c = state.range(0), hw = 32 / (c / 16);
+  const bool backward = state.range(1) != 0;
+  BatchNormArgs a;
+  a.nhwc = true;
+  a.relu = state.range(2) != 0;
+  a.dx_bf16 = state.range(3) != 0;
+  Backend& be = GetBackend("cpu");
+  UseThreads(be, static_cast<int>(state.range(4)));
+  const Shape s{64, c, hw, hw};
+  Tensor x = Random(be, s), y = Random(be, s), dy = Random(be, s);
+  Tensor gamma = Random(be, Shape{c}), beta = Random(be, Shape{c}), rm = Random(be, Shape{c});
+  Tensor rv = be.Empty(Shape{c}, DType::kF32, "rv"), mean = be.Empty(Shape{c}, DType::kF32, "m");
+  Tensor invstd = be.Empty(Shape{c}, DType::kF32, "is");
+  Tensor dgamma = be.Empty(Shape{c}, DType::kF32, "dg"),
+         dbeta = be.Empty(Shape{c}, DType::kF32, "db");
+  Tensor dx = be.Empty(s, a.dx_bf16 ? DType::kBF16 : DType::kF32, "dx");
+  for (int64_t j = 0; j < c; ++j) rv.data<float>()[j] = 1.f;
+  be.BatchNormForwardTraining(a, x, gamma, beta, &rm, &rv, &y, &mean, &invstd);
+  for (auto _ : state) {
+    if (backward) {
+      be.BatchNormBackward(a, x, dy, a.relu ? &y : nullptr, gamma, beta, mean, invstd, &dx, &dgamma,
+                           &dbeta, false);
+    } else {
+      be.BatchNormForwardTraining(a, x, gamma, beta, &rm, &rv, &y, &mean, &invstd);
+    }
+    be.Synchronize();
+  }
+}
+
+void BatchNormArgsList(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"c", "bwd", "relu", "dx_bf16", "threads"});
+  for (int64_t c : {16, 32, 64}) {
+    for (int64_t threads : {1, 2}) {
+      b->Args({c, 0, 1, 0, threads});
+      for (int64_t relu : {0, 1}) {
+        for (int64_t bf16 : {0, 1}) b->Args({c, 1, relu, bf16, threads});
+      }
+    }
+  }
+  b->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.2);
+}
+
 BENCHMARK(Step)->Apply(StepArgs);
 BENCHMARK(Primitive)->Apply(PrimArgs);
+BENCHMARK(BatchNorm)->Apply(BatchNormArgsList);
 
 }  // namespace
 }  // namespace dptrain
