@@ -54,51 +54,57 @@ DPT_SIMD_CLONES void RunAffine(const float* p, float* q, int64_t n, ew::BnAffine
 // the gate is the forward's affine value recomputed from x (ew::BnFold of the saved mean and
 // 1/std gives the forward's scale and shift to the bit, and ew::BnApply rounds as it did), one
 // pass over memory less than reading y. Inlined into the vectorised entry points below, one per
-// case, so that no loop tests for the ReLU per element.
+// case, so that no loop tests for the ReLU per element. The element math is f32 (ew::BnDyXc,
+// ew::BnDx), the sums double.
 struct BnGradTerms {
-  double mean, invstd, k, m, sum_dy, sum_dy_xhat;
+  float mean;                // as saved by the forward
+  double sum_dy, sum_dy_xc;  // sum(dy), sum(dy * (x - mean))
+  ew::BnDxTerms dx;          // folded from the sums
 };
 
-// sum(dy) and sum(dy * xhat) of one run, added to t->sum_dy and t->sum_dy_xhat.
+// sum(dy) and sum(dy * (x - mean)) of one run, added to t->sum_dy and t->sum_dy_xc.
 template <class Dy>
-inline void GradSums(Dy dy_at, const float* x, int64_t n, BnGradTerms* t) {
+DPT_CLONE_INLINE void GradSums(Dy dy_at, const float* x, int64_t n, BnGradTerms* t) {
   double s = 0, sx = 0;
+  const float mean = t->mean;
 #pragma omp simd reduction(+ : s, sx)
   for (int64_t j = 0; j < n; ++j) {
     const float gj = dy_at(j);
     s += gj;
-    sx += ew::BnDyXhat(gj, x[j], t->mean, t->invstd);
+    sx += ew::BnDyXc(gj, x[j], mean);
   }
   t->sum_dy += s;
-  t->sum_dy_xhat += sx;
+  t->sum_dy_xc += sx;
 }
 
 // dx stored in f32, or rounded to bf16 (BatchNormArgs::dx_bf16).
-inline void Put(float* p, float v) { *p = v; }
-inline void Put(uint16_t* p, float v) { *p = Bf16Bits(v); }
+DPT_CLONE_INLINE void Put(float* p, float v) { *p = v; }
+DPT_CLONE_INLINE void Put(uint16_t* p, float v) { *p = Bf16Bits(v); }
 
 // dx of one run; dx may be the folded ReLU's output (each element is read before it is written).
 template <class Dy, class T>
-inline void GradInput(Dy dy_at, const float* x, T* dx, int64_t n, const BnGradTerms& t) {
+DPT_CLONE_INLINE void GradInput(Dy dy_at, const float* x, T* dx, int64_t n, const BnGradTerms& t) {
+  const float mean = t.mean;
+  const ew::BnDxTerms terms = t.dx;
 #pragma omp simd
-  for (int64_t j = 0; j < n; ++j) {
-    Put(dx + j, ew::BnDx(dy_at(j), x[j], t.mean, t.invstd, t.k, t.m, t.sum_dy, t.sum_dy_xhat));
-  }
+  for (int64_t j = 0; j < n; ++j) Put(dx + j, ew::BnDx(dy_at(j), x[j], mean, terms));
 }
 
 // ew::ReluGrad(y, g) (g where y > 0, else +0) as a bit mask instead of a branch: the compiler
 // turned the select into a jump per element, mispredicted half the time (15x slower).
-inline float ReluGate(float y, float g) {
+DPT_CLONE_INLINE float ReluGate(float y, float g) {
   const uint32_t keep = -static_cast<uint32_t>(y > 0.f);
   return std::bit_cast<float>(std::bit_cast<uint32_t>(g) & keep);
 }
 
 // dy as the batch norm's own output sees it: as it is, or gated by the folded ReLU.
-inline auto PlainDy(const float* g) {
-  return [g](int64_t j) { return g[j]; };
+DPT_CLONE_INLINE auto PlainDy(const float* g) {
+  return [g](int64_t j) __attribute__((always_inline)) { return g[j]; };
 }
-inline auto GatedDy(const float* g, const float* x, ew::BnAffine affine) {
-  return [g, x, affine](int64_t j) { return ReluGate(ew::BnApply(x[j], affine), g[j]); };
+DPT_CLONE_INLINE auto GatedDy(const float* g, const float* x, ew::BnAffine affine) {
+  return [ g, x, affine ](int64_t j) __attribute__((always_inline)) {
+    return ReluGate(ew::BnApply(x[j], affine), g[j]);
+  };
 }
 
 // The vectorised entry points: one per case and dx type (GCC's target_clones does not take a
@@ -141,14 +147,32 @@ RowBlocks SplitRows(int64_t m, int64_t c) {
 }
 
 // s1[j] += x[j] - shift[j], s2[j] += (x[j] - shift[j])^2 (shift: row 0, as RunMoments).
-DPT_SIMD_CLONES void RowMoments(const float* x, const float* shift, int64_t c, double* s1,
-                                double* s2) {
+DPT_CLONE_INLINE void RowMoments(const float* x, const double* __restrict shift, int64_t c,
+                                 double* __restrict s1, double* __restrict s2) {
 #pragma omp simd
   for (int64_t j = 0; j < c; ++j) {
     const double v = static_cast<double>(x[j]) - shift[j];
     s1[j] += v;
     s2[j] += v * v;
   }
+}
+
+// RowMoments over rows [r0, r1), for rows of exactly kC channels: the shift and sums in local
+// arrays kept in registers across rows (as RowsGradFixed; the same operations, so the same bits).
+template <int kC>
+DPT_CLONE_INLINE void RowsMomentsFixed(const float* x, const double* shift, int64_t r0, int64_t r1,
+                                       double* s1, double* s2) {
+  double sh[kC], a[kC], b[kC];
+  for (int j = 0; j < kC; ++j) sh[j] = shift[j], a[j] = s1[j], b[j] = s2[j];
+  for (int64_t r = r0; r < r1; ++r) RowMoments(x + r * kC, sh, kC, a, b);
+  for (int j = 0; j < kC; ++j) s1[j] = a[j], s2[j] = b[j];
+}
+
+DPT_SIMD_CLONES void RowsMoments(const float* x, const double* shift, int64_t r0, int64_t r1,
+                                 int64_t c, double* s1, double* s2) {
+  if (c == 16) return RowsMomentsFixed<16>(x, shift, r0, r1, s1, s2);
+  if (c == 32) return RowsMomentsFixed<32>(x, shift, r0, r1, s1, s2);
+  for (int64_t r = r0; r < r1; ++r) RowMoments(x + r * c, shift, c, s1, s2);
 }
 
 // rows [r0, r1) of y = x * scale + shift (then ReLU).
@@ -170,9 +194,7 @@ DPT_SIMD_CLONES void RowsAffine(const float* x, float* y, int64_t r0, int64_t r1
 // Per-channel backward terms of the NHWC loops (BnGradTerms, one array per field; with the
 // folded ReLU, the forward's scale and shift for its gate).
 struct NhwcGradTerms {
-  std::vector<double> mean, invstd, k, sum_dy, sum_dy_xhat;
-  std::vector<float> scale, shift;
-  double m = 0;
+  std::vector<float> mean, a, b, c, scale, shift;  // a, b, c: ew::BnDxTerms
 };
 
 // The row loops see the per-channel terms through this view (restrict pointers: reached through
@@ -180,51 +202,48 @@ struct NhwcGradTerms {
 // every store to s, sx or dx could have changed the terms as far as the compiler knew). g, x and
 // dx are not restrict: dx may share a buffer with the folded ReLU's output.
 struct RowTerms {
-  const double* __restrict mean;
-  const double* __restrict invstd;
-  const double* __restrict k;
-  const double* __restrict sum_dy;
-  const double* __restrict sum_dy_xhat;
+  const float* __restrict mean;
+  const float* __restrict a;
+  const float* __restrict b;
+  const float* __restrict c;
   const float* __restrict scale;
   const float* __restrict shift;
-  double m;
 };
 RowTerms View(const NhwcGradTerms& t) {
-  return {t.mean.data(),        t.invstd.data(), t.k.data(),     t.sum_dy.data(),
-          t.sum_dy_xhat.data(), t.scale.data(),  t.shift.data(), t.m};
+  return {t.mean.data(), t.a.data(), t.b.data(), t.c.data(), t.scale.data(), t.shift.data()};
 }
 
 // dy of element j of a row as the batch norm's own output sees it (gated by the folded ReLU).
 template <bool kGated>
-inline float RowDy(const float* g, const float* x, const RowTerms& t, int64_t j) {
+DPT_CLONE_INLINE float RowDy(const float* g, const float* x, const RowTerms& t, int64_t j) {
   return kGated ? ReluGate(ew::BnApply(x[j], {t.scale[j], t.shift[j]}), g[j]) : g[j];
 }
 
 template <bool kGated>
-inline void RowGradSums(const float* g, const float* x, int64_t c, const RowTerms& t,
-                        double* __restrict s, double* __restrict sx) {
+DPT_CLONE_INLINE void RowGradSums(const float* g, const float* x, int64_t c, const RowTerms& t,
+                                  double* __restrict s, double* __restrict sx) {
 #pragma omp simd
   for (int64_t j = 0; j < c; ++j) {
     const float gj = RowDy<kGated>(g, x, t, j);
     s[j] += gj;
-    sx[j] += ew::BnDyXhat(gj, x[j], t.mean[j], t.invstd[j]);
+    sx[j] += ew::BnDyXc(gj, x[j], t.mean[j]);
   }
 }
 
 template <bool kGated, class T>
-inline void RowGradInput(const float* g, const float* x, T* dx, int64_t c, const RowTerms& t) {
+DPT_CLONE_INLINE void RowGradInput(const float* g, const float* x, T* dx, int64_t c,
+                                   const RowTerms& t) {
 #pragma omp simd
   for (int64_t j = 0; j < c; ++j) {
-    Put(dx + j, ew::BnDx(RowDy<kGated>(g, x, t, j), x[j], t.mean[j], t.invstd[j], t.k[j], t.m,
-                         t.sum_dy[j], t.sum_dy_xhat[j]));
+    Put(dx + j, ew::BnDx(RowDy<kGated>(g, x, t, j), x[j], t.mean[j], {t.a[j], t.b[j], t.c[j]}));
   }
 }
 
 // Both backward passes over rows [r0, r1) of c channels: the sums into s, sx (pass 0) or dx
 // (pass 1). Inlined into the vectorised entry points below, one per case.
 template <bool kGated, class T>
-inline void RowsGrad(int pass, const float* g, const float* x, T* dx, int64_t r0, int64_t r1,
-                     int64_t c, const RowTerms& t, double* s, double* sx) {
+DPT_CLONE_INLINE void RowsGrad(int pass, const float* g, const float* x, T* dx, int64_t r0,
+                               int64_t r1, int64_t c, const RowTerms& t, double* s, double* sx) {
   for (int64_t r = r0; r < r1; ++r) {
     const int64_t o = r * c;
     if (pass == 0) {
@@ -238,23 +257,24 @@ inline void RowsGrad(int pass, const float* g, const float* x, T* dx, int64_t r0
 // RowsGrad for rows of exactly kC channels (16 or 32): the terms and sums copied into local arrays
 // the compiler keeps in registers across rows (with a run-time count it loads and stores the sums
 // for every row: a store-to-load chain per short row). The same operations in the same order, so
-// the same bits. In training (resnet8, batch 256) a gated 16-channel backward took 2.1-2.2 ms
-// this way, 2.8-3.3 through RowsGrad; at 64 channels and more the two measured the same.
+// the same bits. `step_bench --benchmark_filter=BatchNorm` (resnet8's 64x16x32x32, 1 thread,
+// backward without the ReLU): 0.22 ms (f32 dx) and 0.29 ms (bf16) this way, 0.48 and 0.53
+// through RowsGrad; at 64 channels and more the two measured the same.
 template <bool kGated, int kC, class T>
-inline void RowsGradFixed(int pass, const float* g, const float* x, T* dx, int64_t r0, int64_t r1,
-                          const RowTerms& t, double* s, double* sx) {
-  double mean[kC], invstd[kC], k[kC], sum_dy[kC], sum_dy_xhat[kC], s_local[kC], sx_local[kC];
-  float scale[kC] = {}, shift[kC] = {};
+DPT_CLONE_INLINE void RowsGradFixed(int pass, const float* g, const float* x, T* dx, int64_t r0,
+                                    int64_t r1, const RowTerms& t, double* s, double* sx) {
+  double s_local[kC], sx_local[kC];
+  float mean[kC], a[kC] = {}, b[kC] = {}, c[kC] = {}, scale[kC] = {}, shift[kC] = {};
   for (int j = 0; j < kC; ++j) {
-    mean[j] = t.mean[j], invstd[j] = t.invstd[j];
+    mean[j] = t.mean[j];
     if (kGated) scale[j] = t.scale[j], shift[j] = t.shift[j];
     if (pass == 0) {
       s_local[j] = s[j], sx_local[j] = sx[j];
     } else {
-      k[j] = t.k[j], sum_dy[j] = t.sum_dy[j], sum_dy_xhat[j] = t.sum_dy_xhat[j];
+      a[j] = t.a[j], b[j] = t.b[j], c[j] = t.c[j];
     }
   }
-  const RowTerms local{mean, invstd, k, sum_dy, sum_dy_xhat, scale, shift, t.m};
+  const RowTerms local{mean, a, b, c, scale, shift};
   if (pass == 0) {
     for (int64_t r = r0; r < r1; ++r) {
       RowGradSums<kGated>(g + r * kC, x + r * kC, kC, local, s_local, sx_local);
@@ -267,32 +287,33 @@ inline void RowsGradFixed(int pass, const float* g, const float* x, T* dx, int64
   }
 }
 
-template <class T>
-inline void RowsGradGatedAny(int pass, const float* g, const float* x, T* dx, int64_t r0,
-                             int64_t r1, int64_t c, const NhwcGradTerms& t, double* s, double* sx) {
+template <bool kGated, class T>
+DPT_CLONE_INLINE void RowsGradAny(int pass, const float* g, const float* x, T* dx, int64_t r0,
+                                  int64_t r1, int64_t c, const NhwcGradTerms& t, double* s,
+                                  double* sx) {
   const RowTerms terms = View(t);
-  if (c == 16) return RowsGradFixed<true, 16>(pass, g, x, dx, r0, r1, terms, s, sx);
-  if (c == 32) return RowsGradFixed<true, 32>(pass, g, x, dx, r0, r1, terms, s, sx);
-  RowsGrad<true>(pass, g, x, dx, r0, r1, c, terms, s, sx);
+  if (c == 16) return RowsGradFixed<kGated, 16>(pass, g, x, dx, r0, r1, terms, s, sx);
+  if (c == 32) return RowsGradFixed<kGated, 32>(pass, g, x, dx, r0, r1, terms, s, sx);
+  RowsGrad<kGated>(pass, g, x, dx, r0, r1, c, terms, s, sx);
 }
 DPT_SIMD_CLONES void RowsGradPlain(int pass, const float* g, const float* x, float* dx, int64_t r0,
                                    int64_t r1, int64_t c, const NhwcGradTerms& t, double* s,
                                    double* sx) {
-  RowsGrad<false>(pass, g, x, dx, r0, r1, c, View(t), s, sx);
+  RowsGradAny<false>(pass, g, x, dx, r0, r1, c, t, s, sx);
 }
 DPT_SIMD_CLONES void RowsGradGated(int pass, const float* g, const float* x, float* dx, int64_t r0,
                                    int64_t r1, int64_t c, const NhwcGradTerms& t, double* s,
                                    double* sx) {
-  RowsGradGatedAny(pass, g, x, dx, r0, r1, c, t, s, sx);
+  RowsGradAny<true>(pass, g, x, dx, r0, r1, c, t, s, sx);
 }
 // The input-gradient pass (1) writing dx in bf16.
 DPT_SIMD_CLONES void RowsGradPlain(const float* g, const float* x, uint16_t* dx, int64_t r0,
                                    int64_t r1, int64_t c, const NhwcGradTerms& t) {
-  RowsGrad<false>(1, g, x, dx, r0, r1, c, View(t), nullptr, nullptr);
+  RowsGradAny<false>(1, g, x, dx, r0, r1, c, t, nullptr, nullptr);
 }
 DPT_SIMD_CLONES void RowsGradGated(const float* g, const float* x, uint16_t* dx, int64_t r0,
                                    int64_t r1, int64_t c, const NhwcGradTerms& t) {
-  RowsGradGatedAny(1, g, x, dx, r0, r1, c, t, nullptr, nullptr);
+  RowsGradAny<true>(1, g, x, dx, r0, r1, c, t, nullptr, nullptr);
 }
 
 void BatchNormTrainingNhwc(const BatchNormArgs& a, int64_t m, int64_t c, const float* in,
@@ -300,13 +321,11 @@ void BatchNormTrainingNhwc(const BatchNormArgs& a, int64_t m, int64_t c, const f
                            float* running_var, float* out, float* save_mean, float* save_invstd) {
   const RowBlocks b = SplitRows(m, c);
   std::vector<double> part(static_cast<size_t>(2 * b.count * c), 0.0);
-  const float* shift = in;  // row 0
+  const std::vector<double> shift(in, in + c);  // row 0
 #pragma omp parallel for if (m * c > kParallelMin)
   for (int64_t k = 0; k < b.count; ++k) {
     double* s1 = part.data() + 2 * k * c;
-    for (int64_t r = k * b.rows; r < std::min(m, (k + 1) * b.rows); ++r) {
-      RowMoments(in + r * c, shift, c, s1, s1 + c);
-    }
+    RowsMoments(in, shift.data(), k * b.rows, std::min(m, (k + 1) * b.rows), c, s1, s1 + c);
   }
   std::vector<float> scale(static_cast<size_t>(c)), offset(static_cast<size_t>(c));
   const double dm = static_cast<double>(m);
@@ -360,9 +379,7 @@ void BatchNormBackwardNhwc(int64_t m, int64_t c, const float* x, const float* g,
                            float* dbeta, bool accumulate) {
   const RowBlocks b = SplitRows(m, c);
   NhwcGradTerms t;
-  t.m = static_cast<double>(m);
   t.mean.assign(save_mean, save_mean + c);
-  t.invstd.assign(save_invstd, save_invstd + c);
   if (gated) {
     t.scale.resize(static_cast<size_t>(c));
     t.shift.resize(static_cast<size_t>(c));
@@ -391,18 +408,22 @@ void BatchNormBackwardNhwc(int64_t m, int64_t c, const float* x, const float* g,
       }
     }
     if (pass == 1) break;
-    t.sum_dy.assign(static_cast<size_t>(c), 0.0);
-    t.sum_dy_xhat.assign(static_cast<size_t>(c), 0.0);
-    t.k.resize(static_cast<size_t>(c));
+    t.a.resize(static_cast<size_t>(c));
+    t.b.resize(static_cast<size_t>(c));
+    t.c.resize(static_cast<size_t>(c));
     for (int64_t j = 0; j < c; ++j) {
       const auto u = static_cast<size_t>(j);
+      double sum_dy = 0, sum_dy_xc = 0;
       for (int64_t k = 0; k < b.count; ++k) {
-        t.sum_dy[u] += part[static_cast<size_t>(2 * k * c + j)];
-        t.sum_dy_xhat[u] += part[static_cast<size_t>((2 * k + 1) * c + j)];
+        sum_dy += part[static_cast<size_t>(2 * k * c + j)];
+        sum_dy_xc += part[static_cast<size_t>((2 * k + 1) * c + j)];
       }
-      t.k[u] = ew::BnGradScale(gamma[j], t.invstd[u], t.m);
-      dgamma[j] = ew::BnParamGrad(t.sum_dy_xhat[u], dgamma[j], accumulate);
-      dbeta[j] = ew::BnParamGrad(t.sum_dy[u], dbeta[j], accumulate);
+      const double sum_dy_xhat = sum_dy_xc * save_invstd[j];
+      const ew::BnDxTerms terms =
+          ew::BnDxFold(gamma[j], save_invstd[j], static_cast<double>(m), sum_dy, sum_dy_xhat);
+      t.a[u] = terms.a, t.b[u] = terms.b, t.c[u] = terms.c;
+      dgamma[j] = ew::BnParamGrad(sum_dy_xhat, dgamma[j], accumulate);
+      dbeta[j] = ew::BnParamGrad(sum_dy, dbeta[j], accumulate);
     }
   }
 }
@@ -502,8 +523,6 @@ void CpuBackend::BatchNormBackward(const BatchNormArgs& a, const Tensor& x, cons
   for (int64_t c = 0; c < d.c; ++c) {
     BnGradTerms t{};
     t.mean = sm[c];
-    t.invstd = si[c];
-    t.m = m;
     const ew::BnAffine affine = ew::BnFold(gm[c], bt[c], sm[c], si[c]);
     for (int64_t i = 0; i < d.n; ++i) {
       const int64_t off = (i * d.c + c) * d.hw;
@@ -513,7 +532,8 @@ void CpuBackend::BatchNormBackward(const BatchNormArgs& a, const Tensor& x, cons
         RunGradSums(g + off, in + off, d.hw, &t);
       }
     }
-    t.k = ew::BnGradScale(gm[c], t.invstd, m);
+    const double sum_dy_xhat = t.sum_dy_xc * si[c];
+    t.dx = ew::BnDxFold(gm[c], si[c], m, t.sum_dy, sum_dy_xhat);
     for (int64_t i = 0; i < d.n; ++i) {
       const int64_t off = (i * d.c + c) * d.hw;
       if (a.dx_bf16) {
@@ -530,7 +550,7 @@ void CpuBackend::BatchNormBackward(const BatchNormArgs& a, const Tensor& x, cons
     }
     float& dgc = dgamma->data<float>()[c];
     float& dbc = dbeta->data<float>()[c];
-    dgc = ew::BnParamGrad(t.sum_dy_xhat, dgc, accumulate);
+    dgc = ew::BnParamGrad(sum_dy_xhat, dgc, accumulate);
     dbc = ew::BnParamGrad(t.sum_dy, dbc, accumulate);
   }
 }

@@ -393,7 +393,7 @@ __global__ void BatchNormInferenceKernel(int64_t n, int64_t c, int64_t hw, doubl
   }
 }
 
-// Each part's sums of dy and of dy * xhat.
+// Each part's sums of dy and of dy * (x - mean) (ew::BnDyXc: f32 terms, double sums).
 // dy[i] as the batch norm's own output sees it: gated by the folded ReLU's output when there is
 // one (ew::ReluGrad, as the ReLU's backward would).
 __device__ float BnGatedDy(const float* dy, const float* relu_y, int64_t i) {
@@ -402,23 +402,22 @@ __device__ float BnGatedDy(const float* dy, const float* relu_y, int64_t i) {
 
 __global__ void BnBackwardSumsKernel(int64_t n, int64_t c, int64_t hw, int64_t parts,
                                      const float* x, const float* dy, const float* relu_y,
-                                     const float* save_mean, const float* save_invstd, double* s_dy,
-                                     double* s_dy_xhat) {
+                                     const float* save_mean, double* s_dy, double* s_dy_xc) {
   const int64_t ch = blockIdx.x, p = blockIdx.y;
   int64_t n0 = 0, n1 = 0;
   BnPartRange(n, parts, p, &n0, &n1);
-  const double mean = save_mean[ch], invstd = save_invstd[ch];
+  const float mean = save_mean[ch];
   double a = 0, b = 0;
   BnForEach(n0, n1, c, hw, ch, [&](int64_t i) {
     const float g = BnGatedDy(dy, relu_y, i);
     a += g;
-    b += ew::BnDyXhat(g, x[i], mean, invstd);
+    b += ew::BnDyXc(g, x[i], mean);
   });
   a = BlockSum(a);
   b = BlockSum(b);
   if (threadIdx.x == 0) {
     s_dy[ch * parts + p] = a;
-    s_dy_xhat[ch * parts + p] = b;
+    s_dy_xc[ch * parts + p] = b;
   }
 }
 
@@ -427,19 +426,19 @@ __global__ void BnBackwardApplyKernel(int64_t n, int64_t c, int64_t hw, int64_t 
                                       const float* x, const float* dy, const float* relu_y,
                                       const float* gamma, const float* save_mean,
                                       const float* save_invstd, const double* s_dy_parts,
-                                      const double* s_dy_xhat_parts, float* dx, float* dgamma,
+                                      const double* s_dy_xc_parts, float* dx, float* dgamma,
                                       float* dbeta, bool accumulate) {
   const int64_t ch = blockIdx.x, p = blockIdx.y;
   int64_t n0 = 0, n1 = 0;
   BnPartRange(n, parts, p, &n0, &n1);
-  const double mean = save_mean[ch], invstd = save_invstd[ch];
+  const float mean = save_mean[ch];
+  const double invstd = save_invstd[ch];
   const double s_dy = BnTotal(s_dy_parts, ch, parts);
-  const double s_dy_xhat = BnTotal(s_dy_xhat_parts, ch, parts);
-  const double dm = static_cast<double>(n * hw);
-  const double k = ew::BnGradScale(gamma[ch], invstd, dm);
-  BnForEach(n0, n1, c, hw, ch, [&](int64_t i) {
-    dx[i] = ew::BnDx(BnGatedDy(dy, relu_y, i), x[i], mean, invstd, k, dm, s_dy, s_dy_xhat);
-  });
+  const double s_dy_xhat = BnTotal(s_dy_xc_parts, ch, parts) * invstd;
+  const ew::BnDxTerms terms =
+      ew::BnDxFold(gamma[ch], invstd, static_cast<double>(n * hw), s_dy, s_dy_xhat);
+  BnForEach(n0, n1, c, hw, ch,
+            [&](int64_t i) { dx[i] = ew::BnDx(BnGatedDy(dy, relu_y, i), x[i], mean, terms); });
   if (p == 0 && threadIdx.x == 0) {
     dgamma[ch] = ew::BnParamGrad(s_dy_xhat, dgamma[ch], accumulate);
     dbeta[ch] = ew::BnParamGrad(s_dy, dbeta[ch], accumulate);
@@ -785,12 +784,12 @@ void BatchNormBackward(int64_t n, int64_t c, int64_t hw, const float* x, const f
   if (c == 0 || n * hw == 0) return;
   const int64_t parts = BatchNormParts(n, c, hw);
   double* s_dy = scratch;
-  double* s_dy_xhat = scratch + c * parts;
+  double* s_dy_xc = scratch + c * parts;
   const dim3 grid(static_cast<unsigned>(c), static_cast<unsigned>(parts));
   DPT_LAUNCH(BnBackwardSumsKernel, grid, kBnThreads, s, n, c, hw, parts, x, dy, relu_y, save_mean,
-             save_invstd, s_dy, s_dy_xhat);
+             s_dy, s_dy_xc);
   DPT_LAUNCH(BnBackwardApplyKernel, grid, kBnThreads, s, n, c, hw, parts, x, dy, relu_y, gamma,
-             save_mean, save_invstd, s_dy, s_dy_xhat, dx, dgamma, dbeta, accumulate);
+             save_mean, save_invstd, s_dy, s_dy_xc, dx, dgamma, dbeta, accumulate);
 }
 
 void SoftmaxXent(int64_t n, int64_t k, const float* logits, const int32_t* labels, float eps,
