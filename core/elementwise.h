@@ -138,9 +138,8 @@ DPT_HD float BnRunning(float running, double batch, double momentum) {
 // double (f32 element math runs twice the SIMD lanes of f64 on a CPU, and at full rate on GPUs
 // whose f64 units are a small fraction of their f32 ones):
 //   dx = gamma * invstd / m * (m * dy - sum(dy) - xhat * sum(dy * xhat))
-//      = a * dy + (b * (x - mean) + c),  a = gamma * invstd,
-//                                        b = -a * invstd * sum(dy * xhat) / m,  c = -a * sum(dy) /
-//                                        m.
+//      = a * dy + (b * (x - mean) + c)
+// with a = gamma * invstd, b = -a * invstd * sum(dy * xhat) / m and c = -a * sum(dy) / m.
 DPT_HD float BnDyXc(float dy, float x, float mean) { return dy * (x - mean); }
 struct BnDxTerms {
   float a, b, c;
