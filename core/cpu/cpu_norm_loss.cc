@@ -191,8 +191,8 @@ DPT_SIMD_CLONES void RowsAffine(const float* x, float* y, int64_t r0, int64_t r1
   }
 }
 
-// Per-channel backward terms of the NHWC loops (BnGradTerms, one array per field; with the
-// folded ReLU, the forward's scale and shift for its gate).
+// Per-channel backward terms of the NHWC loops: the saved mean, the dx terms (ew::BnDxTerms, one
+// array per field) and, with the folded ReLU, the forward's scale and shift for its gate.
 struct NhwcGradTerms {
   std::vector<float> mean, a, b, c, scale, shift;  // a, b, c: ew::BnDxTerms
 };

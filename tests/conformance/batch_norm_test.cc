@@ -200,7 +200,8 @@ void CheckBackward(Backend& be, bool accumulate) {
 
 // Channels-last (BatchNormArgs::nhwc, on backends that prefer it): x, y, dy, dx in NHWC order
 // against the NCHW reference, with and without the folded ReLU: forward training (statistics
-// over row blocks: several blocks, and channels wider than one), inference, backward.
+// over row blocks: several blocks, and channels wider than one), inference, backward (also
+// accumulating dgamma and dbeta).
 TEST_P(BatchNormTest, ChannelsLastMatchesReference) {
   Backend& be = backend();
   if (!be.PrefersChannelsLast()) GTEST_SKIP() << be.name() << ": activations are NCHW only";
@@ -273,6 +274,14 @@ TEST_P(BatchNormTest, ChannelsLastMatchesReference) {
       EXPECT_TRUE(AllClose(FromNhwc(ToHost(be, dx), bc.shape), ref_dx, tol)) << "dx";
       EXPECT_TRUE(AllClose(ToHost(be, dg), ref_dg, tol)) << "dgamma";
       EXPECT_TRUE(AllClose(ToHost(be, db), ref_db, tol)) << "dbeta";
+      if (relu) continue;  // dx took y's buffer above
+      // Accumulating parameter gradients (micro-batches): added to what dgamma and dbeta hold.
+      be.BatchNormBackward(bc.args, x_t, ToDevice(be, ToNhwc(dy, bc.shape), bc.shape), nullptr, g_t,
+                           b_t, sm, si, &dx, &dg, &db, /*accumulate=*/true);
+      for (size_t j = 0; j < c; ++j) ref_dg[j] *= 2, ref_db[j] *= 2;
+      EXPECT_TRUE(AllClose(FromNhwc(ToHost(be, dx), bc.shape), ref_dx, tol)) << "dx, accumulate";
+      EXPECT_TRUE(AllClose(ToHost(be, dg), ref_dg, tol)) << "dgamma, accumulate";
+      EXPECT_TRUE(AllClose(ToHost(be, db), ref_db, tol)) << "dbeta, accumulate";
     }
   }
 }
