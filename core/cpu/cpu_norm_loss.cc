@@ -172,6 +172,7 @@ DPT_SIMD_CLONES void RowsMoments(const float* x, const double* shift, int64_t r0
                                  int64_t c, double* s1, double* s2) {
   if (c == 16) return RowsMomentsFixed<16>(x, shift, r0, r1, s1, s2);
   if (c == 32) return RowsMomentsFixed<32>(x, shift, r0, r1, s1, s2);
+  if (c == 64) return RowsMomentsFixed<64>(x, shift, r0, r1, s1, s2);
   for (int64_t r = r0; r < r1; ++r) RowMoments(x + r * c, shift, c, s1, s2);
 }
 
@@ -254,12 +255,14 @@ DPT_CLONE_INLINE void RowsGrad(int pass, const float* g, const float* x, T* dx, 
   }
 }
 
-// RowsGrad for rows of exactly kC channels (16 or 32): the terms and sums copied into local arrays
-// the compiler keeps in registers across rows (with a run-time count it loads and stores the sums
-// for every row: a store-to-load chain per short row). The same operations in the same order, so
-// the same bits. `step_bench --benchmark_filter=BatchNorm` (resnet8's 64x16x32x32, 1 thread,
-// backward without the ReLU): 0.22 ms (f32 dx) and 0.29 ms (bf16) this way, 0.48 and 0.53
-// through RowsGrad; at 64 channels and more the two measured the same.
+// RowsGrad for rows of exactly kC channels (16, 32 or 64): the terms and sums copied into local
+// arrays the compiler keeps in registers across rows (with a run-time count it loads and stores
+// the sums for every row: a store-to-load chain per short row). The same operations in the same
+// order, so the same bits. `step_bench --benchmark_filter=BatchNorm` (resnet8's 64x16x32x32, 1
+// thread, backward without the ReLU): 0.22 ms (f32 dx) and 0.29 ms (bf16) this way, 0.48 and 0.53
+// through RowsGrad. resnet18_cifar (batch 64, bf16, 2 threads), a 64-channel backward: 2.9 ms
+// with the folded ReLU and 1.7 without through RowsGrad, 2.1-2.2 and 0.8 this way; at 256 and 512
+// channels this way was slower (0.24 -> 0.28 ms, 0.16 -> 0.21), at 128 the same.
 template <bool kGated, int kC, class T>
 DPT_CLONE_INLINE void RowsGradFixed(int pass, const float* g, const float* x, T* dx, int64_t r0,
                                     int64_t r1, const RowTerms& t, double* s, double* sx) {
@@ -294,6 +297,7 @@ DPT_CLONE_INLINE void RowsGradAny(int pass, const float* g, const float* x, T* d
   const RowTerms terms = View(t);
   if (c == 16) return RowsGradFixed<kGated, 16>(pass, g, x, dx, r0, r1, terms, s, sx);
   if (c == 32) return RowsGradFixed<kGated, 32>(pass, g, x, dx, r0, r1, terms, s, sx);
+  if (c == 64) return RowsGradFixed<kGated, 64>(pass, g, x, dx, r0, r1, terms, s, sx);
   RowsGrad<kGated>(pass, g, x, dx, r0, r1, c, terms, s, sx);
 }
 DPT_SIMD_CLONES void RowsGradPlain(int pass, const float* g, const float* x, float* dx, int64_t r0,

@@ -211,6 +211,7 @@ TEST_P(BatchNormTest, ChannelsLastMatchesReference) {
   }
   cases.push_back({{16, 16, 32, 32}, {}});  // 16 blocks of 1024 rows (the 16-channel row loops)
   cases.push_back({{8, 32, 9, 9}, {}});     // the 32-channel row loops
+  cases.push_back({{4, 64, 7, 5}, {}});     // the 64-channel row loops
   cases.push_back({{2, 17000, 1, 2}, {}});  // blocks of one row
   uint32_t seed = 8000;
   for (BnCase bc : cases) {
