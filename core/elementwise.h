@@ -144,10 +144,18 @@ DPT_HD float BnDyXc(float dy, float x, float mean) { return dy * (x - mean); }
 struct BnDxTerms {
   float a, b, c;
 };
-DPT_HD BnDxTerms BnDxFold(float gamma, double invstd, double m, double sum_dy, double sum_dy_xhat) {
+// A channel's sums folded: sum(dy * xhat) (dgamma's) and the dx terms.
+struct BnGradFolded {
+  double sum_dy_xhat;
+  BnDxTerms dx;
+};
+DPT_HD BnGradFolded BnGradFold(float gamma, double invstd, double m, double sum_dy,
+                               double sum_dy_xc) {
+  const double sum_dy_xhat = sum_dy_xc * invstd;
   const double a = gamma * invstd;
-  return {static_cast<float>(a), static_cast<float>(-a * invstd * sum_dy_xhat / m),
-          static_cast<float>(-a * sum_dy / m)};
+  return {sum_dy_xhat,
+          {static_cast<float>(a), static_cast<float>(-a * invstd * sum_dy_xhat / m),
+           static_cast<float>(-a * sum_dy / m)}};
 }
 DPT_HD float BnDx(float dy, float x, float mean, BnDxTerms t) {
   return t.a * dy + (t.b * (x - mean) + t.c);

@@ -422,11 +422,10 @@ void BatchNormBackwardNhwc(int64_t m, int64_t c, const float* x, const float* g,
         sum_dy += part[static_cast<size_t>(2 * k * c + j)];
         sum_dy_xc += part[static_cast<size_t>((2 * k + 1) * c + j)];
       }
-      const double sum_dy_xhat = sum_dy_xc * save_invstd[j];
-      const ew::BnDxTerms terms =
-          ew::BnDxFold(gamma[j], save_invstd[j], static_cast<double>(m), sum_dy, sum_dy_xhat);
-      t.a[u] = terms.a, t.b[u] = terms.b, t.c[u] = terms.c;
-      dgamma[j] = ew::BnParamGrad(sum_dy_xhat, dgamma[j], accumulate);
+      const ew::BnGradFolded f =
+          ew::BnGradFold(gamma[j], save_invstd[j], static_cast<double>(m), sum_dy, sum_dy_xc);
+      t.a[u] = f.dx.a, t.b[u] = f.dx.b, t.c[u] = f.dx.c;
+      dgamma[j] = ew::BnParamGrad(f.sum_dy_xhat, dgamma[j], accumulate);
       dbeta[j] = ew::BnParamGrad(sum_dy, dbeta[j], accumulate);
     }
   }
@@ -536,8 +535,8 @@ void CpuBackend::BatchNormBackward(const BatchNormArgs& a, const Tensor& x, cons
         RunGradSums(g + off, in + off, d.hw, &t);
       }
     }
-    const double sum_dy_xhat = t.sum_dy_xc * si[c];
-    t.dx = ew::BnDxFold(gm[c], si[c], m, t.sum_dy, sum_dy_xhat);
+    const ew::BnGradFolded f = ew::BnGradFold(gm[c], si[c], m, t.sum_dy, t.sum_dy_xc);
+    t.dx = f.dx;
     for (int64_t i = 0; i < d.n; ++i) {
       const int64_t off = (i * d.c + c) * d.hw;
       if (a.dx_bf16) {
@@ -554,7 +553,7 @@ void CpuBackend::BatchNormBackward(const BatchNormArgs& a, const Tensor& x, cons
     }
     float& dgc = dgamma->data<float>()[c];
     float& dbc = dbeta->data<float>()[c];
-    dgc = ew::BnParamGrad(sum_dy_xhat, dgc, accumulate);
+    dgc = ew::BnParamGrad(f.sum_dy_xhat, dgc, accumulate);
     dbc = ew::BnParamGrad(t.sum_dy, dbc, accumulate);
   }
 }

@@ -434,13 +434,12 @@ __global__ void BnBackwardApplyKernel(int64_t n, int64_t c, int64_t hw, int64_t 
   const float mean = save_mean[ch];
   const double invstd = save_invstd[ch];
   const double s_dy = BnTotal(s_dy_parts, ch, parts);
-  const double s_dy_xhat = BnTotal(s_dy_xc_parts, ch, parts) * invstd;
-  const ew::BnDxTerms terms =
-      ew::BnDxFold(gamma[ch], invstd, static_cast<double>(n * hw), s_dy, s_dy_xhat);
+  const ew::BnGradFolded f = ew::BnGradFold(gamma[ch], invstd, static_cast<double>(n * hw), s_dy,
+                                            BnTotal(s_dy_xc_parts, ch, parts));
   BnForEach(n0, n1, c, hw, ch,
-            [&](int64_t i) { dx[i] = ew::BnDx(BnGatedDy(dy, relu_y, i), x[i], mean, terms); });
+            [&](int64_t i) { dx[i] = ew::BnDx(BnGatedDy(dy, relu_y, i), x[i], mean, f.dx); });
   if (p == 0 && threadIdx.x == 0) {
-    dgamma[ch] = ew::BnParamGrad(s_dy_xhat, dgamma[ch], accumulate);
+    dgamma[ch] = ew::BnParamGrad(f.sum_dy_xhat, dgamma[ch], accumulate);
     dbeta[ch] = ew::BnParamGrad(s_dy, dbeta[ch], accumulate);
   }
 }
