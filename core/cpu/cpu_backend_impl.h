@@ -76,6 +76,22 @@ inline uint16_t Bf16Bits(float f) {
   return static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
 }
 
+// Bf16Bits of 16 floats at once, in GCC's vector extensions (one 512-bit vector in the AVX-512
+// clone of the loop around it, two 256-bit ones in the AVX2 clone). A loop of Bf16Bits left to
+// the vectoriser came out at half the width of the f32 loops beside it (GCC sized it by the
+// 16-bit stores): the batch norm's bf16 dx ran slower than its f32 dx, at half the bytes.
+using U16x16 = uint16_t __attribute__((vector_size(32)));
+using U32x16 = uint32_t __attribute__((vector_size(64)));
+DPT_CLONE_INLINE void Bf16Bits16(const float* v, uint16_t* out) {
+  U32x16 u;
+  std::memcpy(&u, v, sizeof(u));
+  const U32x16 rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const U32x16 quiet = (u >> 16) | 0x40u;
+  const U16x16 bits =
+      __builtin_convertvector((u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded, U16x16);
+  std::memcpy(out, &bits, sizeof(bits));
+}
+
 // The argument checks of the ops.
 inline void CheckF32(const Tensor& t, const char* what) {
   DPT_CHECK(t.defined() && t.dtype() == DType::kF32 && t.device() == Device::kCpu)

@@ -77,17 +77,35 @@ DPT_CLONE_INLINE void GradSums(Dy dy_at, const float* x, int64_t n, BnGradTerms*
   t->sum_dy_xc += sx;
 }
 
-// dx stored in f32, or rounded to bf16 (BatchNormArgs::dx_bf16).
-DPT_CLONE_INLINE void Put(float* p, float v) { *p = v; }
-DPT_CLONE_INLINE void Put(uint16_t* p, float v) { *p = Bf16Bits(v); }
+// dx[j] = value(j) for j in [0, n), stored in f32, or rounded to bf16 (BatchNormArgs::dx_bf16):
+// 16 values at a time computed in f32 and rounded together (Bf16Bits16), the tail one by one
+// (Bf16Bits, the same rounding).
+template <class V>
+DPT_CLONE_INLINE void Store(float* dx, int64_t n, V value) {
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) dx[j] = value(j);
+}
+template <class V>
+DPT_CLONE_INLINE void Store(uint16_t* dx, int64_t n, V value) {
+  int64_t j0 = 0;
+  for (; j0 + 16 <= n; j0 += 16) {
+    float v[16];
+#pragma omp simd
+    for (int64_t j = 0; j < 16; ++j) v[j] = value(j0 + j);
+    Bf16Bits16(v, dx + j0);
+  }
+  for (; j0 < n; ++j0) dx[j0] = Bf16Bits(value(j0));
+}
 
 // dx of one run; dx may be the folded ReLU's output (each element is read before it is written).
 template <class Dy, class T>
 DPT_CLONE_INLINE void GradInput(Dy dy_at, const float* x, T* dx, int64_t n, const BnGradTerms& t) {
   const float mean = t.mean;
   const ew::BnDxTerms terms = t.dx;
-#pragma omp simd
-  for (int64_t j = 0; j < n; ++j) Put(dx + j, ew::BnDx(dy_at(j), x[j], mean, terms));
+  const auto dx_at = [&](int64_t j) __attribute__((always_inline)) {
+    return ew::BnDx(dy_at(j), x[j], mean, terms);
+  };
+  Store(dx, n, dx_at);
 }
 
 // ew::ReluGrad(y, g) (g where y > 0, else +0) as a bit mask instead of a branch: the compiler
@@ -234,10 +252,10 @@ DPT_CLONE_INLINE void RowGradSums(const float* g, const float* x, int64_t c, con
 template <bool kGated, class T>
 DPT_CLONE_INLINE void RowGradInput(const float* g, const float* x, T* dx, int64_t c,
                                    const RowTerms& t) {
-#pragma omp simd
-  for (int64_t j = 0; j < c; ++j) {
-    Put(dx + j, ew::BnDx(RowDy<kGated>(g, x, t, j), x[j], t.mean[j], {t.a[j], t.b[j], t.c[j]}));
-  }
+  const auto dx_at = [&](int64_t j) __attribute__((always_inline)) {
+    return ew::BnDx(RowDy<kGated>(g, x, t, j), x[j], t.mean[j], {t.a[j], t.b[j], t.c[j]});
+  };
+  Store(dx, c, dx_at);
 }
 
 // Both backward passes over rows [r0, r1) of c channels: the sums into s, sx (pass 0) or dx
