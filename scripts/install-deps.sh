@@ -32,10 +32,13 @@ build=(build-essential cmake ninja-build pkg-config git ca-certificates
   libprotobuf-dev libturbojpeg0-dev libpng-dev libvips-dev)
 # chromium: tests/integration/report.sh opens `dptrain report`'s page in headless Chromium.
 # python3-torch/-torchvision/-onnx: the PyTorch oracle (ONNX import parity, checkpoint interop).
+# libopenblas0-pthread: that oracle's float64 step runs its convolutions on the system BLAS; on
+# the reference BLAS a fresh machine has, resnet50's alone took 2m16s (38 s on OpenBLAS) and
+# tests/integration/onnx_import.sh ran past its 300 s limit.
 # python3-pil: the PIL oracle of convert --from imagefolder (tests/integration/imagefolder_*).
 tests=(libgtest-dev libgmock-dev libbenchmark-dev
   clang-format python3 python3-h5py python3-numpy dataset-fashion-mnist
-  python3-torch python3-torchvision python3-onnx python3-pil
+  python3-torch python3-torchvision python3-onnx libopenblas0-pthread python3-pil
   clang libclang-rt-dev libomp-dev clang-tidy cppcheck chromium)
 report=(librsvg2-bin)
 # Debian's torch runs Linear on the system BLAS: without OpenBLAS that is the reference BLAS,
