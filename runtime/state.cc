@@ -358,8 +358,10 @@ void Trainer::ReportWrites() {
                     w.path, static_cast<double>(w.bytes) / 1e6, 1e3 * copy_s, w.seconds,
                     w.deleted.empty() ? "" : fmt::format("; {} older removed", w.deleted.size())));
     if (is_root()) {
+      // epoch: the epochs complete at the checkpoint's step (as in the summary).
       WriteMetrics({{"kind", "checkpoint"},
                     {"step", w.step},
+                    {"epoch", w.step / std::max<int64_t>(steps_per_epoch_, 1)},
                     {"time_s", RunTime()},
                     {"path", w.path},
                     {"bytes", w.bytes},

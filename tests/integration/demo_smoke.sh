@@ -51,5 +51,18 @@ for j in steps:
 assert steps[-1]["step"] == 20, f"last step line is step {steps[-1]['step']}, expected 20"
 print(f"{len(steps)} step lines; last: {steps[-1]}")
 EOF
+check "every metrics line has kind, step, epoch and time_s; a checkpoint line's step is its file's" \
+  python3 - "$RUN/metrics.jsonl" <<'EOF'
+import json, re, sys
+lines = [json.loads(l) for l in open(sys.argv[1])]
+for j in lines:
+    missing = {"kind", "step", "epoch", "time_s"} - j.keys()
+    assert not missing, f"{j['kind']} line {j} lacks {sorted(missing)}"
+ckpts = [j for j in lines if j["kind"] == "checkpoint"]
+assert ckpts, "no checkpoint line"
+for j in ckpts:
+    assert int(re.search(r"ckpt-(\d+)\.h5$", j["path"]).group(1)) == j["step"], j
+print(f"{len(lines)} lines ({sorted({j['kind'] for j in lines})}); checkpoints: {ckpts}")
+EOF
 
 finish
