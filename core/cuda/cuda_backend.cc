@@ -28,6 +28,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/cuda/cublas_loader.h"
 #include "core/cuda/cuda_backend_impl.h"
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/cuda_interop.h"
@@ -113,17 +114,18 @@ CudaBackend::CudaBackend(int ordinal) : Backend(MakeAllocator(ordinal)), ordinal
     DPT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     DPT_CUDNN_CHECK(cudnnCreate(&cudnn_));
     DPT_CUDNN_CHECK(cudnnSetStream(cudnn_, stream_));
-    DPT_CUBLAS_CHECK(cublasCreate(&cublas_));
+    const CublasApi& blas = Cublas();  // loaded here, on the first CUDA backend
+    DPT_CUBLAS_CHECK(blas.create(&cublas_));
     // cublasSetStream resets the workspace to cuBLAS's own pool, so the stream comes first.
-    DPT_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
+    DPT_CUBLAS_CHECK(blas.set_stream(cublas_, stream_));
     // No TF32: fp32 GEMMs run in fp32 (CUBLAS_COMPUTE_32F is passed to every call as well).
-    DPT_CUBLAS_CHECK(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH));
+    DPT_CUBLAS_CHECK(blas.set_math_mode(cublas_, CUBLAS_DEFAULT_MATH));
     // cuBLAS's workspace from our allocator (recommended: 32 MiB on Hopper and newer, 4 MiB
     // before), so every device allocation is accounted for.
     const size_t cublas_ws = prop.major >= 9 ? (size_t{32} << 20) : (size_t{4} << 20);
     cublas_workspace_ =
         Empty(Shape{static_cast<int64_t>(cublas_ws)}, DType::kU8, "cuBLAS workspace");
-    DPT_CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_workspace_.raw(), cublas_ws));
+    DPT_CUBLAS_CHECK(blas.set_workspace(cublas_, cublas_workspace_.raw(), cublas_ws));
     partials_ = Empty(Shape{kernels::ReductionPartials() * 8}, DType::kU8, "reduction partials");
     scalars_ = Empty(Shape{64}, DType::kU8, "device scalars");
     // No bad label yet: the sticky code starts at kNoBadLabel (all bits set), on both sides.
@@ -167,7 +169,9 @@ void CudaBackend::ReleaseHandles() noexcept {
   if (compute_mark_ != nullptr) (void)cudaEventDestroy(compute_mark_);
   if (copy_stream_ != nullptr) (void)cudaStreamDestroy(copy_stream_);
   if (bad_label_host_ != nullptr) (void)cudaFreeHost(bad_label_host_);
-  if (cublas_ != nullptr) cublasDestroy(cublas_);
+  if (cublas_ != nullptr) {  // created, so the library is loaded: TryCublas cannot fail here
+    if (const CublasApi* blas = TryCublas(nullptr)) (void)blas->destroy(cublas_);
+  }
   if (cudnn_ != nullptr) cudnnDestroy(cudnn_);
   if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
   compute_mark_ = nullptr;
@@ -463,9 +467,13 @@ std::vector<std::pair<std::string, std::string>> LibraryVersions() {
   out.emplace_back("cuDNN", std::to_string(dnn / 10000) + "." + std::to_string(dnn % 10000 / 100) +
                                 "." + std::to_string(dnn % 100));
   int bmaj = 0, bmin = 0, bpat = 0;
-  if (cublasGetProperty(MAJOR_VERSION, &bmaj) == CUBLAS_STATUS_SUCCESS &&
-      cublasGetProperty(MINOR_VERSION, &bmin) == CUBLAS_STATUS_SUCCESS &&
-      cublasGetProperty(PATCH_LEVEL, &bpat) == CUBLAS_STATUS_SUCCESS) {
+  std::string why;
+  const CublasApi* blas = TryCublas(&why);
+  if (blas == nullptr) {
+    out.emplace_back("cuBLAS", "not loadable (" + why + ")");
+  } else if (blas->get_property(MAJOR_VERSION, &bmaj) == CUBLAS_STATUS_SUCCESS &&
+             blas->get_property(MINOR_VERSION, &bmin) == CUBLAS_STATUS_SUCCESS &&
+             blas->get_property(PATCH_LEVEL, &bpat) == CUBLAS_STATUS_SUCCESS) {
     out.emplace_back(
         "cuBLAS", std::to_string(bmaj) + "." + std::to_string(bmin) + "." + std::to_string(bpat));
   } else {

@@ -8,6 +8,8 @@
 
 #include <cstdio>
 
+#include "core/cuda/cublas_loader.h"
+
 namespace dptrain::cuda::detail {
 
 std::string CudaErrorText(cudaError_t e) {
@@ -49,8 +51,10 @@ bool CudnnRefused(int status) {
 }
 
 std::string CublasStatusText(int status) {
+  // Only reached through a call into the loaded library (cublas_loader.h).
   const auto st = static_cast<cublasStatus_t>(status);
-  return std::string(cublasGetStatusName(st)) + ": " + cublasGetStatusString(st);
+  const CublasApi& blas = Cublas();
+  return std::string(blas.status_name(st)) + ": " + blas.status_string(st);
 }
 
 std::string NcclResultText(int result) {

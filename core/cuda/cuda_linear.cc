@@ -9,6 +9,7 @@
 #include <mutex>
 #include <tuple>
 
+#include "core/cuda/cublas_loader.h"
 #include "core/cuda/cuda_backend_impl.h"
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/kernels.h"
@@ -26,10 +27,10 @@ void Gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int64_t 
           int64_t k, const void* a, int64_t lda, const void* b, int64_t ldb, float beta, float* c,
           int64_t ldc, cudaDataType_t ab) {
   const float alpha = 1.f;
-  DPT_CUBLAS_CHECK(cublasGemmEx(h, ta, tb, static_cast<int>(m), static_cast<int>(n),
-                                static_cast<int>(k), &alpha, a, ab, static_cast<int>(lda), b, ab,
-                                static_cast<int>(ldb), &beta, c, CUDA_R_32F, static_cast<int>(ldc),
-                                CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  DPT_CUBLAS_CHECK(
+      Cublas().gemm_ex(h, ta, tb, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
+                       &alpha, a, ab, static_cast<int>(lda), b, ab, static_cast<int>(ldb), &beta, c,
+                       CUDA_R_32F, static_cast<int>(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 struct LinearPlan final : OpPlan {

@@ -38,6 +38,9 @@ check "the table has one row per rank (0/2 and 1/2)" \
 check "the table is printed once" test "$(grep -cE '^rank +host' "$TMP/demo.out")" = 1
 check "the run stops after 20 steps" grep -q 'done: 20 steps' "$TMP/demo.out"
 check "config.toml written" test -s "$RUN/config.toml"
+# cuBLAS is loaded when a CUDA backend starts (core/cuda/cublas_loader.h): linked, libcublasLt's
+# initialisers would cost every process ~0.4 s, CPU runs included.
+check "the binary does not link cuBLAS" bash -c "! ldd '$DPTRAIN' | grep -q libcublas"
 check "metrics.jsonl has step lines with kind, step, epoch, time_s, loss, lr, samples_per_s" \
   python3 - "$RUN/metrics.jsonl" <<'EOF'
 import json, math, sys
