@@ -403,18 +403,20 @@ LayerSpec ConfigParser::ParseLayer(const toml::node& n, size_t index,
   const auto applies = [&](std::string_view key) {
     return std::find(type->keys.begin(), type->keys.end(), key) != type->keys.end();
   };
-  const auto at_least = [&](const std::string& key, int64_t v, int64_t min) {
-    if (v < min) {
-      Fail(at(key),
-           base + "." + key + " must be >= " + std::to_string(min) + ", got " + std::to_string(v));
+  // Upper bounds far beyond any real layer, so that no size wraps around in the shape arithmetic
+  // or the libraries' descriptors (kMaxLayerWindow, kMaxLayerWidth: models/model_spec.h).
+  const auto in_range = [&](const std::string& key, int64_t v, int64_t min, int64_t max) {
+    if (v < min || v > max) {
+      Fail(at(key), base + "." + key + " must be " + (v < min ? ">= " : "<= ") +
+                        std::to_string(v < min ? min : max) + ", got " + std::to_string(v));
     }
   };
-  if (applies("out")) at_least("out", l.out, 1);
-  if (applies("kernel")) at_least("kernel", l.kernel, 1);
-  if (applies("stride")) at_least("stride", l.stride, 1);
-  if (applies("pad")) at_least("pad", l.pad, 0);
-  if (applies("groups")) at_least("groups", l.groups, 1);
-  if (applies("dilation")) at_least("dilation", l.dilation, 1);
+  if (applies("out")) in_range("out", l.out, 1, kMaxLayerWidth);
+  if (applies("kernel")) in_range("kernel", l.kernel, 1, kMaxLayerWindow);
+  if (applies("stride")) in_range("stride", l.stride, 1, kMaxLayerWindow);
+  if (applies("pad")) in_range("pad", l.pad, 0, kMaxLayerWindow);
+  if (applies("groups")) in_range("groups", l.groups, 1, kMaxLayerWidth);
+  if (applies("dilation")) in_range("dilation", l.dilation, 1, kMaxLayerWindow);
   if (applies("groups") && l.out % l.groups != 0) {
     Fail(at("groups"), base + ".groups (" + std::to_string(l.groups) + ") must divide out (" +
                            std::to_string(l.out) + ")");

@@ -19,6 +19,16 @@ void AtLeast(const Origins& origins, std::string_view key, int64_t v, int64_t mi
   }
 }
 
+// An integer that is used as a count of threads, megabytes and the like: a bound far beyond any
+// real setting keeps it from wrapping around where it is narrowed or multiplied.
+void InRange(const Origins& origins, std::string_view key, int64_t v, int64_t min, int64_t max) {
+  AtLeast(origins, key, v, min);
+  if (v > max) {
+    Fail(origins.Where(key),
+         std::string(key) + " must be <= " + std::to_string(max) + ", got " + std::to_string(v));
+  }
+}
+
 void Positive(const Origins& origins, std::string_view key, double v) {
   if (!(v > 0)) Fail(origins.Where(key), std::string(key) + " must be > 0, got " + FormatFloat(v));
 }
@@ -78,7 +88,7 @@ void Validate(TrainConfig& c, const Origins& origins) {
            "data.std[" + std::to_string(i) + "] must be > 0, got " + FormatFloat(c.data.std[i]));
     }
   }
-  AtLeast(origins, "data.workers", c.data.workers, 0);
+  InRange(origins, "data.workers", c.data.workers, 0, 256);
   AtLeast(origins, "data.crop", c.data.crop, 0);
   AtLeast(origins, "data.synthetic_samples", c.data.synthetic_samples, 1);
 
@@ -194,9 +204,9 @@ void Validate(TrainConfig& c, const Origins& origins) {
     if (comma == std::string::npos) break;
     start = comma + 1;
   }
-  AtLeast(origins, "dist.bucket_mb", d.bucket_mb, 1);
+  InRange(origins, "dist.bucket_mb", d.bucket_mb, 1, 1 << 20);
   Positive(origins, "dist.collective_timeout_s", d.collective_timeout_s);
-  AtLeast(origins, "dist.threads", d.threads, 0);
+  InRange(origins, "dist.threads", d.threads, 0, 1024);
   AtLeast(origins, "dist.check_replicas_every", d.check_replicas_every, 0);
 }
 

@@ -9,6 +9,12 @@
 
 namespace dptrain {
 
+// Bounds on a layer's integers, from model.layers or an ONNX file: far beyond any real model, and
+// low enough that no size wraps around in the shape arithmetic or the libraries' descriptors
+// (kernel, stride, padding and dilation; output channels, features and groups).
+constexpr int64_t kMaxLayerWindow = int64_t{1} << 20;
+constexpr int64_t kMaxLayerWidth = int64_t{1} << 24;
+
 struct LayerSpec {     // one entry of model.layers
   std::string type;    // conv2d, linear, relu, relu6, sigmoid, hardsigmoid, hardswish, tanh,
                        // maxpool, avgpool, batchnorm, dropout, flatten, add, mul, concat

@@ -2,9 +2,14 @@
 // Trainer setup (runtime/trainer_impl.h): the datasets (files or generated), sampler and loader;
 // the model, loss, optimizer, schedule and reducer; the out-of-memory micro-batch search of
 // memory.auto_microbatch; run_dir and its outputs.
+#include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <optional>
 #include <set>
@@ -141,7 +146,12 @@ void Trainer::SetupData() {
       << local_batch_ << " (train.global_batch " << g << " / " << world_ << " ranks)";
   micro_ = local_batch_ / accumulate_;
   steps_per_epoch_ = sampler_->steps_per_epoch();
-  const int64_t by_epochs = cfg_.train.epochs * steps_per_epoch_;
+  int64_t by_epochs = 0;
+  DPT_CHECK_AS(ConfigError,
+               !__builtin_mul_overflow(cfg_.train.epochs, steps_per_epoch_, &by_epochs))
+      << "train.epochs = " << cfg_.train.epochs << " of " << steps_per_epoch_
+      << " steps each is more steps than a 64-bit count holds; use fewer epochs, or "
+         "train.max_steps";
   total_steps_ = cfg_.train.max_steps > 0
                      ? (cfg_.train.epochs > 0 ? std::min(cfg_.train.max_steps, by_epochs)
                                               : cfg_.train.max_steps)
@@ -388,8 +398,11 @@ void Trainer::SetupModel() {
   sched_.gamma = cfg_.train.gamma;
   sched_.milestones.clear();
   for (double epochs : cfg_.train.milestones) {  // epochs -> optimizer steps
-    sched_.milestones.push_back(
-        std::llround(epochs * static_cast<double>(std::max<int64_t>(steps_per_epoch_, 1))));
+    const double step = epochs * static_cast<double>(std::max<int64_t>(steps_per_epoch_, 1));
+    // A milestone past the run's end is never reached (and past 2^62 would not fit llround).
+    sched_.milestones.push_back(step < static_cast<double>(sched_.total_steps) + 1
+                                    ? std::llround(step)
+                                    : sched_.total_steps + 1);
   }
   if (world_ > 1 && !sharded) {
     reducer_ = std::make_unique<Reducer>(comm_, model_->grads(),
@@ -403,12 +416,42 @@ void Trainer::SetupModel() {
   }
 }
 
+Trainer::LockFile::~LockFile() {
+  if (fd >= 0) ::close(fd);
+}
+
 void Trainer::SetupRunDir() {
   if (!is_root()) return;
   std::error_code ec;
   std::filesystem::create_directories(cfg_.run_dir, ec);
   DPT_CHECK_AS(IoError, !ec) << "run_dir '" << cfg_.run_dir
                              << "' cannot be created: " << ec.message();
+  if (run_dir_lock_.fd >= 0) return;  // held since an earlier setup of this process
+  const std::string path = cfg_.run_dir + "/.dptrain.lock";
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0 || ::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    if (fd >= 0 && err == EWOULDBLOCK) {
+      char holder[256] = {0};
+      const ssize_t n = ::pread(fd, holder, sizeof holder - 1, 0);
+      ::close(fd);
+      std::string who = n > 0 ? std::string(holder, static_cast<size_t>(n)) : "";
+      while (!who.empty() && (who.back() == '\n' || who.back() == '\0')) who.pop_back();
+      DPT_THROW(ConfigError) << "run_dir '" << cfg_.run_dir << "' is in use by another dptrain run"
+                             << (who.empty() ? "" : " (" + who + ")")
+                             << "; give this run its own run_dir, or wait for that one to end";
+    }
+    if (fd >= 0) ::close(fd);
+    // A file system without locks (some network mounts): train, but say what is not checked.
+    Warn(fmt::format("cannot lock {} ({}): a second run with this run_dir would not be detected",
+                     path, std::strerror(err)));
+    return;
+  }
+  run_dir_lock_.fd = fd;
+  const std::string me = fmt::format("pid {} on {}\n", ::getpid(), env_.host);
+  const bool noted = ::ftruncate(fd, 0) == 0 &&
+                     ::pwrite(fd, me.data(), me.size(), 0) == static_cast<ssize_t>(me.size());
+  (void)noted;  // without the note the lock holds; only the message naming the holder is poorer
 }
 
 // After SetupRunDir and SetupCheckpointDir: a run that cannot checkpoint changes no file.

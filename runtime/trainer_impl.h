@@ -82,7 +82,18 @@ class Trainer {
   std::unique_ptr<Graph> BuildNet() const;  // model.name or model.layers
   void SetupModel();
   FlatLayout FlatLayoutFor() const;  // the model's flat layout for dist.shard on world_ ranks
+  // Rank 0: creates run_dir and holds an exclusive lock on run_dir/.dptrain.lock for the
+  // process's life, so that a second run with the same run_dir stops (exit 2) instead of
+  // overwriting this one's checkpoints and metrics.
   void SetupRunDir();
+  struct LockFile {  // the open, locked file (closing it releases the lock)
+    int fd = -1;
+    LockFile() = default;
+    LockFile(const LockFile&) = delete;
+    LockFile& operator=(const LockFile&) = delete;
+    ~LockFile();
+  };
+  LockFile run_dir_lock_;
   void SetupOutputs();
   // SetupModel on every rank; when a rank runs out of memory, all ranks agree on it before any
   // collective, and with memory.auto_microbatch halve the micro-batch (doubling accumulate, so

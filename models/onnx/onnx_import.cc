@@ -28,6 +28,7 @@
 #include "models/layers/pool.h"
 #include "models/layers/relu.h"
 #include "models/model.h"
+#include "models/model_spec.h"
 
 namespace dptrain {
 namespace {
@@ -267,21 +268,34 @@ class Importer {
 void Importer::Window(int64_t* kernel, int64_t* stride, int64_t* pad, int64_t* dilation,
                       std::vector<int64_t>* sides) const {
   NoAutoPad();
+  // Each value in [lo, kMaxLayerWindow] (model_spec.h): a stride of 0 would divide by zero.
+  const auto check = [&](const char* attr, const std::vector<int64_t>& v, int64_t lo) {
+    for (int64_t x : v) {
+      if (x < lo || x > kMaxLayerWindow) {
+        Fail(std::string(attr) + " " + std::to_string(x) + " is outside [" + std::to_string(lo) +
+             ", " + std::to_string(kMaxLayerWindow) + "]");
+      }
+    }
+  };
   const auto k = Ints("kernel_shape", {});
   if (k.size() != 2 || k[0] != k[1]) Fail("only square 2-D kernels are supported");
+  check("kernel_shape", k, 1);
   const auto s = Ints("strides", {1, 1});
   if (s.size() != 2 || s[0] != s[1]) Fail("only equal strides are supported");
+  check("strides", s, 1);
   const auto p = Ints("pads", {0, 0, 0, 0});
   if (p.size() != 4) Fail("pads must have 4 values (2-D)");
   for (int64_t v : p) {
     if (v < 0) Fail("negative pads are not supported");
   }
+  check("pads", p, 0);
   if (p[0] != p[1] || p[0] != p[2] || p[0] != p[3]) {
     if (sides == nullptr) Fail("only equal pads on every side are supported");
     *sides = {p[0], p[1], p[2], p[3]};  // ONNX: begins (top, left), then ends (bottom, right)
   }
   const auto d = Ints("dilations", {1, 1});
   if (d.size() != 2 || d[0] != d[1]) Fail("only equal dilations are supported");
+  check("dilations", d, 1);
   if (dilation == nullptr && d[0] != 1) Fail("dilations other than 1 are not supported");
   if (dilation != nullptr) *dilation = d[0];
   *kernel = k[0];
@@ -596,7 +610,10 @@ OnnxModel Importer::Run(const onnx::ModelProto& m, std::map<size_t, std::string>
       if (op == "Conv") {
         OnlyAttributes({"kernel_shape", "strides", "pads", "dilations", "group", "auto_pad"});
         const int64_t groups = Int("group", 1);
-        if (groups < 1) Fail("group=" + std::to_string(groups) + " is not a positive count");
+        if (groups < 1 || groups > kMaxLayerWidth) {
+          Fail("group=" + std::to_string(groups) + " is not a count in [1, " +
+               std::to_string(kMaxLayerWidth) + "]");
+        }
         int64_t k = 0, s = 0, p = 0, dil = 1;
         std::vector<int64_t> sides;
         Window(&k, &s, &p, &dil, &sides);

@@ -164,6 +164,18 @@ expect_fail 2 "train.accumulate = 12 does not divide the per-rank batch 6 (train
   -- "${MPI4[@]}" "$DPTRAIN" train --config "$BASE" --set train.global_batch=24 \
   --set train.accumulate=12
 
+both "train.epochs past a 64-bit step count" 2 "is more steps than a 64-bit count holds" \
+  train --config "$BASE" --set train.epochs=9223372036854775807
+# A milestone past the run's end is never reached: 1e30 epochs overflowed llround to a negative
+# step, and the rate decayed from step 1.
+CASE="train.milestones beyond any step: lr stays"
+expect_ok -- "$DPTRAIN" train --config "$BASE" --set train.schedule=multistep \
+  --set 'train.milestones=[1e30]' --set "run_dir=$TMP/milestones"
+check "  ... every step at the base rate 0.01" python3 -c "
+import json, sys
+lrs = [j['lr'] for j in map(json.loads, open('$TMP/milestones/metrics.jsonl')) if j['kind'] == 'step']
+sys.exit(0 if lrs and all(lr == 0.01 for lr in lrs) else f'lr: {lrs}')"
+
 echo "== launcher environment (exit 2)"
 CASE="a local size that MPI contradicts [1 process]"
 expect_fail 2 "the launcher says 4 ranks on this host but MPI counts 1" \
@@ -213,6 +225,25 @@ EOF
 else
   skip "dataset contents: needs python3 with h5py"
 fi
+
+echo "== a run_dir another run is using (exit 2)"
+# The first run holds run_dir/.dptrain.lock while it trains; a second run in the same run_dir
+# stops before touching a file, on 1 process and on 4 ranks, and the first trains on.
+"$DPTRAIN" train --config "$BASE" --set "run_dir=$TMP/shared" --set train.epochs=0 \
+  --set train.max_steps=1000000 >"$TMP/first.out" 2>&1 </dev/null &
+first=$!
+for _ in $(seq 300); do
+  grep -q "^dptrain: 1 ranks" "$TMP/first.out" && break
+  sleep 0.1
+done
+both "a second run in the same run_dir" 2 \
+  "run_dir '$TMP/shared' is in use by another dptrain run (pid $first on " \
+  train --config "$BASE" --set "run_dir=$TMP/shared"
+check "  ... the first run is still training" kill -0 "$first"
+kill -TERM "$first" 2>/dev/null
+wait "$first" 2>/dev/null
+check "  ... and its metrics have one start record" \
+  test "$(grep -c '"kind":"start"' "$TMP/shared/metrics.jsonl")" = 1
 
 echo "== run_dir that cannot be written (exit 6 / 3; as user nobody: root writes anything)"
 if setpriv --reuid=65534 --regid=65534 --clear-groups "$DPTRAIN" --version >/dev/null 2>&1; then

@@ -273,6 +273,14 @@ for t in m.graph.initializer:
         arr = onnx.numpy_helper.to_array(t)[:, :256].copy()
         t.CopyFrom(onnx.numpy_helper.from_array(arr, "fc.weight"))
 onnx.save(m, f"{out}/wrong_size.onnx")
+# A Conv with strides 0 (a hand-edited or converted file; the checker accepts it): it divided by
+# zero (SIGFPE) in train, plan and inspect.
+m = onnx.load(f"{out}/view.onnx")
+for n in m.graph.node:
+    for a in n.attribute:
+        if n.op_type == "Conv" and a.name == "strides":
+            a.ints[:] = [0, 0]
+onnx.save(m, f"{out}/stride0.onnx")
 PYEOF
 CASE="an unsupported op"
 expect_fail 2 "(LeakyRelu): op is not supported; dptrain runs Conv" -- \
@@ -295,6 +303,9 @@ expect_fail 2 "two_inputs.onnx has 2 inputs" -- \
 CASE="an initializer of the wrong size"
 expect_fail 2 "initializer 'fc.weight' has 2560 values but the layer needs [10, 512]" -- \
   "$DPTRAIN" train --config "$D/run.toml" --set "model.onnx=$TMP/wrong_size.onnx"
+CASE="a Conv with strides 0"
+expect_fail 2 "(Conv): strides 0 is outside [1, 1048576]" -- \
+  "$DPTRAIN" train --config "$D/run.toml" --set "model.onnx=$TMP/stride0.onnx"
 CASE="model.classes that is not the output width"
 expect_fail 2 "(model.onnx $D/model.onnx) does not match model.classes = 12" -- \
   "$DPTRAIN" train --config "$D/run.toml" --set model.classes=12
@@ -311,6 +322,9 @@ expect_fail 2 "takes samples of shape [3, 32, 32] but the data's samples are [1,
 "$DPTRAIN" inspect "$TMP/leaky.onnx" >"$TMP/inspect_leaky.txt" 2>&1
 check "inspect names the node dptrain cannot run" \
   grep -qF "/LeakyRelu (LeakyRelu): op is not supported" "$TMP/inspect_leaky.txt"
+"$DPTRAIN" inspect "$TMP/stride0.onnx" >"$TMP/inspect_stride0.txt" 2>&1
+check "inspect names a Conv with strides 0" \
+  grep -qF "(Conv): strides 0 is outside [1, 1048576]" "$TMP/inspect_stride0.txt"
 if two_ranks; then
   CASE="two ranks, an unsupported op: every rank stops"
   expect_fail 2 "op is not supported" -- \

@@ -121,6 +121,8 @@ TEST(ConfigTest, EveryRangeCheckNamesKeyAndSet) {
       {"data.train=", "data.train is required"},
       {"data.augment=flip", "data.augment must be one of \"none\", \"crop-flip\""},
       {"data.workers=-1", "data.workers must be >= 0"},
+      // Upper bounds: the value as given, not narrowed to an int on the way (4294967295 was -1).
+      {"data.workers=4294967295", "data.workers must be <= 256, got 4294967295"},
       {"data.synthetic_samples=0", "data.synthetic_samples must be >= 1"},
       {"data.cache=disk", "data.cache must be one of"},
       {"train.epochs=-1", "train.epochs must be >= 0"},
@@ -161,8 +163,11 @@ TEST(ConfigTest, EveryRangeCheckNamesKeyAndSet) {
       {"dist.device_binding=pin", "dist.device_binding must be one of"},
       {"dist.gpus=0,,1", "dist.gpus: empty entry"},
       {"dist.bucket_mb=0", "dist.bucket_mb must be >= 1"},
+      {"dist.bucket_mb=9007199254740992", "dist.bucket_mb must be <= 1048576"},
       {"dist.collective_timeout_s=0", "dist.collective_timeout_s must be > 0"},
       {"dist.threads=-1", "dist.threads must be >= 0"},
+      {"dist.threads=100000", "dist.threads must be <= 1024, got 100000"},
+      {"dist.threads=2147483648", "dist.threads must be <= 1024, got 2147483648"},
       {"dist.check_replicas_every=-1", "dist.check_replicas_every must be >= 0"},
   };
   for (const auto& [set, expected] : cases) {

@@ -158,6 +158,14 @@ TEST(ConfigTest, LayerErrorsNameLayerKeyAndLine) {
               HasSubstr("model.layers[0].p must be in [0, 1)"));
   EXPECT_THAT(ErrorOf(WithLayers("{type = \"conv2d\", out = 4, kernel = 3, stride = 0},\n")),
               HasSubstr("model.layers[0].stride must be >= 1"));
+  // Upper bounds (models/model_spec.h): 2^31 went on to oneDNN and ended as an internal error.
+  EXPECT_THAT(
+      ErrorOf(WithLayers("{type = \"conv2d\", out = 4, kernel = 3, stride = 2147483648},\n")),
+      HasSubstr("model.layers[0].stride must be <= 1048576, got 2147483648"));
+  EXPECT_THAT(ErrorOf(WithLayers("{type = \"linear\", out = 2147483648},\n")),
+              HasSubstr("model.layers[0].out must be <= 16777216, got 2147483648"));
+  EXPECT_THAT(ErrorOf(WithLayers("{type = \"maxpool\", kernel = 2, stride = 2147483648},\n")),
+              HasSubstr("model.layers[0].stride must be <= 1048576"));
   EXPECT_THAT(ErrorOf(WithLayers("{type = \"maxpool\", kernel = 2, pad = 2},\n")),
               HasSubstr("model.layers[0].pad must be <= kernel / 2"));
   EXPECT_THAT(ErrorOf(WithLayers("{type = \"linear\", out = 2.0},\n")),
