@@ -420,6 +420,14 @@ Trainer::LockFile::~LockFile() {
   if (fd >= 0) ::close(fd);
 }
 
+void Trainer::LockFile::Abandon() {
+  if (fd < 0) return;
+  if (!created.empty()) ::unlink(created.c_str());  // still locked: no other run holds it
+  ::close(fd);
+  fd = -1;
+  created.clear();
+}
+
 void Trainer::SetupRunDir() {
   if (!is_root()) return;
   std::error_code ec;
@@ -428,9 +436,11 @@ void Trainer::SetupRunDir() {
                              << "' cannot be created: " << ec.message();
   if (run_dir_lock_.fd >= 0) return;  // held since an earlier setup of this process
   const std::string path = cfg_.run_dir + "/.dptrain.lock";
-  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  const bool created = fd >= 0;
+  if (!created && errno == EEXIST) fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
   if (fd < 0 || ::flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    const int err = errno;
+    const int err = errno;  // the file stays: another run may have opened it already
     if (fd >= 0 && err == EWOULDBLOCK) {
       char holder[256] = {0};
       const ssize_t n = ::pread(fd, holder, sizeof holder - 1, 0);
@@ -448,6 +458,7 @@ void Trainer::SetupRunDir() {
     return;
   }
   run_dir_lock_.fd = fd;
+  if (created) run_dir_lock_.created = path;
   const std::string me = fmt::format("pid {} on {}\n", ::getpid(), env_.host);
   const bool noted = ::ftruncate(fd, 0) == 0 &&
                      ::pwrite(fd, me.data(), me.size(), 0) == static_cast<ssize_t>(me.size());

@@ -118,8 +118,13 @@ TrainResult Trainer::Run() {
   control_.BroadcastHost(&start_, sizeof start_, 0);
   RunAgreed(control_, [&] {
     SetupRunDir();
-    SetupCheckpointDir();
-    SetupOutputs();
+    try {
+      SetupCheckpointDir();
+      SetupOutputs();
+    } catch (...) {
+      run_dir_lock_.Abandon();
+      throw;
+    }
   });
   // Rank 0's parameters everywhere (identical by seed already; with a checkpoint, only rank 0
   // has read it).

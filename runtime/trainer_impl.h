@@ -88,10 +88,14 @@ class Trainer {
   void SetupRunDir();
   struct LockFile {  // the open, locked file (closing it releases the lock)
     int fd = -1;
+    std::string created;  // its path when this process created it
     LockFile() = default;
     LockFile(const LockFile&) = delete;
     LockFile& operator=(const LockFile&) = delete;
     ~LockFile();
+    // A setup that fails after the lock leaves no file of its own behind (a run that cannot
+    // checkpoint changes no file): removes the file if this process created it, and unlocks.
+    void Abandon();
   };
   LockFile run_dir_lock_;
   void SetupOutputs();
