@@ -31,8 +31,9 @@ struct CublasApi {
 };
 
 // The library this build was compiled against (libcublas.so.<CUBLAS_VER_MAJOR>), loaded and
-// resolved on the first call (thread-safe; later calls return the same table). Throws CublasError
-// naming the file and the loader's reason when it cannot be loaded or lacks an entry point.
+// resolved on the first call (thread-safe; later calls return the same table). Throws
+// UnsupportedError (exit 2: a setup problem, not a bug) naming the file and the loader's reason
+// when it cannot be loaded or lacks an entry point.
 const CublasApi& Cublas();
 
 // As Cublas(), but nullptr with *why set instead of throwing (`dptrain info`).
