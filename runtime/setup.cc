@@ -438,7 +438,7 @@ void Trainer::SetupRunDir() {
   const std::string path = cfg_.run_dir + "/.dptrain.lock";
   int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   const bool created = fd >= 0;
-  if (!created && errno == EEXIST) fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0 && errno == EEXIST) fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
   if (fd < 0 || ::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;  // the file stays: another run may have opened it already
     if (fd >= 0 && err == EWOULDBLOCK) {
