@@ -248,14 +248,32 @@ bool Trainer::CheckGradients() {
     bad = be_.CountNonFinite(model_->grads()) > 0 ? 1 : 0;
   }
   control_.AllReduceHost(&bad, 1, ReduceOp::kMax);
+  // The step being taken, counted from 1 as progress lines and metrics.jsonl count it.
+  const int64_t this_step = step_ + 1;
+  const std::string last_good =
+      result_.last_checkpoint.empty() ? std::string("none") : result_.last_checkpoint;
   if (scaler_->enabled()) {
     const double before = scaler_->scale();
+    const bool was_at_minimum = scaler_->at_minimum();
     const bool skip = scaler_->Update(bad != 0);
+    if (skip && was_at_minimum) {
+      // Halving cannot help any more: the gradients overflow at the smallest scale, so the
+      // run has diverged and would skip every step to the end (PyTorch's GradScaler would).
+      // The scaler's state is the same on every rank, so every rank stops here together.
+      throw AgreedError(
+          RankTag() +
+              fmt::format("loss scaling: non-finite gradients at step {} with the loss scale "
+                          "already at its minimum ({}); the run has diverged ({} steps skipped "
+                          "in all). Last good checkpoint: {}. hint: lower train.lr, add "
+                          "train.warmup_steps, check the data for NaN/Inf",
+                          this_step, before, scaler_->state().skipped_steps, last_good),
+          kExitData);
+    }
     if (skip) {
       Say(
           fmt::format("loss scaling: non-finite gradients at step {}; step skipped on every rank, "
                       "scale {} -> {}",
-                      step_, before, static_cast<double>(scaler_->scale())));
+                      this_step, before, static_cast<double>(scaler_->scale())));
     }
     return !skip;
   }
@@ -280,9 +298,7 @@ bool Trainer::CheckGradients() {
       RankTag() + fmt::format("non-finite gradient at step {} (first in {}); the parameters were "
                               "not updated. Last good checkpoint: {}. hint: lower train.lr, add "
                               "train.warmup_steps, check the data for NaN/Inf",
-                              step_, where.empty() ? "an unknown layer" : where,
-                              result_.last_checkpoint.empty() ? std::string("none")
-                                                              : result_.last_checkpoint),
+                              this_step, where.empty() ? "an unknown layer" : where, last_good),
       kExitData);
 }
 

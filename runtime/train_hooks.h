@@ -25,8 +25,9 @@ struct TrainHooks {
   // Dynamic loss scaling in fp32 too (it is always on in fp16), so the step of an overflow is
   // the injected one.
   bool loss_scaling = false;
-  // An infinity written into the first gradient of rank `inf_grad_rank` before optimizer step
-  // `inf_grad_step` (an overflow on one rank); -1 = never.
+  // An infinity written into the first gradient of rank `inf_grad_rank` once `inf_grad_step`
+  // steps are done, so step inf_grad_step + 1 (counted from 1, as messages and metrics.jsonl
+  // count) sees an overflow on one rank; -1 = never.
   int inf_grad_rank = -1;
   int64_t inf_grad_step = -1;
   // The first parameter of rank `flip_param_rank` nudged by one ulp after optimizer step

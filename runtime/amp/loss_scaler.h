@@ -26,6 +26,8 @@ class LossScaler {
   // After the agreement on this step's gradients: returns true when the optimizer step must be
   // skipped. Updates the scale.
   bool Update(bool found_non_finite_on_any_rank);
+  // The scale cannot be halved any further: a skip now leaves it where it is.
+  bool at_minimum() const { return enabled_ && state_.scale <= min_scale_; }
 
   const LossScalerState& state() const { return state_; }
   void set_state(const LossScalerState& s) { state_ = s; }

@@ -100,7 +100,8 @@ struct Row {
 
 std::string StatusText(const RunLog& r) {
   if (r.status == "failed") {
-    std::string s = r.error_step >= 0 ? fmt::format("failed at step {}", r.error_step) : "failed";
+    std::string s =
+        r.error_step >= 0 ? fmt::format("failed after step {}", r.error_step) : "failed";
     if (r.error_exit_code >= 0) s += fmt::format(" (exit {})", r.error_exit_code);
     return s;
   }

@@ -153,13 +153,13 @@ check "the older run's page logs no console message" \
 # A failed run: an infinite gradient in fp32 stops it (exit 3) with an "error" record.
 CASE="a run that fails at step 5"
 sed "s|$TMP/run\"|$TMP/failed\"|" "$TMP/run.toml" >"$TMP/failed.toml"
-DPTRAIN_TEST_INF_GRAD=1:4 expect_fail 3 "non-finite gradient at step 4" -- \
+DPTRAIN_TEST_INF_GRAD=1:4 expect_fail 3 "non-finite gradient at step 5" -- \
   "${MPI2[@]}" "$DPTRAIN_HOOKED" train --config "$TMP/failed.toml"
 CASE="the failed run's report"
 expect_ok -- "$DPTRAIN" report "$TMP/failed"
 check "it shows where the run failed and the error" \
-  bash -c "grep -q 'failed at step 4 (exit 3)' '$TMP/failed/report.html' && \
-           grep -q 'non-finite gradient at step 4' '$TMP/failed/report.html'"
+  bash -c "grep -q 'failed after step 4 (exit 3)' '$TMP/failed/report.html' && \
+           grep -q 'non-finite gradient at step 5' '$TMP/failed/report.html'"
 
 CASE="two runs overlaid"
 expect_ok -- "$DPTRAIN" report "$TMP/run" "$TMP/failed" --out "$TMP/both.html"

@@ -25,6 +25,19 @@ TEST(LossScalerTest, OverflowSkipsAndHalves) {
   EXPECT_EQ(s.scale(), 16384.f);
 }
 
+TEST(LossScalerTest, AtMinimumOnceHalvingCannotLowerTheScale) {
+  LossScaler s(true, 4.0, 2000, 1.0);
+  EXPECT_FALSE(s.at_minimum());
+  EXPECT_TRUE(s.Update(true));  // 2
+  EXPECT_FALSE(s.at_minimum());
+  EXPECT_TRUE(s.Update(true));  // 1
+  EXPECT_TRUE(s.at_minimum());
+  EXPECT_TRUE(s.Update(true));  // stays 1
+  EXPECT_EQ(s.scale(), 1.f);
+  EXPECT_TRUE(s.at_minimum());
+  EXPECT_FALSE(LossScaler(false).at_minimum());  // disabled: nothing to be at
+}
+
 TEST(LossScalerTest, GrowsAfterTheIntervalOfCleanSteps) {
   LossScaler s(true, 1024.0, 3);
   EXPECT_FALSE(s.Update(false));

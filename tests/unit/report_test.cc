@@ -227,7 +227,7 @@ TEST(ReportPageTest, AFailedRunShowsItsErrorAndWhereItStopped) {
   const std::string dir = WriteRun(tmp, "bad", 7, 1, "0.05", false);
   const Report rep = BuildReport({ReadRun(dir)});
   EXPECT_THAT(rep.html,
-              AllOf(HasSubstr("failed at step 7 (exit 3)"),
+              AllOf(HasSubstr("failed after step 7 (exit 3)"),
                     HasSubstr("the training loss is nan at step 7"), HasSubstr("failed here")));
 }
 
