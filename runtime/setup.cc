@@ -2,14 +2,10 @@
 // Trainer setup (runtime/trainer_impl.h): the datasets (files or generated), sampler and loader;
 // the model, loss, optimizer, schedule and reducer; the out-of-memory micro-batch search of
 // memory.auto_microbatch; run_dir and its outputs.
-#include <fcntl.h>
 #include <fmt/format.h>
-#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
 #include <filesystem>
 #include <optional>
 #include <set>
@@ -416,53 +412,18 @@ void Trainer::SetupModel() {
   }
 }
 
-Trainer::LockFile::~LockFile() {
-  if (fd >= 0) ::close(fd);
-}
-
-void Trainer::LockFile::Abandon() {
-  if (fd < 0) return;
-  if (!created.empty()) ::unlink(created.c_str());  // still locked: no other run holds it
-  ::close(fd);
-  fd = -1;
-  created.clear();
-}
-
 void Trainer::SetupRunDir() {
   if (!is_root()) return;
   std::error_code ec;
   std::filesystem::create_directories(cfg_.run_dir, ec);
   DPT_CHECK_AS(IoError, !ec) << "run_dir '" << cfg_.run_dir
                              << "' cannot be created: " << ec.message();
-  if (run_dir_lock_.fd >= 0) return;  // held since an earlier setup of this process
-  const std::string path = cfg_.run_dir + "/.dptrain.lock";
-  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  const bool created = fd >= 0;
-  if (fd < 0 && errno == EEXIST) fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
-  if (fd < 0 || ::flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    const int err = errno;  // the file stays: another run may have opened it already
-    if (fd >= 0 && err == EWOULDBLOCK) {
-      char holder[256] = {0};
-      const ssize_t n = ::pread(fd, holder, sizeof holder - 1, 0);
-      ::close(fd);
-      std::string who = n > 0 ? std::string(holder, static_cast<size_t>(n)) : "";
-      while (!who.empty() && (who.back() == '\n' || who.back() == '\0')) who.pop_back();
-      DPT_THROW(ConfigError) << "run_dir '" << cfg_.run_dir << "' is in use by another dptrain run"
-                             << (who.empty() ? "" : " (" + who + ")")
-                             << "; give this run its own run_dir, or wait for that one to end";
-    }
-    if (fd >= 0) ::close(fd);
+  std::string why;
+  if (!run_dir_lock_.Acquire(cfg_.run_dir, fmt::format("pid {} on {}", ::getpid(), env_.host),
+                             &why)) {
     // A file system without locks (some network mounts): train, but say what is not checked.
-    Warn(fmt::format("cannot lock {} ({}): a second run with this run_dir would not be detected",
-                     path, std::strerror(err)));
-    return;
+    Warn(fmt::format("cannot lock {}: a second run with this run_dir would not be detected", why));
   }
-  run_dir_lock_.fd = fd;
-  if (created) run_dir_lock_.created = path;
-  const std::string me = fmt::format("pid {} on {}\n", ::getpid(), env_.host);
-  const bool noted = ::ftruncate(fd, 0) == 0 &&
-                     ::pwrite(fd, me.data(), me.size(), 0) == static_cast<ssize_t>(me.size());
-  (void)noted;  // without the note the lock holds; only the message naming the holder is poorer
 }
 
 // After SetupRunDir and SetupCheckpointDir: a run that cannot checkpoint changes no file.

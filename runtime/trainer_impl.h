@@ -29,6 +29,7 @@
 #include "runtime/comm/reducer.h"
 #include "runtime/comm/sharded_reducer.h"
 #include "runtime/optim/optimizer.h"
+#include "runtime/run_dir_lock.h"
 #include "runtime/trainer.h"
 
 namespace dptrain {
@@ -86,18 +87,7 @@ class Trainer {
   // process's life, so that a second run with the same run_dir stops (exit 2) instead of
   // overwriting this one's checkpoints and metrics.
   void SetupRunDir();
-  struct LockFile {  // the open, locked file (closing it releases the lock)
-    int fd = -1;
-    std::string created;  // its path when this process created it
-    LockFile() = default;
-    LockFile(const LockFile&) = delete;
-    LockFile& operator=(const LockFile&) = delete;
-    ~LockFile();
-    // A setup that fails after the lock leaves no file of its own behind (a run that cannot
-    // checkpoint changes no file): removes the file if this process created it, and unlocks.
-    void Abandon();
-  };
-  LockFile run_dir_lock_;
+  RunDirLock run_dir_lock_;
   void SetupOutputs();
   // SetupModel on every rank; when a rank runs out of memory, all ranks agree on it before any
   // collective, and with memory.auto_microbatch halve the micro-batch (doubling accumulate, so

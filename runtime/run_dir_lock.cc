@@ -1,0 +1,61 @@
+// SPDX-License-Identifier: Apache-2.0
+// The run_dir lock: open (or create) the lock file, flock it without waiting, leave a note.
+#include "runtime/run_dir_lock.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace dptrain {
+
+RunDirLock::~RunDirLock() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+bool RunDirLock::Acquire(const std::string& dir, const std::string& note, std::string* why) {
+  if (fd_ >= 0) return true;
+  const std::string path = dir + "/.dptrain.lock";
+  // Create it, or open the one an earlier run left: only a file this call created is removed
+  // by Abandon.
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  const bool created = fd >= 0;
+  if (fd < 0 && errno == EEXIST) fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0 || ::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;  // the file stays: the holder has it open
+    if (fd >= 0 && err == EWOULDBLOCK) {
+      char holder[256];
+      const ssize_t n = ::pread(fd, holder, sizeof holder, 0);
+      ::close(fd);
+      std::string who = n > 0 ? std::string(holder, static_cast<size_t>(n)) : "";
+      while (!who.empty() && who.back() == '\n') who.pop_back();
+      DPT_THROW(ConfigError) << "run_dir '" << dir << "' is in use by another dptrain run"
+                             << (who.empty() ? "" : " (" + who + ")")
+                             << "; give this run its own run_dir, or wait for that one to end";
+    }
+    if (fd >= 0) ::close(fd);
+    if (why != nullptr) *why = path + ": " + std::strerror(err);
+    return false;
+  }
+  fd_ = fd;
+  if (created) created_ = path;
+  const std::string line = note + "\n";
+  const bool noted = ::ftruncate(fd, 0) == 0 &&
+                     ::pwrite(fd, line.data(), line.size(), 0) == static_cast<ssize_t>(line.size());
+  (void)noted;  // without the note the lock holds; only the message naming the holder is poorer
+  return true;
+}
+
+void RunDirLock::Abandon() {
+  if (fd_ < 0) return;
+  if (!created_.empty()) ::unlink(created_.c_str());  // still locked: no other run holds it
+  ::close(fd_);
+  fd_ = -1;
+  created_.clear();
+}
+
+}  // namespace dptrain
