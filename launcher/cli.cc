@@ -102,6 +102,9 @@ int RunCommandLine(int argc, char** argv, const TrainHooks& hooks) {
   convert->add_option("--input", conv.input,
                       "CIFAR-10 binary directory; imagefolder: DIR/<class>/<image>");
   convert->add_option("--split", conv.split, "CIFAR-10 split: train | test");
+  convert->add_option("--layout", conv.layout,
+                      "npy: rank-4 images are nchw | nhwc | auto (default: nhwc when the last "
+                      "dimension is 1, 3 or 4 and the second is not)");
   convert
       ->add_option("--out", conv.out, "output HDF5 file (sharded: OUT-00000.h5, OUT-00001.h5, ...)")
       ->required();
@@ -128,7 +131,8 @@ int RunCommandLine(int argc, char** argv, const TrainHooks& hooks) {
   plan->add_option("--set", plan_sets, "override a config key (repeatable)");
   plan->add_option("--ranks", plan_ranks,
                    "ranks the job will run with (default: from the "
-                   "launcher, else 1)");
+                   "launcher, else 1)")
+      ->check(CLI::Range(1, 1 << 20));
   plan->add_flag("--json", plan_json, "print JSON instead of a table");
 
   auto* info = app.add_subcommand("info", "devices, bindings, library versions");

@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "core/memory/caching_allocator.h"
+#include "core/tensor.h"
 #include "datasets/convert/convert.h"
 
 namespace dptrain {
@@ -117,6 +118,9 @@ int RunConvertCommand(const ConvertArgs& args) {
     DPT_THROW(ConfigError) << "--size, --shard-size, --skip-bad and --threads are options of "
                            << "convert --from imagefolder, not --from " << from;
   }
+  if (from != "npy" && args.layout != "auto") {
+    DPT_THROW(ConfigError) << "--layout is an option of convert --from npy, not --from " << from;
+  }
   if (from == "idx") {
     if (args.images.empty() || args.labels.empty()) {
       DPT_THROW(ConfigError) << "convert --from idx needs --images and --labels";
@@ -129,7 +133,26 @@ int RunConvertCommand(const ConvertArgs& args) {
     if (args.images.empty() || args.labels.empty()) {
       DPT_THROW(ConfigError) << "convert --from npy needs --images and --labels";
     }
-    ConvertNpy(args.images, args.labels, args.out);
+    NpyLayout layout = NpyLayout::kAuto;
+    if (args.layout == "nchw") {
+      layout = NpyLayout::kNCHW;
+    } else if (args.layout == "nhwc") {
+      layout = NpyLayout::kNHWC;
+    } else if (args.layout != "auto") {
+      DPT_THROW(ConfigError) << "convert --layout: unknown layout '" << args.layout
+                             << "' (auto, nchw, nhwc)";
+    }
+    const NpyResult r = ConvertNpy(args.images, args.labels, args.out, layout);
+    // Say how the images were read, so a wrong guess is seen before a run trains on it.
+    std::printf("%s: images %s read as %s, written as %s%s\n", args.images.c_str(),
+                Shape(r.file_shape).ToString().c_str(),
+                r.file_shape.size() == 3 ? "(N, H, W)"
+                : r.channels_last        ? "(N, H, W, C)"
+                                         : "(N, C, H, W)",
+                Shape(r.written_shape).ToString().c_str(),
+                r.file_shape.size() != 4 ? ""
+                : r.channels_last        ? " (--layout nchw reads them as (N, C, H, W))"
+                                         : " (--layout nhwc reads them as (N, H, W, C))");
   } else if (from == "imagefolder") {
     return ConvertImageFolderCommand(args);
   } else {

@@ -15,6 +15,7 @@ struct ConvertArgs {
   std::string input;            // cifar10: the binary directory; imagefolder: DIR/<class>/<image>
   std::string split = "train";  // cifar10: "train" | "test"
   std::string out;              // the HDF5 file to write (imagefolder: shard name base)
+  std::string layout = "auto";  // npy: --layout auto | nchw | nhwc (rank-4 images)
   // imagefolder only:
   int64_t size = 0;        // --size S (required): images become S x S
   std::string shard_size;  // --shard-size "10GB" (B, KB, MB, GB, KiB, MiB, GiB); empty: one file

@@ -24,12 +24,24 @@ void ConvertIdx(const std::string& images, const std::string& labels, const std:
 // or malformed file (size not a multiple of 3073, label > 9); an unknown split is a ConfigError.
 void ConvertCifar10(const std::string& dir, const std::string& split, const std::string& out);
 
+// How a rank-4 images array is laid out: kAuto reads (N, H, W, C) when C is 1, 3 or 4 and the
+// second dimension is not (NumPy/TensorFlow/PIL-style channels-last images), else (N, C, H, W).
+enum class NpyLayout { kAuto, kNCHW, kNHWC };
+
+struct NpyResult {
+  std::vector<int64_t> file_shape;     // the images array as the file has it
+  std::vector<int64_t> written_shape;  // (N, C, H, W) as /images holds it
+  bool channels_last = false;          // read as (N, H, W, C) and transposed
+};
+
 // NumPy .npy (format versions 1, 2, 3; C order only). images: '|u1' (uint8) or '<f4' (float32,
-// must be finite), shape (N, H, W) or (N, C, H, W). labels: any integer dtype ('|u1', '|i1',
-// '<i2', '<u2', '<i4', '<u4', '<i8', '<u8'; big-endian '>' too), shape (N) or (N, 1), values
-// in [0, 2^31). classes = max label + 1. Errors name the file and the problem (bad magic or
-// header, unsupported dtype, fortran_order True, wrong rank, N mismatch, truncated data).
-void ConvertNpy(const std::string& images, const std::string& labels, const std::string& out);
+// must be finite), shape (N, H, W), or (N, C, H, W) / (N, H, W, C) as `layout` says. labels:
+// any integer dtype ('|u1', '|i1', '<i2', '<u2', '<i4', '<u4', '<i8', '<u8'; big-endian '>'
+// too), shape (N) or (N, 1), values in [0, 2^31). classes = max label + 1. Errors name the file
+// and the problem (bad magic or header, unsupported dtype, fortran_order True, wrong rank, N
+// mismatch, truncated data).
+NpyResult ConvertNpy(const std::string& images, const std::string& labels, const std::string& out,
+                     NpyLayout layout = NpyLayout::kAuto);
 
 // ---- ImageFolder: DIR/<class>/<image>, as torchvision.datasets.ImageFolder reads it ----
 

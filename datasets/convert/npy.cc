@@ -262,9 +262,30 @@ int64_t IntAt(const NpyArray& a, size_t i) {
   return static_cast<int64_t>(u);
 }
 
+// (N, H, W, C) -> (N, C, H, W), elements of `es` bytes.
+std::vector<uint8_t> ChannelsFirst(const std::vector<uint8_t>& in, int64_t n, int64_t h, int64_t w,
+                                   int64_t c, size_t es) {
+  std::vector<uint8_t> out(in.size());
+  const int64_t hw = h * w;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint8_t* src = in.data() + static_cast<size_t>(i * hw * c) * es;
+    uint8_t* dst = out.data() + static_cast<size_t>(i * hw * c) * es;
+    for (int64_t p = 0; p < hw; ++p) {
+      for (int64_t ch = 0; ch < c; ++ch) {
+        std::memcpy(dst + static_cast<size_t>(ch * hw + p) * es,
+                    src + static_cast<size_t>(p * c + ch) * es, es);
+      }
+    }
+  }
+  return out;
+}
+
+bool IsChannelCount(int64_t d) { return d == 1 || d == 3 || d == 4; }
+
 }  // namespace
 
-void ConvertNpy(const std::string& images, const std::string& labels, const std::string& out) {
+NpyResult ConvertNpy(const std::string& images, const std::string& labels, const std::string& out,
+                     NpyLayout layout) {
   NpyArray img = ReadNpy(images);
   const Dtype& it = img.dtype;
   const bool is_u8 = it.kind == 'u' && it.size == 1;
@@ -277,13 +298,25 @@ void ConvertNpy(const std::string& images, const std::string& labels, const std:
   if (shape.size() == 3) shape.insert(shape.begin() + 1, 1);
   if (shape.size() != 4) {
     DPT_THROW(DataError) << images << ": images shape " << Shape(img.shape).ToString()
-                         << " has rank " << img.shape.size() << ", expected (N, H, W) or "
-                         << "(N, C, H, W)";
+                         << " has rank " << img.shape.size() << ", expected (N, H, W), "
+                         << "(N, C, H, W) or (N, H, W, C)";
   }
   for (int64_t d : shape) {
     DPT_CHECK_AS(DataError, d > 0)
         << images << ": images shape " << Shape(img.shape).ToString() << " has a zero dimension";
   }
+  NpyResult result;
+  result.file_shape = img.shape;
+  result.channels_last =
+      img.shape.size() == 4 &&
+      (layout == NpyLayout::kNHWC ||
+       (layout == NpyLayout::kAuto && IsChannelCount(shape[3]) && !IsChannelCount(shape[1])));
+  if (result.channels_last) {
+    img.data = ChannelsFirst(img.data, shape[0], shape[1], shape[2], shape[3],
+                             static_cast<size_t>(it.size));
+    shape = {shape[0], shape[3], shape[1], shape[2]};
+  }
+  result.written_shape = shape;
   const int64_t n = shape[0];
 
   NpyArray lab = ReadNpy(labels);
@@ -319,7 +352,7 @@ void ConvertNpy(const std::string& images, const std::string& labels, const std:
   const Shape out_shape(shape);
   if (is_u8) {
     WriteHdf5Dataset(out, img.data.data(), out_shape, lab32.data(), classes);
-    return;
+    return result;
   }
   const size_t count = img.data.size() / 4;
   std::vector<float> f(count);
@@ -337,6 +370,7 @@ void ConvertNpy(const std::string& images, const std::string& labels, const std:
     }
   }
   WriteHdf5Dataset(out, f.data(), out_shape, lab32.data(), classes);
+  return result;
 }
 
 }  // namespace dptrain

@@ -320,6 +320,51 @@ TEST(ConvertTest, NpyF32ImagesAndLabelDtypes) {
   }
 }
 
+TEST(ConvertTest, NpyChannelsLastImagesAreTransposed) {
+  TempDir dir;
+  // (N, H, W, C) = (2, 2, 5, 3), each element its own index.
+  std::vector<uint8_t> img(size_t{2} * 2 * 5 * 3);
+  for (size_t i = 0; i < img.size(); ++i) img[i] = static_cast<uint8_t>(i);
+  WriteBytes(dir.File("x.npy"), Npy("|u1", "(2, 2, 5, 3)", Raw(img)));
+  WriteBytes(dir.File("y.npy"), Npy("<i8", "(2,)", Raw(std::vector<int64_t>{0, 1})));
+  const NpyResult r = ConvertNpy(dir.File("x.npy"), dir.File("y.npy"), dir.File("o.h5"));
+  EXPECT_TRUE(r.channels_last);  // auto: the last dimension is 3, the second is not
+  EXPECT_EQ(r.file_shape, (std::vector<int64_t>{2, 2, 5, 3}));
+  EXPECT_EQ(r.written_shape, (std::vector<int64_t>{2, 3, 2, 5}));
+  const Loaded l = Load(dir.File("o.h5"));
+  EXPECT_EQ(l.info.sample_shape, Shape({3, 2, 5}));
+  for (size_t n = 0; n < 2; ++n) {
+    for (size_t c = 0; c < 3; ++c) {
+      for (size_t h = 0; h < 2; ++h) {
+        for (size_t w = 0; w < 5; ++w) {
+          const size_t at = ((n * 3 + c) * 2 + h) * 5 + w;
+          const uint8_t want = img[((n * 2 + h) * 5 + w) * 3 + c];
+          ASSERT_EQ(l.images[at], static_cast<float>(want) / 255.0f) << n << c << h << w;
+        }
+      }
+    }
+  }
+  // Told it is (N, C, H, W): read as such, not transposed.
+  const NpyResult as_is =
+      ConvertNpy(dir.File("x.npy"), dir.File("y.npy"), dir.File("o.h5"), NpyLayout::kNCHW);
+  EXPECT_FALSE(as_is.channels_last);
+  EXPECT_EQ(Load(dir.File("o.h5")).info.sample_shape, Shape({2, 5, 3}));
+
+  // float32, told (N, H, W, C) where auto would not guess it (C = 5).
+  std::vector<float> f(size_t{2} * 3 * 4 * 5);
+  for (size_t i = 0; i < f.size(); ++i) f[i] = static_cast<float>(i);
+  WriteBytes(dir.File("f.npy"), Npy("<f4", "(2, 3, 4, 5)", Raw(f)));
+  EXPECT_FALSE(ConvertNpy(dir.File("f.npy"), dir.File("y.npy"), dir.File("o.h5")).channels_last);
+  const NpyResult forced =
+      ConvertNpy(dir.File("f.npy"), dir.File("y.npy"), dir.File("o.h5"), NpyLayout::kNHWC);
+  EXPECT_TRUE(forced.channels_last);
+  const Loaded lf = Load(dir.File("o.h5"));
+  EXPECT_EQ(lf.info.sample_shape, Shape({5, 3, 4}));
+  EXPECT_EQ(lf.images[1], f[5]);         // (n0, c0, h0, w1) <- (n0, h0, w1, c0)
+  EXPECT_EQ(lf.images[12], f[1]);        // (n0, c1, h0, w0) <- (n0, h0, w0, c1)
+  EXPECT_EQ(lf.images[60 + 13], f[66]);  // (n1, c1, h0, w1) <- (n1, h0, w1, c1)
+}
+
 TEST(ConvertTest, NpyErrors) {
   TempDir dir;
   const std::string x = dir.File("x.npy"), y = dir.File("y.npy"), out = dir.File("o.h5");
