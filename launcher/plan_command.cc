@@ -78,7 +78,13 @@ int RunPlanCommand(const TrainConfig& cfg, int ranks, bool json) {
                    mode == cfg.dist.shard ? "  <- this config" : "");
       }
     }
-    if (budget > 0 && plan.total > budget) {
+    if (budget > 0 && plan.total > budget && plan.max_micro_batch == 0) {
+      fmt::print(
+          "does NOT fit: {} MiB needed, {} MiB available, and not even one sample fits: the "
+          "parameters, gradients and optimizer state alone need {} MiB; use dist.shard, "
+          "train.precision = \"bf16\", a smaller model, or a larger memory.limit\n",
+          plan.total >> 20, budget >> 20, plan.fixed >> 20);
+    } else if (budget > 0 && plan.total > budget) {
       fmt::print(
           "does NOT fit: {} MiB needed, {} MiB available; use micro-batch <= {} "
           "(train.accumulate = {}), or train.precision = \"bf16\"\n",

@@ -3,6 +3,7 @@
 #include "core/hdf5/hdf5_util.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -74,10 +75,13 @@ std::vector<int64_t> Dims(hid_t space) {
 }
 
 std::string UnreadableReason(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO for reading would wait for a writer (a hang, not an error).
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return std::strerror(errno);
+  struct stat st {};
+  const bool regular = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
   ::close(fd);
-  return "";
+  return regular ? "" : "it is not a regular file (a FIFO, socket or device); give an HDF5 file";
 }
 
 template <class E>

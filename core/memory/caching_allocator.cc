@@ -246,6 +246,10 @@ size_t ParseByteSize(std::string_view text, std::string_view what) {
   }
   // 2^63 bytes is far beyond any device; converting a larger double to size_t is undefined.
   const double bytes = value * mult;
+  if (bytes < 1) {  // it would become 0, which means "no limit"
+    DPT_THROW(ConfigError) << what << ": '" << text
+                           << "' is less than one byte (examples: 512MiB, 2GiB, 1048576)";
+  }
   if (!(bytes < 9.2e18)) {
     DPT_THROW(ConfigError) << what << ": '" << text << "' is too large (examples: 512MiB, 2GiB)";
   }

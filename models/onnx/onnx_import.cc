@@ -349,6 +349,14 @@ const onnx::TensorProto& Importer::Param(const std::string& name, const char* su
     Fail("initializer '" + name + "' holds " + std::to_string(v.size()) + " values for " +
          std::to_string(Numel(*it->second)));
   }
+  // A NaN or Inf weight would surface as a NaN loss blamed on the learning rate.
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (!std::isfinite(v[i])) {
+      const char* what = std::isnan(v[i]) ? "NaN" : v[i] > 0 ? "Inf" : "-Inf";
+      Fail("initializer '" + name + "' holds " + what + " at index " + std::to_string(i) +
+           "; the exported weights are not finite");
+    }
+  }
   graph_->SetInitialValue(name, std::move(v));
   return *it->second;
 }

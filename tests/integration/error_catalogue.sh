@@ -53,6 +53,10 @@ one "convert --from idx without --labels" 2 "convert --from idx needs --images a
   convert --from idx --images "$TMP/a" --out "$TMP/x.h5"
 one "convert --from npy without --labels" 2 "convert --from npy needs --images and --labels" \
   convert --from npy --images "$TMP/a" --out "$TMP/x.h5"
+one "convert --layout with --from idx" 2 "--layout is an option of convert --from npy, not --from idx" \
+  convert --from idx --images "$TMP/a" --labels "$TMP/a" --layout nhwc --out "$TMP/x.h5"
+one "convert --layout hwc" 2 "convert --layout: unknown layout 'hwc' (auto, nchw, nhwc)" \
+  convert --from npy --images "$TMP/a" --labels "$TMP/a" --layout hwc --out "$TMP/x.h5"
 one "convert --from cifar10 without --input" 2 "convert --from cifar10 needs --input DIR" \
   convert --from cifar10 --out "$TMP/x.h5"
 one "convert --from csv" 2 "convert --from: unknown format 'csv' (idx, cifar10, npy, imagefolder)" \
@@ -95,6 +99,13 @@ both "checkpoint.resume empty" 2 \
   train --config "$BASE" --set checkpoint.resume=
 both "memory.limit not a size" 2 "memory.limit: \"lots\" is not a positive size" \
   train --config "$BASE" --set memory.limit=lots
+both "memory.limit under one byte (0 would mean no limit)" 2 \
+  "memory.limit: \"0.5\" is not a positive size" train --config "$BASE" --set memory.limit=0.5
+one "plan --ranks 0" 2 "--ranks: Value 0 not in range 1 to 1048576" plan --config "$BASE" --ranks 0
+CASE="plan: a memory.limit that not even one sample fits says so"
+expect_ok -- "$DPTRAIN" plan --config "$BASE" --set memory.limit=512B
+check "  ... no 'micro-batch <= 0' advice" grep -q "not even one sample fits: the parameters" \
+  "$TMP/last.out"
 both "dist.shard unknown value" 2 \
   'dist.shard must be one of "none", "optimizer", "gradients", got "zero3"' \
   train --config "$BASE" --set dist.shard=zero3

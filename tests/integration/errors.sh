@@ -63,6 +63,22 @@ EOF
   fi
   cp "$TMP/good.h5" "$TMP/trunc.h5"
   truncate -s $(($(stat -c %s "$TMP/good.h5") / 2)) "$TMP/trunc.h5"
+  # Channels-last images, as NumPy/PIL/TensorFlow keep them: read as such, said so, transposed.
+  "$PY" -c "import numpy as np, sys; np.save(sys.argv[1], np.random.default_rng(1).integers(
+    0, 256, (8, 6, 5, 3), dtype=np.uint8)); np.save(sys.argv[2], np.arange(8) % 3)" \
+    "$TMP/nhwc.npy" "$TMP/nhwc-labels.npy"
+  if "$DPTRAIN" convert --from npy --images "$TMP/nhwc.npy" --labels "$TMP/nhwc-labels.npy" \
+    --out "$TMP/nhwc.h5" >"$TMP/convert.log" 2>&1 &&
+    grep -qF "images [8, 6, 5, 3] read as (N, H, W, C), written as [8, 3, 6, 5]" "$TMP/convert.log" &&
+    "$PY" -c "import numpy as np, h5py, sys
+with h5py.File(sys.argv[2]) as f:
+    assert (f['images'][()] == np.load(sys.argv[1]).transpose(0, 3, 1, 2)).all()" \
+      "$TMP/nhwc.npy" "$TMP/nhwc.h5"; then
+    pass "convert --from npy: (N, H, W, C) images are read as channels-last and transposed"
+  else
+    fail "convert --from npy: (N, H, W, C) images:"
+    cat "$TMP/convert.log"
+  fi
 else
   echo "note: no python3 with h5py and numpy (Debian: python3-h5py); dataset cases are skipped"
 fi
@@ -234,6 +250,14 @@ if setpriv --reuid=65534 --regid=65534 --clear-groups "$DPTRAIN" --version >/dev
 else
   skip "unreadable files: cannot run $DPTRAIN as user nobody (setpriv)"
 fi
+
+# A FIFO (or /dev/stdin) where a file belongs: opening it for reading waited for a writer.
+mkfifo "$TMP/fifo.h5"
+both "a FIFO as data.train" 3 "$TMP/fifo.h5: cannot read the file: it is not a regular file" \
+  train --config "$BASE" --set "data.train=$TMP/fifo.h5" --set data.test= --set "run_dir=$TMP/fifo-run"
+both "a FIFO as checkpoint.resume" 6 \
+  "checkpoint $TMP/fifo.h5: cannot read the file: it is not a regular file" \
+  train --config "$BASE" --set "checkpoint.resume=$TMP/fifo.h5" --set "run_dir=$TMP/fifo-run"
 
 echo "== run_dir not writable (exit 3)"
 both "run_dir under a regular file" 3 \

@@ -273,6 +273,14 @@ for t in m.graph.initializer:
         arr = onnx.numpy_helper.to_array(t)[:, :256].copy()
         t.CopyFrom(onnx.numpy_helper.from_array(arr, "fc.weight"))
 onnx.save(m, f"{out}/wrong_size.onnx")
+# A NaN weight (a broken export or a diverged PyTorch run): a NaN loss blamed on train.lr before.
+m = onnx.load(f"{out}/resnet18/model.onnx")
+for t in m.graph.initializer:
+    if t.name == "layer1.0.conv1.weight":
+        arr = onnx.numpy_helper.to_array(t).copy()
+        arr.flat[7] = float("nan")
+        t.CopyFrom(onnx.numpy_helper.from_array(arr, t.name))
+onnx.save(m, f"{out}/nan_weight.onnx")
 # A Conv with strides 0 (a hand-edited or converted file; the checker accepts it): it divided by
 # zero (SIGFPE) in train, plan and inspect.
 m = onnx.load(f"{out}/view.onnx")
@@ -303,6 +311,9 @@ expect_fail 2 "two_inputs.onnx has 2 inputs" -- \
 CASE="an initializer of the wrong size"
 expect_fail 2 "initializer 'fc.weight' has 2560 values but the layer needs [10, 512]" -- \
   "$DPTRAIN" train --config "$D/run.toml" --set "model.onnx=$TMP/wrong_size.onnx"
+CASE="a NaN in an initializer"
+expect_fail 2 "initializer 'layer1.0.conv1.weight' holds NaN at index 7; the exported weights are not finite" -- \
+  "$DPTRAIN" train --config "$D/run.toml" --set "model.onnx=$TMP/nan_weight.onnx"
 CASE="a Conv with strides 0"
 expect_fail 2 "(Conv): strides 0 is outside [1, 1048576]" -- \
   "$DPTRAIN" train --config "$D/run.toml" --set "model.onnx=$TMP/stride0.onnx"

@@ -228,6 +228,10 @@ TEST(AllocatorTest, ParsesByteSizes) {
   EXPECT_THROW(ParseByteSize("lots", "memory.limit"), ConfigError);
   EXPECT_THROW(ParseByteSize("-1GiB", "memory.limit"), ConfigError);
   EXPECT_THROW(ParseByteSize("3 parsecs", "memory.limit"), ConfigError);
+  // Under one byte it would truncate to 0, which means "no limit".
+  EXPECT_THROW(ParseByteSize("0.5", "memory.limit"), ConfigError);
+  EXPECT_THROW(ParseByteSize("0.0001KiB", "memory.limit"), ConfigError);
+  EXPECT_EQ(ParseByteSize("1.5", "memory.limit"), 1u);
   // Found by fuzz_config: a size beyond size_t was an undefined conversion.
   EXPECT_THROW(ParseByteSize("2555555555555555555555555GiB", "memory.limit"), ConfigError);
   EXPECT_THROW(ParseByteSize("1e300", "memory.limit"), ConfigError);
