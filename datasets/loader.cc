@@ -264,6 +264,8 @@ HostBatch TrainLoader::Produce(int64_t step) const {
     if (!spare_.empty()) {
       b.images = std::move(spare_.back());
       spare_.pop_back();
+    } else {
+      ++buffers_made_;
     }
   }
   const auto t0 = std::chrono::steady_clock::now();
@@ -307,8 +309,13 @@ void TrainLoader::WorkerLoop(int worker) {
 }
 
 void TrainLoader::Recycle(HostBatch&& b) {
+  // Keep as many as can be in use at once (the batches produced ahead, the one being trained
+  // on): at an epoch's start every worker produces ahead again, and a pool of fewer buffers
+  // than that maps fresh ones (page faults on every pixel) each epoch.
   std::lock_guard<std::mutex> lock(spare_mu_);
-  if (spare_.size() < 2) spare_.push_back(std::move(b.images));
+  if (spare_.size() < static_cast<size_t>(std::max(opts_.prefetch, 1) + 1)) {
+    spare_.push_back(std::move(b.images));
+  }
 }
 
 HostBatch TrainLoader::Next() {

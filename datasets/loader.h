@@ -95,6 +95,9 @@ class TrainLoader {
   // samples is tens of MB, which glibc maps and unmaps on every allocation (page faults on
   // every pixel). Thread-safe.
   void Recycle(HostBatch&& b);
+  // Image buffers allocated so far, recycled ones not counted: once every batch is recycled,
+  // this stays at most prefetch + 1 however many epochs run.
+  int64_t BuffersMade() const { return buffers_made_.load(); }
   // The loader's own rate: samples read and transformed per second of a thread's work (summed
   // over its threads, all epochs so far); 0 before any batch. What data.workers multiplies.
   double SamplesPerThreadSecond() const;
@@ -126,6 +129,7 @@ class TrainLoader {
   std::map<int64_t, Slot> ready_;  // step -> produced batch (the reorder queue)
   std::exception_ptr failed_;      // sticky after Next() rethrew
   mutable std::atomic<int64_t> busy_ns_{0}, produced_{0};  // SamplesPerThreadSecond()
+  mutable std::atomic<int64_t> buffers_made_{0};
   mutable std::mutex spare_mu_;
   mutable std::vector<std::vector<float>> spare_;  // Recycle()d image buffers
   std::vector<std::thread> threads_;

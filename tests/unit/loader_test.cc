@@ -90,6 +90,28 @@ TEST(LoaderTest, BatchesArriveInStepOrderWithSamplerIndices) {
   }
 }
 
+TEST(LoaderTest, RecycledBuffersLastAcrossEpochs) {
+  // A consumer slower than the workers, so they fill the prefetch window at every epoch's
+  // start: with a pool smaller than the buffers in use, each epoch allocated fresh ones (tens
+  // of MB each for ImageNet batches, page-faulted pixel by pixel).
+  auto ds = IndexedDataset(64, 1, 2, 2);
+  Sampler s(64, 8, 1, 0, 5, true);
+  TrainLoader loader(*ds, s, Opts(2, 4));
+  int64_t after_first = 0;
+  for (int64_t epoch = 0; epoch < 4; ++epoch) {
+    loader.Start(epoch, 0);
+    while (loader.HasNext()) {
+      HostBatch b = loader.Next();
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      loader.Recycle(std::move(b));
+    }
+    if (epoch == 0) after_first = loader.BuffersMade();
+  }
+  EXPECT_GE(after_first, 1);
+  EXPECT_LE(after_first, 4 + 1);
+  EXPECT_EQ(loader.BuffersMade(), after_first) << "fresh buffers after the first epoch";
+}
+
 TEST(LoaderTest, StartMidEpochResumes) {
   auto ds = IndexedDataset(100, 1, 1, 1);
   Sampler s(100, 10, 1, 0, 3, true);
