@@ -285,6 +285,20 @@ TEST(AugmentTest, CropResizeIsBilinearWithoutAlignCorners) {
       EXPECT_EQ(out[static_cast<size_t>(y * 4 + x)], in[static_cast<size_t>((1 + y) * 6 + 2 + x)]);
     }
   }
+  // ... for every plane of stored uint8 pixels (x / 255), mirrored when flipped.
+  std::vector<uint8_t> u8(size_t{2} * 24);
+  for (size_t i = 0; i < u8.size(); ++i) u8[i] = static_cast<uint8_t>(i * 37 % 256);
+  std::vector<float> planes(24);
+  CropResize(u8.data(), 2, 4, 6, box, 3, 4, true, planes.data());
+  for (int64_t ch = 0; ch < 2; ++ch) {
+    for (int64_t y = 0; y < 3; ++y) {
+      for (int64_t x = 0; x < 4; ++x) {
+        const uint8_t v = u8[static_cast<size_t>((ch * 4 + 1 + y) * 6 + 2 + (3 - x))];
+        EXPECT_EQ(planes[static_cast<size_t>((ch * 3 + y) * 4 + x)], static_cast<float>(v) / 255.0f)
+            << ch << ", " << y << ", " << x;
+      }
+    }
+  }
 }
 
 TEST(AugmentTest, CenterCropIsTorchvisions) {
