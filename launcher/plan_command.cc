@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "core/backend_registry.h"
 #include "core/error.h"
 #include "launcher/process_env.h"
@@ -85,11 +87,15 @@ int RunPlanCommand(const TrainConfig& cfg, int ranks, bool json) {
           "train.precision = \"bf16\", a smaller model, or a larger memory.limit\n",
           plan.total >> 20, budget >> 20, plan.fixed >> 20);
     } else if (budget > 0 && plan.total > budget) {
+      // train.accumulate must divide the per-rank batch: the largest micro-batch that fits and
+      // divides it (1 always does).
+      int64_t fit = std::min(plan.max_micro_batch, local);
+      while (local % fit != 0) --fit;
       fmt::print(
-          "does NOT fit: {} MiB needed, {} MiB available; use micro-batch <= {} "
-          "(train.accumulate = {}), or train.precision = \"bf16\"\n",
-          plan.total >> 20, budget >> 20, plan.max_micro_batch,
-          plan.max_micro_batch > 0 ? (local + plan.max_micro_batch - 1) / plan.max_micro_batch : 0);
+          "does NOT fit: {} MiB needed, {} MiB available; micro-batch {} fits (up to {}): set "
+          "train.accumulate = {} (the global batch and the maths stay the same), or "
+          "train.precision = \"bf16\"\n",
+          plan.total >> 20, budget >> 20, fit, plan.max_micro_batch, local / fit);
     }
   }
   return kExitOk;

@@ -106,6 +106,16 @@ CASE="plan: a memory.limit that not even one sample fits says so"
 expect_ok -- "$DPTRAIN" plan --config "$BASE" --set memory.limit=512B
 check "  ... no 'micro-batch <= 0' advice" grep -q "not even one sample fits: the parameters" \
   "$TMP/last.out"
+CASE="plan: a memory.limit that part of the batch fits advises an accumulate that divides it"
+expect_ok -- "$DPTRAIN" plan --config "$BASE" --set memory.limit=9MiB
+check "  ... micro-batch x train.accumulate = the per-rank batch (32)" python3 - "$TMP/last.out" <<'PY'
+import re, sys
+m = re.search(r"micro-batch (\d+) fits \(up to (\d+)\): set train.accumulate = (\d+)",
+              open(sys.argv[1]).read())
+assert m, "no advice line"
+fit, most, acc = map(int, m.groups())
+assert fit * acc == 32 and fit <= most and 32 % fit == 0, m.group(0)
+PY
 both "dist.shard unknown value" 2 \
   'dist.shard must be one of "none", "optimizer", "gradients", got "zero3"' \
   train --config "$BASE" --set dist.shard=zero3
