@@ -313,7 +313,7 @@ void TrainLoader::Recycle(HostBatch&& b) {
   // on): at an epoch's start every worker produces ahead again, and a pool of fewer buffers
   // than that maps fresh ones (page faults on every pixel) each epoch.
   std::lock_guard<std::mutex> lock(spare_mu_);
-  if (spare_.size() < static_cast<size_t>(std::max(opts_.prefetch, 1) + 1)) {
+  if (spare_.size() <= static_cast<size_t>(std::max(opts_.prefetch, 1))) {  // prefetch + 1
     spare_.push_back(std::move(b.images));
   }
 }

@@ -179,11 +179,13 @@ void Validate(TrainConfig& c, const Origins& origins) {
   if (!c.memory.limit.empty()) {
     try {
       c.memory.limit_bytes = ParseByteSize(c.memory.limit, "memory.limit");
-    } catch (const ConfigError&) {
+    } catch (const ConfigError& e) {
+      // "0.5" is a positive number but no whole byte (0 bytes would mean no limit).
+      const bool tiny = std::string_view(e.what()).find("less than one byte") != std::string::npos;
       Fail(origins.Where("memory.limit"),
            "memory.limit: " + Quote(c.memory.limit) +
-               " is not a positive size (examples: \"512MiB\", \"2GiB\", "
-               "\"1048576\"; \"\" = no limit)");
+               (tiny ? " is less than one byte" : " is not a positive size") +
+               " (examples: \"512MiB\", \"2GiB\", \"1048576\"; \"\" = no limit)");
     }
   }
 

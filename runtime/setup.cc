@@ -199,7 +199,7 @@ void Trainer::ShrinkMicroBatchMidRun(const std::string& oom) {
   Say(fmt::format(
       "memory.auto_microbatch: micro-batch {} ran out of memory on rank {} at step {}; going on "
       "with {} x {} micro-steps per step (global batch {} unchanged, the step runs again)",
-      tried, failed_rank, step_, micro_, accumulate_, cfg_.train.global_batch));
+      tried, failed_rank, step_ + 1, micro_, accumulate_, cfg_.train.global_batch));
   SetupModelThatFits();
   const auto restore = [&](const std::vector<float>& v, Tensor* flat) {
     DPT_CHECK(static_cast<int64_t>(v.size()) == flat->numel());

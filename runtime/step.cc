@@ -175,7 +175,8 @@ bool Trainer::RunMicroSteps(const HostBatch& batch, std::string* oom) {
         if (m == 0 && step_ == env_.hooks.oom_step && comm_.rank() == env_.hooks.oom_rank &&
             !oom_hook_fired_) {
           oom_hook_fired_ = true;
-          throw OutOfMemory(RankTag() + fmt::format("out of memory (test hook) at step {}", step_));
+          throw OutOfMemory(RankTag() +
+                            fmt::format("out of memory (test hook) at step {}", step_ + 1));
         }
         UploadBatch(batch, m * micro_, micro_, train_teacher_targets_);
         ForwardContext ctx;
@@ -250,8 +251,9 @@ bool Trainer::CheckGradients() {
   control_.AllReduceHost(&bad, 1, ReduceOp::kMax);
   // The step being taken, counted from 1 as progress lines and metrics.jsonl count it.
   const int64_t this_step = step_ + 1;
-  const std::string last_good =
-      result_.last_checkpoint.empty() ? std::string("none") : result_.last_checkpoint;
+  const auto last_good = [&] {
+    return result_.last_checkpoint.empty() ? std::string("none") : result_.last_checkpoint;
+  };
   if (scaler_->enabled()) {
     const double before = scaler_->scale();
     const bool was_at_minimum = scaler_->at_minimum();
@@ -264,9 +266,9 @@ bool Trainer::CheckGradients() {
           RankTag() +
               fmt::format("loss scaling: non-finite gradients at step {} with the loss scale "
                           "already at its minimum ({}); the run has diverged ({} steps skipped "
-                          "in all). Last good checkpoint: {}. hint: lower train.lr, add "
+                          "before it). Last good checkpoint: {}. hint: lower train.lr, add "
                           "train.warmup_steps, check the data for NaN/Inf",
-                          this_step, before, scaler_->state().skipped_steps, last_good),
+                          this_step, before, skipped_steps_, last_good()),
           kExitData);
     }
     if (skip) {
@@ -298,7 +300,7 @@ bool Trainer::CheckGradients() {
       RankTag() + fmt::format("non-finite gradient at step {} (first in {}); the parameters were "
                               "not updated. Last good checkpoint: {}. hint: lower train.lr, add "
                               "train.warmup_steps, check the data for NaN/Inf",
-                              this_step, where.empty() ? "an unknown layer" : where, last_good),
+                              this_step, where.empty() ? "an unknown layer" : where, last_good()),
       kExitData);
 }
 

@@ -34,8 +34,9 @@ struct TrainHooks {
   // `flip_param_step` (silent corruption of one replica); -1 = never.
   int flip_param_rank = -1;
   int64_t flip_param_step = -1;
-  // An out-of-memory thrown on rank `oom_rank` in the first micro-step of optimizer step
-  // `oom_step` (once): what memory.auto_microbatch recovers from mid-run; -1 = never.
+  // An out-of-memory thrown on rank `oom_rank` in the first micro-step once `oom_step` steps
+  // are done (step oom_step + 1, counted from 1), once: what memory.auto_microbatch recovers
+  // from mid-run; -1 = never.
   int oom_rank = -1;
   int64_t oom_step = -1;
   CheckpointPauseHook checkpoint_pause;

@@ -75,13 +75,17 @@ std::vector<int64_t> Dims(hid_t space) {
 }
 
 std::string UnreadableReason(const std::string& path) {
-  // O_NONBLOCK: opening a FIFO for reading would wait for a writer (a hang, not an error).
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) return std::strerror(errno);
+  // The type first: opening a FIFO for reading waits for a writer (a hang), and opening a
+  // device has effects of its own.
   struct stat st {};
-  const bool regular = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+  if (::stat(path.c_str(), &st) != 0) return std::strerror(errno);
+  if (!S_ISREG(st.st_mode)) {
+    return "it is not a regular file (a FIFO, socket or device); give an HDF5 file";
+  }
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0) return std::strerror(errno);
   ::close(fd);
-  return regular ? "" : "it is not a regular file (a FIFO, socket or device); give an HDF5 file";
+  return "";
 }
 
 template <class E>

@@ -31,6 +31,9 @@ class GzFile {
     if (std::filesystem::is_directory(path, ec)) {
       DPT_THROW(IoError) << path << ": is a directory, expected an idx file";
     }
+    if (!std::filesystem::is_regular_file(path, ec)) {  // a FIFO would wait for a writer
+      DPT_THROW(IoError) << path << ": is not a regular file (a FIFO, socket or device)";
+    }
     f_ = gzopen(path.c_str(), "rb");
     if (f_ == nullptr) {
       DPT_THROW(IoError) << path << ": cannot open: " << std::strerror(errno);

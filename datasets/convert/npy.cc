@@ -169,8 +169,9 @@ Dtype ParseDtype(const std::string& path, const std::string& d) {
 
 NpyArray ReadNpy(const std::string& path) {
   std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) DPT_THROW(IoError) << path << ": no such file";
   if (!std::filesystem::is_regular_file(path, ec)) {
-    DPT_THROW(IoError) << path << ": no such file";
+    DPT_THROW(IoError) << path << ": is not a regular file (a directory, FIFO, socket or device)";
   }
   const auto file_size = std::filesystem::file_size(path, ec);
   if (ec) DPT_THROW(IoError) << path << ": cannot get size: " << ec.message();
@@ -262,18 +263,19 @@ int64_t IntAt(const NpyArray& a, size_t i) {
   return static_cast<int64_t>(u);
 }
 
-// (N, H, W, C) -> (N, C, H, W), elements of `es` bytes.
+// (N, H, W, C) -> (N, C, H, W) of ES-byte elements (a constant size: one move per element).
+template <size_t ES>
 std::vector<uint8_t> ChannelsFirst(const std::vector<uint8_t>& in, int64_t n, int64_t h, int64_t w,
-                                   int64_t c, size_t es) {
+                                   int64_t c) {
   std::vector<uint8_t> out(in.size());
   const int64_t hw = h * w;
   for (int64_t i = 0; i < n; ++i) {
-    const uint8_t* src = in.data() + static_cast<size_t>(i * hw * c) * es;
-    uint8_t* dst = out.data() + static_cast<size_t>(i * hw * c) * es;
+    const uint8_t* src = in.data() + static_cast<size_t>(i * hw * c) * ES;
+    uint8_t* dst = out.data() + static_cast<size_t>(i * hw * c) * ES;
     for (int64_t p = 0; p < hw; ++p) {
       for (int64_t ch = 0; ch < c; ++ch) {
-        std::memcpy(dst + static_cast<size_t>(ch * hw + p) * es,
-                    src + static_cast<size_t>(p * c + ch) * es, es);
+        std::memcpy(dst + static_cast<size_t>(ch * hw + p) * ES,
+                    src + static_cast<size_t>(p * c + ch) * ES, ES);
       }
     }
   }
@@ -305,6 +307,10 @@ NpyResult ConvertNpy(const std::string& images, const std::string& labels, const
     DPT_CHECK_AS(DataError, d > 0)
         << images << ": images shape " << Shape(img.shape).ToString() << " has a zero dimension";
   }
+  if (img.shape.size() == 3 && layout != NpyLayout::kAuto) {
+    DPT_THROW(ConfigError) << images << ": --layout applies to rank-4 images, and these are (N, H, "
+                           << "W) " << Shape(img.shape).ToString() << " (one channel); drop it";
+  }
   NpyResult result;
   result.file_shape = img.shape;
   result.channels_last =
@@ -312,8 +318,8 @@ NpyResult ConvertNpy(const std::string& images, const std::string& labels, const
       (layout == NpyLayout::kNHWC ||
        (layout == NpyLayout::kAuto && IsChannelCount(shape[3]) && !IsChannelCount(shape[1])));
   if (result.channels_last) {
-    img.data = ChannelsFirst(img.data, shape[0], shape[1], shape[2], shape[3],
-                             static_cast<size_t>(it.size));
+    img.data = is_u8 ? ChannelsFirst<1>(img.data, shape[0], shape[1], shape[2], shape[3])
+                     : ChannelsFirst<4>(img.data, shape[0], shape[1], shape[2], shape[3]);
     shape = {shape[0], shape[3], shape[1], shape[2]};
   }
   result.written_shape = shape;

@@ -53,7 +53,7 @@ if ((NGPU >= 2)); then
   # for the peers, blocked in the next collective, for dist.collective_timeout_s); expect_fail
   # calls anything over 30 s a hang.
   CASE="an error on one rank ends a 2-GPU NCCL run at once (collective timeout 300 s)"
-  expect_fail 4 "out of memory (test hook) at step 3" -- env DPTRAIN_TEST_OOM=1:3 "${MPI2[@]}" \
+  expect_fail 4 "out of memory (test hook) at step 4" -- env DPTRAIN_TEST_OOM=1:3 "${MPI2[@]}" \
     "$DPTRAIN_HOOKED" "${TRAIN[@]}" --set "run_dir=$TMP/onerank" --set train.max_steps=20 \
     --set train.eval_every_epochs=0 --set dist.collective_timeout_s=300
   CASE="set-device policy, 2 ranks, 20 steps"

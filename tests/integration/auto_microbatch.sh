@@ -67,11 +67,11 @@ mlp=(--config "$DPTRAIN_SRC/configs/mlp_layers.toml"
   --set "data.train=$DPTRAIN_DATA/fmnist/train.h5" --set "data.test=$DPTRAIN_DATA/fmnist/test.h5"
   --set train.epochs=0 --set train.max_steps=8 --set train.log_every_steps=1
   --set train.eval_every_epochs=0 --set checkpoint.resume=never --set memory.auto_microbatch=true)
-CASE="an out-of-memory on rank 1 at step 3: every rank halves the micro-batch and goes on"
+CASE="an out-of-memory on rank 1 at step 4 (after 3): every rank halves the micro-batch and goes on"
 expect_ok -- env DPTRAIN_TEST_OOM=1:3 "${MPI2[@]}" "$DPTRAIN_HOOKED" train "${mlp[@]}" \
   --set "run_dir=$TMP/oom"
-check "the halving is announced once, naming rank 1 and step 3" \
-  test "$(grep -c 'micro-batch 64 ran out of memory on rank 1 at step 3' "$TMP/last.out")" = 1
+check "the halving is announced once, naming rank 1 and step 4" \
+  test "$(grep -c 'micro-batch 64 ran out of memory on rank 1 at step 4' "$TMP/last.out")" = 1
 check "all 8 steps were logged" \
   test "$(grep -c '"kind":"step"' "$TMP/oom/metrics.jsonl")" = 8
 CASE="the same run with no out-of-memory"
@@ -80,7 +80,7 @@ check "its losses agree with the run that halved mid-run within 1e-5" \
   compare_losses "$TMP/oom/metrics.jsonl" "$TMP/nooom/metrics.jsonl"
 
 CASE="the same out-of-memory without memory.auto_microbatch: exit 4 on every rank, no hang"
-expect_fail 4 "out of memory (test hook) at step 3" -- env DPTRAIN_TEST_OOM=1:3 "${MPI2[@]}" \
+expect_fail 4 "out of memory (test hook) at step 4" -- env DPTRAIN_TEST_OOM=1:3 "${MPI2[@]}" \
   "$DPTRAIN_HOOKED" train "${mlp[@]}" --set memory.auto_microbatch=false --set "run_dir=$TMP/off"
 
 finish

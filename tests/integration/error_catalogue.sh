@@ -100,7 +100,7 @@ both "checkpoint.resume empty" 2 \
 both "memory.limit not a size" 2 "memory.limit: \"lots\" is not a positive size" \
   train --config "$BASE" --set memory.limit=lots
 both "memory.limit under one byte (0 would mean no limit)" 2 \
-  "memory.limit: \"0.5\" is not a positive size" train --config "$BASE" --set memory.limit=0.5
+  "memory.limit: \"0.5\" is less than one byte" train --config "$BASE" --set memory.limit=0.5
 one "plan --ranks 0" 2 "--ranks: Value 0 not in range 1 to 1048576" plan --config "$BASE" --ranks 0
 CASE="plan: a memory.limit that not even one sample fits says so"
 expect_ok -- "$DPTRAIN" plan --config "$BASE" --set memory.limit=512B

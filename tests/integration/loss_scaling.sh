@@ -61,7 +61,7 @@ DPTRAIN_TEST_INF_GRAD=1:5 expect_fail 3 "non-finite gradient at step 6 (first in
   --set checkpoint.resume=never
 
 CASE="fp16 that diverges: skips halve the scale to its minimum, then every rank stops [2 ranks]"
-expect_fail 3 "with the loss scale already at its minimum (1); the run has diverged" -- \
+expect_fail 3 "with the loss scale already at its minimum (1); the run has diverged (16 steps skipped before it)" -- \
   "${MPI2[@]}" "$DPTRAIN" train --config "$TMP/ls.toml" --set "run_dir=$TMP/div" \
   --set checkpoint.resume=never --set train.precision=fp16 --set train.lr=1e6 \
   --set train.global_batch=8 --set train.max_steps=200

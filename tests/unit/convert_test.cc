@@ -7,6 +7,7 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <array>
 #include <cmath>
@@ -363,6 +364,21 @@ TEST(ConvertTest, NpyChannelsLastImagesAreTransposed) {
   EXPECT_EQ(lf.images[1], f[5]);         // (n0, c0, h0, w1) <- (n0, h0, w1, c0)
   EXPECT_EQ(lf.images[12], f[1]);        // (n0, c1, h0, w0) <- (n0, h0, w0, c1)
   EXPECT_EQ(lf.images[60 + 13], f[66]);  // (n1, c1, h0, w1) <- (n1, h0, w1, c1)
+}
+
+TEST(ConvertTest, LayoutOfRank3ImagesAndFifosAreErrors) {
+  TempDir dir;
+  WriteBytes(dir.File("x.npy"), Npy("|u1", "(2, 3, 3)", std::string(18, '\1')));
+  WriteBytes(dir.File("y.npy"), Npy("<i8", "(2,)", Raw(std::vector<int64_t>{0, 1})));
+  ExpectError<ConfigError>(
+      [&] { ConvertNpy(dir.File("x.npy"), dir.File("y.npy"), dir.File("o.h5"), NpyLayout::kNHWC); },
+      {"x.npy", "--layout applies to rank-4 images"});
+  // A named pipe where a file belongs: opening it would wait for a writer.
+  ASSERT_EQ(::mkfifo(dir.File("pipe").c_str(), 0600), 0);
+  ExpectError<IoError>([&] { ConvertNpy(dir.File("pipe"), dir.File("y.npy"), dir.File("o.h5")); },
+                       {"pipe", "is not a regular file"});
+  ExpectError<IoError>([&] { ConvertIdx(dir.File("pipe"), dir.File("y.npy"), dir.File("o.h5")); },
+                       {"pipe", "is not a regular file"});
 }
 
 TEST(ConvertTest, NpyErrors) {
