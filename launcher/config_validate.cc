@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Config validation: value ranges and the rules between keys, checked once the file and every
 // --set are applied; each error names the key and where its value came from.
+#include <optional>
 #include <string>
 
 #include "core/error.h"
@@ -177,16 +178,15 @@ void Validate(TrainConfig& c, const Origins& origins) {
   // [memory]
   c.memory.limit_bytes = 0;
   if (!c.memory.limit.empty()) {
-    try {
-      c.memory.limit_bytes = ParseByteSize(c.memory.limit, "memory.limit");
-    } catch (const ConfigError& e) {
+    std::string why;
+    const std::optional<size_t> bytes = TryParseByteSize(c.memory.limit, &why);
+    if (!bytes) {
       // "0.5" is a positive number but no whole byte (0 bytes would mean no limit).
-      const bool tiny = std::string_view(e.what()).find("less than one byte") != std::string::npos;
       Fail(origins.Where("memory.limit"),
-           "memory.limit: " + Quote(c.memory.limit) +
-               (tiny ? " is less than one byte" : " is not a positive size") +
+           "memory.limit: " + Quote(c.memory.limit) + " " + why +
                " (examples: \"512MiB\", \"2GiB\", \"1048576\"; \"\" = no limit)");
     }
+    c.memory.limit_bytes = bytes.value_or(0);
   }
 
   // [dist]

@@ -46,8 +46,10 @@ LauncherVars ReadLauncherVars(const GetEnvFn& getenv);
 bool UnderLauncher(const GetEnvFn& getenv);
 
 // Whether this process is world rank 0 by the first of OMPI_COMM_WORLD_RANK, PMI_RANK,
-// PMIX_RANK, SLURM_PROCID that is set; true when none is set (a single process) and when that
-// variable is malformed (an error printed twice beats an error printed by no rank).
+// PMIX_RANK, SLURM_PROCID that is set; true when none is set (a single process), when that
+// variable is malformed, and when no world size (OMPI_COMM_WORLD_SIZE, PMI_SIZE, PMIX_SIZE,
+// SLURM_NTASKS) is larger than the rank: a rank left exported in a shell. An error printed
+// twice beats an error printed by no rank.
 bool IsWorldRankZeroByEnv(const GetEnvFn& getenv);
 
 struct LauncherRank {

@@ -18,8 +18,11 @@ RunDirLock::~RunDirLock() {
 }
 
 bool RunDirLock::Acquire(const std::string& dir, const std::string& note, std::string* why) {
-  if (fd_ >= 0) return true;
   const std::string path = dir + "/.dptrain.lock";
+  if (fd_ >= 0) {
+    DPT_CHECK(path == path_) << "RunDirLock already holds " << path_ << ", asked for " << path;
+    return true;
+  }
   // Create it, or open the one an earlier run left: only a file this call created is removed
   // by Abandon.
   int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
@@ -38,10 +41,12 @@ bool RunDirLock::Acquire(const std::string& dir, const std::string& note, std::s
                              << "; give this run its own run_dir, or wait for that one to end";
     }
     if (fd >= 0) ::close(fd);
+    if (created) ::unlink(path.c_str());  // no lock on this file system: leave nothing behind
     if (why != nullptr) *why = path + ": " + std::strerror(err);
     return false;
   }
   fd_ = fd;
+  path_ = path;
   if (created) created_ = path;
   const std::string line = note + "\n";
   const bool noted = ::ftruncate(fd, 0) == 0 &&
@@ -55,6 +60,7 @@ void RunDirLock::Abandon() {
   if (!created_.empty()) ::unlink(created_.c_str());  // still locked: no other run holds it
   ::close(fd_);
   fd_ = -1;
+  path_.clear();
   created_.clear();
 }
 

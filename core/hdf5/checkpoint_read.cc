@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "core/hdf5/checkpoint_file.h"
 #include "core/hdf5/hdf5_util.h"
+#include "core/util/input_file.h"
 #include "core/util/strings.h"
 
 namespace dptrain {
@@ -284,15 +285,8 @@ std::string ReadStringDataset(hid_t file, const char* name, std::vector<std::str
 }
 
 h5::Id OpenCheckpointFile(const std::string& path) {
-  std::error_code ec;
-  if (!fs::exists(path, ec))
-    DPT_THROW(CheckpointError) << "checkpoint " << path << ": no such file";
-  if (fs::is_directory(path, ec)) {
-    DPT_THROW(CheckpointError) << "checkpoint " << path
-                               << ": is a directory, expected an HDF5 file";
-  }
-  if (const std::string why = h5::UnreadableReason(path); !why.empty()) {
-    DPT_THROW(CheckpointError) << "checkpoint " << path << ": cannot read the file: " << why;
+  if (const std::string why = InputFileProblem(path, "an HDF5 file"); !why.empty()) {
+    DPT_THROW(CheckpointError) << "checkpoint " << path << ": " << why;
   }
   const htri_t is_h5 = H5Fis_hdf5(path.c_str());
   if (is_h5 <= 0) {

@@ -2,14 +2,9 @@
 // HDF5 helpers shared by the dataset reader, the writer and `dptrain inspect`.
 #include "core/hdf5/hdf5_util.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <cstring>
-#include <filesystem>
-#include <system_error>
+
+#include "core/util/input_file.h"
 
 namespace dptrain::h5 {
 namespace {
@@ -74,31 +69,10 @@ std::vector<int64_t> Dims(hid_t space) {
   return std::vector<int64_t>(d.begin(), d.end());
 }
 
-std::string UnreadableReason(const std::string& path) {
-  // The type first: opening a FIFO for reading waits for a writer (a hang), and opening a
-  // device has effects of its own.
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) return std::strerror(errno);
-  if (!S_ISREG(st.st_mode)) {
-    return "it is not a regular file (a FIFO, socket or device); give an HDF5 file";
-  }
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY);
-  if (fd < 0) return std::strerror(errno);
-  ::close(fd);
-  return "";
-}
-
 template <class E>
 Id OpenFileReadOnly(const std::string& path) {
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) {
-    DPT_THROW(E) << path << ": no such file";
-  }
-  if (std::filesystem::is_directory(path, ec)) {
-    DPT_THROW(E) << path << ": is a directory, expected an HDF5 file";
-  }
-  if (const std::string why = UnreadableReason(path); !why.empty()) {
-    DPT_THROW(E) << path << ": cannot read the file: " << why;
+  if (const std::string why = InputFileProblem(path, "an HDF5 file"); !why.empty()) {
+    DPT_THROW(E) << path << ": " << why;
   }
   const htri_t is_h5 = H5Fis_hdf5(path.c_str());
   if (is_h5 <= 0) {

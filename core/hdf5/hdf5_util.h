@@ -83,11 +83,6 @@ class ScopedSilence {
 // "file signature not found; unable to open file". Empty when the stack is empty.
 std::string ErrorStackString();
 
-// Why `path` cannot be opened for reading ("Permission denied", or not a regular file: a FIFO
-// would block the reader), or "" when it can. libhdf5 reports an unreadable file as "not an
-// HDF5 file"; readers check this first.
-std::string UnreadableReason(const std::string& path);
-
 // Element type of a dataset or attribute in words: "uint8", "int64", "float32", "string", ...
 std::string TypeName(hid_t type);
 

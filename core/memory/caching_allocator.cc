@@ -8,6 +8,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <sstream>
 
 #include "core/error.h"
@@ -207,7 +208,7 @@ std::string CachingAllocator::ReportLockedUnsafe(size_t top) const {
   return os.str();
 }
 
-size_t ParseByteSize(std::string_view text, std::string_view what) {
+std::optional<size_t> TryParseByteSize(std::string_view text, std::string* why) {
   std::string s(text);
   s.erase(std::remove_if(s.begin(), s.end(), [](unsigned char c) { return std::isspace(c); }),
           s.end());
@@ -216,8 +217,8 @@ size_t ParseByteSize(std::string_view text, std::string_view what) {
   try {
     value = std::stod(s, &pos);
   } catch (const std::exception&) {
-    DPT_THROW(ConfigError) << what << ": '" << text
-                           << "' is not a size (examples: 512MiB, 2GiB, 1048576)";
+    *why = "is not a positive size";
+    return std::nullopt;
   }
   std::string unit = s.substr(pos);
   for (auto& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
@@ -241,19 +242,30 @@ size_t ParseByteSize(std::string_view text, std::string_view what) {
   else if (unit == "tb")
     mult = 1e12;
   if (mult == 0 || !(value > 0) || !std::isfinite(value)) {
-    DPT_THROW(ConfigError) << what << ": '" << text
-                           << "' is not a positive size (examples: 512MiB, 2GiB, 1048576)";
+    *why = "is not a positive size";
+    return std::nullopt;
   }
-  // 2^63 bytes is far beyond any device; converting a larger double to size_t is undefined.
   const double bytes = value * mult;
   if (bytes < 1) {  // it would become 0, which means "no limit"
-    DPT_THROW(ConfigError) << what << ": '" << text
-                           << "' is less than one byte (examples: 512MiB, 2GiB, 1048576)";
+    *why = "is less than one byte";
+    return std::nullopt;
   }
+  // 2^63 bytes is far beyond any device; converting a larger double to size_t is undefined.
   if (!(bytes < 9.2e18)) {
-    DPT_THROW(ConfigError) << what << ": '" << text << "' is too large (examples: 512MiB, 2GiB)";
+    *why = "is too large";
+    return std::nullopt;
   }
   return static_cast<size_t>(bytes);
+}
+
+size_t ParseByteSize(std::string_view text, std::string_view what) {
+  std::string why;
+  const std::optional<size_t> bytes = TryParseByteSize(text, &why);
+  if (!bytes) {
+    DPT_THROW(ConfigError) << what << ": '" << text << "' " << why
+                           << " (examples: 512MiB, 2GiB, 1048576)";
+  }
+  return *bytes;
 }
 
 std::string FormatBytes(size_t bytes) {

@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -128,7 +129,10 @@ class AllocationScope {
   static const std::string& Current();
 };
 
-// Parses "512MiB", "2GiB", "1.5GB", "1048576" into bytes; throws ConfigError naming `what`.
+// Parses "512MiB", "2GiB", "1.5GB", "1048576" into bytes (at least 1); nullopt with `why` set
+// ("is not a positive size", "is less than one byte", "is too large") when it is not one.
+std::optional<size_t> TryParseByteSize(std::string_view text, std::string* why);
+// ParseByteSize, throwing ConfigError "<what>: '<text>' <why> (examples: ...)".
 size_t ParseByteSize(std::string_view text, std::string_view what);
 std::string FormatBytes(size_t bytes);  // "1.50 GiB"
 

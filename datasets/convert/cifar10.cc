@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/util/input_file.h"
 #include "datasets/convert/convert.h"
 #include "datasets/dataset.h"
 
@@ -19,11 +20,12 @@ constexpr int kClasses = 10;
 // Appends the records of one batch file.
 void ReadBatch(const std::string& path, std::vector<uint8_t>* images,
                std::vector<int32_t>* labels) {
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) {
-    DPT_THROW(IoError) << path << ": no such file (CIFAR-10 binary version: data_batch_1.bin .. "
-                       << "data_batch_5.bin, test_batch.bin)";
+  if (const std::string why = InputFileProblem(path, "a CIFAR-10 batch file"); !why.empty()) {
+    DPT_THROW(IoError) << path << ": " << why
+                       << " (CIFAR-10 binary version: data_batch_1.bin .. data_batch_5.bin, "
+                          "test_batch.bin)";
   }
+  std::error_code ec;
   const auto size = static_cast<int64_t>(std::filesystem::file_size(path, ec));
   if (ec) DPT_THROW(IoError) << path << ": cannot get size: " << ec.message();
   if (size == 0 || size % kRecord != 0) {

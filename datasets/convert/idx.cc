@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/util/input_file.h"
 #include "datasets/convert/convert.h"
 #include "datasets/dataset.h"
 
@@ -26,13 +27,8 @@ constexpr uint32_t kMaxSide = 1 << 14;         // sanity bound on H and W
 class GzFile {
  public:
   explicit GzFile(const std::string& path) : path_(path) {
-    std::error_code ec;
-    if (!std::filesystem::exists(path, ec)) DPT_THROW(IoError) << path << ": no such file";
-    if (std::filesystem::is_directory(path, ec)) {
-      DPT_THROW(IoError) << path << ": is a directory, expected an idx file";
-    }
-    if (!std::filesystem::is_regular_file(path, ec)) {  // a FIFO would wait for a writer
-      DPT_THROW(IoError) << path << ": is not a regular file (a FIFO, socket or device)";
+    if (const std::string why = InputFileProblem(path, "an idx file"); !why.empty()) {
+      DPT_THROW(IoError) << path << ": " << why;
     }
     f_ = gzopen(path.c_str(), "rb");
     if (f_ == nullptr) {

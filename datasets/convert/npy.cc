@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/util/input_file.h"
 #include "datasets/convert/convert.h"
 #include "datasets/dataset.h"
 
@@ -168,11 +169,10 @@ Dtype ParseDtype(const std::string& path, const std::string& d) {
 }
 
 NpyArray ReadNpy(const std::string& path) {
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) DPT_THROW(IoError) << path << ": no such file";
-  if (!std::filesystem::is_regular_file(path, ec)) {
-    DPT_THROW(IoError) << path << ": is not a regular file (a directory, FIFO, socket or device)";
+  if (const std::string why = InputFileProblem(path, "a .npy file"); !why.empty()) {
+    DPT_THROW(IoError) << path << ": " << why;
   }
+  std::error_code ec;
   const auto file_size = std::filesystem::file_size(path, ec);
   if (ec) DPT_THROW(IoError) << path << ": cannot get size: " << ec.message();
   std::ifstream in(path, std::ios::binary);

@@ -278,6 +278,12 @@ expect_ok -- env SLURM_LOCALID=3 "${MPI4[@]}" "$DPTRAIN" train --config "$BASE" 
 CASE="OMPI_COMM_WORLD_LOCAL_RANK=5 in a single process [1 process]"
 expect_fail 2 "OMPI_COMM_WORLD_LOCAL_RANK=5 but MPI says this process is local rank 0 of 1" \
   -- env OMPI_COMM_WORLD_LOCAL_RANK=5 "$DPTRAIN" train --config "$BASE"
+# A world rank left exported in a shell: the process is alone, so it prints its own errors.
+CASE="a stale OMPI_COMM_WORLD_RANK=1, unknown command [1 process]"
+expect_fail 2 "unknown command 'frobnicate'" -- env OMPI_COMM_WORLD_RANK=1 "$DPTRAIN" frobnicate
+CASE="a stale OMPI_COMM_WORLD_RANK=1, bad config value [1 process]"
+expect_fail 2 "checkpoint.keep must be >= 1" \
+  -- env OMPI_COMM_WORLD_RANK=1 "$DPTRAIN" train --config "$BASE" --set checkpoint.keep=0
 # 4 ranks: a wrapper gives rank 2 a local rank that MPI contradicts; rank 0 reports rank 2's error.
 cat >"$TMP/rank2-local7.sh" <<'EOF'
 #!/bin/sh

@@ -228,6 +228,14 @@ TEST(AllocatorTest, ParsesByteSizes) {
   EXPECT_THROW(ParseByteSize("lots", "memory.limit"), ConfigError);
   EXPECT_THROW(ParseByteSize("-1GiB", "memory.limit"), ConfigError);
   EXPECT_THROW(ParseByteSize("3 parsecs", "memory.limit"), ConfigError);
+  std::string why;
+  EXPECT_EQ(TryParseByteSize("lots", &why), std::nullopt);
+  EXPECT_EQ(why, "is not a positive size");
+  EXPECT_EQ(TryParseByteSize("0.5", &why), std::nullopt);
+  EXPECT_EQ(why, "is less than one byte");
+  EXPECT_EQ(TryParseByteSize("99999999 TiB", &why), std::nullopt);
+  EXPECT_EQ(why, "is too large");
+  EXPECT_EQ(TryParseByteSize("1 KiB", &why), std::optional<size_t>(1024));
   // Under one byte it would truncate to 0, which means "no limit".
   EXPECT_THROW(ParseByteSize("0.5", "memory.limit"), ConfigError);
   EXPECT_THROW(ParseByteSize("0.0001KiB", "memory.limit"), ConfigError);

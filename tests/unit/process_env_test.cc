@@ -222,13 +222,29 @@ TEST(ProcessEnvTest, WorldRankZeroByEnv) {
   env.Set("SLURM_PROCID", "0");
   EXPECT_TRUE(IsWorldRankZeroByEnv(env.Fn()));
   env.Set("PMIX_RANK", "3");
+  EXPECT_TRUE(IsWorldRankZeroByEnv(env.Fn())) << "a rank with no world size around it is stale";
+  env.Set("SLURM_NTASKS", "16");
   EXPECT_FALSE(IsWorldRankZeroByEnv(env.Fn())) << "PMIX_RANK comes before SLURM_PROCID";
   env.Set("OMPI_COMM_WORLD_RANK", "0");
   EXPECT_TRUE(IsWorldRankZeroByEnv(env.Fn())) << "Open MPI's variable comes first";
   env.Set("OMPI_COMM_WORLD_RANK", "12");
   EXPECT_FALSE(IsWorldRankZeroByEnv(env.Fn()));
+  env.Set("OMPI_COMM_WORLD_RANK", "16");
+  EXPECT_TRUE(IsWorldRankZeroByEnv(env.Fn())) << "a rank outside every world size is stale";
   env.Set("OMPI_COMM_WORLD_RANK", "one");
   EXPECT_TRUE(IsWorldRankZeroByEnv(env.Fn())) << "malformed: print rather than stay silent";
+}
+
+TEST(ProcessEnvTest, AStaleRankExportedInAShellStillPrints) {
+  // `export OMPI_COMM_WORLD_RANK=1` left in a shell, then a plain `dptrain train`: the error
+  // must not vanish because this process believes another rank prints it.
+  FakeEnv env;
+  env.Set("OMPI_COMM_WORLD_RANK", "1");
+  EXPECT_TRUE(IsWorldRankZeroByEnv(env.Fn()));
+  env.Set("OMPI_COMM_WORLD_SIZE", "1");
+  EXPECT_TRUE(IsWorldRankZeroByEnv(env.Fn()));
+  env.Set("OMPI_COMM_WORLD_SIZE", "2");
+  EXPECT_FALSE(IsWorldRankZeroByEnv(env.Fn())) << "rank 1 of 2: rank 0 prints";
 }
 
 TEST(ProcessEnvTest, RankAndWorldFromTheFirstCompletePair) {

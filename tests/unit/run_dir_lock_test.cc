@@ -43,6 +43,17 @@ TEST(RunDirLockTest, SecondHolderIsRefusedNamingTheFirst) {
   EXPECT_EQ(ReadAll(dir.File(".dptrain.lock")), "pid 1 on a\n");  // the holder's note stays
 }
 
+TEST(RunDirLockTest, HoldingOneDirectoryAndAskingForAnotherIsAnInternalError) {
+  testing::TempDir a, b;
+  RunDirLock lock;
+  std::string why;
+  ASSERT_TRUE(lock.Acquire(a.path(), "pid 1", &why)) << why;
+  EXPECT_THROW(lock.Acquire(b.path(), "pid 1", &why), InternalError);
+  EXPECT_FALSE(std::filesystem::exists(b.File(".dptrain.lock")));
+  lock.Abandon();
+  ASSERT_TRUE(lock.Acquire(b.path(), "pid 1", &why)) << why;  // free again after Abandon
+}
+
 TEST(RunDirLockTest, ReleasedWhenTheHolderGoesAndTheFileIsReused) {
   testing::TempDir dir;
   std::string why;

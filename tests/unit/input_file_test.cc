@@ -1,0 +1,72 @@
+// SPDX-License-Identifier: Apache-2.0
+// InputFileProblem: the one check every reader makes before opening an input file. A FIFO is
+// refused without being opened (opening it would wait for a writer).
+#include "core/util/input_file.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+#include <string>
+
+#include "tests/testing/temp_dir.h"
+
+namespace dptrain {
+namespace {
+
+using ::testing::StartsWith;
+
+TEST(InputFileTest, ReadableRegularFileHasNoProblem) {
+  testing::TempDir dir;
+  std::ofstream(dir.File("a.h5")) << "x";
+  EXPECT_EQ(InputFileProblem(dir.File("a.h5"), "an HDF5 file"), "");
+  std::ofstream(dir.File("empty.h5")).close();  // empty: readable; the reader says what is wrong
+  EXPECT_EQ(InputFileProblem(dir.File("empty.h5"), "an HDF5 file"), "");
+}
+
+TEST(InputFileTest, MissingFileAndMissingDirectory) {
+  testing::TempDir dir;
+  EXPECT_EQ(InputFileProblem(dir.File("none.h5"), "an HDF5 file"), "no such file");
+  std::ofstream(dir.File("plain")) << "x";
+  EXPECT_EQ(InputFileProblem(dir.File("plain") + "/x.h5", "an HDF5 file"), "no such file");
+}
+
+TEST(InputFileTest, DirectoryNamesWhatWasExpected) {
+  testing::TempDir dir;
+  EXPECT_EQ(InputFileProblem(dir.path(), "an idx file"), "is a directory, expected an idx file");
+}
+
+TEST(InputFileTest, FifoIsRefusedWithoutWaiting) {
+  testing::TempDir dir;
+  const std::string fifo = dir.File("pipe.h5");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  // Returns at once: a blocking open would hang this test until ctest's timeout.
+  EXPECT_EQ(InputFileProblem(fifo, "an HDF5 file"),
+            "cannot read the file: it is not a regular file (a FIFO, socket or device); give an "
+            "HDF5 file");
+}
+
+TEST(InputFileTest, SocketAndDeviceAreRefused) {
+  testing::TempDir dir;
+  const std::string sock = dir.File("s");
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  ASSERT_LT(sock.size(), sizeof(addr.sun_path));
+  std::memcpy(addr.sun_path, sock.c_str(), sock.size() + 1);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)), 0);
+  EXPECT_THAT(InputFileProblem(sock, "a .npy file"),
+              StartsWith("cannot read the file: it is not a regular file"));
+  ::close(fd);
+  EXPECT_THAT(InputFileProblem("/dev/null", "a .npy file"),
+              StartsWith("cannot read the file: it is not a regular file"));
+}
+
+}  // namespace
+}  // namespace dptrain
