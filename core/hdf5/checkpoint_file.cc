@@ -19,6 +19,7 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <optional>
 #include <thread>
 
 #include "core/error.h"
@@ -105,6 +106,18 @@ class ImageWriter {
     if (!d.valid() || H5Dwrite(d.get(), type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, &p) < 0) {
       Fail("cannot write " + name, h5::ErrorStackString());
     }
+  }
+
+  // The attribute `crc32` on the group `obj`: Crc32 of h5::AttributesText (every other
+  // attribute), so that an edited or damaged step, seed or epoch is found on reading.
+  void AttributesCrc(const std::string& obj) {
+    h5::Id g = h5::Group(H5Gopen2(file_.get(), obj.c_str(), H5P_DEFAULT));
+    std::string why;
+    const std::optional<std::string> text =
+        g.valid() ? h5::AttributesText(g.get(), "crc32", &why) : std::nullopt;
+    if (!text) Fail("cannot checksum " + obj + " " + why, h5::ErrorStackString());
+    const uint32_t crc = Crc32(text->data(), text->size());
+    Attr(obj, "crc32", H5T_STD_U32LE, H5T_NATIVE_UINT32, &crc);
   }
 
   // The finished file's bytes; the in-memory file is closed.
@@ -266,6 +279,7 @@ std::vector<char> BuildImage(const std::string& tmp, const std::string& final_pa
   w.Int("/state", "loss_scale_good_steps", s.loss_scale_good_steps);
   w.Int("/state", "skipped_steps", s.skipped_steps);
   w.Int("/state", "micro_batch", s.micro_batch);
+  w.AttributesCrc("/state");  // after every other /state attribute
   w.StringDataset("/config", c.config_toml);
   if (!c.class_names.empty()) w.String("/", "class_names", Join(c.class_names, "\n"));
   return w.Finish();

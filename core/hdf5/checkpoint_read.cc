@@ -376,6 +376,21 @@ RawCheckpoint ReadRaw(const std::string& path) {
       s.loss_scale_good_steps = a.Int("loss_scale_good_steps", 0, false);
       s.skipped_steps = a.Int("skipped_steps", 0, false);
       s.micro_batch = a.Int("micro_batch", 0, false);
+      // Crc32 of every other /state attribute; files written before it existed have none.
+      if (a.Has("crc32")) {
+        const auto stored = static_cast<uint32_t>(a.Int("crc32"));
+        std::string why;
+        const std::optional<std::string> text = h5::AttributesText(g.get(), "crc32", &why);
+        if (!text) {
+          raw.errors.push_back("/state " + why);
+        } else if (const uint32_t computed = Crc32(text->data(), text->size());
+                   computed != stored) {
+          raw.errors.push_back(fmt::format(
+              "/state: checksum mismatch (crc32 stored {:08x}, computed {:08x}): its attributes "
+              "(step, epoch, seed, ...) changed after the save",
+              stored, computed));
+        }
+      }
     }
     // A dptrain checkpoint has a checksum on every tensor; one without is damaged or forged.
     for (const auto* group : {&raw.params, &raw.optimizer}) {

@@ -2,6 +2,7 @@
 // HDF5 helpers shared by the dataset reader, the writer and `dptrain inspect`.
 #include "core/hdf5/hdf5_util.h"
 
+#include <cstdio>
 #include <cstring>
 
 #include "core/util/input_file.h"
@@ -117,6 +118,74 @@ std::optional<std::string> ReadStringAttr(hid_t attr) {
   if (H5Aread(attr, mem.get(), buf.data()) < 0) return std::nullopt;
   buf.resize(std::strlen(buf.c_str()));
   return buf;
+}
+
+namespace {
+
+struct AttrTextState {
+  const char* skip;
+  std::string text;
+  std::string why;
+};
+
+herr_t AppendAttrLine(hid_t obj, const char* name, const H5A_info_t* /*info*/, void* data) {
+  auto* st = static_cast<AttrTextState*>(data);
+  if (std::strcmp(name, st->skip) == 0) return 0;
+  Id a = Attr(H5Aopen(obj, name, H5P_DEFAULT));
+  Id type = Type(a.valid() ? H5Aget_type(a.get()) : H5I_INVALID_HID);
+  Id space = Space(a.valid() ? H5Aget_space(a.get()) : H5I_INVALID_HID);
+  if (!type.valid() || !space.valid() || H5Sget_simple_extent_npoints(space.get()) != 1) {
+    st->why = std::string("@") + name + ": not a single value";
+    return -1;
+  }
+  std::string value;
+  bool read = false;
+  switch (H5Tget_class(type.get())) {
+    case H5T_INTEGER: {
+      int64_t v = 0;
+      read = H5Aread(a.get(), H5T_NATIVE_INT64, &v) >= 0;
+      value = std::to_string(v);
+      break;
+    }
+    case H5T_FLOAT: {
+      double v = 0;
+      read = H5Aread(a.get(), H5T_NATIVE_DOUBLE, &v) >= 0;
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "%.17g", v);
+      value = buf;
+      break;
+    }
+    case H5T_STRING: {
+      const std::optional<std::string> text = ReadStringAttr(a.get());
+      read = text.has_value();
+      value = text.value_or("");
+      break;
+    }
+    default:
+      st->why = std::string("@") + name + ": not an integer, float or string";
+      return -1;
+  }
+  if (!read) {
+    st->why = std::string("@") + name + ": unreadable";
+    return -1;
+  }
+  st->text += name;
+  st->text += '=';
+  st->text += value;
+  st->text += '\n';
+  return 0;
+}
+
+}  // namespace
+
+std::optional<std::string> AttributesText(hid_t obj, const char* skip, std::string* why) {
+  AttrTextState st{skip, {}, {}};
+  hsize_t idx = 0;
+  if (H5Aiterate2(obj, H5_INDEX_NAME, H5_ITER_INC, &idx, AppendAttrLine, &st) < 0) {
+    *why = st.why.empty() ? "cannot list its attributes: " + ErrorStackString() : st.why;
+    return std::nullopt;
+  }
+  return std::move(st.text);
 }
 
 }  // namespace dptrain::h5

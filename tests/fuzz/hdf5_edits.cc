@@ -12,9 +12,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "core/hdf5/hdf5_util.h"
 #include "runtime/checkpoint/checkpoint.h"
 
 namespace dptrain::fuzz {
@@ -463,6 +465,24 @@ void FixCrc32Attributes(const std::string& path) {
     H5Tclose(ftype);
     H5Dclose(d);
   }
+  // /state@crc32 covers the group's other attributes (WriteCheckpoint's AttributesCrc).
+  const hid_t g = H5Lexists(file, "state", H5P_DEFAULT) > 0 ? H5Gopen2(file, "state", H5P_DEFAULT)
+                                                            : H5I_INVALID_HID;
+  if (g >= 0 && H5Aexists(g, "crc32") > 0) {
+    std::string why;
+    if (const std::optional<std::string> text = h5::AttributesText(g, "crc32", &why)) {
+      const uint32_t crc = Crc32(text->data(), text->size());
+      H5Adelete(g, "crc32");
+      const hid_t as = H5Screate(H5S_SCALAR);
+      const hid_t a = H5Acreate2(g, "crc32", H5T_STD_U32LE, as, H5P_DEFAULT, H5P_DEFAULT);
+      if (a >= 0) {
+        H5Awrite(a, H5T_NATIVE_UINT32, &crc);
+        H5Aclose(a);
+      }
+      H5Sclose(as);
+    }
+  }
+  if (g >= 0) H5Gclose(g);
   H5Fclose(file);
 }
 

@@ -120,6 +120,22 @@ def delete(path, tensor):
     with h5py.File(path, "r+") as f:
         del f[tensor]
 
+def set_state(path, key, value, fix="keep"):
+    """Rewrites /state@key (a float) by hand; fix=fix recomputes /state@crc32 the way
+    docs/checkpoints.md says, as a user who edits the position on purpose would."""
+    with h5py.File(path, "r+") as f:
+        s = f["state"].attrs
+        s[key] = np.float64(value)
+        if fix == "fix":
+            def text(v):
+                if isinstance(v, bytes):
+                    return v.decode()
+                if isinstance(v, str):
+                    return v
+                return "%.17g" % v if isinstance(v, float) else str(int(v))
+            lines = "".join(f"{k}={text(s[k])}\n" for k in sorted(s) if k != "crc32")
+            s["crc32"] = np.uint32(zlib.crc32(lines.encode()))
+
 def prefix(path, pre):
     """Renames every tensor of /params and /optimizer to pre + name (a DDP-wrapped export)."""
     with h5py.File(path, "r+") as f:

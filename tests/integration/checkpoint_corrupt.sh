@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # Bad checkpoints and bad places to write them, each as 1 process and as 4 ranks: a truncated file, a flipped byte in
-# a tensor, a missing tensor, a checkpoint of another model, every checkpoint invalid, a
+# a tensor, an edited /state attribute, a missing tensor, a checkpoint of another model, every checkpoint invalid, a
 # checkpoint directory that cannot be created, a disk that fills up during a write. Each: exit 6
 # within 30 s, one message naming the file (and the tensor), nothing overwritten. A uniform
 # `module.` prefix is stripped with a notice; resume = auto skips an invalid newest file.
@@ -64,6 +64,19 @@ CASE="inspect shows the bad tensor"
 expect_ok -- "$DPTRAIN" inspect "$f"
 check "inspect: fc1.weight CRC32 MISMATCH, verdict INVALID" \
   bash -c "grep -q 'fc1.weight .*CRC32 MISMATCH' '$TMP/last.out' && grep -q 'verdict: INVALID' '$TMP/last.out'"
+
+echo "== an edited /state attribute"
+D=$(fresh state)
+f=$(ckpt "$D" 8)
+ckpt_py set_state "$f" elapsed_s 99.5
+refuses "resume = PATH, /state@elapsed_s edited" 6 \
+  "checkpoint $f is corrupt (1 problem): /state: checksum mismatch" \
+  "$D" --set "checkpoint.resume=$f"
+ckpt_py set_state "$f" elapsed_s 99.5 fix
+CASE="... accepted once /state@crc32 is recomputed as docs/checkpoints.md says"
+expect_ok -- "$DPTRAIN" train --config "$CONFIG" --set "run_dir=$D" --set train.max_steps=10 \
+  --set "checkpoint.resume=$f"
+check "resumed from step 8" grep -qF "resuming from $f: step 8" "$TMP/last.out"
 
 echo "== a missing tensor"
 D=$(fresh missing)

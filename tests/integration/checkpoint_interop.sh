@@ -44,9 +44,18 @@ with h5py.File(sys.argv[1], "r") as f:
         assert key in s, key
     assert (s["step"], s["epoch"], s["samples_in_epoch"]) == (16, 0, 16 * 64), s
     assert (s["global_batch"], s["world_size_at_save"], s["format_version"]) == (64, 1, 1), s
+    def text(v):  # docs/checkpoints.md's state_crc32
+        if isinstance(v, bytes):
+            return v.decode()
+        if isinstance(v, str):
+            return v
+        return "%.17g" % v if isinstance(v, float) else str(int(v))
+    lines = "".join(f"{k}={text(s[k])}\n" for k in sorted(s) if k != "crc32")
+    assert zlib.crc32(lines.encode()) == int(s["crc32"]), ("/state crc32", lines)
     config = tomllib.loads(f["config"][()].decode())
     assert config["model"]["name"] == "ref_cnn" and config["train"]["global_batch"] == 64
-print("h5py: 8 parameters with ref_cnn's names and shapes, 8 momentum buffers, checksums ok")
+print("h5py: 8 parameters with ref_cnn's names and shapes, 8 momentum buffers, checksums ok "
+      "(/state's too)")
 EOF
 
 echo "== the PyTorch snippet of docs/checkpoints.md"

@@ -222,6 +222,27 @@ TEST(CheckpointTest, FlippedByteIsReportedWithFileAndTensor) {
   EXPECT_THAT(desc, HasSubstr("verdict: INVALID"));
 }
 
+TEST(CheckpointTest, FlippedByteInTheStateIsReported) {
+  // The resume position is as precious as the weights: a damaged step or seed would resume a
+  // different run without a word.
+  TempDir dir;
+  Checkpoint c = MakeCheckpoint(8);
+  c.state.dataset_size = 0x5A17F00D5EEDLL;  // distinctive bytes, stored once in the file
+  const std::string path = WriteCheckpoint(dir.path(), c, 3).path;
+  EXPECT_EQ(ReadCheckpoint(path).state.dataset_size, c.state.dataset_size);
+  std::string bytes = ReadBytes(path);
+  const int64_t v = c.state.dataset_size;
+  const std::string needle(reinterpret_cast<const char*>(&v), sizeof v);
+  const size_t at = bytes.find(needle);
+  ASSERT_NE(at, std::string::npos);
+  ASSERT_EQ(bytes.find(needle, at + 1), std::string::npos);
+  bytes[at] = static_cast<char>(bytes[at] ^ 0x01);
+  WriteBytes(path, bytes);
+  ExpectCheckpointError([&] { ReadCheckpoint(path); },
+                        {path, "/state: checksum mismatch", "changed after the save"});
+  EXPECT_THAT(DescribeCheckpoint(path), HasSubstr("verdict: INVALID"));
+}
+
 TEST(CheckpointTest, TruncatedEmptyAndForeignFilesAreRejected) {
   TempDir dir;
   const std::string path = WriteCheckpoint(dir.path(), MakeCheckpoint(8), 3).path;
