@@ -309,6 +309,7 @@ struct RawCheckpoint {
   Checkpoint ckpt;
   std::vector<ReadTensor> params, optimizer;
   std::vector<std::string> errors;
+  std::string state_crc = "no checksum (written before /state had one)";  // for inspect
 };
 
 // Strips a "module." prefix present on every name of `tensors`; returns true when it did.
@@ -383,12 +384,17 @@ RawCheckpoint ReadRaw(const std::string& path) {
         const std::optional<std::string> text = h5::AttributesText(g.get(), "crc32", &why);
         if (!text) {
           raw.errors.push_back("/state " + why);
+          raw.state_crc = "UNREADABLE";
         } else if (const uint32_t computed = Crc32(text->data(), text->size());
                    computed != stored) {
           raw.errors.push_back(fmt::format(
               "/state: checksum mismatch (crc32 stored {:08x}, computed {:08x}): its attributes "
               "(step, epoch, seed, ...) changed after the save",
               stored, computed));
+          raw.state_crc =
+              fmt::format("CRC32 MISMATCH (stored {:08x}, computed {:08x})", stored, computed);
+        } else {
+          raw.state_crc = fmt::format("crc32 {:08x} ok", stored);
         }
       }
     }
@@ -471,6 +477,7 @@ std::string DescribeCheckpoint(const std::string& path) {
         "elapsed {:.1f} s\n",
         s.world_size_at_save, s.global_batch, s.accumulate, s.seed, s.optimizer, s.optimizer_steps,
         s.schedule, s.step, s.lr, s.last_eval_step, s.elapsed_s);
+    os << "  /state " << raw.state_crc << "\n";
   } else {
     os << "parameters file (no /state: usable as checkpoint.init, not to resume)\n";
   }

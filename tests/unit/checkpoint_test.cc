@@ -230,6 +230,7 @@ TEST(CheckpointTest, FlippedByteInTheStateIsReported) {
   c.state.dataset_size = 0x5A17F00D5EEDLL;  // distinctive bytes, stored once in the file
   const std::string path = WriteCheckpoint(dir.path(), c, 3).path;
   EXPECT_EQ(ReadCheckpoint(path).state.dataset_size, c.state.dataset_size);
+  EXPECT_THAT(DescribeCheckpoint(path), ::testing::ContainsRegex("/state crc32 [0-9a-f]{8} ok"));
   std::string bytes = ReadBytes(path);
   const int64_t v = c.state.dataset_size;
   const std::string needle(reinterpret_cast<const char*>(&v), sizeof v);
@@ -240,7 +241,9 @@ TEST(CheckpointTest, FlippedByteInTheStateIsReported) {
   WriteBytes(path, bytes);
   ExpectCheckpointError([&] { ReadCheckpoint(path); },
                         {path, "/state: checksum mismatch", "changed after the save"});
-  EXPECT_THAT(DescribeCheckpoint(path), HasSubstr("verdict: INVALID"));
+  const std::string desc = DescribeCheckpoint(path);
+  EXPECT_THAT(desc, HasSubstr("/state CRC32 MISMATCH"));
+  EXPECT_THAT(desc, HasSubstr("verdict: INVALID"));
 }
 
 TEST(CheckpointTest, TruncatedEmptyAndForeignFilesAreRejected) {
