@@ -185,20 +185,11 @@ bool UnderLauncher(const GetEnvFn& getenv) {
 }
 
 bool IsWorldRankZeroByEnv(const GetEnvFn& getenv) {
-  for (const char* v : kWorldRankVars) {
-    const char* s = getenv(v);
-    if (s == nullptr) continue;
-    const int rank = TryParseInt(s).value_or(0);
-    if (rank == 0) return true;
-    // Another rank prints only if there is a world it belongs to: a rank left exported in a
-    // shell, with no launcher's size around it (or a smaller one), is a single process.
-    for (const char* size_var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_NTASKS"}) {
-      const char* n = getenv(size_var);
-      if (n != nullptr && TryParseInt(n).value_or(0) > rank) return false;
-    }
-    return true;
-  }
-  return true;
+  // Another rank prints only when a launcher's complete (rank, size) pair says this is rank r of
+  // a world larger than r: a rank left exported in a shell without its size (or inside a Slurm
+  // allocation, whose SLURM_PROCID/SLURM_NTASKS say 0 of N) belongs to a process that prints.
+  const std::optional<LauncherRank> r = LauncherRankAndWorld(getenv);
+  return !(r && r->rank > 0 && r->rank < r->world);
 }
 
 std::optional<LauncherRank> LauncherRankAndWorld(const GetEnvFn& getenv) {

@@ -39,17 +39,16 @@ LauncherVars ReadLauncherVars(const GetEnvFn& getenv);
 
 // ---- world rank and size before MPI_Init ------------------------------------------------------
 // MPI's answer replaces these as soon as it is up. None of them throws: a value that is not a
-// non-negative integer counts as absent (except in IsWorldRankZeroByEnv, below).
+// non-negative integer counts as absent.
 
 // Started by mpirun, srun or another PMI launcher (as opposed to a plain single process): one of
 // OMPI_COMM_WORLD_RANK, PMI_RANK, PMIX_RANK, SLURM_PROCID is set, whatever its value.
 bool UnderLauncher(const GetEnvFn& getenv);
 
-// Whether this process is world rank 0 by the first of OMPI_COMM_WORLD_RANK, PMI_RANK,
-// PMIX_RANK, SLURM_PROCID that is set; true when none is set (a single process), when that
-// variable is malformed, and when no world size (OMPI_COMM_WORLD_SIZE, PMI_SIZE, PMIX_SIZE,
-// SLURM_NTASKS) is larger than the rank: a rank left exported in a shell. An error printed
-// twice beats an error printed by no rank.
+// Whether this process prints the errors found before MPI_Init: false only when
+// LauncherRankAndWorld (below) finds a pair saying rank r of a world larger than r, r > 0. A
+// single process, malformed values, and a rank left exported in a shell without its size (or
+// beyond it) print: an error printed twice beats an error printed by no rank.
 bool IsWorldRankZeroByEnv(const GetEnvFn& getenv);
 
 struct LauncherRank {

@@ -309,7 +309,7 @@ struct RawCheckpoint {
   Checkpoint ckpt;
   std::vector<ReadTensor> params, optimizer;
   std::vector<std::string> errors;
-  std::string state_crc = "no checksum (written before /state had one)";  // for inspect
+  std::string state_crc = "no checksum";  // for inspect
 };
 
 // Strips a "module." prefix present on every name of `tensors`; returns true when it did.

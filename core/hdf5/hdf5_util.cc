@@ -2,7 +2,9 @@
 // HDF5 helpers shared by the dataset reader, the writer and `dptrain inspect`.
 #include "core/hdf5/hdf5_util.h"
 
-#include <cstdio>
+#include <fmt/format.h>
+
+#include <cmath>
 #include <cstring>
 
 #include "core/util/input_file.h"
@@ -142,17 +144,22 @@ herr_t AppendAttrLine(hid_t obj, const char* name, const H5A_info_t* /*info*/, v
   bool read = false;
   switch (H5Tget_class(type.get())) {
     case H5T_INTEGER: {
-      int64_t v = 0;
-      read = H5Aread(a.get(), H5T_NATIVE_INT64, &v) >= 0;
-      value = std::to_string(v);
+      if (H5Tget_sign(type.get()) == H5T_SGN_NONE) {
+        uint64_t v = 0;
+        read = H5Aread(a.get(), H5T_NATIVE_UINT64, &v) >= 0;
+        value = std::to_string(v);
+      } else {
+        int64_t v = 0;
+        read = H5Aread(a.get(), H5T_NATIVE_INT64, &v) >= 0;
+        value = std::to_string(v);
+      }
       break;
     }
     case H5T_FLOAT: {
       double v = 0;
       read = H5Aread(a.get(), H5T_NATIVE_DOUBLE, &v) >= 0;
-      char buf[64];
-      std::snprintf(buf, sizeof buf, "%.17g", v);
-      value = buf;
+      // fmt ignores the locale; a NaN is "nan" whatever its sign bit (as Python prints it).
+      value = std::isnan(v) ? std::string("nan") : fmt::format("{:.17g}", v);
       break;
     }
     case H5T_STRING: {

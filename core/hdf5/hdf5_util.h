@@ -91,9 +91,9 @@ std::vector<int64_t> Dims(hid_t space);
 
 // The attributes of `obj` except `skip` as text, for a checksum over them: one line
 // "name=value\n" per attribute in name order (byte order), integers in decimal, floats as
-// printf's "%.17g", strings as they are. nullopt with *why naming the attribute when one is not
-// a single integer, float or string, or cannot be read. Python's equivalent is in
-// docs/checkpoints.md ("/state@crc32").
+// "%.17g" (C locale; "nan" for any NaN), strings as they are. nullopt with *why (not null) naming
+// the attribute when one is not a single integer, float or string, or cannot be read. Python's
+// equivalent is in docs/checkpoints.md ("/state@crc32").
 std::optional<std::string> AttributesText(hid_t obj, const char* skip, std::string* why);
 
 // The text of a string attribute holding one string (variable or fixed length); nullopt when

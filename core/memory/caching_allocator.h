@@ -130,7 +130,8 @@ class AllocationScope {
 };
 
 // Parses "512MiB", "2GiB", "1.5GB", "1048576" into bytes (at least 1); nullopt with `why` set
-// ("is not a positive size", "is less than one byte", "is too large") when it is not one.
+// ("is not a positive size", "is less than one byte", "is too large"; `why` is not null) when
+// it is not one.
 std::optional<size_t> TryParseByteSize(std::string_view text, std::string* why);
 // ParseByteSize, throwing ConfigError "<what>: '<text>' <why> (examples: ...)".
 size_t ParseByteSize(std::string_view text, std::string_view what);

@@ -22,8 +22,9 @@ void ReadBatch(const std::string& path, std::vector<uint8_t>* images,
                std::vector<int32_t>* labels) {
   if (const std::string why = InputFileProblem(path, "a CIFAR-10 batch file"); !why.empty()) {
     DPT_THROW(IoError) << path << ": " << why
-                       << " (CIFAR-10 binary version: data_batch_1.bin .. data_batch_5.bin, "
-                          "test_batch.bin)";
+                       << (why == "no such file" ? " (CIFAR-10 binary version: data_batch_1.bin .. "
+                                                   "data_batch_5.bin, test_batch.bin)"
+                                                 : "");
   }
   std::error_code ec;
   const auto size = static_cast<int64_t>(std::filesystem::file_size(path, ec));

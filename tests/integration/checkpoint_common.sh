@@ -132,7 +132,9 @@ def set_state(path, key, value, fix="keep"):
                     return v.decode()
                 if isinstance(v, str):
                     return v
-                return "%.17g" % v if isinstance(v, float) else str(int(v))
+                if isinstance(v, (float, np.floating)):
+                    return "nan" if np.isnan(v) else "%.17g" % v
+                return str(int(v))
             lines = "".join(f"{k}={text(s[k])}\n" for k in sorted(s) if k != "crc32")
             s["crc32"] = np.uint32(zlib.crc32(lines.encode()))
 

@@ -49,7 +49,9 @@ with h5py.File(sys.argv[1], "r") as f:
             return v.decode()
         if isinstance(v, str):
             return v
-        return "%.17g" % v if isinstance(v, float) else str(int(v))
+        if isinstance(v, (float, np.floating)):
+            return "nan" if np.isnan(v) else "%.17g" % v
+        return str(int(v))
     lines = "".join(f"{k}={text(s[k])}\n" for k in sorted(s) if k != "crc32")
     assert zlib.crc32(lines.encode()) == int(s["crc32"]), ("/state crc32", lines)
     config = tomllib.loads(f["config"][()].decode())

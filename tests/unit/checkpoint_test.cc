@@ -7,6 +7,7 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <hdf5.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -244,6 +245,26 @@ TEST(CheckpointTest, FlippedByteInTheStateIsReported) {
   const std::string desc = DescribeCheckpoint(path);
   EXPECT_THAT(desc, HasSubstr("/state CRC32 MISMATCH"));
   EXPECT_THAT(desc, HasSubstr("verdict: INVALID"));
+}
+
+TEST(CheckpointTest, StateWithoutAChecksumIsReadAsBefore) {
+  // Files written before /state had a crc32 still resume.
+  TempDir dir;
+  const Checkpoint c = MakeCheckpoint(8);
+  const std::string path = WriteCheckpoint(dir.path(), c, 3).path;
+  {
+    const hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    ASSERT_GE(f, 0);
+    const hid_t g = H5Gopen2(f, "state", H5P_DEFAULT);
+    ASSERT_GE(g, 0);
+    EXPECT_GE(H5Adelete(g, "crc32"), 0);
+    H5Gclose(g);
+    H5Fclose(f);
+  }
+  EXPECT_EQ(ReadCheckpoint(path).state.step, 8);
+  const std::string desc = DescribeCheckpoint(path);
+  EXPECT_THAT(desc, HasSubstr("/state no checksum"));
+  EXPECT_THAT(desc, HasSubstr("verdict: valid"));
 }
 
 TEST(CheckpointTest, TruncatedEmptyAndForeignFilesAreRejected) {

@@ -220,19 +220,19 @@ TEST(ProcessEnvTest, WorldRankZeroByEnv) {
   FakeEnv env;
   EXPECT_TRUE(IsWorldRankZeroByEnv(env.Fn())) << "a single process is rank 0";
   env.Set("SLURM_PROCID", "0");
+  env.Set("SLURM_NTASKS", "16");
   EXPECT_TRUE(IsWorldRankZeroByEnv(env.Fn()));
   env.Set("PMIX_RANK", "3");
-  EXPECT_TRUE(IsWorldRankZeroByEnv(env.Fn())) << "a rank with no world size around it is stale";
-  env.Set("SLURM_NTASKS", "16");
-  EXPECT_FALSE(IsWorldRankZeroByEnv(env.Fn())) << "PMIX_RANK comes before SLURM_PROCID";
+  EXPECT_TRUE(IsWorldRankZeroByEnv(env.Fn())) << "PMIX_RANK without PMIX_SIZE: SLURM's pair";
+  env.Set("PMIX_SIZE", "16");
+  EXPECT_FALSE(IsWorldRankZeroByEnv(env.Fn())) << "PMIX's pair comes before SLURM's";
   env.Set("OMPI_COMM_WORLD_RANK", "0");
-  EXPECT_TRUE(IsWorldRankZeroByEnv(env.Fn())) << "Open MPI's variable comes first";
+  env.Set("OMPI_COMM_WORLD_SIZE", "16");
+  EXPECT_TRUE(IsWorldRankZeroByEnv(env.Fn())) << "Open MPI's pair comes first";
   env.Set("OMPI_COMM_WORLD_RANK", "12");
   EXPECT_FALSE(IsWorldRankZeroByEnv(env.Fn()));
   env.Set("OMPI_COMM_WORLD_RANK", "16");
-  EXPECT_TRUE(IsWorldRankZeroByEnv(env.Fn())) << "a rank outside every world size is stale";
-  env.Set("OMPI_COMM_WORLD_RANK", "one");
-  EXPECT_TRUE(IsWorldRankZeroByEnv(env.Fn())) << "malformed: print rather than stay silent";
+  EXPECT_TRUE(IsWorldRankZeroByEnv(env.Fn())) << "a rank outside its world is stale";
 }
 
 TEST(ProcessEnvTest, AStaleRankExportedInAShellStillPrints) {
@@ -241,10 +241,15 @@ TEST(ProcessEnvTest, AStaleRankExportedInAShellStillPrints) {
   FakeEnv env;
   env.Set("OMPI_COMM_WORLD_RANK", "1");
   EXPECT_TRUE(IsWorldRankZeroByEnv(env.Fn()));
+  env.Set("SLURM_PROCID", "0");  // ... inside a Slurm allocation of 8 tasks
+  env.Set("SLURM_NTASKS", "8");
+  EXPECT_TRUE(IsWorldRankZeroByEnv(env.Fn()));
   env.Set("OMPI_COMM_WORLD_SIZE", "1");
   EXPECT_TRUE(IsWorldRankZeroByEnv(env.Fn()));
   env.Set("OMPI_COMM_WORLD_SIZE", "2");
   EXPECT_FALSE(IsWorldRankZeroByEnv(env.Fn())) << "rank 1 of 2: rank 0 prints";
+  env.Set("OMPI_COMM_WORLD_RANK", "one");
+  EXPECT_TRUE(IsWorldRankZeroByEnv(env.Fn())) << "malformed: SLURM's pair, rank 0";
 }
 
 TEST(ProcessEnvTest, RankAndWorldFromTheFirstCompletePair) {
