@@ -33,6 +33,18 @@ herr_t CollectLink(hid_t /*group*/, const char* name, const H5L_info_t* info, vo
   return 0;
 }
 
+// Replaces the attribute crc32 of the object `obj` with `crc`.
+void ReplaceCrc32(hid_t obj, uint32_t crc) {
+  H5Adelete(obj, "crc32");
+  const hid_t as = H5Screate(H5S_SCALAR);
+  const hid_t a = H5Acreate2(obj, "crc32", H5T_STD_U32LE, as, H5P_DEFAULT, H5P_DEFAULT);
+  if (a >= 0) {
+    H5Awrite(a, H5T_NATIVE_UINT32, &crc);
+    H5Aclose(a);
+  }
+  H5Sclose(as);
+}
+
 Objects ListObjects(hid_t file) {
   std::vector<std::string> links;
   H5Lvisit(file, H5_INDEX_NAME, H5_ITER_NATIVE, CollectLink, &links);
@@ -450,15 +462,7 @@ void FixCrc32Attributes(const std::string& path) {
     if (mtype >= 0 && n >= 0 && n <= (1 << 20) && H5Aexists(d, "crc32") > 0) {
       std::vector<uint8_t> buf(static_cast<size_t>(n) * size);
       if (H5Dread(d, mtype, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf.data()) >= 0) {
-        const uint32_t crc = Crc32(buf.data(), buf.size());
-        H5Adelete(d, "crc32");
-        const hid_t as = H5Screate(H5S_SCALAR);
-        const hid_t a = H5Acreate2(d, "crc32", H5T_STD_U32LE, as, H5P_DEFAULT, H5P_DEFAULT);
-        if (a >= 0) {
-          H5Awrite(a, H5T_NATIVE_UINT32, &crc);
-          H5Aclose(a);
-        }
-        H5Sclose(as);
+        ReplaceCrc32(d, Crc32(buf.data(), buf.size()));
       }
     }
     H5Sclose(space);
@@ -471,15 +475,7 @@ void FixCrc32Attributes(const std::string& path) {
   if (g >= 0 && H5Aexists(g, "crc32") > 0) {
     std::string why;
     if (const std::optional<std::string> text = h5::AttributesText(g, "crc32", &why)) {
-      const uint32_t crc = Crc32(text->data(), text->size());
-      H5Adelete(g, "crc32");
-      const hid_t as = H5Screate(H5S_SCALAR);
-      const hid_t a = H5Acreate2(g, "crc32", H5T_STD_U32LE, as, H5P_DEFAULT, H5P_DEFAULT);
-      if (a >= 0) {
-        H5Awrite(a, H5T_NATIVE_UINT32, &crc);
-        H5Aclose(a);
-      }
-      H5Sclose(as);
+      ReplaceCrc32(g, Crc32(text->data(), text->size()));
     }
   }
   if (g >= 0) H5Gclose(g);

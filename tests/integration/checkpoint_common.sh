@@ -120,6 +120,18 @@ def delete(path, tensor):
     with h5py.File(path, "r+") as f:
         del f[tensor]
 
+def state_lines(attrs):
+    """docs/checkpoints.md's state_crc32 text: what /state@crc32 is the CRC-32 of."""
+    def text(v):
+        if isinstance(v, bytes):
+            return v.decode()
+        if isinstance(v, str):
+            return v
+        if isinstance(v, (float, np.floating)):
+            return "nan" if np.isnan(v) else "%.17g" % v
+        return str(int(v))
+    return "".join(f"{k}={text(attrs[k])}\n" for k in sorted(attrs) if k != "crc32")
+
 def set_state(path, key, value, fix="keep"):
     """Rewrites /state@key (a float) by hand; fix=fix recomputes /state@crc32 the way
     docs/checkpoints.md says, as a user who edits the position on purpose would."""
@@ -127,15 +139,7 @@ def set_state(path, key, value, fix="keep"):
         s = f["state"].attrs
         s[key] = np.float64(value)
         if fix == "fix":
-            def text(v):
-                if isinstance(v, bytes):
-                    return v.decode()
-                if isinstance(v, str):
-                    return v
-                if isinstance(v, (float, np.floating)):
-                    return "nan" if np.isnan(v) else "%.17g" % v
-                return str(int(v))
-            lines = "".join(f"{k}={text(s[k])}\n" for k in sorted(s) if k != "crc32")
+            lines = state_lines(s)
             s["crc32"] = np.uint32(zlib.crc32(lines.encode()))
 
 def prefix(path, pre):

@@ -17,9 +17,11 @@ expect_ok -- "$DPTRAIN" train --config "$CONFIG" --set "run_dir=$A"
 CK=$(ckpt "$A" 16)
 
 echo "== h5py only"
-check "names, shapes, dtypes, checksums, /state and /config" "$PY" - "$CK" <<'EOF'
-import sys, tomllib, zlib
+check "names, shapes, dtypes, checksums, /state and /config" "$PY" - "$CK" "$CKPT_PY" <<'EOF'
+import os, sys, tomllib, zlib
 import h5py, numpy as np
+sys.path.insert(0, os.path.dirname(sys.argv[2]))
+from ckpt_tool import state_lines  # checkpoint_common.sh
 expected = {  # DESIGN.md section 5
     "conv1.weight": (32, 1, 3, 3), "conv1.bias": (32,),
     "conv2.weight": (64, 32, 3, 3), "conv2.bias": (64,),
@@ -44,15 +46,7 @@ with h5py.File(sys.argv[1], "r") as f:
         assert key in s, key
     assert (s["step"], s["epoch"], s["samples_in_epoch"]) == (16, 0, 16 * 64), s
     assert (s["global_batch"], s["world_size_at_save"], s["format_version"]) == (64, 1, 1), s
-    def text(v):  # docs/checkpoints.md's state_crc32
-        if isinstance(v, bytes):
-            return v.decode()
-        if isinstance(v, str):
-            return v
-        if isinstance(v, (float, np.floating)):
-            return "nan" if np.isnan(v) else "%.17g" % v
-        return str(int(v))
-    lines = "".join(f"{k}={text(s[k])}\n" for k in sorted(s) if k != "crc32")
+    lines = state_lines(s)
     assert zlib.crc32(lines.encode()) == int(s["crc32"]), ("/state crc32", lines)
     config = tomllib.loads(f["config"][()].decode())
     assert config["model"]["name"] == "ref_cnn" and config["train"]["global_batch"] == 64
