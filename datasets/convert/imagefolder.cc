@@ -31,6 +31,7 @@
 
 #include "core/error.h"
 #include "core/hdf5/hdf5_util.h"
+#include "core/util/input_file.h"
 #include "core/util/strings.h"
 #include "datasets/convert/convert.h"
 #include "datasets/dataset.h"
@@ -160,6 +161,10 @@ struct Rgb {
 };
 
 std::vector<uint8_t> ReadFile(const std::string& path) {
+  // A FIFO named like an image would block the reading worker for good.
+  if (const std::string why = InputFileProblem(path, "a JPEG or PNG file"); !why.empty()) {
+    throw BadImage(why);
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) throw BadImage(std::string("cannot open: ") + std::strerror(errno));
   std::vector<uint8_t> buf((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

@@ -17,6 +17,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/util/input_file.h"
 #include "models/layers/activation.h"
 #include "models/layers/batch_norm.h"
 #include "models/layers/conv2d.h"
@@ -44,9 +45,12 @@ constexpr char kExport[] =
     "do_constant_folding=False) (with PyTorch 2.9 or later also dynamo=False)";
 
 onnx::ModelProto LoadModel(const std::string& path) {
+  if (const std::string why = InputFileProblem(path, "an ONNX model"); !why.empty()) {
+    DPT_THROW(ConfigError) << "model.onnx: " << path << ": " << why;
+  }
   std::ifstream in(path, std::ios::binary);
   DPT_CHECK_AS(ConfigError, in.good())
-      << "model.onnx: cannot open " << path << ": " << std::strerror(errno);
+      << "model.onnx: " << path << ": cannot read the file: " << std::strerror(errno);
   onnx::ModelProto m;
   DPT_CHECK_AS(ConfigError, m.ParseFromIstream(&in) && m.has_graph() && m.ir_version() > 0)
       << "model.onnx: " << path << " is not an ONNX model (truncated, or another format); write "

@@ -106,6 +106,18 @@ CASE="--skip-bad rerun lists the kept shards' skipped images"
 expect_ok -- "${CONV[@]}" "$BAD" --out "$TMP/skipsh.h5" --size 32 --skip-bad --shard-size 10KB
 check "rerun: nothing written, the four still listed" \
   grep -q '^skipped 4 unreadable images: cat/fake.png' "$TMP/last.out"
+# A FIFO named like an image: opening it would block a worker for good.
+PIPED=$TMP/piped
+cp -r "$IN" "$PIPED"
+mkfifo "$PIPED/cat/pipe.png"
+CASE="a FIFO named like an image, --skip-bad (no hang)"
+expect_ok -- "${CONV[@]}" "$PIPED" --out "$TMP/piped.h5" --size 32 --skip-bad
+check "--skip-bad lists the FIFO" \
+  grep -q '^skipped 1 unreadable image: cat/pipe.png (cannot read the file: it is not a regular file' \
+  "$TMP/last.out"
+CASE="a FIFO named like an image: exit 3 (no hang)"
+expect_fail 3 "$PIPED/cat/pipe.png: cannot read the file: it is not a regular file" -- \
+  "${CONV[@]}" "$PIPED" --out "$TMP/piped2.h5" --size 32
 CASE="corrupt PNG without --skip-bad: exit 3"
 expect_fail 3 "$BAD/cat/fake.png: not a JPEG or PNG file" -- \
   "${CONV[@]}" "$BAD" --out "$TMP/bad2.h5" --size 32

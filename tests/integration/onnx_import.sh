@@ -215,8 +215,16 @@ CASE="a truncated file"
 expect_fail 2 "$TMP/truncated.onnx is not" -- \
   "$DPTRAIN" train --config "$D/run.toml" --set "model.onnx=$TMP/truncated.onnx"
 CASE="a missing file"
-expect_fail 2 "model.onnx: cannot open $TMP/none.onnx" -- \
+expect_fail 2 "model.onnx: $TMP/none.onnx: no such file" -- \
   "$DPTRAIN" train --config "$D/run.toml" --set "model.onnx=$TMP/none.onnx"
+CASE="a directory"
+expect_fail 2 "model.onnx: $TMP: is a directory, expected an ONNX model" -- \
+  "$DPTRAIN" train --config "$D/run.toml" --set "model.onnx=$TMP"
+# Opening a FIFO for reading waits for a writer: the check must answer without opening it.
+mkfifo "$TMP/pipe.onnx"
+CASE="a FIFO (no hang)"
+expect_fail 2 "model.onnx: $TMP/pipe.onnx: cannot read the file: it is not a regular file" -- \
+  "$DPTRAIN" train --config "$D/run.toml" --set "model.onnx=$TMP/pipe.onnx"
 
 "$PY" - "$TMP" "$(dirname "$ORACLE")" <<'PYEOF'
 import sys
