@@ -9,6 +9,14 @@
 #include <cstring>
 
 namespace dptrain {
+namespace {
+
+std::string NotRegular(std::string_view what) {
+  return "cannot read the file: it is not a regular file (a FIFO, socket or device); give " +
+         std::string(what);
+}
+
+}  // namespace
 
 std::string InputFileProblem(const std::string& path, std::string_view what) {
   struct stat st {};
@@ -18,12 +26,18 @@ std::string InputFileProblem(const std::string& path, std::string_view what) {
   }
   if (S_ISDIR(st.st_mode)) return "is a directory, expected " + std::string(what);
   if (!S_ISREG(st.st_mode)) {
-    return "cannot read the file: it is not a regular file (a FIFO, socket or device); give " +
-           std::string(what);
+    return NotRegular(what);
   }
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY);
+  // O_NONBLOCK: should the path have become a FIFO since the stat, the open returns at once
+  // and the fstat below sees it.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
   if (fd < 0) return std::string("cannot read the file: ") + std::strerror(errno);
+  struct stat opened {};
+  const bool regular = ::fstat(fd, &opened) == 0 && S_ISREG(opened.st_mode);
   ::close(fd);
+  if (!regular) {
+    return NotRegular(what);
+  }
   return "";
 }
 

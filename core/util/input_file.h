@@ -12,7 +12,8 @@ namespace dptrain {
 // One of: "no such file"; "is a directory, expected <what>"; "cannot read the file: it is not a
 // regular file (a FIFO, socket or device); give <what>"; "cannot read the file: <strerror>"
 // (e.g. Permission denied). The type is checked with stat before any open: opening a FIFO for
-// reading waits for a writer (a hang), and opening a device has effects of its own. Callers
+// reading waits for a writer (a hang), and opening a device has effects of its own; the open
+// that follows is non-blocking and checked again with fstat, so a swap in between is seen. Callers
 // throw "<path>: <reason>" with their own error class.
 std::string InputFileProblem(const std::string& path, std::string_view what);
 
