@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
 # Writes the seed corpora of the fuzz targets into tests/fuzz/corpus/<target>/: a handful of
-# small valid files and typical invalid ones per target (each well under 8 KiB). Deterministic;
-# rerun after changing it and commit the result. Needs python3-h5py and python3-numpy.
+# small valid files and typical invalid ones per target (a few KiB each). The same content on
+# every run, not the same bytes (HDF5 stores object times): after changing it, commit only the
+# files that changed in content. Needs python3-h5py and python3-numpy.
 #   python3 tests/fuzz/make_corpus.py [OUT_DIR]   (default: tests/fuzz/corpus beside this file)
 import gzip
 import io
@@ -215,8 +216,20 @@ def crc(a):
     return np.uint32(zlib.crc32(np.ascontiguousarray(a).astype(a.dtype.newbyteorder("<")).tobytes()))
 
 
+def state_crc32(attrs):
+    """CRC-32 of docs/checkpoints.md's /state checksum text: name=value lines in name order."""
+    def text(v):
+        if isinstance(v, (bytes, str)):
+            return v.decode() if isinstance(v, bytes) else v
+        if isinstance(v, (float, np.floating)):
+            return "nan" if np.isnan(v) else "%.17g" % v
+        return str(int(v))
+    lines = "".join(f"{k}={text(attrs[k])}\n" for k in sorted(attrs) if k != "crc32")
+    return np.uint32(zlib.crc32(lines.encode()))
+
+
 def checkpoint_file(params, optimizer=None, state=True, with_crc=True, config=True,
-                    format_version=1, bad_crc=None, libver="latest"):
+                    format_version=1, bad_crc=None, libver="latest", state_crc=None):
     def build(f):
         g = f.create_group("params")
         for name, a in params.items():
@@ -246,6 +259,8 @@ def checkpoint_file(params, optimizer=None, state=True, with_crc=True, config=Tr
             for k, v in dict(dptrain_version="0.1.0", created="2026-01-01T00:00:00Z",
                              optimizer="sgd", schedule="constant", rng="counter").items():
                 s.attrs[k] = v
+            if state_crc is not None:  # "good" or "bad" (off by one bit)
+                s.attrs["crc32"] = state_crc32(s.attrs) ^ np.uint32(state_crc == "bad")
         if config:
             f["config"] = 'seed = 42\n[data]\ntrain = "synthetic"\n[model]\nname = "linear"\n'
     return h5bytes(build, libver)
@@ -269,6 +284,8 @@ def checkpoint():
     put("checkpoint", "bad_shape.h5",
         checkpoint_file({"fc.weight": w.T.copy(), "fc.bias": b, "extra": b}, opt))
     put("checkpoint", "bad_crc.h5", checkpoint_file(params, opt, bad_crc="fc.bias"))
+    put("checkpoint", "valid_state_crc.h5", checkpoint_file(params, opt, state_crc="good"))
+    put("checkpoint", "bad_state_crc.h5", checkpoint_file(params, opt, state_crc="bad"))
     put("checkpoint", "bad_newer_format.h5", checkpoint_file(params, opt, format_version=99))
     put("checkpoint", "bad_no_crc.h5", checkpoint_file(params, opt, with_crc=False))
     put("checkpoint", "bad_dtype.h5",
