@@ -43,13 +43,17 @@ COPY scripts/install-deps.sh /tmp/install-deps.sh
 RUN bash /tmp/install-deps.sh --runtime && rm -rf /var/lib/apt/lists/* /tmp/install-deps.sh
 COPY --from=build /opt/dptrain/bin/dptrain /usr/local/bin/dptrain
 # Every shared library the binary needs is installed (the driver's libcuda and libnvidia-ml come
-# from the host at run time through the NVIDIA container toolkit), cuBLAS included: the CUDA
-# backend loads it with dlopen, so ldd does not list it and `dptrain info` says whether it loads.
+# from the host at run time through the NVIDIA container toolkit), cuBLAS and libvips included:
+# the CUDA backend and `convert --from imagefolder` load them with dlopen, so ldd does not list
+# them and `dptrain info` says whether they load.
 RUN if ldd /usr/local/bin/dptrain | grep 'not found' | grep -v -e libcuda.so -e libnvidia-ml; then \
       echo "dptrain: shared libraries missing from scripts/install-deps.sh --runtime" >&2; exit 1; \
     fi \
  && if dptrain info | grep 'cuBLAS.*not loadable'; then \
       echo "dptrain: the runtime image has no cuBLAS for the CUDA backend" >&2; exit 1; \
+    fi \
+ && if dptrain info | grep 'libvips.*not loadable'; then \
+      echo "dptrain: the runtime image has no libvips for convert --from imagefolder" >&2; exit 1; \
     fi \
  && dptrain --version
 COPY configs /opt/dptrain/configs

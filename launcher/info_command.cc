@@ -8,6 +8,7 @@
 #include <string>
 
 #include "core/backend_registry.h"
+#include "datasets/convert/convert.h"
 #include "datasets/inspect.h"
 #include "launcher/binding_policy.h"
 #include "launcher/nvml_probe.h"
@@ -46,6 +47,7 @@ int RunInfoCommand(const DistConfig& dist) {
   }
   fmt::print("  {:<13} {}\n", "MPI", MpiSession::LibraryVersion());
   fmt::print("  {:<13} {}\n", "HDF5", Hdf5LibraryVersion());
+  fmt::print("  {:<13} {}\n", "libvips", VipsLibraryVersion());  // convert --from imagefolder
   return 0;
 }
 

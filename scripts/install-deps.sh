@@ -20,7 +20,8 @@
 # renamed between releases (Debian 12 libopenmpi3, Ubuntu 24.04 libopenmpi3t64).
 set -euo pipefail
 
-# The shared libraries the dptrain binary links (`ldd`; the Dockerfile checks none is missing).
+# The shared libraries the dptrain binary links (`ldd`; the Dockerfile checks none is missing),
+# and libvips, which `convert --from imagefolder` loads with dlopen (`dptrain info` shows it).
 runtime=(openmpi-bin "libopenmpi3t64|libopenmpi3" "libhdf5-103-1t64|libhdf5-103-1"
   "libdnnl3|libdnnl2" "libfmt10|libfmt9" "libtomlplusplus3t64|libtomlplusplus3"
   "libonnx1t64|libonnx1" "libprotobuf32t64|libprotobuf32" zlib1g libgomp1 libstdc++6

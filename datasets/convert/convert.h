@@ -90,8 +90,9 @@ struct ImageFolderResult {
 // Errors: DataError (exit 3) naming the file or folder: no class folders, a class folder without
 // images, a class name with "\n" or not UTF-8, an unreadable / corrupt / truncated image
 // (libjpeg-turbo warnings included) unless opts.skip_bad (then left out; a shard left empty is
-// not written; no image left at all is an error). ConfigError for bad options. No final file of
-// a shard is written unless the whole shard is; its .tmp is removed on error.
+// not written; no image left at all is an error). ConfigError for bad options; UnsupportedError
+// (exit 2) when libvips cannot be loaded (it is loaded on first use, not linked). No final file
+// of a shard is written unless the whole shard is; its .tmp is removed on error.
 ImageFolderResult ConvertImageFolder(const std::string& dir, const std::string& out,
                                      const ImageFolderOptions& opts);
 
@@ -125,5 +126,8 @@ std::vector<ShardRange> PlanShards(int64_t n, int64_t sample_bytes, int64_t shar
 // The file of shard `index`: `out` itself when not sharded, else `out` without a trailing
 // ".h5" + "-%05d.h5" ("train.h5", 3 -> "train-00003.h5").
 std::string ImageFolderShardPath(const std::string& out, int64_t index, bool sharded);
+
+// libvips' version for `dptrain info` ("8.14.1"), or "not loadable (<why>)".
+std::string VipsLibraryVersion();
 
 }  // namespace dptrain

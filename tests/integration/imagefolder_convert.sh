@@ -148,4 +148,31 @@ expect_fail 2 "are options of convert --from imagefolder, not --from idx" -- \
   "$DPTRAIN" convert --from idx --images a --labels b --out "$TMP/e.h5" --size 32
 check "no output from the failed runs" test ! -e "$TMP/e.h5"
 
+# ---- libvips is loaded when a conversion needs it, not linked ----
+check "dptrain does not link libvips (ldd)" bash -c "! ldd '$DPTRAIN' | grep -q libvips"
+VIPS_LIB=$(ldconfig -p | awk '/libvips\.so\.[0-9]+ .*x86-64/ {print $NF; exit}')
+if [ -n "$VIPS_LIB" ] && unshare -m true 2>/dev/null; then
+  # A private mount namespace where libvips is an empty file: dlopen fails as on a host
+  # without the package.
+  : >"$TMP/empty.so"
+  HIDE_VIPS=(unshare -m bash -c 'mount --bind "$1" "$(readlink -f "$2")" && shift 2 && exec "$@"'
+    _ "$TMP/empty.so" "$VIPS_LIB")
+  CASE="libvips missing: exit 2 naming the library and the package, before listing"
+  expect_fail 2 "convert --from imagefolder resizes with libvips and cannot load it" -- \
+    "${HIDE_VIPS[@]}" "${CONV[@]}" "$TMP/empty" --out "$TMP/e.h5" --size 32
+  check "libvips missing: the package is named" grep -q "(Debian/Ubuntu: libvips42)" "$TMP/last.err"
+  CASE="libvips missing: dptrain info says so"
+  expect_ok -- "${HIDE_VIPS[@]}" "$DPTRAIN" info
+  check "info: libvips not loadable" grep -q "^  libvips .*not loadable (" "$TMP/last.out"
+  write_base_config "$TMP/base.toml"
+  CASE="libvips missing: training does not need it"
+  expect_ok -- "${HIDE_VIPS[@]}" "$DPTRAIN" train --config "$TMP/base.toml" \
+    --set "run_dir=$TMP/novips"
+else
+  skip "libvips missing: no libvips in ldconfig's cache or no mount namespaces (unshare -m)"
+fi
+CASE="dptrain info names libvips' version"
+expect_ok -- "$DPTRAIN" info
+check "info: libvips version" grep -Eq "^  libvips +[0-9]+\.[0-9]+" "$TMP/last.out"
+
 finish
