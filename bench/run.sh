@@ -124,6 +124,9 @@ done
 run_id=0 extra=() last_run=""
 dptrain_run() {  # model ranks threads batch precision warmup_steps steps
   local model=$1 ranks=$2 threads=$3 batch=$4 prec=$5 warm=$6 steps=$7 data=synthetic
+  local opts=()
+  # fp32w: fp32 with train.winograd (3x3 convolutions of >= 32 channels by Winograd F(4x4, 3x3)).
+  [ "$prec" = fp32w ] && prec=fp32 opts=(--set train.winograd=true)
   run_id=$((run_id + 1))
   local run=$work/dpt-$model-$ranks-$threads-$batch-$prec-$run_id
   # Fashion-MNIST for ref_cnn; else in RAM, 3x32x32, as PyTorch's random tensors.
@@ -136,7 +139,7 @@ dptrain_run() {  # model ranks threads batch precision warmup_steps steps
     --set "train.global_batch=$batch" --set "train.precision=$prec" --set "dist.threads=$threads"
     --set data.workers=1 --set "train.max_steps=$((warm + steps))"
     --set "train.log_every_steps=$warm" --set checkpoint.every_epochs=0
-    --set checkpoint.resume=never "${extra[@]}")
+    --set checkpoint.resume=never "${opts[@]}" "${extra[@]}")
   last_run=$run
   local rc=0
   if [ "$ranks" = 1 ]; then
@@ -196,10 +199,15 @@ for model in "${models[@]}"; do
     set_steps "$model" "$batch"
     for layout in "${layouts[@]}"; do
       read -r ranks threads <<<"$layout"
-      for prec in fp32 bf16; do
-        pt=() dpt=()
+      precs=(fp32 bf16)
+      # The ResNets also with train.winograd (fp32w), against the same PyTorch fp32 processes.
+      [ "$model" != ref_cnn ] && precs=(fp32 fp32w bf16)
+      for prec in "${precs[@]}"; do
+        [ "$prec" = fp32w ] || pt=()
+        dpt=()
         for ((r = 0; r < repeat; r++)); do
-          pt+=("$(pytorch_run "$model" "$ranks" "$threads" "$batch" "$prec" "$warm" "$steps")")
+          [ "$prec" = fp32w ] ||
+            pt+=("$(pytorch_run "$model" "$ranks" "$threads" "$batch" "$prec" "$warm" "$steps")")
           dpt+=("$(dptrain_run "$model" "$ranks" "$threads" "$batch" "$prec" "$warm" "$steps")")
         done
         read -r pt_max pt_med pt_min < <(stats "${pt[@]}")
@@ -207,6 +215,7 @@ for model in "${models[@]}"; do
         key=$model-$ranks-$threads-$batch
         peak=$peak_fp32
         [ "$prec" = bf16 ] && peak=$peak_bf16
+        # fp32w: % of peak counts the direct algorithm's FLOPs (Winograd does fewer multiplies).
         ratio=$(calc %.2f "$dpt_med / $pt_max")
         # Targets (issue 17 point 2): 2 ranks x 1 thread >= 2.5x DDP; 1 x 2 fp32 >= 2.5x on
         # ref_cnn, >= 2x on resnet8; bf16 >= 1.8x dptrain's own fp32. Issue 12: resnet18 at
@@ -216,7 +225,7 @@ for model in "${models[@]}"; do
           tgt=2.0
         elif [ "$ranks" = 2 ]; then
           tgt=2.5
-        elif [ "$prec" = fp32 ]; then
+        elif [ "$prec" = fp32 ] || [ "$prec" = fp32w ]; then
           tgt=2.5
           [ "$model" = resnet8 ] && tgt=2.0
         fi
@@ -228,6 +237,8 @@ for model in "${models[@]}"; do
         own="-" own_target="-"
         if [ "$prec" = fp32 ]; then
           dpt_fp32[$key]=$dpt_med
+        elif [ "$prec" = fp32w ]; then
+          own=$(calc %.2fx "$dpt_med / ${dpt_fp32[$key]}")  # what train.winograd gains; no target
         else
           own=$(calc %.2f "$dpt_med / ${dpt_fp32[$key]}")
           verdict "$own" 1.8
@@ -247,6 +258,8 @@ done
 cat <<EOF
 (ly: ranks x threads per rank; pt_sp, dpt_sp: (max - min) / median over the processes;
  ratio: dptrain median / PyTorch best at the same precision, PyTorch bf16 = torch.autocast on CPU;
+ fp32w: dptrain fp32 with train.winograd = true against the fp32 row's PyTorch processes (its
+ GFLOP/s count the direct algorithm's FLOPs; v_fp32 there: its gain over dptrain's fp32);
  target, from issue 17 point 2: 2 ranks x 1 thread >= 2.5x DDP, 1 rank fp32 >= 2.5x on ref_cnn
  and >= 2x on resnet8; from issue 12: resnet18_cifar (torchvision's resnet18, CIFAR stem, at
  32x32) >= 2x in fp32 and bf16; v_fp32: dptrain bf16 / its own fp32, target >= 1.8x;

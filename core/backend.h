@@ -203,6 +203,11 @@ class Backend {
   // cudnnFind*, under the same rules as the heuristic choice) instead of by heuristics. The
   // choice may then differ between runs and ranks. Call before preparing plans.
   virtual void SetTimedAlgorithmSearch(bool /*on*/) {}
+  // train.winograd: fp32 3x3 stride-1 convolutions with at least 32 input and output channels
+  // by Winograd's F(4x4, 3x3) (CPU: oneDNN's jit_wino_4x3; about 2x faster there, with a
+  // larger rounding error than the direct algorithm). Ignored by backends without it (CUDA).
+  // Drops the cached plans when it changes.
+  virtual void SetWinograd(bool /*on*/) {}
 
   CachingAllocator& allocator() { return *allocator_; }
   // Bytes of workspace the backend shares between all ops (oneDNN scratchpad, cuDNN workspace).

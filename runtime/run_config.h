@@ -164,6 +164,7 @@ struct TrainLoopConfig {
   int64_t eval_every_epochs = 1;  // >= 0; 0 = never
   bool deterministic = false;
   bool cudnn_benchmark = false;  // CUDA: time cuDNN's convolution algorithms, take the fastest
+  bool winograd = false;  // CPU: fp32 3x3 convolutions (>= 32 channels) by Winograd F(4x4, 3x3)
   // Per graph node and op: time and calls after the first step, printed at the end and written
   // into metrics.jsonl (kind "profile"). Synchronises after every op: slower while on.
   bool profile = false;

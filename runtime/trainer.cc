@@ -137,12 +137,14 @@ TrainResult Trainer::Run() {
   if (is_root()) {
     fmt::print(
         "dptrain: {} ranks x {} threads, model {} ({} parameters), {} train samples, "
-        "global batch {} ({} per rank{}), {} steps/epoch, {} steps{}\n",
+        "global batch {} ({} per rank{}), {} steps/epoch, {} steps{}{}\n",
         world_, env_.threads,
         cfg_.model.name.empty() ? std::string("from layers") : cfg_.model.name,
         model_->num_params(), train_->info().size, cfg_.train.global_batch, local_batch_,
         accumulate_ > 1 ? fmt::format(" = {} x {} micro-steps", micro_, accumulate_) : "",
-        steps_per_epoch_, total_steps_, cfg_.train.deterministic ? ", deterministic" : "");
+        steps_per_epoch_, total_steps_, cfg_.train.deterministic ? ", deterministic" : "",
+        // train.winograd acts on the CPU backend only.
+        cfg_.train.winograd && env_.backend->device() == Device::kCpu ? ", winograd" : "");
     std::fflush(stdout);
   }
 

@@ -53,6 +53,16 @@ void CpuBackend::ReleasePlans() {
   impl_->scratchpad = Tensor();
 }
 
+void CpuBackend::SetWinograd(bool on) {
+  bool changed = false;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    changed = impl_->winograd != on;
+    impl_->winograd = on;
+  }
+  if (changed) ReleasePlans();
+}
+
 void CpuBackend::SetThreads(int threads) {
   if (threads > 0) omp_set_num_threads(threads);
 }

@@ -173,7 +173,8 @@ struct WeightedPlan : OpPlan {
 struct ConvPlan final : WeightedPlan {
   Conv2dDesc d;
   bool unfold = false;
-  memory::desc cols_md;  // (N * OH * OW, R * S * C) bf16, row-major
+  bool winograd = false;  // planned with convolution_winograd (train.winograd)
+  memory::desc cols_md;   // (N * OH * OW, R * S * C) bf16, row-major
   Tensor cols;
 };
 // Fills p.cols from x (f32, NHWC).
@@ -226,6 +227,7 @@ struct CpuBackend::Impl {
   // primitive reserves it again if it is gone (or too small).
   Tensor scratchpad;
   CpuBackend* owner = nullptr;
+  bool winograd = false;  // train.winograd (guarded by mu)
 
   void Reserve(CpuBackend& be, const memory::desc& md);
   memory Mem(const memory::desc& md, const Tensor& t) const { return memory(md, engine, t.raw()); }

@@ -440,5 +440,76 @@ TEST_P(ConvTest, Bf16DyChangesNoBit) {
 
 INSTANTIATE_TEST_SUITE_P(All, ConvTest, ::testing::ValuesIn(TestBackends()), BackendParamName);
 
+// train.winograd on the CPU: the 3x3 stride-1 fp32 convolutions with >= 32 channels run by
+// oneDNN's Winograd F(4x4, 3x3) and still meet the reference at the fp32 reduction tolerance, in
+// NCHW and channels-last, with a bias and with a folded ReLU; the rest stay direct.
+TEST(ConvWinogradTest, CpuWinogradMatchesTheReference) {
+  cpu::CpuBackend be;
+  be.SetWinograd(true);
+  Conv2dDesc layouts = MakeConv(1, 32, 9, 9, 48, 3, 3, 1, 1, false);  // no bias, odd tiles
+  layouts.x_nhwc = layouts.y_nhwc = true;
+  Conv2dDesc relu = MakeConv(2, 64, 8, 8, 32, 3, 3, 1, 1, true);
+  relu.relu = true;
+  const std::vector<Conv2dDesc> winograd = {
+      MakeConv(2, 32, 12, 10, 32, 3, 3, 1, 1, true),  // a ResNet stage, non-square
+      layouts, relu};
+  int planned = 0;
+  uint32_t seed = 900;
+  for (const Conv2dDesc& d : winograd) {
+    SCOPED_TRACE(d.ToString());
+    ASSERT_TRUE(cpu::CpuBackend::WinogradApplies(d));
+    const auto plan = be.PrepareConv2d(d);
+    planned += cpu::CpuBackend::PlannedWinograd(*plan);
+    seed += 10;
+    const std::vector<float> x = RandomUniform(static_cast<size_t>(XShape(d).numel()), seed),
+                             w = RandomUniform(static_cast<size_t>(WShape(d).numel()), seed + 1),
+                             b = RandomUniform(static_cast<size_t>(d.k), seed + 2),
+                             dy = RandomUniform(static_cast<size_t>(YShape(d).numel()), seed + 3);
+    const auto in = [&](const std::vector<float>& v, const Shape& s, bool nhwc) {
+      return ToDevice(be, nhwc ? ToNhwc(v, s) : v, s);
+    };
+    const auto out = [&](const Tensor& t, bool nhwc) {
+      return nhwc ? FromNhwc(ToHost(be, t), t.shape()) : ToHost(be, t);
+    };
+    Tensor x_t = in(x, XShape(d), d.x_nhwc), dy_t = in(dy, YShape(d), d.y_nhwc);
+    Tensor w_t = ToDevice(be, w, WShape(d)), b_t = ToDevice(be, b, Shape{d.k});
+    Tensor y = be.Empty(YShape(d), DType::kF32, "y");
+    be.Conv2dForward(*plan, x_t, w_t, d.bias ? &b_t : nullptr, &y);
+    std::vector<double> ref_b = ToDouble(b), ref_y, ref_dx, ref_dw, ref_db;
+    ref::Conv2dForward(d, ToDouble(x), ToDouble(w), d.bias ? &ref_b : nullptr, &ref_y);
+    if (d.relu) {
+      for (double& v : ref_y) v = std::max(v, 0.0);
+    }
+    EXPECT_TRUE(
+        AllClose(out(y, d.y_nhwc), ref_y, ForReduction(Precision::kF32, d.c * d.r * d.s + 1)))
+        << "forward";
+    Tensor dx = be.Empty(XShape(d), DType::kF32, "dx");
+    Tensor dw = be.Empty(WShape(d), DType::kF32, "dw"), db = be.Empty({d.k}, DType::kF32, "db");
+    be.Conv2dBackward(*plan, x_t, dy_t, w_t, &dx, &dw, d.bias ? &db : nullptr, false);
+    ref::Conv2dBackwardData(d, ToDouble(dy), ToDouble(w), &ref_dx);
+    ref::Conv2dBackwardWeights(d, ToDouble(x), ToDouble(dy), &ref_dw, d.bias ? &ref_db : nullptr,
+                               false);
+    EXPECT_TRUE(AllClose(out(dx, d.x_nhwc), ref_dx, ForReduction(Precision::kF32, d.k * 9)))
+        << "backward data";
+    const Tolerance wt = ForReduction(Precision::kF32, d.n * d.out_h() * d.out_w());
+    EXPECT_TRUE(AllClose(ToHost(be, dw), ref_dw, wt)) << "backward weights";
+    if (d.bias) {
+      EXPECT_TRUE(AllClose(ToHost(be, db), ref_db, wt)) << "backward bias";
+    }
+  }
+  // On a CPU without AVX-512 oneDNN has no Winograd kernel and every plan is direct.
+  if (planned == 0) GTEST_SKIP() << "oneDNN has no Winograd kernel on this CPU";
+  EXPECT_EQ(planned, static_cast<int>(winograd.size()));
+  // Not for: 16 channels, stride 2, 1x1, bf16.
+  EXPECT_FALSE(cpu::CpuBackend::WinogradApplies(MakeConv(2, 16, 8, 8, 16, 3, 3, 1, 1, true)));
+  EXPECT_FALSE(cpu::CpuBackend::WinogradApplies(MakeConv(2, 32, 8, 8, 32, 3, 3, 2, 1, true)));
+  EXPECT_FALSE(cpu::CpuBackend::WinogradApplies(MakeConv(2, 32, 8, 8, 32, 1, 1, 1, 0, true)));
+  EXPECT_FALSE(cpu::CpuBackend::WinogradApplies(
+      MakeConv(2, 32, 8, 8, 32, 3, 3, 1, 1, true, Precision::kBF16)));
+  // Off again: direct.
+  be.SetWinograd(false);
+  EXPECT_FALSE(cpu::CpuBackend::PlannedWinograd(*be.PrepareConv2d(winograd[0])));
+}
+
 }  // namespace
 }  // namespace dptrain::testing

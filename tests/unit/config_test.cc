@@ -65,6 +65,7 @@ log_every_steps = 10
 eval_every_epochs = 2
 deterministic = true
 cudnn_benchmark = true
+winograd = true
 profile = true
 
 [checkpoint]
@@ -165,6 +166,7 @@ TEST(ConfigTest, FullConfigValues) {
   EXPECT_EQ(c.train.eval_every_epochs, 2);
   EXPECT_TRUE(c.train.deterministic);
   EXPECT_TRUE(c.train.cudnn_benchmark);
+  EXPECT_TRUE(c.train.winograd);
   EXPECT_TRUE(c.train.profile);
   EXPECT_EQ(c.checkpoint.every_steps, 500);
   EXPECT_EQ(c.checkpoint.every_epochs, 0);

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# train.winograd: resnet8 trained with its 32- and 64-channel 3x3 convolutions by Winograd on the
+# CPU says so on the start line, stays within fp32 rounding of the direct run, gives the same bits
+# twice (deterministic for a thread count), and runs on 2 ranks. The op-level accuracy is
+# conformance's ConvWinogradTest; the speed is bench/run.sh's fp32w rows.
+# shellcheck disable=SC2034  # CASE is read by expect_ok (lib.sh)
+# shellcheck source=lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+RUN=(train --config "$DPTRAIN_SRC/configs/resnet8.toml" --set data.train=synthetic
+  --set data.test= --set data.synthetic_samples=64 --set train.global_batch=16
+  --set train.max_steps=4 --set train.log_every_steps=1 --set dist.threads=2
+  --set checkpoint.every_epochs=0 --set checkpoint.resume=never)
+
+# losses RUN_DIR: the step losses and gradient norms of metrics.jsonl, one line, full precision
+# (the loss, a float32 mean, can round to the same value for both algorithms; the norm shows
+# the difference).
+losses() {
+  python3 - "$1/metrics.jsonl" <<'PY'
+import json, sys
+rows = [r for r in map(json.loads, open(sys.argv[1])) if r.get("kind") == "step"]
+print(" ".join(f'{r["loss"]!r} {r["grad_norm"]!r}' for r in rows))
+PY
+}
+
+CASE="direct (train.winograd = false)"
+expect_ok -- "$DPTRAIN" "${RUN[@]}" --set "run_dir=$TMP/direct"
+check "the start line does not say winograd" bash -c "! grep -q ', winograd$' '$TMP/last.out'"
+CASE="train.winograd = true"
+expect_ok -- "$DPTRAIN" "${RUN[@]}" --set "run_dir=$TMP/wino" --set train.winograd=true
+check "the start line ends in ', winograd'" grep -q '^dptrain: .*steps, winograd$' "$TMP/last.out"
+CASE="train.winograd = true, again"
+expect_ok -- "$DPTRAIN" "${RUN[@]}" --set "run_dir=$TMP/wino2" --set train.winograd=true
+direct=$(losses "$TMP/direct") wino=$(losses "$TMP/wino") wino2=$(losses "$TMP/wino2")
+echo "  losses: direct $direct"
+echo "          winograd $wino"
+check "4 steps logged" test "$(wc -w <<<"$wino")" = 8
+check "the same bits twice (deterministic for a thread count)" test "$wino" = "$wino2"
+check "losses and gradient norms within fp32 rounding of the direct run (relative 1e-4)" \
+  python3 -c "import sys; a, b = (list(map(float, s.split())) for s in sys.argv[1:3]); \
+sys.exit(not (len(a) == len(b) == 8 and all(abs(x - y) <= 1e-4 * abs(y) for x, y in zip(a, b))))" \
+  "$wino" "$direct"
+# oneDNN's Winograd kernels need AVX-512; without it the option changes nothing.
+if grep -qw avx512f /proc/cpuinfo; then
+  check "not the direct run's bits (the Winograd kernels ran)" test "$wino" != "$direct"
+else
+  skip "no AVX-512: oneDNN has no Winograd kernel here, the runs are the direct one"
+fi
+CASE="train.winograd = true, 2 ranks"
+expect_ok -- "${MPI2[@]}" "$DPTRAIN" "${RUN[@]}" --set "run_dir=$TMP/wino_mpi" \
+  --set train.winograd=true --set dist.threads=1
+check "2 ranks: the start line ends in ', winograd'" \
+  grep -q '^dptrain: 2 ranks .*steps, winograd$' "$TMP/last.out"
+
+finish
