@@ -208,6 +208,10 @@ class Backend {
   // larger rounding error than the direct algorithm). Ignored by backends without it (CUDA).
   // Drops the cached plans when it changes.
   virtual void SetWinograd(bool /*on*/) {}
+  // Why train.winograd would change nothing here at precision `p`, or "" when it acts.
+  virtual std::string WinogradProblem(Precision /*p*/) const {
+    return "only the CPU backend has it (cuDNN chooses its own algorithms)";
+  }
 
   CachingAllocator& allocator() { return *allocator_; }
   // Bytes of workspace the backend shares between all ops (oneDNN scratchpad, cuDNN workspace).

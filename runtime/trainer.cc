@@ -134,6 +134,13 @@ TrainResult Trainer::Run() {
   session_start_step_ = step_;
   WriteStartRecord();
 
+  // train.winograd: said on the start line where it acts, warned about where it cannot.
+  bool winograd = false;
+  if (cfg_.train.winograd) {
+    const std::string why = env_.backend->WinogradProblem(cfg_.train.precision);
+    winograd = why.empty();
+    if (!winograd) Warn("train.winograd changes nothing: " + why + "; convolutions run direct");
+  }
   if (is_root()) {
     fmt::print(
         "dptrain: {} ranks x {} threads, model {} ({} parameters), {} train samples, "
@@ -143,8 +150,7 @@ TrainResult Trainer::Run() {
         model_->num_params(), train_->info().size, cfg_.train.global_batch, local_batch_,
         accumulate_ > 1 ? fmt::format(" = {} x {} micro-steps", micro_, accumulate_) : "",
         steps_per_epoch_, total_steps_, cfg_.train.deterministic ? ", deterministic" : "",
-        // train.winograd acts on the CPU backend only.
-        cfg_.train.winograd && env_.backend->device() == Device::kCpu ? ", winograd" : "");
+        winograd ? ", winograd" : "");
     std::fflush(stdout);
   }
 

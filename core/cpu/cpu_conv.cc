@@ -138,6 +138,31 @@ bool CpuBackend::WinogradApplies(const Conv2dDesc& d) {
          d.dilation == 1 && d.c >= 32 && d.k >= 32;
 }
 
+std::string CpuBackend::WinogradProblem(Precision p) const {
+  if (p != Precision::kF32) {
+    return std::string("it applies to fp32 convolutions only, and train.precision is ") +
+           (p == Precision::kBF16 ? "bf16" : "fp16");
+  }
+  // One small forward descriptor, once per process: oneDNN refuses it without a kernel for the
+  // CPU (AVX-512), or when DNNL_MAX_CPU_ISA caps the instruction set below that.
+  static const bool available = [] {
+    const dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+    const memory::dims x{1, 32, 8, 8}, w{32, 32, 3, 3};
+    try {
+      (void)dnnl::convolution_forward::primitive_desc(
+          dnnl::convolution_forward::desc(
+              dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_winograd,
+              memory::desc(x, Dt::f32, Tag::any), memory::desc(w, Dt::f32, Tag::any),
+              memory::desc(x, Dt::f32, Tag::any), {1, 1}, {1, 1}, {1, 1}),
+          eng);
+      return true;
+    } catch (const dnnl::error&) {
+      return false;
+    }
+  }();
+  return available ? "" : "oneDNN has no Winograd kernel for this CPU (it needs AVX-512)";
+}
+
 bool CpuBackend::PlannedWinograd(const OpPlan& plan) {
   const auto* p = dynamic_cast<const ConvPlan*>(&plan);
   return p != nullptr && p->winograd;

@@ -13,8 +13,9 @@ namespace dptrain {
 // regular file (a FIFO, socket or device); give <what>"; "cannot read the file: <strerror>"
 // (e.g. Permission denied). The type is checked with stat before any open: opening a FIFO for
 // reading waits for a writer (a hang), and opening a device has effects of its own; the open
-// that follows is non-blocking and checked again with fstat, so a swap in between is seen. Callers
-// throw "<path>: <reason>" with their own error class.
+// that follows is non-blocking and checked again with fstat, so a swap between the two is seen
+// (the caller opens the path again: a swap after this check is not). Callers throw
+// "<path>: <reason>" with their own error class.
 std::string InputFileProblem(const std::string& path, std::string_view what);
 
 }  // namespace dptrain

@@ -369,9 +369,10 @@ void InitVips() {
 // Owns a VipsImage reference.
 struct VipsRef {
   VipsImage* p = nullptr;
+  const VipsApi* api = TryVips(nullptr);  // loaded before any image is made (InitVips)
   VipsRef() = default;
   ~VipsRef() {
-    if (p != nullptr) Vips().object_unref(p);
+    if (p != nullptr && api != nullptr) api->object_unref(p);
   }
   VipsRef(const VipsRef&) = delete;
   VipsRef& operator=(const VipsRef&) = delete;

@@ -20,7 +20,12 @@ void Resolve(void* lib, const char* name, Fn* fn, std::string* why) {
   // dlsym on the handle also searches its dependencies: g_free is GLib's, g_object_unref
   // GObject's.
   *fn = reinterpret_cast<Fn>(dlsym(lib, name));
-  if (*fn == nullptr && why->empty()) *why = VipsLibraryName() + " has no " + name;
+  if (*fn == nullptr && why->empty()) {
+    *why = VipsLibraryName() +
+           " is older than the libvips " VIPS_VERSION
+           " headers dptrain was built with: it has no " +
+           std::string(name);
+  }
 }
 
 Loaded Load() {
@@ -77,9 +82,10 @@ const VipsApi& Vips() {
   const VipsApi* api = TryVips(&why);
   if (api == nullptr) {
     DPT_THROW(UnsupportedError) << "convert --from imagefolder resizes with libvips and cannot "
-                                << "load it (" << why << "): install " << VipsLibraryName()
-                                << " (Debian/Ubuntu: libvips42), or add its directory to "
-                                << "LD_LIBRARY_PATH";
+                                << "load it (" << why << "): install libvips " VIPS_VERSION
+                                << " or later as " << VipsLibraryName()
+                                << " (Debian/Ubuntu: libvips42, libvips42t64 from Ubuntu 24.04 "
+                                << "on), or add its directory to LD_LIBRARY_PATH";
   }
   return *api;
 }

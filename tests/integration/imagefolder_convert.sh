@@ -149,8 +149,9 @@ expect_fail 2 "are options of convert --from imagefolder, not --from idx" -- \
 check "no output from the failed runs" test ! -e "$TMP/e.h5"
 
 # ---- libvips is loaded when a conversion needs it, not linked ----
-check "dptrain does not link libvips (ldd)" bash -c "! ldd '$DPTRAIN' | grep -q libvips"
-VIPS_LIB=$(ldconfig -p | awk '/libvips\.so\.[0-9]+ .*x86-64/ {print $NF; exit}')
+ldd "$DPTRAIN" >"$TMP/ldd.txt" || true
+check "dptrain does not link libvips (ldd)" bash -c "test -s '$TMP/ldd.txt' && ! grep -q libvips '$TMP/ldd.txt'"
+VIPS_LIB=$(ldconfig -p | awk '$1 ~ /^libvips\.so\.[0-9]+$/ {print $NF; exit}')
 if [ -n "$VIPS_LIB" ] && unshare -m true 2>/dev/null; then
   # A private mount namespace where libvips is an empty file: dlopen fails as on a host
   # without the package.
@@ -160,7 +161,8 @@ if [ -n "$VIPS_LIB" ] && unshare -m true 2>/dev/null; then
   CASE="libvips missing: exit 2 naming the library and the package, before listing"
   expect_fail 2 "convert --from imagefolder resizes with libvips and cannot load it" -- \
     "${HIDE_VIPS[@]}" "${CONV[@]}" "$TMP/empty" --out "$TMP/e.h5" --size 32
-  check "libvips missing: the package is named" grep -q "(Debian/Ubuntu: libvips42)" "$TMP/last.err"
+  check "libvips missing: the package is named" grep -q "(Debian/Ubuntu: libvips42, libvips42t64" \
+    "$TMP/last.err"
   CASE="libvips missing: dptrain info says so"
   expect_ok -- "${HIDE_VIPS[@]}" "$DPTRAIN" info
   check "info: libvips not loadable" grep -q "^  libvips .*not loadable (" "$TMP/last.out"

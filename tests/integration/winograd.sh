@@ -2,8 +2,9 @@
 # SPDX-License-Identifier: Apache-2.0
 # train.winograd: resnet8 trained with its 32- and 64-channel 3x3 convolutions by Winograd on the
 # CPU says so on the start line, stays within fp32 rounding of the direct run, gives the same bits
-# twice (deterministic for a thread count), and runs on 2 ranks. The op-level accuracy is
-# conformance's ConvWinogradTest; the speed is bench/run.sh's fp32w rows.
+# twice (deterministic for a thread count), and runs on 2 ranks. Where it cannot act (no AVX-512,
+# simulated with DNNL_MAX_CPU_ISA=AVX2; not fp32) it warns and the run is the direct one. The
+# op-level accuracy is conformance's ConvWinogradTest; the speed is bench/run.sh's fp32w rows.
 # shellcheck disable=SC2034  # CASE is read by expect_ok (lib.sh)
 # shellcheck source=lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -27,30 +28,55 @@ PY
 CASE="direct (train.winograd = false)"
 expect_ok -- "$DPTRAIN" "${RUN[@]}" --set "run_dir=$TMP/direct"
 check "the start line does not say winograd" bash -c "! grep -q ', winograd$' '$TMP/last.out'"
-CASE="train.winograd = true"
-expect_ok -- "$DPTRAIN" "${RUN[@]}" --set "run_dir=$TMP/wino" --set train.winograd=true
-check "the start line ends in ', winograd'" grep -q '^dptrain: .*steps, winograd$' "$TMP/last.out"
-CASE="train.winograd = true, again"
-expect_ok -- "$DPTRAIN" "${RUN[@]}" --set "run_dir=$TMP/wino2" --set train.winograd=true
-direct=$(losses "$TMP/direct") wino=$(losses "$TMP/wino") wino2=$(losses "$TMP/wino2")
-echo "  losses: direct $direct"
-echo "          winograd $wino"
-check "4 steps logged" test "$(wc -w <<<"$wino")" = 8
-check "the same bits twice (deterministic for a thread count)" test "$wino" = "$wino2"
-check "losses and gradient norms within fp32 rounding of the direct run (relative 1e-4)" \
+direct=$(losses "$TMP/direct")
+# within1e4 A B: the two lists of numbers agree to 1e-4 relative, 8 numbers each.
+within1e4() {
   python3 -c "import sys; a, b = (list(map(float, s.split())) for s in sys.argv[1:3]); \
 sys.exit(not (len(a) == len(b) == 8 and all(abs(x - y) <= 1e-4 * abs(y) for x, y in zip(a, b))))" \
-  "$wino" "$direct"
-# oneDNN's Winograd kernels need AVX-512; without it the option changes nothing.
-if grep -qw avx512f /proc/cpuinfo; then
-  check "not the direct run's bits (the Winograd kernels ran)" test "$wino" != "$direct"
-else
-  skip "no AVX-512: oneDNN has no Winograd kernel here, the runs are the direct one"
-fi
-CASE="train.winograd = true, 2 ranks"
-expect_ok -- "${MPI2[@]}" "$DPTRAIN" "${RUN[@]}" --set "run_dir=$TMP/wino_mpi" \
-  --set train.winograd=true --set dist.threads=1
-check "2 ranks: the start line ends in ', winograd'" \
-  grep -q '^dptrain: 2 ranks .*steps, winograd$' "$TMP/last.out"
+    "$1" "$2"
+}
 
+# oneDNN's Winograd kernels need AVX-512.
+if grep -qw avx512f /proc/cpuinfo; then
+  CASE="train.winograd = true"
+  expect_ok -- "$DPTRAIN" "${RUN[@]}" --set "run_dir=$TMP/wino" --set train.winograd=true
+  check "the start line ends in ', winograd'" grep -q '^dptrain: .*steps, winograd$' "$TMP/last.out"
+  check "no warning" bash -c "! grep -q 'train.winograd' '$TMP/last.err'"
+  CASE="train.winograd = true, again"
+  expect_ok -- "$DPTRAIN" "${RUN[@]}" --set "run_dir=$TMP/wino2" --set train.winograd=true
+  wino=$(losses "$TMP/wino") wino2=$(losses "$TMP/wino2")
+  echo "  losses: direct $direct"
+  echo "          winograd $wino"
+  check "4 steps logged" test "$(wc -w <<<"$wino")" = 8
+  check "the same bits twice (deterministic for a thread count)" test "$wino" = "$wino2"
+  check "losses and gradient norms within fp32 rounding of the direct run (relative 1e-4)" \
+    within1e4 "$wino" "$direct"
+  check "not the direct run's bits (the Winograd kernels ran)" test "$wino" != "$direct"
+  CASE="train.winograd = true, 2 ranks"
+  expect_ok -- "${MPI2[@]}" "$DPTRAIN" "${RUN[@]}" --set "run_dir=$TMP/wino_mpi" \
+    --set train.winograd=true --set dist.threads=1
+  check "2 ranks: the start line ends in ', winograd'" \
+    grep -q '^dptrain: 2 ranks .*steps, winograd$' "$TMP/last.out"
+else
+  skip "no AVX-512: oneDNN has no Winograd kernel on this CPU (the warning below is tested)"
+fi
+
+# Where it cannot act it says so, once, and the run is the direct one. DNNL_MAX_CPU_ISA=AVX2
+# caps oneDNN as a CPU without AVX-512 would.
+CASE="train.winograd = true on a CPU without AVX-512 (DNNL_MAX_CPU_ISA=AVX2)"
+expect_ok -- env DNNL_MAX_CPU_ISA=AVX2 "$DPTRAIN" "${RUN[@]}" --set "run_dir=$TMP/avx2w" \
+  --set train.winograd=true
+check "warned: no Winograd kernel for this CPU" grep -q \
+  '^dptrain: warning: train.winograd changes nothing: oneDNN has no Winograd kernel for this CPU (it needs AVX-512); convolutions run direct$' \
+  "$TMP/last.err"
+check "the start line does not say winograd" bash -c "! grep -q ', winograd$' '$TMP/last.out'"
+CASE="direct on the same capped CPU"
+expect_ok -- env DNNL_MAX_CPU_ISA=AVX2 "$DPTRAIN" "${RUN[@]}" --set "run_dir=$TMP/avx2d"
+check "the direct run's bits" test "$(losses "$TMP/avx2w")" = "$(losses "$TMP/avx2d")"
+CASE="train.winograd = true with fp16"
+expect_ok -- "$DPTRAIN" "${RUN[@]}" --set "run_dir=$TMP/fp16w" --set train.winograd=true \
+  --set train.precision=fp16
+check "warned: fp32 only" grep -q \
+  '^dptrain: warning: train.winograd changes nothing: it applies to fp32 convolutions only, and train.precision is fp16; convolutions run direct$' \
+  "$TMP/last.err"
 finish
