@@ -72,6 +72,14 @@ std::vector<Conv2dDesc> Cases(Precision p) {
   };
 }
 
+// NCHW values onto `be`, laid out NHWC when `nhwc`; and a tensor back as NCHW values.
+Tensor InLayout(Backend& be, const std::vector<float>& nchw, const Shape& s, bool nhwc) {
+  return ToDevice(be, nhwc ? ToNhwc(nchw, s) : nchw, s);
+}
+std::vector<float> ToHostNchw(Backend& be, const Tensor& t, bool nhwc) {
+  return nhwc ? FromNhwc(ToHost(be, t), t.shape()) : ToHost(be, t);
+}
+
 Shape XShape(const Conv2dDesc& d) { return {d.n, d.c, d.h, d.w}; }
 Shape WShape(const Conv2dDesc& d) { return {d.k, d.group_c(), d.r, d.s}; }
 Shape YShape(const Conv2dDesc& d) { return {d.n, d.k, d.out_h(), d.out_w()}; }
@@ -341,14 +349,9 @@ TEST_P(ConvTest, ChannelsLastMatchesReference) {
                                  b = RandomUniform(static_cast<size_t>(d.k), seed + 2),
                                  dy = RandomUniform(static_cast<size_t>(YShape(d).numel()),
                                                     seed + 3);
-        const auto in = [&](const std::vector<float>& v, const Shape& s, bool nhwc) {
-          return ToDevice(be, nhwc ? ToNhwc(v, s) : v, s);
-        };
-        const auto out = [&](const Tensor& t, bool nhwc) {
-          return nhwc ? FromNhwc(ToHost(be, t), t.shape()) : ToHost(be, t);
-        };
         auto plan = be.PrepareConv2d(d);
-        Tensor x_t = in(x, XShape(d), d.x_nhwc), dy_t = in(dy, YShape(d), d.y_nhwc);
+        Tensor x_t = InLayout(be, x, XShape(d), d.x_nhwc),
+               dy_t = InLayout(be, dy, YShape(d), d.y_nhwc);
         Tensor w_t = ToDevice(be, w, WShape(d)), b_t = ToDevice(be, b, Shape{d.k});
         Tensor y = be.Empty(YShape(d), DType::kF32, "y");
         be.Conv2dForward(*plan, x_t, w_t, d.bias ? &b_t : nullptr, &y);
@@ -357,7 +360,8 @@ TEST_P(ConvTest, ChannelsLastMatchesReference) {
         if (d.relu) {
           for (double& v : ref_y) v = std::max(v, 0.0);
         }
-        EXPECT_TRUE(AllClose(out(y, d.y_nhwc), ref_y, ForReduction(p, d.group_c() * d.r * d.s + 1)))
+        EXPECT_TRUE(AllClose(ToHostNchw(be, y, d.y_nhwc), ref_y,
+                             ForReduction(p, d.group_c() * d.r * d.s + 1)))
             << "forward";
         Tensor dx = be.Empty(XShape(d), DType::kF32, "dx");
         Tensor dw = be.Empty(WShape(d), DType::kF32, "dw"), db = be.Empty({d.k}, DType::kF32, "db");
@@ -365,8 +369,8 @@ TEST_P(ConvTest, ChannelsLastMatchesReference) {
         ref::Conv2dBackwardData(d, ToDouble(dy), ToDouble(w), &ref_dx);
         ref::Conv2dBackwardWeights(d, ToDouble(x), ToDouble(dy), &ref_dw,
                                    d.bias ? &ref_db : nullptr, false);
-        EXPECT_TRUE(
-            AllClose(out(dx, d.x_nhwc), ref_dx, ForReduction(p, d.k / d.groups * d.r * d.s)))
+        EXPECT_TRUE(AllClose(ToHostNchw(be, dx, d.x_nhwc), ref_dx,
+                             ForReduction(p, d.k / d.groups * d.r * d.s)))
             << "backward data";
         const Tolerance wt = ForReduction(p, d.n * d.out_h() * d.out_w());
         EXPECT_TRUE(AllClose(ToHost(be, dw), ref_dw, wt)) << "backward weights";
@@ -471,13 +475,7 @@ TEST(ConvWinogradTest, CpuWinogradMatchesTheReference) {
                              w = RandomUniform(static_cast<size_t>(WShape(d).numel()), seed + 1),
                              b = RandomUniform(static_cast<size_t>(d.k), seed + 2),
                              dy = RandomUniform(static_cast<size_t>(YShape(d).numel()), seed + 3);
-    const auto in = [&](const std::vector<float>& v, const Shape& s, bool nhwc) {
-      return ToDevice(be, nhwc ? ToNhwc(v, s) : v, s);
-    };
-    const auto out = [&](const Tensor& t, bool nhwc) {
-      return nhwc ? FromNhwc(ToHost(be, t), t.shape()) : ToHost(be, t);
-    };
-    Tensor x_t = in(x, XShape(d), d.x_nhwc), dy_t = in(dy, YShape(d), d.y_nhwc);
+    Tensor x_t = InLayout(be, x, XShape(d), d.x_nhwc), dy_t = InLayout(be, dy, YShape(d), d.y_nhwc);
     Tensor w_t = ToDevice(be, w, WShape(d)), b_t = ToDevice(be, b, Shape{d.k});
     Tensor y = be.Empty(YShape(d), DType::kF32, "y");
     be.Conv2dForward(*plan, x_t, w_t, d.bias ? &b_t : nullptr, &y);
@@ -486,8 +484,8 @@ TEST(ConvWinogradTest, CpuWinogradMatchesTheReference) {
     if (d.relu) {
       for (double& v : ref_y) v = std::max(v, 0.0);
     }
-    EXPECT_TRUE(
-        AllClose(out(y, d.y_nhwc), ref_y, ForReduction(Precision::kF32, d.c * d.r * d.s + 1)))
+    EXPECT_TRUE(AllClose(ToHostNchw(be, y, d.y_nhwc), ref_y,
+                         ForReduction(Precision::kF32, d.c * d.r * d.s + 1)))
         << "forward";
     Tensor dx = be.Empty(XShape(d), DType::kF32, "dx");
     Tensor dw = be.Empty(WShape(d), DType::kF32, "dw"), db = be.Empty({d.k}, DType::kF32, "db");
@@ -495,7 +493,8 @@ TEST(ConvWinogradTest, CpuWinogradMatchesTheReference) {
     ref::Conv2dBackwardData(d, ToDouble(dy), ToDouble(w), &ref_dx);
     ref::Conv2dBackwardWeights(d, ToDouble(x), ToDouble(dy), &ref_dw, d.bias ? &ref_db : nullptr,
                                false);
-    EXPECT_TRUE(AllClose(out(dx, d.x_nhwc), ref_dx, ForReduction(Precision::kF32, d.k * 9)))
+    EXPECT_TRUE(
+        AllClose(ToHostNchw(be, dx, d.x_nhwc), ref_dx, ForReduction(Precision::kF32, d.k * 9)))
         << "backward data";
     const Tolerance wt = ForReduction(Precision::kF32, d.n * d.out_h() * d.out_w());
     EXPECT_TRUE(AllClose(ToHost(be, dw), ref_dw, wt)) << "backward weights";
