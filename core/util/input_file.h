@@ -3,8 +3,11 @@
 // checkpoints, idx, .npy, CIFAR-10 batches).
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace dptrain {
 
@@ -14,8 +17,15 @@ namespace dptrain {
 // (e.g. Permission denied). The type is checked with stat before any open: opening a FIFO for
 // reading waits for a writer (a hang), and opening a device has effects of its own; the open
 // that follows is non-blocking and checked again with fstat, so a swap between the two is seen
-// (the caller opens the path again: a swap after this check is not). Callers throw
-// "<path>: <reason>" with their own error class.
+// (a reader that opens the path again does not see a swap after this check: ReadInputFile
+// reads the checked descriptor). Callers throw "<path>: <reason>" with their own error class.
 std::string InputFileProblem(const std::string& path, std::string_view what);
+
+// The whole of `path` into *bytes, read from the descriptor InputFileProblem's checks ran on:
+// one open, and nothing swapped in after the check is read. "" or the reason, as
+// InputFileProblem's, or "cannot read the file: <strerror>" for a failed read, or "is N bytes,
+// more than the <max_bytes> bytes <what> can be" (checked before reading).
+std::string ReadInputFile(const std::string& path, std::string_view what,
+                          std::vector<uint8_t>* bytes, size_t max_bytes = SIZE_MAX);
 
 }  // namespace dptrain

@@ -9,14 +9,12 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <condition_variable>
 #include <csetjmp>
 #include <cstdio>
 #include <cstring>
 #include <exception>
 #include <filesystem>
-#include <fstream>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -160,13 +158,10 @@ struct Rgb {
 
 std::vector<uint8_t> ReadFile(const std::string& path) {
   // A FIFO named like an image would block the reading worker for good.
-  if (const std::string why = InputFileProblem(path, "a JPEG or PNG file"); !why.empty()) {
+  std::vector<uint8_t> buf;
+  if (const std::string why = ReadInputFile(path, "a JPEG or PNG file", &buf); !why.empty()) {
     throw BadImage(why);
   }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw BadImage(std::string("cannot open: ") + std::strerror(errno));
-  std::vector<uint8_t> buf((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) throw BadImage("read error");
   return buf;
 }
 

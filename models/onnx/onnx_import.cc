@@ -8,13 +8,15 @@
 #include <onnx/onnx_pb.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <map>
 #include <set>
 #include <sstream>
+#include <vector>
 
 #include "core/error.h"
 #include "core/util/input_file.h"
@@ -45,14 +47,15 @@ constexpr char kExport[] =
     "do_constant_folding=False) (with PyTorch 2.9 or later also dynamo=False)";
 
 onnx::ModelProto LoadModel(const std::string& path) {
-  if (const std::string why = InputFileProblem(path, "an ONNX model"); !why.empty()) {
+  // Protocol buffers parse at most 2 GiB (larger models keep their weights outside the file,
+  // ONNX external data, which the importer refuses).
+  std::vector<uint8_t> bytes;
+  if (const std::string why = ReadInputFile(path, "an ONNX model", &bytes, INT_MAX); !why.empty()) {
     DPT_THROW(ConfigError) << "model.onnx: " << path << ": " << why;
   }
-  std::ifstream in(path, std::ios::binary);
-  DPT_CHECK_AS(ConfigError, in.good())
-      << "model.onnx: " << path << ": cannot read the file: " << std::strerror(errno);
   onnx::ModelProto m;
-  DPT_CHECK_AS(ConfigError, m.ParseFromIstream(&in) && m.has_graph() && m.ir_version() > 0)
+  DPT_CHECK_AS(ConfigError, m.ParseFromArray(bytes.data(), static_cast<int>(bytes.size())) &&
+                                m.has_graph() && m.ir_version() > 0)
       << "model.onnx: " << path << " is not an ONNX model (truncated, or another format); write "
       << "it with " << kExport;
   try {

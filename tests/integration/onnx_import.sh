@@ -225,6 +225,12 @@ mkfifo "$TMP/pipe.onnx"
 CASE="a FIFO (no hang)"
 expect_fail 2 "model.onnx: $TMP/pipe.onnx: cannot read the file: it is not a regular file" -- \
   "$DPTRAIN" train --config "$D/run.toml" --set "model.onnx=$TMP/pipe.onnx"
+# More than protobuf's 2 GiB (a sparse file: nothing is written), refused before it is read.
+truncate -s 3G "$TMP/huge.onnx"
+CASE="a 3 GiB file"
+expect_fail 2 "model.onnx: $TMP/huge.onnx: is 3221225472 bytes, more than the 2147483647 bytes an ONNX model can be" -- \
+  "$DPTRAIN" train --config "$D/run.toml" --set "model.onnx=$TMP/huge.onnx"
+rm -f "$TMP/huge.onnx"
 
 "$PY" - "$TMP" "$(dirname "$ORACLE")" <<'PYEOF'
 import sys

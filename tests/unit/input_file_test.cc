@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // InputFileProblem: the one check every reader makes before opening an input file. A FIFO is
-// refused without being opened (opening it would wait for a writer).
+// refused without being opened (opening it would wait for a writer). ReadInputFile: the same
+// checks, and the bytes read from the descriptor they ran on.
 #include "core/util/input_file.h"
 
 #include <gmock/gmock.h>
@@ -13,6 +14,7 @@
 #include <cstring>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "tests/testing/temp_dir.h"
 
@@ -70,6 +72,39 @@ TEST(InputFileTest, SocketAndDeviceAreRefused) {
     EXPECT_EQ(bound, 0) << std::strerror(err);
   }
   EXPECT_THAT(InputFileProblem("/dev/null", "a .npy file"),
+              StartsWith("cannot read the file: it is not a regular file"));
+}
+
+TEST(InputFileTest, ReadInputFileReadsEveryByte) {
+  testing::TempDir dir;
+  // Larger than one read and than the 64 KiB tail buffer, with every byte value.
+  std::string data(300000, '\0');
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>(i * 7 % 251);
+  std::ofstream(dir.File("a.png"), std::ios::binary) << data;
+  std::vector<uint8_t> bytes{1, 2, 3};
+  ASSERT_EQ(ReadInputFile(dir.File("a.png"), "a JPEG or PNG file", &bytes), "");
+  EXPECT_EQ(std::string(bytes.begin(), bytes.end()), data);
+  EXPECT_EQ(ReadInputFile(dir.File("a.png"), "a JPEG or PNG file", &bytes, 299999),
+            "is 300000 bytes, more than the 299999 bytes a JPEG or PNG file can be");
+  ASSERT_EQ(ReadInputFile(dir.File("a.png"), "a JPEG or PNG file", &bytes, 300000), "");
+  EXPECT_EQ(bytes.size(), 300000U);
+  std::ofstream(dir.File("empty.png")).close();
+  ASSERT_EQ(ReadInputFile(dir.File("empty.png"), "a JPEG or PNG file", &bytes), "");
+  EXPECT_TRUE(bytes.empty());
+}
+
+TEST(InputFileTest, ReadInputFileRefusesAsInputFileProblemDoes) {
+  testing::TempDir dir;
+  std::vector<uint8_t> bytes;
+  EXPECT_EQ(ReadInputFile(dir.File("none.onnx"), "an ONNX model", &bytes), "no such file");
+  EXPECT_EQ(ReadInputFile(dir.path(), "an ONNX model", &bytes),
+            "is a directory, expected an ONNX model");
+  const std::string fifo = dir.File("pipe.onnx");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  EXPECT_EQ(ReadInputFile(fifo, "an ONNX model", &bytes),  // at once, no writer needed
+            "cannot read the file: it is not a regular file (a FIFO, socket or device); give an "
+            "ONNX model");
+  EXPECT_THAT(ReadInputFile("/dev/zero", "an ONNX model", &bytes),  // never ends: refused
               StartsWith("cannot read the file: it is not a regular file"));
 }
 
