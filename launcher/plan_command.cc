@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <optional>
 
 #include "core/backend_registry.h"
 #include "core/error.h"
@@ -40,6 +41,12 @@ int RunPlanCommand(const TrainConfig& cfg, int ranks, bool json) {
   // data's shape is checked at training time), or data.crop's crop of it.
   Shape input = DefaultSampleShape(cfg.model);
   if (cfg.data.crop > 0 && input.rank() == 3) input = Shape{input[0], cfg.data.crop, cfg.data.crop};
+  // train.winograd as training applies it: its buffers counted where it acts (a CPU with
+  // Winograd kernels, fp32), and the direct plan beside it, which training falls back to when
+  // they do not fit.
+  const bool winograd =
+      cfg.train.winograd && !gpu_elsewhere && be.WinogradProblem(cfg.train.precision).empty();
+  be.SetWinograd(winograd);
   const LossKind loss = ResolveLoss(cfg.model);
   const int slots = StateSlots(cfg.train.optimizer, cfg.train.momentum);
   int64_t budget = static_cast<int64_t>(cfg.memory.limit_bytes);
@@ -54,6 +61,15 @@ int RunPlanCommand(const TrainConfig& cfg, int ranks, bool json) {
     return p;
   };
   const MemoryPlan plan = plan_for(cfg.dist.shard);
+  std::optional<MemoryPlan> direct;
+  if (winograd) {
+    be.SetWinograd(false);
+    direct = plan_for(cfg.dist.shard);
+    be.SetWinograd(true);
+  }
+  // What training fits when this plan does not: it gives train.winograd up first.
+  const bool gives_way = direct && budget > 0 && plan.total > budget;
+  const MemoryPlan& fitted = gives_way ? *direct : plan;
   if (json) {
     fmt::print("{}\n", plan.ToJson());
   } else {
@@ -80,22 +96,28 @@ int RunPlanCommand(const TrainConfig& cfg, int ranks, bool json) {
                    mode == cfg.dist.shard ? "  <- this config" : "");
       }
     }
-    if (budget > 0 && plan.total > budget && plan.max_micro_batch == 0) {
+    if (direct) {
+      fmt::print(
+          "train.winograd: its buffers take {} MiB of the total (direct convolutions: {} MiB){}\n",
+          (plan.total - direct->total) >> 20, direct->total >> 20,
+          gives_way ? "; they do not fit, so training gives them up and runs direct" : "");
+    }
+    if (budget > 0 && fitted.total > budget && fitted.max_micro_batch == 0) {
       fmt::print(
           "does NOT fit: {} MiB needed, {} MiB available, and not even one sample fits: the "
           "parameters, gradients and optimizer state alone need {} MiB; use dist.shard, "
           "train.precision = \"bf16\", a smaller model, or a larger memory.limit\n",
-          plan.total >> 20, budget >> 20, plan.fixed >> 20);
-    } else if (budget > 0 && plan.total > budget) {
+          fitted.total >> 20, budget >> 20, fitted.fixed >> 20);
+    } else if (budget > 0 && fitted.total > budget) {
       // train.accumulate must divide the per-rank batch: the largest micro-batch that fits and
       // divides it (1 always does).
-      int64_t fit = std::min(plan.max_micro_batch, local);
+      int64_t fit = std::min(fitted.max_micro_batch, local);
       while (local % fit != 0) --fit;
       fmt::print(
           "does NOT fit: {} MiB needed, {} MiB available; micro-batch {} fits (up to {}): set "
           "train.accumulate = {} (the global batch and the maths stay the same), or "
           "train.precision = \"bf16\"\n",
-          plan.total >> 20, budget >> 20, fit, plan.max_micro_batch, local / fit);
+          fitted.total >> 20, budget >> 20, fit, fitted.max_micro_batch, local / fit);
     }
   }
   return kExitOk;

@@ -286,6 +286,20 @@ void Trainer::SetupModelThatFits() {
     int64_t failed_rank = oom.empty() ? comm_.size() : comm_.rank();
     control_.AllReduceHost(&failed_rank, 1, ReduceOp::kMin);
     if (failed_rank == comm_.size()) break;
+    // Winograd's transformed tiles cost memory and buy only speed: the direct convolutions (the
+    // same maths up to rounding) at this micro-batch come before a smaller one. Agreed, as
+    // whether it acts depends on each host's CPU.
+    int64_t winograd_acts = cfg_.train.winograd && winograd_gave_way_at_ == 0 &&
+                                    be_.WinogradProblem(cfg_.train.precision).empty()
+                                ? 1
+                                : 0;
+    control_.AllReduceHost(&winograd_acts, 1, ReduceOp::kMax);
+    if (winograd_acts != 0) {
+      winograd_gave_way_at_ = micro_;
+      ReleaseModel();
+      be_.SetWinograd(false);
+      continue;
+    }
     const int64_t tried = micro_;
     const int64_t next = NextMicroBatch(tried);
     if (!cfg_.memory.auto_microbatch || next == 0) {

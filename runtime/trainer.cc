@@ -137,7 +137,14 @@ TrainResult Trainer::Run() {
   // train.winograd: said on the start line where it acts, warned about where it cannot.
   bool winograd = false;
   if (cfg_.train.winograd) {
-    const std::string why = env_.backend->WinogradProblem(cfg_.train.precision);
+    std::string why = env_.backend->WinogradProblem(cfg_.train.precision);
+    if (why.empty() && winograd_gave_way_at_ > 0) {
+      why = fmt::format("its buffers do not fit in {} at micro-batch {}",
+                        cfg_.memory.limit_bytes > 0
+                            ? fmt::format("memory.limit ({})", FormatBytes(cfg_.memory.limit_bytes))
+                            : be_.name() + " memory",
+                        winograd_gave_way_at_);
+    }
     winograd = why.empty();
     if (!winograd) Warn("train.winograd changes nothing: " + why + "; convolutions run direct");
   }

@@ -90,10 +90,13 @@ class Trainer {
   RunDirLock run_dir_lock_;
   void SetupOutputs();
   // SetupModel on every rank; when a rank runs out of memory, all ranks agree on it before any
-  // collective, and with memory.auto_microbatch halve the micro-batch (doubling accumulate, so
-  // the global batch and the maths stay the same) until it fits or is 1; otherwise the OOM
-  // report with advice, on every rank (exit 4).
+  // collective. train.winograd gives way first (its buffers are the one cost that buys only
+  // speed: the run goes on direct, warned). Then, with memory.auto_microbatch, halve the
+  // micro-batch (doubling accumulate, so the global batch and the maths stay the same) until it
+  // fits or is 1; otherwise the OOM report with advice, on every rank (exit 4).
   void SetupModelThatFits();
+  // The micro-batch at which train.winograd's buffers did not fit (0: they did, or it is off).
+  int64_t winograd_gave_way_at_ = 0;
   // Also sets shard_advice_ (dist.shard advice when optimizer state dominates the plan).
   int64_t LargestMicroBatchThatFits(int64_t tried);
   std::string shard_advice_;

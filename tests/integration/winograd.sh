@@ -3,7 +3,8 @@
 # train.winograd: resnet8 trained with its 32- and 64-channel 3x3 convolutions by Winograd on the
 # CPU says so on the start line, stays within fp32 rounding of the direct run, gives the same bits
 # twice (deterministic for a thread count), and runs on 2 ranks. Where it cannot act (no AVX-512,
-# simulated with DNNL_MAX_CPU_ISA=AVX2; not fp32) it warns and the run is the direct one. The
+# simulated with DNNL_MAX_CPU_ISA=AVX2; not fp32) it warns and the run is the direct one; so
+# where its buffers do not fit in memory.limit (and `dptrain plan` says so). The
 # op-level accuracy is conformance's ConvWinogradTest; the speed is bench/run.sh's fp32w rows.
 # shellcheck disable=SC2034  # CASE is read by expect_ok (lib.sh)
 # shellcheck source=lib.sh
@@ -52,6 +53,48 @@ if grep -qw avx512f /proc/cpuinfo; then
   check "losses and gradient norms within fp32 rounding of the direct run (relative 1e-4)" \
     within1e4 "$wino" "$direct"
   check "not the direct run's bits (the Winograd kernels ran)" test "$wino" != "$direct"
+  # memory.limit half way between the two runs' measured peaks: the direct convolutions fit,
+  # Winograd's buffers do not. They give way before anything else: the same micro-batch, the
+  # direct run's bits, warned.
+  peak() {
+    python3 -c "import json, sys; print(int(max(r['peak_mem_bytes']['max'] for r in \
+map(json.loads, open(sys.argv[1])) if r.get('kind') == 'step')))" "$1/metrics.jsonl"
+  }
+  p_direct=$(peak "$TMP/direct") p_wino=$(peak "$TMP/wino")
+  limit=$(((p_direct + p_wino) / 2))
+  echo "  peak memory: direct $p_direct, winograd $p_wino bytes; limit $limit"
+  check "Winograd's buffers take memory (at least 1 MiB more at the peak)" \
+    test "$p_wino" -gt $((p_direct + 1048576))
+  CASE="train.winograd = true under memory.limit = ${limit}B (the direct run fits, Winograd not)"
+  expect_ok -- "$DPTRAIN" "${RUN[@]}" --set "run_dir=$TMP/wino_lim" --set train.winograd=true \
+    --set "memory.limit=${limit}B"
+  check "warned: its buffers do not fit, at the configured micro-batch 16" grep -q \
+    '^dptrain: warning: train.winograd changes nothing: its buffers do not fit in memory.limit (.*) at micro-batch 16; convolutions run direct$' \
+    "$TMP/last.err"
+  check "the start line does not say winograd, nor a smaller micro-batch" \
+    bash -c "! grep -q ', winograd$\|micro-steps' '$TMP/last.out'"
+  check "the direct run's bits" test "$(losses "$TMP/wino_lim")" = "$direct"
+
+  # dptrain plan counts them and says the same, by its own estimate: a limit half way between
+  # its totals with and without them.
+  PLAN=(plan --config "$DPTRAIN_SRC/configs/resnet8.toml" --set train.global_batch=16 --ranks 1)
+  total() {
+    "$DPTRAIN" "${PLAN[@]}" --json "$@" |
+      python3 -c "import json, sys; print(json.load(sys.stdin)['total_bytes'])"
+  }
+  t_direct=$(total) t_wino=$(total --set train.winograd=true)
+  CASE="dptrain plan with train.winograd = true"
+  expect_ok -- "$DPTRAIN" "${PLAN[@]}" --set train.winograd=true
+  check "it prints what Winograd's buffers take" grep -q \
+    "^train.winograd: its buffers take $(((t_wino - t_direct) >> 20)) MiB of the total (direct convolutions: $((t_direct >> 20)) MiB)$" \
+    "$TMP/last.out"
+  CASE="dptrain plan with train.winograd = true under a limit only the direct plan fits"
+  expect_ok -- "$DPTRAIN" "${PLAN[@]}" --set train.winograd=true \
+    --set "memory.limit=$(((t_direct + t_wino) / 2))B"
+  check "it says training gives them up" grep -q \
+    '; they do not fit, so training gives them up and runs direct$' "$TMP/last.out"
+  check "and nothing else" bash -c "! grep -q 'does NOT fit' '$TMP/last.out'"
+
   CASE="train.winograd = true, 2 ranks"
   expect_ok -- "${MPI2[@]}" "$DPTRAIN" "${RUN[@]}" --set "run_dir=$TMP/wino_mpi" \
     --set train.winograd=true --set dist.threads=1
