@@ -212,6 +212,9 @@ class Backend {
   virtual std::string WinogradProblem(Precision /*p*/) const {
     return "only the CPU backend has it (cuDNN chooses its own algorithms)";
   }
+  // Whether a convolution was planned by Winograd since SetWinograd last changed it (whether its
+  // buffers are in the memory a model set up takes).
+  virtual bool WinogradPlanned() const { return false; }
 
   CachingAllocator& allocator() { return *allocator_; }
   // Bytes of workspace the backend shares between all ops (oneDNN scratchpad, cuDNN workspace).

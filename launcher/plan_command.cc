@@ -60,12 +60,13 @@ int RunPlanCommand(const TrainConfig& cfg, int ranks, bool json) {
     p.precision = ConfigName(cfg.train.precision);
     return p;
   };
-  const MemoryPlan plan = plan_for(cfg.dist.shard);
+  MemoryPlan plan = plan_for(cfg.dist.shard);
   std::optional<MemoryPlan> direct;
   if (winograd) {
     be.SetWinograd(false);
     direct = plan_for(cfg.dist.shard);
     be.SetWinograd(true);
+    plan.winograd_direct_total = direct->total;
   }
   // What training fits when this plan does not: it gives train.winograd up first.
   const bool gives_way = direct && budget > 0 && plan.total > budget;

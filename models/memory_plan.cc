@@ -128,9 +128,10 @@ std::string MemoryPlan::ToJson() const {
   std::string s = fmt::format(
       "{{\"micro_batch\": {}, \"precision\": \"{}\", \"shard\": \"{}\", \"total_bytes\": {}, "
       "\"fixed_bytes\": {}, \"per_sample_bytes\": {}, \"grad_scratch_bytes\": {}, "
-      "\"other_bytes\": {}, \"budget_bytes\": {}, \"max_micro_batch\": {}, \"layers\": [",
+      "\"other_bytes\": {}, \"budget_bytes\": {}, \"max_micro_batch\": {}, "
+      "\"winograd_direct_total_bytes\": {}, \"layers\": [",
       micro_batch, precision, shard, total, fixed, per_sample, grad_scratch, other, budget,
-      max_micro_batch);
+      max_micro_batch, winograd_direct_total);
   for (size_t i = 0; i < layers.size(); ++i) {
     const auto& l = layers[i];
     s += fmt::format(

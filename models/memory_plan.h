@@ -42,6 +42,9 @@ struct MemoryPlan {
   int64_t per_sample = 0;       // the part that does, per sample
   int64_t budget = 0;           // memory.limit or the device's capacity; 0 = unknown
   int64_t max_micro_batch = 0;  // largest micro-batch whose total fits the budget; 0 = unknown
+  // train.winograd: the total with the direct convolutions training falls back to when this one
+  // does not fit; 0 = no convolution planned by Winograd.
+  int64_t winograd_direct_total = 0;
 
   // Sums over the layers.
   int64_t Sum(int64_t LayerMemory::*field) const;

@@ -288,11 +288,9 @@ void Trainer::SetupModelThatFits() {
     if (failed_rank == comm_.size()) break;
     // Winograd's transformed tiles cost memory and buy only speed: the direct convolutions (the
     // same maths up to rounding) at this micro-batch come before a smaller one. Agreed, as
-    // whether it acts depends on each host's CPU.
-    int64_t winograd_acts = cfg_.train.winograd && winograd_gave_way_at_ == 0 &&
-                                    be_.WinogradProblem(cfg_.train.precision).empty()
-                                ? 1
-                                : 0;
+    // whether it acts depends on each host's CPU (and on the model: it may have no convolution
+    // Winograd applies to).
+    int64_t winograd_acts = winograd_gave_way_at_ == 0 && be_.WinogradPlanned() ? 1 : 0;
     control_.AllReduceHost(&winograd_acts, 1, ReduceOp::kMax);
     if (winograd_acts != 0) {
       winograd_gave_way_at_ = micro_;
@@ -317,18 +315,22 @@ void Trainer::SetupModelThatFits() {
       const std::string other_ways =
           fmt::format("use train.precision = \"bf16\" or \"fp16\"{}{}",
                       cfg_.memory.limit_bytes > 0 ? ", or raise memory.limit" : "", shard_advice_);
+      // The estimate is then the direct convolutions'.
+      const std::string direct = winograd_gave_way_at_ > 0
+                                     ? " even with train.winograd given up (convolutions direct)"
+                                     : "";
       const std::string advice =
           micro > 0
               ? fmt::format(
-                    "\nhint: micro-batch {} per rank does not fit; micro-batch {} should fit "
+                    "\nhint: micro-batch {} per rank does not fit{}; micro-batch {} should fit "
                     "(estimate of `{}`): set train.accumulate = {} (the global batch and the "
                     "maths stay the same), or set memory.auto_microbatch = true to let dptrain "
                     "find it, or {}",
-                    tried, micro, plan_cmd, local_batch_ / micro, other_ways)
+                    tried, direct, micro, plan_cmd, local_batch_ / micro, other_ways)
               : fmt::format(
-                    "\nhint: micro-batch {} per rank does not fit, and by the estimate of `{}` "
+                    "\nhint: micro-batch {} per rank does not fit{}, and by the estimate of `{}` "
                     "not even micro-batch 1 does: {}, or use a smaller model",
-                    tried, plan_cmd, other_ways);
+                    tried, direct, plan_cmd, other_ways);
       detail::AgreeOnFailure(control_, oom + advice, kExitOom, !oom.empty());
     }
     ReleaseModel();

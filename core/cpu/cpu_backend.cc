@@ -59,6 +59,7 @@ void CpuBackend::SetWinograd(bool on) {
     std::lock_guard<std::mutex> lock(impl_->mu);
     changed = impl_->winograd != on;
     impl_->winograd = on;
+    if (changed) impl_->winograd_planned = false;
   }
   if (changed) ReleasePlans();
 }

@@ -24,6 +24,7 @@ class CpuBackend final : public Backend {
   void SetWinograd(bool on) override;
   // "" for fp32 where oneDNN has a Winograd kernel for this CPU (probed once: AVX-512).
   std::string WinogradProblem(Precision p) const override;
+  bool WinogradPlanned() const override;
   // Whether conv2d `d` runs by Winograd when train.winograd is on: fp32, 3x3, stride 1, not
   // dilated or grouped, at least 32 input and output channels (below that oneDNN's Winograd
   // was slower here: ResNet-8's 16-channel stage at batch 128 took 1.5x the direct time).

@@ -227,7 +227,8 @@ struct CpuBackend::Impl {
   // primitive reserves it again if it is gone (or too small).
   Tensor scratchpad;
   CpuBackend* owner = nullptr;
-  bool winograd = false;  // train.winograd (guarded by mu)
+  bool winograd = false;          // train.winograd (guarded by mu)
+  bool winograd_planned = false;  // a convolution planned by Winograd since it was set (mu)
 
   void Reserve(CpuBackend& be, const memory::desc& md);
   memory Mem(const memory::desc& md, const Tensor& t) const { return memory(md, engine, t.raw()); }

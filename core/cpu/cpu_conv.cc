@@ -94,6 +94,7 @@ std::shared_ptr<OpPlan> CpuBackend::PrepareConv2d(const Conv2dDesc& d) {
     try {
       planned = plan(dnnl::algorithm::convolution_winograd, Tag::any, Tag::any);
       wino = true;
+      impl_->winograd_planned = true;  // before Finish allocates its buffers (and may run out)
     } catch (const DnnlError&) {
     }
   }
@@ -161,6 +162,11 @@ std::string CpuBackend::WinogradProblem(Precision p) const {
     }
   }();
   return available ? "" : "oneDNN has no Winograd kernel for this CPU (it needs AVX-512)";
+}
+
+bool CpuBackend::WinogradPlanned() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->winograd_planned;
 }
 
 bool CpuBackend::PlannedWinograd(const OpPlan& plan) {

@@ -40,34 +40,45 @@ std::string OpenChecked(const std::string& path, std::string_view what, int* fd,
     *fd = -1;
     return NotRegular(what);
   }
+  // Reads block as usual from here (O_NONBLOCK could make a network or FUSE file system's read
+  // answer EAGAIN).
+  const int flags = ::fcntl(*fd, F_GETFL);
+  if (flags >= 0) ::fcntl(*fd, F_SETFL, flags & ~O_NONBLOCK);
   *size = opened.st_size;
   return "";
 }
 
+// Closes the descriptor however the reader leaves (a failed allocation throws).
+struct FdCloser {
+  int fd = -1;
+  FdCloser() = default;
+  ~FdCloser() {
+    if (fd >= 0) ::close(fd);
+  }
+  FdCloser(const FdCloser&) = delete;
+  FdCloser& operator=(const FdCloser&) = delete;
+};
+
 }  // namespace
 
 std::string InputFileProblem(const std::string& path, std::string_view what) {
-  int fd = -1;
+  FdCloser file;
   off_t size = 0;
-  std::string why = OpenChecked(path, what, &fd, &size);
-  if (fd >= 0) ::close(fd);
-  return why;
+  return OpenChecked(path, what, &file.fd, &size);
 }
 
 std::string ReadInputFile(const std::string& path, std::string_view what,
                           std::vector<uint8_t>* bytes, size_t max_bytes) {
-  int fd = -1;
+  FdCloser file;
   off_t size = 0;
-  std::string why = OpenChecked(path, what, &fd, &size);
+  std::string why = OpenChecked(path, what, &file.fd, &size);
   if (!why.empty()) return why;
+  const int fd = file.fd;
   const auto too_large = [&](uint64_t n) {
     return "is " + std::to_string(n) + " bytes, more than the " + std::to_string(max_bytes) +
            " bytes " + std::string(what) + " can be";
   };
-  if (static_cast<uint64_t>(size) > max_bytes) {
-    ::close(fd);
-    return too_large(static_cast<uint64_t>(size));
-  }
+  if (static_cast<uint64_t>(size) > max_bytes) return too_large(static_cast<uint64_t>(size));
   bytes->resize(static_cast<size_t>(size));
   size_t got = 0;
   // The size fstat saw into place, then on to the end (a file that grew meanwhile is read whole).
@@ -89,7 +100,6 @@ std::string ReadInputFile(const std::string& path, std::string_view what,
       break;
     }
   }
-  ::close(fd);
   bytes->resize(got);
   return why;
 }

@@ -75,6 +75,18 @@ map(json.loads, open(sys.argv[1])) if r.get('kind') == 'step')))" "$1/metrics.js
     bash -c "! grep -q ', winograd$\|micro-steps' '$TMP/last.out'"
   check "the direct run's bits" test "$(losses "$TMP/wino_lim")" = "$direct"
 
+  CASE="train.winograd = true under a limit not even the direct run fits (memory.limit=20MiB)"
+  expect_fail 4 "hint: micro-batch 16 per rank does not fit even with train.winograd given up (convolutions direct); micro-batch" -- \
+    "$DPTRAIN" "${RUN[@]}" --set "run_dir=$TMP/wino_oom" --set train.winograd=true \
+    --set memory.limit=20MiB
+  # A model with no convolution Winograd applies to (cifar_net: 3 -> 64 channels) has nothing to
+  # give up: the usual report at once.
+  CASE="train.winograd = true, cifar_net (no Winograd convolution), memory.limit=1MiB"
+  expect_fail 4 "hint: micro-batch 16 per rank does not fit," -- \
+    "$DPTRAIN" "${RUN[@]}" --set "run_dir=$TMP/cifar_oom" --set train.winograd=true \
+    --set model.name=cifar_net --set memory.limit=1MiB
+  check "nothing said about Winograd" bash -c "! grep -q -i 'winograd' '$TMP/last.err'"
+
   # dptrain plan counts them and says the same, by its own estimate: a limit half way between
   # its totals with and without them.
   PLAN=(plan --config "$DPTRAIN_SRC/configs/resnet8.toml" --set train.global_batch=16 --ranks 1)
@@ -83,6 +95,11 @@ map(json.loads, open(sys.argv[1])) if r.get('kind') == 'step')))" "$1/metrics.js
       python3 -c "import json, sys; print(json.load(sys.stdin)['total_bytes'])"
   }
   t_direct=$(total) t_wino=$(total --set train.winograd=true)
+  CASE="dptrain plan --json with train.winograd = true"
+  expect_ok -- "$DPTRAIN" "${PLAN[@]}" --json --set train.winograd=true
+  check "winograd_direct_total_bytes is the direct plan's total" test "$(python3 -c \
+    "import json, sys; print(json.load(open(sys.argv[1]))['winograd_direct_total_bytes'])" \
+    "$TMP/last.out")" = "$t_direct"
   CASE="dptrain plan with train.winograd = true"
   expect_ok -- "$DPTRAIN" "${PLAN[@]}" --set train.winograd=true
   check "it prints what Winograd's buffers take" grep -q \
