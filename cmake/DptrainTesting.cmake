@@ -17,7 +17,16 @@ function(dptrain_add_gtest name)
   if(A_RESOURCE_LOCK)
     set(_lock RESOURCE_LOCK ${A_RESOURCE_LOCK})
   endif()
-  gtest_discover_tests(${name} DISCOVERY_MODE PRE_TEST PROPERTIES LABELS ${A_LABEL} TIMEOUT 300
+  # Sanitizer builds: scripts/sanitize.sh runs ASan with fast_unwind_on_malloc=0 (the leak
+  # suppressions need whole stacks through Open MPI), so every allocation unwinds its stack and
+  # allocation-heavy tests run 10-60x slower than in Release. ctest's --timeout does not
+  # override this property, so the scaling lives here.
+  set(_timeout 300)
+  if(DPTRAIN_SANITIZE)
+    set(_timeout 900)
+  endif()
+  gtest_discover_tests(${name} DISCOVERY_MODE PRE_TEST
+                       PROPERTIES LABELS ${A_LABEL} TIMEOUT ${_timeout}
                        ENVIRONMENT "OMP_NUM_THREADS=1;OMP_WAIT_POLICY=passive" ${_lock})
 endfunction()
 
