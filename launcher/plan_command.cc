@@ -67,6 +67,7 @@ int RunPlanCommand(const TrainConfig& cfg, int ranks, bool json) {
     direct = plan_for(cfg.dist.shard);
     be.SetWinograd(true);
     plan.winograd_direct_total = direct->total;
+    plan.winograd_direct_max_micro_batch = direct->max_micro_batch;
   }
   // What training fits when this plan does not: it gives train.winograd up first.
   const bool gives_way = direct && budget > 0 && plan.total > budget;

@@ -117,7 +117,12 @@ std::string MemoryPlan::ToTable() const {
   s += fmt::format("{:<{}} {:<11} {:>61}\n", "total", w, "", mb(total));
   s += fmt::format("fixed {} MiB + {:.1f} KiB per sample\n", mb(fixed),
                    static_cast<double>(per_sample) / 1024);
-  if (budget > 0) {
+  if (budget > 0 && winograd_direct_total > 0) {
+    s += fmt::format(
+        "budget {}: the largest micro-batch that fits is {} with train.winograd's buffers, {} "
+        "with direct convolutions (training gives Winograd up first)\n",
+        FormatBytes(static_cast<size_t>(budget)), max_micro_batch, winograd_direct_max_micro_batch);
+  } else if (budget > 0) {
     s += fmt::format("budget {}: the largest micro-batch that fits is {}\n",
                      FormatBytes(static_cast<size_t>(budget)), max_micro_batch);
   }
@@ -129,9 +134,10 @@ std::string MemoryPlan::ToJson() const {
       "{{\"micro_batch\": {}, \"precision\": \"{}\", \"shard\": \"{}\", \"total_bytes\": {}, "
       "\"fixed_bytes\": {}, \"per_sample_bytes\": {}, \"grad_scratch_bytes\": {}, "
       "\"other_bytes\": {}, \"budget_bytes\": {}, \"max_micro_batch\": {}, "
-      "\"winograd_direct_total_bytes\": {}, \"layers\": [",
+      "\"winograd_direct_total_bytes\": {}, \"winograd_direct_max_micro_batch\": {}, "
+      "\"layers\": [",
       micro_batch, precision, shard, total, fixed, per_sample, grad_scratch, other, budget,
-      max_micro_batch, winograd_direct_total);
+      max_micro_batch, winograd_direct_total, winograd_direct_max_micro_batch);
   for (size_t i = 0; i < layers.size(); ++i) {
     const auto& l = layers[i];
     s += fmt::format(

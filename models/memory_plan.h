@@ -45,6 +45,9 @@ struct MemoryPlan {
   // train.winograd: the total with the direct convolutions training falls back to when this one
   // does not fit; 0 = no convolution planned by Winograd.
   int64_t winograd_direct_total = 0;
+  // ... and the largest micro-batch that fits with them (training gives Winograd up first, so
+  // this is the largest it can run); 0 = unknown or no Winograd.
+  int64_t winograd_direct_max_micro_batch = 0;
 
   // Sums over the layers.
   int64_t Sum(int64_t LayerMemory::*field) const;

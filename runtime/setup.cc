@@ -168,9 +168,12 @@ int64_t Trainer::NextMicroBatch(int64_t tried) const {
 
 void Trainer::ShrinkMicroBatchMidRun(const std::string& oom) {
   const int64_t tried = micro_;
-  const int64_t next = NextMicroBatch(tried);
   int64_t failed_rank = oom.empty() ? comm_.size() : comm_.rank();
   control_.AllReduceHost(&failed_rank, 1, ReduceOp::kMin);
+  // As at setup (SetupModelThatFits): Winograd's buffers go before the micro-batch does.
+  int64_t winograd_acts = winograd_gave_way_at_ == 0 && be_.WinogradPlanned() ? 1 : 0;
+  control_.AllReduceHost(&winograd_acts, 1, ReduceOp::kMax);
+  const int64_t next = winograd_acts != 0 ? tried : NextMicroBatch(tried);
   if (next == 0) {
     detail::AgreeOnFailure(
         control_,
@@ -194,12 +197,21 @@ void Trainer::ShrinkMicroBatchMidRun(const std::string& oom) {
   const int64_t optimizer_steps = opt_->steps();
   const LossScalerState scale = scaler_->state();
   ReleaseModel();
-  micro_ = next;
-  accumulate_ = local_batch_ / micro_;
-  Say(fmt::format(
-      "memory.auto_microbatch: micro-batch {} ran out of memory on rank {} at step {}; going on "
-      "with {} x {} micro-steps per step (global batch {} unchanged, the step runs again)",
-      tried, failed_rank, step_ + 1, micro_, accumulate_, cfg_.train.global_batch));
+  if (winograd_acts != 0) {
+    winograd_gave_way_at_ = tried;
+    be_.SetWinograd(false);
+    Warn(fmt::format(
+        "train.winograd gives way: micro-batch {} ran out of memory on rank {} at step {}; "
+        "convolutions run direct from here (same micro-batch, the step runs again)",
+        tried, failed_rank, step_ + 1));
+  } else {
+    micro_ = next;
+    accumulate_ = local_batch_ / micro_;
+    Say(fmt::format(
+        "memory.auto_microbatch: micro-batch {} ran out of memory on rank {} at step {}; going "
+        "on with {} x {} micro-steps per step (global batch {} unchanged, the step runs again)",
+        tried, failed_rank, step_ + 1, micro_, accumulate_, cfg_.train.global_batch));
+  }
   SetupModelThatFits();
   const auto restore = [&](const std::vector<float>& v, Tensor* flat) {
     DPT_CHECK(static_cast<int64_t>(v.size()) == flat->numel());

@@ -75,6 +75,20 @@ map(json.loads, open(sys.argv[1])) if r.get('kind') == 'step')))" "$1/metrics.js
     bash -c "! grep -q ', winograd$\|micro-steps' '$TMP/last.out'"
   check "the direct run's bits" test "$(losses "$TMP/wino_lim")" = "$direct"
 
+  # Mid-run (memory.auto_microbatch; the test hook throws on rank 0 before step 3's first
+  # micro-step): the same order, Winograd first, the micro-batch kept.
+  CASE="train.winograd = true, out of memory on rank 0 at step 3, memory.auto_microbatch = true"
+  expect_ok -- env DPTRAIN_TEST_OOM=0:2 "$DPTRAIN_HOOKED" "${RUN[@]}" \
+    --set "run_dir=$TMP/wino_midrun" --set train.winograd=true --set memory.auto_microbatch=true
+  check "warned once: Winograd gives way at micro-batch 16, step 3" test "$(grep -c \
+    '^dptrain: warning: train.winograd gives way: micro-batch 16 ran out of memory on rank 0 at step 3; convolutions run direct from here (same micro-batch, the step runs again)$' \
+    "$TMP/last.err")" = 1
+  check "the micro-batch is kept" bash -c "! grep -q 'memory.auto_microbatch:' '$TMP/last.out'"
+  mid=$(losses "$TMP/wino_midrun")
+  check "steps 1 and 2 are the Winograd run's bits" \
+    test "$(cut -d' ' -f1-4 <<<"$mid")" = "$(cut -d' ' -f1-4 <<<"$wino")"
+  check "all 4 steps within fp32 rounding of the direct run" within1e4 "$mid" "$direct"
+
   CASE="train.winograd = true under a limit not even the direct run fits (memory.limit=20MiB)"
   expect_fail 4 "hint: micro-batch 16 per rank does not fit even with train.winograd given up (convolutions direct); micro-batch" -- \
     "$DPTRAIN" "${RUN[@]}" --set "run_dir=$TMP/wino_oom" --set train.winograd=true \
@@ -111,6 +125,21 @@ map(json.loads, open(sys.argv[1])) if r.get('kind') == 'step')))" "$1/metrics.js
   check "it says training gives them up" grep -q \
     '; they do not fit, so training gives them up and runs direct$' "$TMP/last.out"
   check "and nothing else" bash -c "! grep -q 'does NOT fit' '$TMP/last.out'"
+  check "its budget line gives the largest micro-batch both ways" grep -q \
+    "^budget .*: the largest micro-batch that fits is [0-9]* with train.winograd's buffers, [0-9]* with direct convolutions (training gives Winograd up first)$" \
+    "$TMP/last.out"
+  max_mb() {  # key, then plan arguments
+    local key=$1
+    shift
+    "$DPTRAIN" "${PLAN[@]}" --json --set "memory.limit=$(((t_direct + t_wino) / 2))B" "$@" |
+      python3 -c "import json, sys; print(json.load(sys.stdin)[sys.argv[1]])" "$key"
+  }
+  CASE="dptrain plan --json with train.winograd = true under that limit"
+  check "winograd_direct_max_micro_batch is the direct plan's max_micro_batch" test \
+    "$(max_mb winograd_direct_max_micro_batch --set train.winograd=true)" = "$(max_mb max_micro_batch)"
+  check "which is more than Winograd's own" test \
+    "$(max_mb winograd_direct_max_micro_batch --set train.winograd=true)" -gt \
+    "$(max_mb max_micro_batch --set train.winograd=true)"
 
   CASE="train.winograd = true, 2 ranks"
   expect_ok -- "${MPI2[@]}" "$DPTRAIN" "${RUN[@]}" --set "run_dir=$TMP/wino_mpi" \
