@@ -67,6 +67,13 @@ std::string InputFileProblem(const std::string& path, std::string_view what) {
   return OpenChecked(path, what, &file.fd, &size);
 }
 
+int OpenInputFile(const std::string& path, std::string_view what, std::string* why) {
+  int fd = -1;
+  off_t size = 0;
+  *why = OpenChecked(path, what, &fd, &size);
+  return fd;
+}
+
 std::string ReadInputFile(const std::string& path, std::string_view what,
                           std::vector<uint8_t>* bytes, size_t max_bytes) {
   FdCloser file;

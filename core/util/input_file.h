@@ -17,9 +17,15 @@ namespace dptrain {
 // (e.g. Permission denied). The type is checked with stat before any open: opening a FIFO for
 // reading waits for a writer (a hang), and opening a device has effects of its own; the open
 // that follows is non-blocking and checked again with fstat, so a swap between the two is seen
-// (a reader that opens the path again does not see a swap after this check: ReadInputFile
-// reads the checked descriptor). Callers throw "<path>: <reason>" with their own error class.
+// (a reader that opens the path again does not see a swap after this check: OpenInputFile and
+// ReadInputFile hand over the checked descriptor). Callers throw "<path>: <reason>" with their own
+// error class.
 std::string InputFileProblem(const std::string& path, std::string_view what);
+
+// The descriptor InputFileProblem's checks ran on (read-only, blocking, close-on-exec), for a
+// reader that reads in pieces (e.g. gzdopen): the caller owns it. -1 and *why set (as
+// InputFileProblem's reason) when the file cannot be read.
+int OpenInputFile(const std::string& path, std::string_view what, std::string* why);
 
 // The whole of `path` into *bytes, read from the descriptor InputFileProblem's checks ran on:
 // one open, and nothing swapped in after the check is read. "" or the reason, as

@@ -2,7 +2,6 @@
 // CIFAR-10 binary version -> dataset HDF5: records of 1 label byte + 3 x 32 x 32 pixel bytes.
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <vector>
 
 #include "core/error.h"
@@ -20,28 +19,20 @@ constexpr int kClasses = 10;
 // Appends the records of one batch file.
 void ReadBatch(const std::string& path, std::vector<uint8_t>* images,
                std::vector<int32_t>* labels) {
-  if (const std::string why = InputFileProblem(path, "a CIFAR-10 batch file"); !why.empty()) {
+  std::vector<uint8_t> buf;
+  if (const std::string why = ReadInputFile(path, "a CIFAR-10 batch file", &buf); !why.empty()) {
     DPT_THROW(IoError) << path << ": " << why
                        << (why == "no such file" ? " (CIFAR-10 binary version: data_batch_1.bin .. "
                                                    "data_batch_5.bin, test_batch.bin)"
                                                  : "");
   }
-  std::error_code ec;
-  const auto size = static_cast<int64_t>(std::filesystem::file_size(path, ec));
-  if (ec) DPT_THROW(IoError) << path << ": cannot get size: " << ec.message();
+  const auto size = static_cast<int64_t>(buf.size());
   if (size == 0 || size % kRecord != 0) {
     DPT_THROW(DataError) << path << ": size " << size << " bytes is not a positive multiple of the "
                          << kRecord << "-byte CIFAR-10 record"
                          << (size > 0 && size % (kRecord + 1) == 0
                                  ? " (3074-byte records: this looks like CIFAR-100)"
                                  : " (file short or not CIFAR-10 binary)");
-  }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) DPT_THROW(IoError) << path << ": cannot open";
-  std::vector<uint8_t> buf(static_cast<size_t>(size));
-  in.read(reinterpret_cast<char*>(buf.data()), size);
-  if (in.gcount() != size) {
-    DPT_THROW(IoError) << path << ": short read (" << in.gcount() << " of " << size << " bytes)";
   }
   const int64_t n = size / kRecord;
   const size_t base = images->size();

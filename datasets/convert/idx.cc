@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // MNIST / Fashion-MNIST idx files (plain or gzip) -> dataset HDF5. zlib's gzread reads both
 // compressed and plain files, so the format is detected from the content, not the name.
+#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -26,12 +27,14 @@ constexpr uint32_t kMaxSide = 1 << 14;         // sanity bound on H and W
 class GzFile {
  public:
   explicit GzFile(const std::string& path) : path_(path) {
-    if (const std::string why = InputFileProblem(path, "an idx file"); !why.empty()) {
-      DPT_THROW(IoError) << path << ": " << why;
-    }
-    f_ = gzopen(path.c_str(), "rb");
+    std::string why;
+    const int fd = OpenInputFile(path, "an idx file", &why);
+    if (fd < 0) DPT_THROW(IoError) << path << ": " << why;
+    f_ = gzdopen(fd, "rb");  // gzclose closes fd
     if (f_ == nullptr) {
-      DPT_THROW(IoError) << path << ": cannot open: " << std::strerror(errno);
+      const int err = errno;
+      ::close(fd);
+      DPT_THROW(IoError) << path << ": cannot open: " << std::strerror(err);
     }
   }
   ~GzFile() {

@@ -5,10 +5,9 @@
 #include <cctype>
 #include <cmath>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <limits>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -169,18 +168,15 @@ Dtype ParseDtype(const std::string& path, const std::string& d) {
 }
 
 NpyArray ReadNpy(const std::string& path) {
-  if (const std::string why = InputFileProblem(path, "a .npy file"); !why.empty()) {
+  // The whole file, from the descriptor the checks ran on; the header is then cut off the
+  // front in place, so the peak is the file's size, as reading the data straight into place.
+  std::vector<uint8_t> file;
+  if (const std::string why = ReadInputFile(path, "a .npy file", &file); !why.empty()) {
     DPT_THROW(IoError) << path << ": " << why;
   }
-  std::error_code ec;
-  const auto file_size = std::filesystem::file_size(path, ec);
-  if (ec) DPT_THROW(IoError) << path << ": cannot get size: " << ec.message();
-  std::ifstream in(path, std::ios::binary);
-  if (!in) DPT_THROW(IoError) << path << ": cannot open";
-
-  uint8_t pre[12] = {};
-  in.read(reinterpret_cast<char*>(pre), 10);
-  if (in.gcount() != 10 || std::memcmp(pre, "\x93NUMPY", 6) != 0) {
+  const uint64_t file_size = file.size();
+  const uint8_t* pre = file.data();
+  if (file_size < 10 || std::memcmp(pre, "\x93NUMPY", 6) != 0) {
     DPT_THROW(DataError) << path << ": not a .npy file (no \\x93NUMPY magic)";
   }
   const int major = pre[6];
@@ -189,8 +185,7 @@ NpyArray ReadNpy(const std::string& path) {
     header_len = pre[8] | (size_t{pre[9]} << 8);
     prefix = 10;
   } else if (major == 2 || major == 3) {
-    in.read(reinterpret_cast<char*>(pre + 10), 2);
-    if (in.gcount() != 2) DPT_THROW(DataError) << path << ": truncated .npy header";
+    if (file_size < 12) DPT_THROW(DataError) << path << ": truncated .npy header";
     header_len = pre[8] | (size_t{pre[9]} << 8) | (size_t{pre[10]} << 16) | (size_t{pre[11]} << 24);
     prefix = 12;
   } else {
@@ -201,11 +196,7 @@ NpyArray ReadNpy(const std::string& path) {
     DPT_THROW(DataError) << path << ": truncated or corrupt .npy header (length " << header_len
                          << ", file size " << file_size << ")";
   }
-  std::string header(header_len, '\0');
-  in.read(header.data(), static_cast<std::streamsize>(header_len));
-  if (static_cast<size_t>(in.gcount()) != header_len) {
-    DPT_THROW(DataError) << path << ": truncated .npy header";
-  }
+  const std::string header(reinterpret_cast<const char*>(pre) + prefix, header_len);
   // Version 1/2 headers are latin-1/ASCII, version 3 UTF-8; the dict we accept is ASCII.
   std::string descr;
   bool fortran = false;
@@ -236,11 +227,8 @@ NpyArray ReadNpy(const std::string& path) {
                          << ": shape " << Shape(a.shape).ToString() << " of " << descr << " needs "
                          << bytes << " data bytes, the file has " << have;
   }
-  a.data.resize(bytes);
-  in.read(reinterpret_cast<char*>(a.data.data()), static_cast<std::streamsize>(bytes));
-  if (static_cast<uint64_t>(in.gcount()) != bytes) {
-    DPT_THROW(IoError) << path << ": short read (" << in.gcount() << " of " << bytes << " bytes)";
-  }
+  file.erase(file.begin(), file.begin() + static_cast<std::ptrdiff_t>(prefix + header_len));
+  a.data = std::move(file);
   return a;
 }
 

@@ -1,9 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 // InputFileProblem: the one check every reader makes before opening an input file. A FIFO is
 // refused without being opened (opening it would wait for a writer). ReadInputFile: the same
-// checks, and the bytes read from the descriptor they ran on.
+// checks, and the bytes read from the descriptor they ran on; OpenInputFile hands that descriptor
+// over.
 #include "core/util/input_file.h"
 
+#include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/socket.h>
@@ -106,6 +108,27 @@ TEST(InputFileTest, ReadInputFileRefusesAsInputFileProblemDoes) {
             "ONNX model");
   EXPECT_THAT(ReadInputFile("/dev/zero", "an ONNX model", &bytes),  // never ends: refused
               StartsWith("cannot read the file: it is not a regular file"));
+}
+
+TEST(InputFileTest, OpenInputFileHandsOverTheCheckedDescriptor) {
+  testing::TempDir dir;
+  std::ofstream(dir.File("t10k-images-idx3-ubyte"), std::ios::binary) << "abc";
+  std::string why = "stale";
+  const int fd = OpenInputFile(dir.File("t10k-images-idx3-ubyte"), "an idx file", &why);
+  ASSERT_GE(fd, 0) << why;
+  EXPECT_EQ(why, "");
+  EXPECT_EQ(::fcntl(fd, F_GETFL) & O_NONBLOCK, 0);  // reads block as usual
+  EXPECT_NE(::fcntl(fd, F_GETFD) & FD_CLOEXEC, 0);
+  char buf[8] = {};
+  EXPECT_EQ(::read(fd, buf, sizeof buf), 3);
+  EXPECT_STREQ(buf, "abc");
+  ::close(fd);
+  const std::string fifo = dir.File("pipe");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  EXPECT_EQ(OpenInputFile(fifo, "an idx file", &why), -1);  // at once, no writer needed
+  EXPECT_THAT(why, StartsWith("cannot read the file: it is not a regular file"));
+  EXPECT_EQ(OpenInputFile(dir.File("none"), "an idx file", &why), -1);
+  EXPECT_EQ(why, "no such file");
 }
 
 }  // namespace
