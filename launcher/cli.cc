@@ -83,6 +83,11 @@ int RunCommandLine(int argc, char** argv, const TrainHooks& hooks) {
   auto* train = app.add_subcommand("train", "train a model (under mpirun/srun, or alone = 1 rank)");
   train->add_option("--config", run.config_path, "TOML run config")->required();
   train->add_option("--set", run.sets, "override a config key: --set train.lr=0.1 (repeatable)");
+  std::string run_gpus;
+  const char* gpus_help =
+      "as dist.gpus: the visible GPUs to bind ranks to, e.g. 2,3 (same as --set dist.gpus=2,3; "
+      "given last, so it wins over one)";
+  train->add_option("--gpus", run_gpus, gpus_help);
   train
       ->add_option("--requeue-exit-code", run.requeue_exit_code,
                    "exit code after a preemption signal (SIGTERM, SIGUSR1) stopped training and "
@@ -93,6 +98,7 @@ int RunCommandLine(int argc, char** argv, const TrainHooks& hooks) {
   eval->add_option("--config", run.config_path, "TOML run config (model, data.test)")->required();
   eval->add_option("--checkpoint", run.checkpoint, "checkpoint file (.h5)")->required();
   eval->add_option("--set", run.sets, "override a config key: --set data.test=x.h5 (repeatable)");
+  eval->add_option("--gpus", run_gpus, gpus_help);
 
   ConvertArgs conv;
   auto* convert = app.add_subcommand("convert", "convert a dataset to dptrain's HDF5 format");
@@ -166,6 +172,7 @@ int RunCommandLine(int argc, char** argv, const TrainHooks& hooks) {
     return UsageExit(kExitUsage);
   }
 
+  if (!run_gpus.empty()) run.sets.push_back("dist.gpus=" + run_gpus);
   try {
     if (*train) return RunTrainOrEval(run, &argc, &argv);
     if (*eval) {

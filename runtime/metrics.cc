@@ -357,6 +357,8 @@ void Trainer::PrintProfile() {
   }
   WriteMetrics({{"kind", "profile"},
                 {"step", step_},
+                {"epoch", result_.epochs},  // as the summary record before it
+                {"time_s", RunTime()},
                 {"steps", profiled_steps_},
                 {"step_ms", step_ms},
                 {"ops_ms", ops_ms},

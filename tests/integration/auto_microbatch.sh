@@ -76,6 +76,8 @@ check "all 8 steps were logged" \
   test "$(grep -c '"kind":"step"' "$TMP/oom/metrics.jsonl")" = 8
 CASE="the same run with no out-of-memory"
 expect_ok -- "${MPI2[@]}" "$DPTRAIN" train "${mlp[@]}" --set "run_dir=$TMP/nooom"
+check "no evaluation: train.eval_every_epochs = 0 means never, not even at the end" \
+  bash -c "! grep -q '\"kind\":\"eval\"' '$TMP/nooom/metrics.jsonl'"
 check "its losses agree with the run that halved mid-run within 1e-5" \
   compare_losses "$TMP/oom/metrics.jsonl" "$TMP/nooom/metrics.jsonl"
 

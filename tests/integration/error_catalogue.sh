@@ -123,6 +123,10 @@ both "dist.backend nccl on the CPU" 2 "dist.backend = \"nccl\" needs GPUs" \
   train --config "$BASE" --set dist.backend=nccl --set dist.device=cpu
 both "dist.gpus with an empty entry" 2 "dist.gpus: empty entry in \"1,,2\"" \
   train --config "$BASE" --set dist.gpus=1,,2
+both "train --gpus is dist.gpus" 2 "dist.gpus: empty entry in \"1,,2\"" \
+  train --config "$BASE" --gpus 1,,2
+both "eval --gpus is dist.gpus" 2 "dist.gpus: empty entry in \"1,,2\"" \
+  eval --config "$BASE" --checkpoint "$TMP/none.h5" --gpus 1,,2
 
 echo "== model.layers (exit 2)"
 F=$(layers typo '{ type = "flatten" }' '{ type = "linaer", out = 10 }')

@@ -42,6 +42,12 @@ for launch in one two; do
   check "$launch: metrics.jsonl holds the profile record (3 steps, conv1's forward in it)" \
     test "$(echo "$rec" | awk '{print $1, $3}')" = "3 True"
 done
+# docs/design.md: every record has at least kind, step, epoch and time_s; the profile one too.
+check "every metrics.jsonl record has kind, step, epoch and time_s" python3 -c "
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1])]
+sys.exit(not recs or any({'kind', 'step', 'epoch', 'time_s'} - r.keys() for r in recs))" \
+  "$TMP/one/metrics.jsonl"
 
 CASE="without train.profile"
 expect_ok -- "$DPTRAIN" "${RUN[@]}" --set "run_dir=$TMP/off"
