@@ -5,7 +5,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <nlohmann/json.hpp>
 #include <optional>
+#include <utility>
+#include <vector>
 
 #include "core/backend_registry.h"
 #include "core/error.h"
@@ -72,55 +75,92 @@ int RunPlanCommand(const TrainConfig& cfg, int ranks, bool json) {
   // What training fits when this plan does not: it gives train.winograd up first.
   const bool gives_way = direct && budget > 0 && plan.total > budget;
   const MemoryPlan& fitted = gives_way ? *direct : plan;
+  const bool fits = budget <= 0 || fitted.total <= budget;
+  // When it does not: train.accumulate must divide the per-rank batch, so the advice is the
+  // largest micro-batch that fits and divides it (1 always does); 0 = not even one sample fits.
+  int64_t advice_micro = 0;
+  if (!fits && fitted.max_micro_batch > 0) {
+    advice_micro = std::min(fitted.max_micro_batch, local);
+    while (local % advice_micro != 0) --advice_micro;
+  }
+  // Per rank by dist.shard (only with more than one rank: nothing to shard on one).
+  std::vector<std::pair<ShardMode, MemoryPlan>> shards;
+  if (world > 1) {
+    for (ShardMode mode : {ShardMode::kNone, ShardMode::kOptimizer, ShardMode::kGradients}) {
+      shards.emplace_back(mode, mode == cfg.dist.shard ? plan : plan_for(mode));
+    }
+  }
   if (json) {
-    fmt::print("{}\n", plan.ToJson());
-  } else {
-    fmt::print("{} ranks, global batch {} -> {} per rank{}, input {} ({})\n", world, g, local,
-               cfg.train.accumulate > 1
-                   ? fmt::format(" = {} x {} micro-steps", micro, cfg.train.accumulate)
-                   : "",
-               input.ToString(),
-               gpu_elsewhere ? "per GPU; no GPU here (" + why +
-                                   "): planned with the CPU backend's shapes, GPU capacity and "
-                                   "cuDNN workspaces not counted, set memory.limit to check a "
-                                   "budget"
-                             : device);
-    fmt::print("{}", plan.ToTable());
-    if (world > 1) {
-      const auto mb = [](int64_t v) { return static_cast<double>(v) / (1 << 20); };
-      fmt::print("per rank by dist.shard, MiB:\n{:<11} {:>9} {:>9} {:>9} {:>11} {:>9}\n", "shard",
-                 "params", "grads", "optim", "activations", "total");
-      for (ShardMode mode : {ShardMode::kNone, ShardMode::kOptimizer, ShardMode::kGradients}) {
-        const MemoryPlan p = mode == cfg.dist.shard ? plan : plan_for(mode);
-        fmt::print("{:<11} {:>9.2f} {:>9.2f} {:>9.2f} {:>11.2f} {:>9.2f}{}\n", ConfigName(mode),
-                   mb(p.params()), mb(p.grads() + p.grad_scratch), mb(p.optimizer()),
-                   mb(p.activations()), mb(p.total),
-                   mode == cfg.dist.shard ? "  <- this config" : "");
+    // The table's object, and what the text says around it.
+    nlohmann::json j = nlohmann::json::parse(plan.ToJson());
+    j["ranks"] = world;
+    j["global_batch"] = g;
+    j["per_rank_batch"] = local;
+    j["accumulate"] = cfg.train.accumulate;
+    j["input_shape"] = input.dims();
+    j["device"] = gpu_elsewhere ? "cuda (planned with the CPU backend)" : device;
+    j["winograd_gives_way"] = gives_way;
+    j["fits"] = fits;
+    if (!fits) {
+      j["advice"] = {{"micro_batch", advice_micro},
+                     {"accumulate", advice_micro > 0 ? local / advice_micro : 0}};
+    }
+    if (!shards.empty()) {
+      nlohmann::json rows = nlohmann::json::array();
+      for (const auto& [mode, p] : shards) {
+        rows.push_back({{"shard", ConfigName(mode)},
+                        {"params_bytes", p.params()},
+                        {"grads_bytes", p.grads() + p.grad_scratch},
+                        {"optimizer_bytes", p.optimizer()},
+                        {"activations_bytes", p.activations()},
+                        {"total_bytes", p.total}});
       }
+      j["per_shard"] = std::move(rows);
     }
-    if (direct) {
-      fmt::print(
-          "train.winograd: its buffers take {} MiB of the total (direct convolutions: {} MiB){}\n",
-          (plan.total - direct->total) >> 20, direct->total >> 20,
-          gives_way ? "; they do not fit, so training gives them up and runs direct" : "");
+    fmt::print("{}\n", j.dump());
+    return kExitOk;
+  }
+  fmt::print("{} ranks, global batch {} -> {} per rank{}, input {} ({})\n", world, g, local,
+             cfg.train.accumulate > 1
+                 ? fmt::format(" = {} x {} micro-steps", micro, cfg.train.accumulate)
+                 : "",
+             input.ToString(),
+             gpu_elsewhere ? "per GPU; no GPU here (" + why +
+                                 "): planned with the CPU backend's shapes, GPU capacity and "
+                                 "cuDNN workspaces not counted, set memory.limit to check a "
+                                 "budget"
+                           : device);
+  fmt::print("{}", plan.ToTable());
+  if (!shards.empty()) {
+    const auto mb = [](int64_t v) { return static_cast<double>(v) / (1 << 20); };
+    fmt::print("per rank by dist.shard, MiB:\n{:<11} {:>9} {:>9} {:>9} {:>11} {:>9}\n", "shard",
+               "params", "grads", "optim", "activations", "total");
+    for (const auto& [mode, p] : shards) {
+      fmt::print("{:<11} {:>9.2f} {:>9.2f} {:>9.2f} {:>11.2f} {:>9.2f}{}\n", ConfigName(mode),
+                 mb(p.params()), mb(p.grads() + p.grad_scratch), mb(p.optimizer()),
+                 mb(p.activations()), mb(p.total),
+                 mode == cfg.dist.shard ? "  <- this config" : "");
     }
-    if (budget > 0 && fitted.total > budget && fitted.max_micro_batch == 0) {
-      fmt::print(
-          "does NOT fit: {} MiB needed, {} MiB available, and not even one sample fits: the "
-          "parameters, gradients and optimizer state alone need {} MiB; use dist.shard, "
-          "train.precision = \"bf16\", a smaller model, or a larger memory.limit\n",
-          fitted.total >> 20, budget >> 20, fitted.fixed >> 20);
-    } else if (budget > 0 && fitted.total > budget) {
-      // train.accumulate must divide the per-rank batch: the largest micro-batch that fits and
-      // divides it (1 always does).
-      int64_t fit = std::min(fitted.max_micro_batch, local);
-      while (local % fit != 0) --fit;
-      fmt::print(
-          "does NOT fit: {} MiB needed, {} MiB available; micro-batch {} fits (up to {}): set "
-          "train.accumulate = {} (the global batch and the maths stay the same), or "
-          "train.precision = \"bf16\"\n",
-          fitted.total >> 20, budget >> 20, fit, fitted.max_micro_batch, local / fit);
-    }
+  }
+  if (direct) {
+    fmt::print(
+        "train.winograd: its buffers take {} MiB of the total (direct convolutions: {} MiB){}\n",
+        (plan.total - direct->total) >> 20, direct->total >> 20,
+        gives_way ? "; they do not fit, so training gives them up and runs direct" : "");
+  }
+  if (!fits && advice_micro == 0) {
+    fmt::print(
+        "does NOT fit: {} MiB needed, {} MiB available, and not even one sample fits: the "
+        "parameters, gradients and optimizer state alone need {} MiB; use dist.shard, "
+        "train.precision = \"bf16\", a smaller model, or a larger memory.limit\n",
+        fitted.total >> 20, budget >> 20, fitted.fixed >> 20);
+  } else if (!fits) {
+    fmt::print(
+        "does NOT fit: {} MiB needed, {} MiB available; micro-batch {} fits (up to {}): set "
+        "train.accumulate = {} (the global batch and the maths stay the same), or "
+        "train.precision = \"bf16\"\n",
+        fitted.total >> 20, budget >> 20, advice_micro, fitted.max_micro_batch,
+        local / advice_micro);
   }
   return kExitOk;
 }

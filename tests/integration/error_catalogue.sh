@@ -116,6 +116,22 @@ assert m, "no advice line"
 fit, most, acc = map(int, m.groups())
 assert fit * acc == 32 and fit <= most and 32 % fit == 0, m.group(0)
 PY
+CASE="plan --json: the text's verdict and advice, and its per-dist.shard rows (2 ranks)"
+expect_ok -- "$DPTRAIN" plan --config "$BASE" --set memory.limit=9MiB --ranks 2 --json
+cp "$TMP/last.out" "$TMP/plan.json"
+expect_ok -- "$DPTRAIN" plan --config "$BASE" --set memory.limit=9MiB --ranks 2
+check "  ... fits false, the same micro-batch and accumulate, three shard rows" \
+  python3 - "$TMP/plan.json" "$TMP/last.out" <<'PY'
+import json, re, sys
+j = json.load(open(sys.argv[1]))
+m = re.search(r"micro-batch (\d+) fits \(up to \d+\): set train.accumulate = (\d+)",
+              open(sys.argv[2]).read())
+assert m, "no advice line in the text"
+assert j["fits"] is False, j["fits"]
+assert (j["advice"]["micro_batch"], j["advice"]["accumulate"]) == tuple(map(int, m.groups())), j["advice"]
+assert [r["shard"] for r in j["per_shard"]] == ["none", "optimizer", "gradients"], j["per_shard"]
+assert j["ranks"] == 2 and j["per_rank_batch"] * 2 == j["global_batch"], j
+PY
 both "dist.shard unknown value" 2 \
   'dist.shard must be one of "none", "optimizer", "gradients", got "zero3"' \
   train --config "$BASE" --set dist.shard=zero3
