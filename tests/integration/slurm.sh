@@ -78,6 +78,17 @@ job_gone() {
   done
   return 0
 }
+# job_ended JOBID: the job is in a final state. Not "neither RUNNING nor PENDING": scontrol can
+# fail for a moment on a busy machine (an empty state) and a job passes through CONFIGURING and
+# COMPLETING; a poll loop that stopped on those missed its whole job (CI, 2026-11-28).
+job_ended() {
+  case $(state_of "$1") in
+    *JobState=COMPLETED* | *JobState=FAILED* | *JobState=CANCELLED* | *JobState=TIMEOUT* | \
+      *JobState=NODE_FAIL* | *JobState=OUT_OF_MEMORY* | *JobState=BOOT_FAIL* | *JobState=DEADLINE*)
+      return 0 ;;
+  esac
+  return 1
+}
 # wait_job JOBID SECONDS: waits until the job has ended (bounded; cancels it at the limit).
 # Slurm holds a requeued job for about 2 minutes before it may start again; the test moves its
 # begin time to now, but only once every process of the previous run is gone (the same job id
@@ -108,11 +119,18 @@ completed_ok() {  # JOBID: COMPLETED with exit 0:0
   s=$(state_of "$1")
   [[ $s == *JobState=COMPLETED* && $s == *ExitCode=0:0* ]]
 }
-last_step() {  # METRICS: the last step line's step, or 0
+last_step() {  # METRICS: the last step line's step, or 0 (a line still being written is skipped)
   python3 -c '
 import json, sys
-s = [j["step"] for j in map(json.loads, open(sys.argv[1])) if j.get("kind") == "step"]
-print(s[-1] if s else 0)' "$1" 2>/dev/null || echo 0
+s = 0
+for line in open(sys.argv[1]):
+    try:
+        j = json.loads(line)
+    except ValueError:
+        continue
+    if j.get("kind") == "step":
+        s = j["step"]
+print(s)' "$1" 2>/dev/null || echo 0
 }
 final_eval() {  # METRICS: the last eval line, as "test_loss test_accuracy"
   python3 -c '
@@ -164,7 +182,7 @@ for ((i = 0; i < 600; i++)); do  # 120 s
     scancel --batch --signal=USR1 "$jid" && signalled=1
     break
   fi
-  [[ $(state_of "$jid") =~ JobState=(RUNNING|PENDING) ]] || break
+  job_ended "$jid" && break
   sleep 0.2
 done
 wait_job "$jid" 300
@@ -275,7 +293,7 @@ for ((i = 0; i < 600; i++)); do  # 120 s
     echo "sent SIGUSR1 to job $jid at logged step $step"
     break
   fi
-  [[ $(state_of "$jid") == *JobState=RUNNING* || $(state_of "$jid") == *JobState=PENDING* ]] || break
+  job_ended "$jid" && break
   sleep 0.2
 done
 check "preemptible job $jid got SIGUSR1 (scancel --signal=USR1) while training" test $signalled = 1
