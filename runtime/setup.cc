@@ -170,10 +170,9 @@ void Trainer::ShrinkMicroBatchMidRun(const std::string& oom) {
   const int64_t tried = micro_;
   int64_t failed_rank = oom.empty() ? comm_.size() : comm_.rank();
   control_.AllReduceHost(&failed_rank, 1, ReduceOp::kMin);
-  // As at setup (SetupModelThatFits): Winograd's buffers go before the micro-batch does.
-  int64_t winograd_acts = winograd_gave_way_at_ == 0 && be_.WinogradPlanned() ? 1 : 0;
-  control_.AllReduceHost(&winograd_acts, 1, ReduceOp::kMax);
-  const int64_t next = winograd_acts != 0 ? tried : NextMicroBatch(tried);
+  // As at setup: Winograd's buffers go before the micro-batch does.
+  const bool winograd_acts = WinogradCanGiveWay();
+  const int64_t next = winograd_acts ? tried : NextMicroBatch(tried);
   if (next == 0) {
     detail::AgreeOnFailure(
         control_,
@@ -197,7 +196,7 @@ void Trainer::ShrinkMicroBatchMidRun(const std::string& oom) {
   const int64_t optimizer_steps = opt_->steps();
   const LossScalerState scale = scaler_->state();
   ReleaseModel();
-  if (winograd_acts != 0) {
+  if (winograd_acts) {
     winograd_gave_way_at_ = tried;
     be_.SetWinograd(false);
     Warn(fmt::format(
@@ -285,6 +284,16 @@ int64_t Trainer::LargestMicroBatchThatFits(int64_t tried) {
   return fits;
 }
 
+bool Trainer::WinogradCanGiveWay() {
+  // Winograd's transformed tiles cost memory and buy only speed: the direct convolutions (the
+  // same maths up to rounding) at the same micro-batch come before a smaller one. Agreed, as
+  // whether it acts depends on each host's CPU (and on the model: it may have no convolution
+  // Winograd applies to).
+  int64_t acts = winograd_gave_way_at_ == 0 && be_.WinogradPlanned() ? 1 : 0;
+  control_.AllReduceHost(&acts, 1, ReduceOp::kMax);
+  return acts != 0;
+}
+
 void Trainer::SetupModelThatFits() {
   for (;;) {
     std::string oom;
@@ -298,13 +307,7 @@ void Trainer::SetupModelThatFits() {
     int64_t failed_rank = oom.empty() ? comm_.size() : comm_.rank();
     control_.AllReduceHost(&failed_rank, 1, ReduceOp::kMin);
     if (failed_rank == comm_.size()) break;
-    // Winograd's transformed tiles cost memory and buy only speed: the direct convolutions (the
-    // same maths up to rounding) at this micro-batch come before a smaller one. Agreed, as
-    // whether it acts depends on each host's CPU (and on the model: it may have no convolution
-    // Winograd applies to).
-    int64_t winograd_acts = winograd_gave_way_at_ == 0 && be_.WinogradPlanned() ? 1 : 0;
-    control_.AllReduceHost(&winograd_acts, 1, ReduceOp::kMax);
-    if (winograd_acts != 0) {
+    if (WinogradCanGiveWay()) {
       winograd_gave_way_at_ = micro_;
       ReleaseModel();
       be_.SetWinograd(false);

@@ -105,6 +105,8 @@ class Trainer {
   // there is none), the model rebuilt for it with the parameters, buffers and optimizer state
   // the step started from. The caller runs the same step again.
   void ShrinkMicroBatchMidRun(const std::string& oom);
+  // Collective: whether some rank ran a convolution by Winograd that has not yet given way.
+  bool WinogradCanGiveWay();
   // The largest divisor of the per-rank batch at most half of `tried` (0: none).
   int64_t NextMicroBatch(int64_t tried) const;
 
