@@ -81,8 +81,9 @@ job_gone() {
 # job_ended JOBID: the job is in a final state. Not "neither RUNNING nor PENDING": scontrol can
 # fail for a moment on a busy machine (an empty state) and a job passes through CONFIGURING and
 # COMPLETING; a poll loop that stopped on those missed its whole job (CI, 2026-11-28).
-job_ended() {
-  case $(state_of "$1") in
+job_ended() { final_state "$(state_of "$1")"; }
+final_state() {  # STATE (state_of's line): a final JobState
+  case $1 in
     *JobState=COMPLETED* | *JobState=FAILED* | *JobState=CANCELLED* | *JobState=TIMEOUT* | \
       *JobState=NODE_FAIL* | *JobState=OUT_OF_MEMORY* | *JobState=BOOT_FAIL* | *JobState=DEADLINE*)
       return 0 ;;
@@ -104,10 +105,8 @@ wait_job() {
         if { job_gone "$jid" && sleep 1 && job_gone "$jid"; } || ((SECONDS - pending_since > 30)); then
           scontrol update JobId="$jid" StartTime=now 2>/dev/null || true
         fi ;;
-      *JobState=COMPLETED* | *JobState=FAILED* | *JobState=CANCELLED* | *JobState=TIMEOUT* | \
-        *JobState=NODE_FAIL* | *JobState=OUT_OF_MEMORY* | *JobState=BOOT_FAIL* | *JobState=DEADLINE*)
-        return 0 ;;
     esac
+    final_state "$s" && return 0
     sleep 0.5
   done
   echo "  job $jid still not finished after ${limit}s ($(state_of "$jid")): cancelling it"
