@@ -69,6 +69,20 @@ Buffer::~Buffer() {
 
 void Buffer::RecordStream(void* stream) const {
   if (owner_ != nullptr) owner_->RecordStream(ptr_, stream);
+  if (parent_ != nullptr) parent_->RecordStream(stream);
+}
+
+std::shared_ptr<Buffer> Buffer::Unbound(size_t bytes, Device device, std::string label) {
+  return std::make_shared<Buffer>(nullptr, nullptr, bytes, device, std::move(label));
+}
+
+void Buffer::Bind(std::shared_ptr<Buffer> parent, size_t offset) {
+  DPT_CHECK(owner_ == nullptr && parent != nullptr && parent->device() == device_ &&
+            offset + bytes_ <= parent->bytes())
+      << "buffer '" << label_ << "' (" << bytes_ << " bytes) cannot be placed at " << offset
+      << " in '" << (parent ? parent->label() : "") << "'";
+  ptr_ = static_cast<char*>(parent->data()) + offset;
+  parent_ = std::move(parent);
 }
 
 Tensor::Tensor(std::shared_ptr<Buffer> buffer, Shape shape, DType dtype, size_t offset_bytes)

@@ -61,8 +61,16 @@ class Buffer {
   // stream): its block is not reused before that work completes (CachingAllocator::RecordStream).
   void RecordStream(void* stream) const;
 
+  // A buffer whose memory is a part of another, given later: Graph's shared input-gradient
+  // buffers are created while the layers are set up and placed once all their sizes and
+  // lifetimes are known. Until Bind, data() is null.
+  static std::shared_ptr<Buffer> Unbound(size_t bytes, Device device, std::string label);
+  // Places this unbound buffer at `offset` bytes into `parent` (kept alive by this buffer).
+  void Bind(std::shared_ptr<Buffer> parent, size_t offset);
+
  private:
   CachingAllocator* owner_;
+  std::shared_ptr<Buffer> parent_;  // Unbound buffers: the memory they are a part of
   void* ptr_;
   size_t bytes_;
   Device device_;

@@ -3,6 +3,10 @@
 // gradients of outputs read by several nodes.
 #include "models/graph.h"
 
+#include <fmt/format.h>
+
+#include <algorithm>
+
 #include "core/error.h"
 #include "core/memory/caching_allocator.h"
 
@@ -47,6 +51,8 @@ Shape Graph::Setup(const Shape& in, const SetupOptions& opts) {
     if (producer.readers == 1) n.layer->FoldIntoInput(*producer.layer);
   }
   std::vector<char> refused(nodes_.size(), 0);
+  grad_arena_ = Tensor();
+  slot_buffers_.clear();
   for (;;) {
     PlanLayouts(&refused);
     size_t failed = 0;
@@ -60,6 +66,8 @@ Shape Graph::Setup(const Shape& in, const SetupOptions& opts) {
       backend_.ReleasePlans();
     }
   }
+  setup_batch_ = in[0];
+  PlaceInputGrads(in[0]);
   return nodes_.back().shape;
 }
 
@@ -108,6 +116,7 @@ void Graph::PlanLayouts(std::vector<char>* refused) {
 
 void Graph::SetupNodes(const Shape& in, const SetupOptions& opts, size_t* failed) {
   std::vector<Shape> shapes;
+  grad_slots_.clear();
   for (size_t i = 0; i < nodes_.size(); ++i) {
     Node& n = nodes_[i];
     const std::string what = n.name.empty() ? n.layer->type() + " #" + std::to_string(i) : n.name;
@@ -127,11 +136,112 @@ void Graph::SetupNodes(const Shape& in, const SetupOptions& opts, size_t* failed
     o.nhwc_out = n.nhwc;
     o.need_dx = opts.need_dx || !reads_graph_input_only;
     o.fuse_conv_pool = opts.fuse_conv_pool && fuse_conv_pool_;
+    if (share_input_grads_) {
+      o.input_grad = [this, i](size_t input, const Shape& shape, DType dtype,
+                               const std::string& label) {
+        auto buffer = Buffer::Unbound(static_cast<size_t>(shape.numel()) * SizeOf(dtype),
+                                      backend_.device(), label);
+        grad_slots_.push_back({i, input, buffer});
+        return Tensor(buffer, shape, dtype);
+      };
+    }
     // Out-of-memory reports name the node whose buffers were being allocated.
     const AllocationScope scope(what);
     *failed = i;
     n.shape = n.layer->SetupInputs(shapes, o);
-    if (n.readers > 1) n.grad_sum = backend_.Empty(n.shape, DType::kF32, what + " gradient sum");
+    n.grad_sum = Tensor();
+    n.grad_sum_shared = n.readers > 1 && share_input_grads_;
+    if (n.grad_sum_shared) {  // placed with the input gradients
+      n.grad_sum = Tensor(Buffer::Unbound(static_cast<size_t>(n.shape.numel()) * 4,
+                                          backend_.device(), what + " gradient sum"),
+                          n.shape, DType::kF32);
+    } else if (n.readers > 1) {
+      n.grad_sum = backend_.Empty(n.shape, DType::kF32, what + " gradient sum");
+    }
+  }
+}
+
+void Graph::PlaceInputGrads(int64_t batch) {
+  const size_t count = nodes_.size();
+  for (auto& n : nodes_) {
+    n.shared_grad_bytes = 0;
+    n.input_slots.assign(n.inputs.size(), nullptr);
+  }
+  // Backward runs node count - 1 first: node j's backward is at step count - 1 - j. last[j]: the
+  // last step that may read the gradient of node j's output: j's backward, or that of an input
+  // of j's when j may pass the gradient on (Layer::PassesGradient), and so on.
+  std::vector<size_t> last(count);
+  for (size_t j = 0; j < count; ++j) {
+    last[j] = count - 1 - j;
+    if (!nodes_[j].layer->PassesGradient()) continue;
+    for (int p : nodes_[j].inputs) {
+      if (p != kInput) last[j] = std::max(last[j], last[static_cast<size_t>(p)]);
+    }
+  }
+  struct Placed {
+    std::shared_ptr<Buffer> buffer;
+    size_t begin = 0, end = 0;  // backward steps, both included
+    size_t offset = 0;
+  };
+  std::vector<Placed> placed;
+  for (const GradSlot& g : grad_slots_) {
+    auto b = g.buffer.lock();
+    if (b == nullptr || b->bytes() == 0) continue;
+    const int j = nodes_[g.node].inputs[g.input];
+    // Written by node g.node's backward; an input gradient of the graph input is never read, but
+    // is written, so it lives through that step only.
+    const size_t begin = count - 1 - g.node;
+    placed.push_back({b, begin, j == kInput ? begin : last[static_cast<size_t>(j)], 0});
+    nodes_[g.node].shared_grad_bytes += static_cast<int64_t>(b->bytes());
+    nodes_[g.node].input_slots[g.input] = b.get();
+  }
+  // A gradient sum is written from the backward of the output's last reader (the first to run)
+  // and read until the output's gradient is: last[j].
+  std::vector<size_t> first_step(count, count);
+  for (size_t i = 0; i < count; ++i) {
+    for (int j : nodes_[i].inputs) {
+      if (j != kInput) first_step[static_cast<size_t>(j)] = count - 1 - i;  // i grows: the last
+    }
+  }
+  for (size_t j = 0; j < count; ++j) {
+    if (!nodes_[j].grad_sum_shared) continue;
+    placed.push_back({nodes_[j].grad_sum.buffer(), std::min(first_step[j], last[j]), last[j], 0});
+  }
+  // Largest first, each at the lowest offset that no placed buffer alive at the same time covers
+  // (aligned for vector loads and the GPU's 256-byte transactions).
+  constexpr size_t kAlign = 512;
+  std::vector<size_t> order(placed.size());
+  for (size_t k = 0; k < order.size(); ++k) order[k] = k;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return placed[a].buffer->bytes() > placed[b].buffer->bytes();
+  });
+  size_t total = 0;
+  std::vector<std::pair<size_t, size_t>> busy;  // [offset, end) of overlapping placed buffers
+  for (size_t k = 0; k < order.size(); ++k) {
+    Placed& p = placed[order[k]];
+    busy.clear();
+    for (size_t q = 0; q < k; ++q) {
+      const Placed& o = placed[order[q]];
+      if (o.begin <= p.end && p.begin <= o.end)
+        busy.emplace_back(o.offset, o.offset + o.buffer->bytes());
+    }
+    std::sort(busy.begin(), busy.end());
+    size_t offset = 0;
+    for (const auto& [lo, hi] : busy) {
+      if (offset + p.buffer->bytes() <= lo) break;
+      offset = std::max(offset, (hi + kAlign - 1) / kAlign * kAlign);
+    }
+    p.offset = offset;
+    total = std::max(total, offset + p.buffer->bytes());
+  }
+  if (placed.empty()) return;
+  const AllocationScope scope("input gradients");
+  grad_arena_ = backend_.Empty(
+      Shape{static_cast<int64_t>(total)}, DType::kU8,
+      fmt::format("input gradients (shared by {} buffers, batch {})", placed.size(), batch));
+  for (Placed& p : placed) {
+    p.buffer->Bind(grad_arena_.buffer(), p.offset);
+    slot_buffers_.insert(p.buffer.get());
   }
 }
 
@@ -160,7 +270,17 @@ void Graph::BackwardNode(size_t i, bool accumulate) {
       << "layer '" << n.layer->label() << "' returned " << dxs_.size() << " gradients for "
       << n.inputs.size() << " inputs";
   for (size_t k = 0; k < n.inputs.size(); ++k) {
-    if (n.inputs[k] != kInput) AddGradient(n.inputs[k], *dxs_[k]);
+    if (n.inputs[k] == kInput) continue;
+    // A shared buffer's lifetime was planned for the gradient its layer asked it for, or for the
+    // gradient the layer was given when it passes that on.
+    const Buffer* b = dxs_[k]->buffer().get();
+    if (slot_buffers_.count(b) != 0) {
+      const bool own = k < n.input_slots.size() && n.input_slots[k] == b;
+      const bool passed = n.layer->PassesGradient() && n.grad->buffer().get() == b;
+      DPT_CHECK(own || passed) << "layer '" << n.label << "' returned the gradient of input " << k
+                               << " in a shared buffer not planned for it ('" << b->label() << "')";
+    }
+    AddGradient(n.inputs[k], *dxs_[k]);
   }
   backend_.SetProfileNode(nullptr);
 }
@@ -183,15 +303,32 @@ void Graph::AddGradient(int j, const Tensor& g) {
 
 int64_t Graph::GradSumBytesPerSample(size_t i) const {
   const Node& n = nodes_[i];
-  return n.grad_sum.defined() ? 4 * n.shape.numel() / n.shape[0] : 0;
+  if (!n.grad_sum.defined() || n.grad_sum_shared) return 0;  // in InputGradBytesPerSample
+  return 4 * n.shape.numel() / n.shape[0];
+}
+
+int64_t Graph::SharedInputGradBytesPerSample(size_t i) const {
+  return setup_batch_ > 0 ? nodes_[i].shared_grad_bytes / setup_batch_ : 0;
+}
+
+int64_t Graph::InputGradBytesPerSample() const {
+  if (!grad_arena_.defined() || setup_batch_ <= 0) return 0;
+  return (static_cast<int64_t>(grad_arena_.bytes()) + setup_batch_ - 1) / setup_batch_;
 }
 
 int64_t Graph::ActivationBytesPerSample() const {
-  int64_t total = 0;
+  int64_t total = InputGradBytesPerSample();
   for (size_t i = 0; i < nodes_.size(); ++i) {
-    total += nodes_[i].layer->ActivationBytesPerSample() + GradSumBytesPerSample(i);
+    total += nodes_[i].layer->ActivationBytesPerSample() - SharedInputGradBytesPerSample(i) +
+             GradSumBytesPerSample(i);
   }
   return total;
+}
+
+Tensor InputGradBuffer(Backend& backend, const SetupOptions& opts, size_t input, const Shape& shape,
+                       DType dtype, const std::string& label) {
+  if (opts.input_grad) return opts.input_grad(input, shape, dtype, label);
+  return backend.Empty(shape, dtype, label);
 }
 
 }  // namespace dptrain

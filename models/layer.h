@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -44,7 +45,18 @@ struct SetupOptions {
   // A first layer's convolution, ReLU and 2x2 max pool may run as one op where the backend has it
   // (Backend::Supports(ConvPoolDesc); Graph::set_fuse_conv_pool).
   bool fuse_conv_pool = true;
+  // Where the buffer for the gradient of input `input` comes from (InputGradBuffer): set by the
+  // graph, which places every layer's input gradients in one buffer shared by those whose
+  // lifetimes in backward do not overlap (Graph::set_share_input_grads). Unset: the layer's own.
+  std::function<Tensor(size_t input, const Shape& shape, DType dtype, const std::string& label)>
+      input_grad;
 };
+
+// A layer's buffer (of the largest batch) for the gradient of its input `input`, allocated at
+// Setup. What it holds is read only until the backward of the layer that produced that input
+// (and of any layer that passes the gradient on: Layer::PassesGradient) is done.
+Tensor InputGradBuffer(Backend& backend, const SetupOptions& opts, size_t input, const Shape& shape,
+                       DType dtype, const std::string& label);
 
 // Thrown by SetupInputs when a layer that said it takes channels-last inputs (TakesNhwc) finds,
 // once it sees their shapes, that it cannot: the graph then sets up again with that node on NCHW.
@@ -122,6 +134,10 @@ class Layer {
   // gradient in bf16 for the bf16 convolution whose output it alone reads (Conv2d::OfferBf16Dy:
   // a batch norm, a non-overlapping max pool after the folded ReLU).
   virtual bool CanWriteBf16Dx(const Shape& /*in*/, bool /*nhwc*/) const { return false; }
+  // Whether Backward may return the gradient it was given (dy, or a view of it) as an input's
+  // gradient (a folded ReLU, a flatten that is a view, a residual sum): the graph then keeps the
+  // buffer holding dy until that input's producer is done with it. Graph::BackwardNode checks it.
+  virtual bool PassesGradient() const { return false; }
 
   // Channels-last, asked by the graph before Setup: whether the layer runs on NHWC inputs (and
   // then writes an NHWC output: batch norm, pooling, the elementwise layers), and whether it

@@ -45,7 +45,9 @@ MemoryPlan PlanMemory(Model& m, int optimizer_slots, LossKind loss, int64_t budg
     std::vector<ParamRef> bufs;
     l.ListBuffers(&bufs);
     for (const auto& r : bufs) lm.params += (r.shape.numel() + 15) / 16 * 16 * 4;
-    lm.activations = (l.ActivationBytesPerSample() + net.GradSumBytesPerSample(i)) * b;
+    lm.activations = (l.ActivationBytesPerSample() - net.SharedInputGradBytesPerSample(i) +
+                      net.GradSumBytesPerSample(i)) *
+                     b;
     lm.workspace = l.WorkspaceBytes();
     std::vector<const OpPlan*> plans;
     l.ListPlans(&plans);
@@ -56,6 +58,14 @@ MemoryPlan PlanMemory(Model& m, int optimizer_slots, LossKind loss, int64_t budg
     fixed += lm.params + lm.grads + lm.optimizer;
     // Plan staging buffers are activation-sized: they grow with the batch.
     per_sample += (lm.activations + lm.workspace) / std::max<int64_t>(b, 1);
+    plan.layers.push_back(lm);
+  }
+  if (net.InputGradBytesPerSample() > 0) {  // Graph::set_share_input_grads
+    LayerMemory lm;
+    lm.name = "input gradients";
+    lm.type = "shared";
+    lm.activations = net.InputGradBytesPerSample() * b;
+    per_sample += net.InputGradBytesPerSample();
     plan.layers.push_back(lm);
   }
   const int64_t outputs = m.output_shape().numel() / std::max<int64_t>(b, 1);

@@ -19,8 +19,8 @@ Shape BatchNorm::Setup(const Shape& in, const SetupOptions& opts) {
   save_invstd_ = backend_.Empty(Shape{channels_}, DType::kF32, label() + " saved invstd");
   out_ = backend_.Empty(in, DType::kF32, label() + " output");
   if (need_dx_) {
-    dx_buf_ =
-        backend_.Empty(in, args_.dx_bf16 ? DType::kBF16 : DType::kF32, label() + " input gradient");
+    dx_buf_ = InputGradBuffer(backend_, opts, 0, in, args_.dx_bf16 ? DType::kBF16 : DType::kF32,
+                              label() + " input gradient");
   }
   return in;
 }

@@ -16,7 +16,8 @@ Shape Dropout::Setup(const Shape& in, const SetupOptions& opts) {
   per_sample_ = in.numel() / in[0];
   salt_ = std::hash<std::string>{}(name_);
   out_ = backend_.Empty(in, DType::kF32, label() + " output");
-  if (opts.need_dx) dx_buf_ = backend_.Empty(in, DType::kF32, label() + " input gradient");
+  if (opts.need_dx)
+    dx_buf_ = InputGradBuffer(backend_, opts, 0, in, DType::kF32, label() + " input gradient");
   return in;
 }
 

@@ -18,7 +18,8 @@ Shape Flatten::Setup(const Shape& in, const SetupOptions& opts) {
   transpose_ = opts.nhwc_in && in.rank() == 4 && in[1] > 1 && in[2] * in[3] > 1;
   if (transpose_) {
     out_ = backend_.Empty(in, DType::kF32, label() + " output (NCHW order)");
-    if (opts.need_dx) dx_buf_ = backend_.Empty(in, DType::kF32, label() + " input gradient");
+    if (opts.need_dx)
+      dx_buf_ = InputGradBuffer(backend_, opts, 0, in, DType::kF32, label() + " input gradient");
   }
   return Shape{in[0], in.numel() / in[0]};
 }

@@ -50,7 +50,8 @@ Shape Add::SetupInputs(const std::vector<Shape>& in, const SetupOptions& opts) {
   rows_ = broadcast_ ? in[1 - wide_].numel() / in[1 - wide_][0] : 0;
   out_ = backend_.Empty(out, DType::kF32, label() + " output");
   if (broadcast_ && need_dx_) {
-    narrow_buf_ = backend_.Empty(in[1 - wide_], DType::kF32, label() + " input gradient");
+    narrow_buf_ = InputGradBuffer(backend_, opts, 1 - wide_, in[1 - wide_], DType::kF32,
+                                  label() + " input gradient");
   }
   return out;
 }
@@ -106,7 +107,8 @@ Shape Mul::SetupInputs(const std::vector<Shape>& in, const SetupOptions& opts) {
   out_ = backend_.Empty(w, DType::kF32, label() + " output");
   if (need_dx_) {
     for (size_t k = 0; k < 2; ++k) {
-      dx_buf_[k] = backend_.Empty(in[k], DType::kF32, label() + " input gradient");
+      dx_buf_[k] =
+          InputGradBuffer(backend_, opts, k, in[k], DType::kF32, label() + " input gradient");
     }
   }
   return w;
@@ -172,7 +174,8 @@ Shape Concat::SetupInputs(const std::vector<Shape>& in, const SetupOptions& opts
   dx_.assign(in.size(), Tensor());
   if (need_dx_) {
     for (size_t k = 0; k < in.size(); ++k) {
-      dx_buf_.push_back(backend_.Empty(in[k], DType::kF32, label() + " input gradient"));
+      dx_buf_.push_back(
+          InputGradBuffer(backend_, opts, k, in[k], DType::kF32, label() + " input gradient"));
     }
   }
   return out;

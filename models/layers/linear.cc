@@ -23,7 +23,8 @@ Shape Linear::Setup(const Shape& in, const SetupOptions& opts) {
   plan_ = backend_.PrepareLinear(desc_);
   Shape out{in[0], out_features_};
   out_ = backend_.Empty(out, DType::kF32, label() + " output");
-  if (need_dx_) dx_buf_ = backend_.Empty(in, DType::kF32, label() + " input gradient");
+  if (need_dx_)
+    dx_buf_ = InputGradBuffer(backend_, opts, 0, in, DType::kF32, label() + " input gradient");
   return out;
 }
 

@@ -16,7 +16,9 @@ Shape Pad2d::Setup(const Shape& in, const SetupOptions& opts) {
   in_per_sample_ = in.numel() / in[0];
   out_per_sample_ = out.numel() / out[0];
   out_ = backend_.Empty(out, DType::kF32, label() + " output");
-  dx_buf_ = opts.need_dx ? backend_.Empty(in, DType::kF32, label() + " input gradient") : Tensor();
+  dx_buf_ = opts.need_dx
+                ? InputGradBuffer(backend_, opts, 0, in, DType::kF32, label() + " input gradient")
+                : Tensor();
   if (!opts.need_dx) in_per_sample_ = 0;
   return out;
 }

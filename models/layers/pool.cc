@@ -77,8 +77,8 @@ Shape Pool2d::Setup(const Shape& in, const SetupOptions& opts) {
   }
   plan_ = backend_.PreparePool(desc_);
   if (need_dx_) {
-    dx_buf_ =
-        backend_.Empty(in, desc_.dx_bf16 ? DType::kBF16 : DType::kF32, label() + " input gradient");
+    dx_buf_ = InputGradBuffer(backend_, opts, 0, in, desc_.dx_bf16 ? DType::kBF16 : DType::kF32,
+                              label() + " input gradient");
   }
   if (plan_->workspace_bytes > 0) {
     ws_ = backend_.Empty(Shape{static_cast<int64_t>(plan_->workspace_bytes)}, DType::kU8,

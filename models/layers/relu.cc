@@ -9,7 +9,7 @@ Shape Relu::Setup(const Shape& in, const SetupOptions& opts) {
   if (folded_) return in;
   out_ = backend_.Empty(in, DType::kF32, label() + " output");
   if (opts.need_dx && !gate_handed_)
-    dx_buf_ = backend_.Empty(in, DType::kF32, label() + " input gradient");
+    dx_buf_ = InputGradBuffer(backend_, opts, 0, in, DType::kF32, label() + " input gradient");
   return in;
 }
 

@@ -78,8 +78,10 @@ TEST(MemoryPlanTest, ResNet8Bf16AndFp16EstimatesWithin15Percent) {
 TEST(MemoryPlanTest, PerLayerTableNamesLayersAndLargestBatchFits) {
   MemoryPlan plan;
   MeasuredPeak("ref_cnn", Shape{1, 28, 28}, 64, Precision::kF32, &plan, int64_t{64} << 20);
-  ASSERT_EQ(plan.layers.size(), 10u);
+  ASSERT_EQ(plan.layers.size(), 11u);  // 10 graph nodes and the shared input gradients
   EXPECT_EQ(plan.layers[0].name, "conv1");
+  EXPECT_EQ(plan.layers[10].name, "input gradients");
+  EXPECT_GT(plan.layers[10].activations, 0);
   EXPECT_EQ(plan.layers[7].name, "fc1");
   EXPECT_EQ(plan.layers[7].params, (3136 * 128 + 128) * 4);
   EXPECT_GT(plan.max_micro_batch, 0);

@@ -14,7 +14,10 @@
 
 #include "core/backend_registry.h"
 #include "core/error.h"
+#include "models/layers/activation.h"
+#include "models/layers/batch_norm.h"
 #include "models/layers/conv2d.h"
+#include "models/layers/dropout.h"
 #include "models/layers/flatten.h"
 #include "models/layers/join.h"
 #include "models/layers/linear.h"
@@ -232,7 +235,8 @@ TEST_P(FoldingTest, FoldingReluChangesNoNumber) {
     const auto train = [&](bool fold, int* folded, int64_t* activation_bytes) {
       auto net = BuildZooModel(be, fc.model, 10);
       net->set_fold(fold);
-      net->set_fuse_conv_pool(false);  // sums in another order (ConvPoolFusionTest)
+      net->set_fuse_conv_pool(false);     // sums in another order (ConvPoolFusionTest)
+      net->set_share_input_grads(false);  // counts each layer's own buffers
       Model m(be, std::move(net), fc.sample);
       m.Setup(n, prec);
       m.InitParams(1);
@@ -306,7 +310,8 @@ TEST(ReluGateTest, MaxPoolTakesOverTheReluGate) {
       const auto train = [&](bool fold, std::map<std::string, int64_t>* relu_bwd, int64_t* bytes) {
         auto net = BuildFromLayers(be, all);
         net->set_fold(fold);
-        net->set_fuse_conv_pool(false);  // the first stack would fuse (ConvPoolFusionTest)
+        net->set_fuse_conv_pool(false);     // the first stack would fuse (ConvPoolFusionTest)
+        net->set_share_input_grads(false);  // counts each layer's own buffers
         Model m(be, std::move(net), sample);
         m.Setup(batch[0], prec);
         m.InitParams(3);
@@ -515,6 +520,139 @@ INSTANTIATE_TEST_SUITE_P(
                    {"flatten #6", "fc1"}},
         LayoutCase{"broadcast_add", Shape{3, 8, 8}, {"conv2"}, {"conv", "pool", "sum", "fc"}}),
     [](const ::testing::TestParamInfo<LayoutCase>& p) { return std::string(p.param.model); });
+
+// Every kind of join and pass-through in one graph: a residual sum whose gradient goes to two
+// readers, one of them an output read twice (a gradient sum); a squeeze-and-excitation product;
+// a concat; a dropout; a ReLU whose gate the max pool takes over; a flatten and a reshape that are
+// views of their gradient.
+std::unique_ptr<Graph> BuildEveryJoin(Backend& be) {
+  auto g = std::make_unique<Graph>(be);
+  g->Add(std::make_unique<Conv2d>(be, "a", 8, 3, 1, 1, false));         // 0
+  g->Add(std::make_unique<BatchNorm>(be, "bn"));                        // 1
+  g->Add(std::make_unique<Relu>(be, "relu"));                           // 2 (folded into bn)
+  g->Add(std::make_unique<Conv2d>(be, "b", 8, 3, 1, 1, true));          // 3
+  g->Add(std::make_unique<Add>(be, "sum"), {3, 2});                     // 4
+  g->Add(std::make_unique<Pool2d>(be, "se", PoolKind::kAvg, 0, 0, 0));  // 5 (global)
+  g->Add(std::make_unique<Activation>(be, "gate", ew::Activation{ew::ActKind::kSigmoid}));
+  g->Add(std::make_unique<Mul>(be, "scale"), {4, 6});                   // 7
+  g->Add(std::make_unique<Concat>(be, "cat"), {7, 2});                  // 8
+  g->Add(std::make_unique<Dropout>(be, "drop", 0.25f));                 // 9
+  g->Add(std::make_unique<Relu>(be, "relu2"));                          // 10 (a layer: gate handed)
+  g->Add(std::make_unique<Pool2d>(be, "mp", PoolKind::kMax, 2, 2, 0));  // 11
+  g->Add(std::make_unique<Flatten>(be, "flat"));                        // 12
+  g->Add(std::make_unique<Reshape>(be, "rs", std::vector<int64_t>{-1}));
+  g->Add(std::make_unique<Linear>(be, "fc", 10, true));
+  return g;
+}
+
+// An output read by three layers far apart: its gradient sum is written at the middle reader's
+// backward and read at its producer's, while other input gradients come and go in between.
+std::unique_ptr<Graph> BuildThreeReaders(Backend& be) {
+  auto g = std::make_unique<Graph>(be);
+  g->Add(std::make_unique<Conv2d>(be, "x", 8, 3, 1, 1, true));       // 0: read by 1, 3, 5
+  g->Add(std::make_unique<Conv2d>(be, "p", 8, 3, 1, 1, true), {0});  // 1
+  g->Add(std::make_unique<Conv2d>(be, "q", 8, 3, 1, 1, true), {1});  // 2
+  g->Add(std::make_unique<Conv2d>(be, "r", 8, 3, 1, 1, true), {0});  // 3
+  g->Add(std::make_unique<Add>(be, "s1"), {2, 3});                   // 4
+  g->Add(std::make_unique<Add>(be, "s2"), {4, 0});                   // 5
+  g->Add(std::make_unique<Pool2d>(be, "gap", PoolKind::kAvg, 0, 0, 0));
+  g->Add(std::make_unique<Flatten>(be, "flat"));
+  g->Add(std::make_unique<Linear>(be, "fc", 10, true));
+  return g;
+}
+
+// Input gradients in one shared buffer (Graph::set_share_input_grads) change no number, on the
+// zoo's plain and residual networks and on every join; and the graph holds fewer bytes.
+TEST(InputGradSharingTest, ChangesNoNumberAndHoldsLess) {
+  Backend& be = GetBackend("cpu");
+  const std::vector<std::pair<std::string, Shape>> models = {{"ref_cnn", Shape{1, 28, 28}},
+                                                             {"resnet8", Shape{3, 32, 32}},
+                                                             {"mlp", Shape{1, 28, 28}},
+                                                             {"every_join", Shape{3, 8, 8}},
+                                                             {"three_readers", Shape{3, 8, 8}}};
+  for (const Precision prec : {Precision::kF32, Precision::kBF16}) {
+    if (!be.Supports(Conv2dDesc{1, 1, 1, 1, 1, 1, 1, 1, 0, true, prec})) continue;
+    for (const auto& model : models) {
+      // Not a structured binding: the lambda below captures these, which clang 14 refuses.
+      const std::string& name = model.first;
+      const Shape& sample = model.second;
+      SCOPED_TRACE(::testing::Message() << name << " " << PrecisionName(prec));
+      const int64_t n = 4;
+      std::vector<int64_t> dims{n};
+      dims.insert(dims.end(), sample.dims().begin(), sample.dims().end());
+      const auto train = [&](bool share, int64_t* bytes) {
+        auto net = name == "every_join"      ? BuildEveryJoin(be)
+                   : name == "three_readers" ? BuildThreeReaders(be)
+                                             : BuildZooModel(be, name, 10);
+        net->set_share_input_grads(share);
+        Model m(be, std::move(net), sample);
+        m.Setup(n, prec);
+        m.InitParams(5);
+        *bytes = m.net().ActivationBytesPerSample();
+        if (!share) {
+          EXPECT_EQ(m.net().InputGradBytesPerSample(), 0);
+        }
+        return TwoStepsAndEval(be, m, Shape(dims));
+      };
+      int64_t own = 0, shared = 0;
+      const auto want = train(false, &own);
+      const auto got = train(true, &shared);
+      EXPECT_EQ(got, want);
+      EXPECT_LT(shared, own);
+    }
+  }
+}
+
+// A chain of equal layers needs two input gradients at a time (the one being read and the one
+// being written), however long it is: the shared buffer is two of them.
+TEST(InputGradSharingTest, AChainNeedsTwoBuffers) {
+  Backend& be = GetBackend("cpu");
+  for (const int depth : {3, 8}) {
+    auto g = std::make_unique<Graph>(be);
+    for (int i = 0; i < depth; ++i)
+      g->Add(std::make_unique<Conv2d>(be, std::string("c").append(std::to_string(i)), 8, 3, 1, 1,
+                                      true));
+    g->Add(std::make_unique<Flatten>(be, "flat"));
+    g->Add(std::make_unique<Linear>(be, "fc", 10, true));
+    Model m(be, std::move(g), Shape{8, 8, 8});
+    m.Setup(4, Precision::kF32);
+    // Each convolution but the first (its input is the model's) and the linear layer write an
+    // input gradient of 8 x 8 x 8 floats; the flatten passes the linear one's on as a view.
+    EXPECT_EQ(m.net().InputGradBytesPerSample(), 2 * 4 * 8 * 8 * 8) << depth << " convolutions";
+  }
+}
+
+// A layer that hands back the gradient it was given without saying so (Layer::PassesGradient)
+// would have its buffer reused while an earlier layer still reads it: the graph refuses.
+TEST(InputGradSharingTest, AnUndeclaredPassThroughIsCaught) {
+  class Sneaky final : public Layer {
+   public:
+    explicit Sneaky(Backend& be) : Layer(be, "sneaky") {}
+    std::string type() const override { return "sneaky"; }
+    Shape Setup(const Shape& in, const SetupOptions& /*opts*/) override { return in; }
+    const Tensor& Forward(const Tensor& x, const ForwardContext& /*ctx*/) override { return x; }
+    const Tensor& Backward(const Tensor& dy, bool /*accumulate*/) override { return dy; }
+  };
+  Backend& be = GetBackend("cpu");
+  auto g = std::make_unique<Graph>(be);
+  g->Add(std::make_unique<Conv2d>(be, "c0", 4, 3, 1, 1, true));
+  g->Add(std::make_unique<Conv2d>(be, "c1", 4, 3, 1, 1, true));
+  g->Add(std::make_unique<Sneaky>(be));
+  g->Add(std::make_unique<Flatten>(be, "flat"));
+  g->Add(std::make_unique<Linear>(be, "fc", 3, true));
+  Model m(be, std::move(g), Shape{2, 6, 6});
+  m.Setup(2, Precision::kF32);
+  m.InitParams(1);
+  ForwardContext ctx;
+  ctx.training = true;
+  const Shape batch{2, 2, 6, 6};
+  Tensor x = testing::ToDevice(be, testing::RandomUniform(2 * 2 * 6 * 6, 1), batch);
+  const Tensor& y = m.Forward(x, ctx);
+  Tensor dy =
+      testing::ToDevice(be, testing::RandomUniform(static_cast<size_t>(y.numel()), 2), y.shape());
+  EXPECT_THAT([&] { m.Backward(dy, false); },
+              ThrowsMessage<InternalError>(HasSubstr("layer 'sneaky' returned the gradient")));
+}
 
 TEST(ModelTest, CifarNetComputesFlattenSizeFromInput) {
   Backend& be = GetBackend("cpu");
