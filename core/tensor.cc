@@ -77,9 +77,10 @@ std::shared_ptr<Buffer> Buffer::Unbound(size_t bytes, Device device, std::string
 }
 
 void Buffer::Bind(std::shared_ptr<Buffer> parent, size_t offset) {
-  DPT_CHECK(owner_ == nullptr && parent != nullptr && parent->device() == device_ &&
-            offset + bytes_ <= parent->bytes())
-      << "buffer '" << label_ << "' (" << bytes_ << " bytes) cannot be placed at " << offset
+  DPT_CHECK(owner_ == nullptr && parent_ == nullptr && parent != nullptr &&
+            parent->device() == device_ && offset + bytes_ <= parent->bytes())
+      << "buffer '" << label_ << "' (" << bytes_ << " bytes, "
+      << (parent_ != nullptr ? "placed already" : "unbound") << ") cannot be placed at " << offset
       << " in '" << (parent ? parent->label() : "") << "'";
   ptr_ = static_cast<char*>(parent->data()) + offset;
   parent_ = std::move(parent);

@@ -82,10 +82,13 @@ struct ModelRun {
 // One training forward + loss + backward of zoo model `name` on `be` from seed-initialised
 // parameters and fixed inputs.
 // `input_seed` draws the inputs; `jitter` scales each by 1 + u * jitter (u uniform in [-1, 1]).
+// `share`: input gradients in one shared buffer (Graph::set_share_input_grads, the default).
 ModelRun ForwardBackward(Backend& be, const std::string& name, Precision precision,
-                         uint32_t input_seed = 11, float jitter = 0.f) {
+                         uint32_t input_seed = 11, float jitter = 0.f, bool share = true) {
   const Shape in = DefaultInputShape(name);
-  Model m(be, BuildZooModel(be, name, kClasses), in);
+  std::unique_ptr<Graph> net = BuildZooModel(be, name, kClasses);
+  net->set_share_input_grads(share);
+  Model m(be, std::move(net), in);
   m.Setup(kBatch, precision);
   m.InitParams(7);
   std::vector<int64_t> dims{kBatch};
@@ -317,6 +320,19 @@ TEST_P(CudaModelTest, RerunsAreBitIdentical) {
   EXPECT_EQ(a.out, b.out);
   EXPECT_EQ(a.grads, b.grads) << "backward must use deterministic algorithms";
   EXPECT_EQ(a.buffers, b.buffers);
+}
+
+// Input gradients sharing one buffer by lifetime change no bit on the GPU either (the CPU's
+// InputGradSharingTest): the same deterministic kernels on the same values.
+TEST_P(CudaModelTest, SharedInputGradientsChangeNoBit) {
+  DPT_BACKEND_OR_SKIP(cuda, "cuda");
+  cuda->SetDeterministic(true);
+  const ModelRun own = ForwardBackward(*cuda, GetParam(), Precision::kF32, 11, 0.f, false);
+  const ModelRun shared = ForwardBackward(*cuda, GetParam(), Precision::kF32, 11, 0.f, true);
+  cuda->SetDeterministic(false);
+  EXPECT_EQ(shared.out, own.out);
+  EXPECT_EQ(shared.grads, own.grads);
+  EXPECT_EQ(shared.buffers, own.buffers);
 }
 
 // bf16 against fp32 on the loss at initialisation, averaged over four input batches. Within
