@@ -86,6 +86,7 @@ const std::vector<Field>& Schema() {
       DPT_CONFIG_FIELD(checkpoint.init),
       DPT_CONFIG_FIELD(memory.limit),
       DPT_CONFIG_FIELD(memory.auto_microbatch),
+      DPT_CONFIG_FIELD(memory.recompute),
       DPT_CONFIG_ENUM(dist.device),
       DPT_CONFIG_ENUM(dist.backend),
       DPT_CONFIG_ENUM(dist.device_binding),

@@ -56,7 +56,7 @@ int RunPlanCommand(const TrainConfig& cfg, int ranks, bool json) {
   if (budget == 0 && !gpu_elsewhere) budget = static_cast<int64_t>(be.allocator().Capacity());
   // The plan for each dist.shard, the configured one in full. Groups as training cuts them.
   const auto plan_for = [&](ShardMode mode) {
-    Model model(be, BuildNet(be, cfg.model, input), input);
+    Model model(be, BuildNet(be, cfg.model, cfg.memory, input), input);
     model.Setup(micro, cfg.train.precision,
                 ShardedFlatLayout(mode, world, static_cast<size_t>(cfg.dist.bucket_mb) << 20));
     MemoryPlan p = PlanMemory(model, slots, loss, budget, PlanSharding(mode, world));

@@ -6,11 +6,86 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <functional>
 
 #include "core/error.h"
 #include "core/memory/caching_allocator.h"
 
 namespace dptrain {
+namespace {
+
+// A buffer of `bytes` read from the forward or backward of node `first` to that of node `last`.
+struct Span {
+  size_t first = 0, last = 0, bytes = 0;
+};
+
+// Cuts nodes [0, count) into segments of consecutive nodes (seg[i]: node i's) for activation
+// recompute. A span inside a segment lives in that segment's part of a shared buffer; one a cut
+// crosses is kept. For a cap on the largest segment's part, the cut that keeps the fewest bytes
+// is a shortest path over segment boundaries; over a range of caps, the cut of the least
+// cost(seg) (kept plus largest part) wins, and of equal ones the one found at the larger cap.
+std::vector<size_t> CheapestCut(const std::vector<Span>& spans, size_t count,
+                                const std::function<size_t(const std::vector<size_t>&)>& cost) {
+  // inside[j * w + i]: bytes of the spans within nodes [j, i); fresh[...]: of those that start in
+  // [j, i) and end at or after i, kept once a segment [j, i) ends at i.
+  const size_t w = count + 1;
+  std::vector<size_t> inside(count * w, 0), fresh(count * w, 0);
+  std::vector<std::vector<const Span*>> ending(count);
+  std::vector<size_t> starting(count, 0);
+  for (const Span& s : spans) {
+    ending[s.last].push_back(&s);
+    starting[s.first] += s.bytes;
+  }
+  std::vector<size_t> caps;
+  for (size_t j = 0; j < count; ++j) {
+    size_t in = 0, started = 0;
+    for (size_t i = j + 1; i <= count; ++i) {
+      started += starting[i - 1];
+      for (const Span* s : ending[i - 1]) in += s->first >= j ? s->bytes : 0;
+      inside[j * w + i] = in;
+      fresh[j * w + i] = started - in;
+      caps.push_back(in);
+    }
+  }
+  std::sort(caps.begin(), caps.end());
+  caps.erase(std::unique(caps.begin(), caps.end()), caps.end());
+  constexpr size_t kCaps = 64;
+  std::vector<size_t> best(count, 0);  // one segment
+  size_t best_cost = cost(best);
+  std::vector<size_t> seg(count), kept(w), from(w);
+  for (size_t c = caps.size(); c-- > 0;) {
+    if (caps.size() > kCaps && c % (caps.size() / kCaps) != 0) continue;  // 64 of them
+    const size_t cap = caps[c];
+    constexpr size_t kNone = static_cast<size_t>(-1);
+    std::fill(kept.begin(), kept.end(), kNone);
+    kept[0] = 0;
+    for (size_t i = 1; i <= count; ++i) {
+      for (size_t j = 0; j < i; ++j) {
+        if (kept[j] == kNone || inside[j * w + i] > cap) continue;
+        const size_t k = kept[j] + fresh[j * w + i];
+        if (k < kept[i]) {
+          kept[i] = k;
+          from[i] = j;
+        }
+      }
+    }
+    if (kept[count] == kNone) continue;
+    std::vector<size_t> starts;
+    for (size_t i = count; i > 0; i = from[i]) starts.push_back(from[i]);
+    for (size_t s = starts.size(); s-- > 0;) {
+      const size_t end = s > 0 ? starts[s - 1] : count;
+      for (size_t i = starts[s]; i < end; ++i) seg[i] = starts.size() - 1 - s;
+    }
+    const size_t v = cost(seg);
+    if (v < best_cost) {
+      best_cost = v;
+      best = seg;
+    }
+  }
+  return best;
+}
+
+}  // namespace
 
 int Graph::Add(std::unique_ptr<Layer> layer, std::vector<int> inputs, std::string node_name) {
   const int index = static_cast<int>(nodes_.size());
@@ -51,8 +126,12 @@ Shape Graph::Setup(const Shape& in, const SetupOptions& opts) {
     if (producer.readers == 1) n.layer->FoldIntoInput(*producer.layer);
   }
   std::vector<char> refused(nodes_.size(), 0);
-  grad_arena_ = Tensor();
+  grad_arena_ = out_arena_ = Tensor();
   slot_buffers_.clear();
+  out_slot_buffers_.clear();
+  recompute_from_.clear();
+  segments_ = 1;
+  fwd_x_ = Tensor();
   for (;;) {
     PlanLayouts(&refused);
     size_t failed = 0;
@@ -68,6 +147,7 @@ Shape Graph::Setup(const Shape& in, const SetupOptions& opts) {
   }
   setup_batch_ = in[0];
   PlaceInputGrads(in[0]);
+  PlanRecompute(in[0]);
   return nodes_.back().shape;
 }
 
@@ -117,6 +197,7 @@ void Graph::PlanLayouts(std::vector<char>* refused) {
 void Graph::SetupNodes(const Shape& in, const SetupOptions& opts, size_t* failed) {
   std::vector<Shape> shapes;
   grad_slots_.clear();
+  out_slots_.clear();
   for (size_t i = 0; i < nodes_.size(); ++i) {
     Node& n = nodes_[i];
     const std::string what = n.name.empty() ? n.layer->type() + " #" + std::to_string(i) : n.name;
@@ -139,10 +220,18 @@ void Graph::SetupNodes(const Shape& in, const SetupOptions& opts, size_t* failed
     if (share_input_grads_) {
       o.input_grad = [this, i](size_t input, const Shape& shape, DType dtype,
                                const std::string& label) {
-        auto buffer = Buffer::Unbound(static_cast<size_t>(shape.numel()) * SizeOf(dtype),
-                                      backend_.device(), label);
-        grad_slots_.push_back({i, input, buffer});
-        return Tensor(buffer, shape, dtype);
+        Tensor t = UnboundTensor(shape, dtype, label);
+        grad_slots_.push_back({i, input, t.buffer()});
+        return t;
+      };
+    }
+    o.recompute = recompute_;
+    if (recompute_) {
+      o.forward_buffer = [this, i](const Shape& shape, DType dtype, const std::string& label,
+                                   bool output) {
+        Tensor t = UnboundTensor(shape, dtype, label);
+        out_slots_.push_back({i, output, t.buffer()});
+        return t;
       };
     }
     // Out-of-memory reports name the node whose buffers were being allocated.
@@ -152,9 +241,7 @@ void Graph::SetupNodes(const Shape& in, const SetupOptions& opts, size_t* failed
     n.grad_sum = Tensor();
     n.grad_sum_shared = n.readers > 1 && share_input_grads_;
     if (n.grad_sum_shared) {  // placed with the input gradients
-      n.grad_sum = Tensor(Buffer::Unbound(static_cast<size_t>(n.shape.numel()) * 4,
-                                          backend_.device(), what + " gradient sum"),
-                          n.shape, DType::kF32);
+      n.grad_sum = UnboundTensor(n.shape, DType::kF32, what + " gradient sum");
     } else if (n.readers > 1) {
       n.grad_sum = backend_.Empty(n.shape, DType::kF32, what + " gradient sum");
     }
@@ -245,15 +332,179 @@ void Graph::PlaceInputGrads(int64_t batch) {
   }
 }
 
-const Tensor& Graph::Forward(const Tensor& x, const ForwardContext& ctx) {
+Tensor Graph::UnboundTensor(const Shape& shape, DType dtype, const std::string& label) const {
+  return Tensor(
+      Buffer::Unbound(static_cast<size_t>(shape.numel()) * SizeOf(dtype), backend_.device(), label),
+      shape, dtype);
+}
+
+void Graph::PlanRecompute(int64_t batch) {
+  const size_t count = nodes_.size();
   for (auto& n : nodes_) {
-    xs_.clear();
-    for (int j : n.inputs) xs_.push_back(j == kInput ? &x : nodes_[static_cast<size_t>(j)].out);
-    backend_.SetProfileNode(&n.label);
-    n.out = &n.layer->ForwardInputs(xs_, ctx);
+    n.shared_out_bytes = 0;
+    n.out_slot = nullptr;
   }
+  struct Slot {
+    std::shared_ptr<Buffer> buffer;
+    size_t node = 0;
+    size_t bytes = 0;  // aligned, as placed
+    size_t last = 0;   // the last node that reads it
+    size_t first = 0;  // the first node whose backward reads it (Layer::GradientInOutput)
+    bool graph_output = false;
+  };
+  constexpr size_t kAlign = 512;
+  std::vector<Slot> slots;
+  std::vector<std::vector<size_t>> alias(count);  // the slots node j's output may be
+  for (const OutSlot& o : out_slots_) {
+    auto b = o.buffer.lock();
+    if (b == nullptr || b->bytes() == 0) continue;
+    nodes_[o.node].shared_out_bytes += static_cast<int64_t>(b->bytes());
+    if (o.output) {
+      nodes_[o.node].out_slot = b.get();
+      alias[o.node].push_back(slots.size());
+    }
+    slots.push_back(
+        {b, o.node, (b->bytes() + kAlign - 1) / kAlign * kAlign, o.node, o.node, false});
+  }
+  if (slots.empty()) return;
+  // A layer that may return its input has its readers read the input's buffer (Forward checks).
+  for (size_t j = 0; j < count; ++j) {
+    if (!nodes_[j].layer->ForwardPassesInput()) continue;
+    for (int p : nodes_[j].inputs) {
+      if (p != kInput) {
+        const auto& a = alias[static_cast<size_t>(p)];
+        alias[j].insert(alias[j].end(), a.begin(), a.end());
+      }
+    }
+  }
+  for (size_t i = 0; i < count; ++i) {
+    for (int p : nodes_[i].inputs) {
+      if (p == kInput) continue;
+      for (size_t k : alias[static_cast<size_t>(p)]) slots[k].last = std::max(slots[k].last, i);
+    }
+  }
+  for (size_t k : alias[count - 1]) slots[k].graph_output = true;
+  // A layer that hands its inputs a gradient in its output buffer: that is read by the backward of
+  // the inputs' producers (and of theirs, through layers that pass a gradient on).
+  for (size_t k = 0; k < slots.size(); ++k) {
+    const size_t j = slots[k].node;
+    if (nodes_[j].out_slot != slots[k].buffer.get() || !nodes_[j].layer->GradientInOutput())
+      continue;
+    std::vector<int> todo = nodes_[j].inputs;
+    while (!todo.empty()) {
+      const int p = todo.back();
+      todo.pop_back();
+      if (p == kInput) continue;
+      const Node& pn = nodes_[static_cast<size_t>(p)];
+      slots[k].first = std::min(slots[k].first, static_cast<size_t>(p));
+      if (pn.layer->PassesGradient()) todo.insert(todo.end(), pn.inputs.begin(), pn.inputs.end());
+    }
+  }
+  const auto kept_in = [&](const Slot& s, const std::vector<size_t>& seg) {
+    return s.graph_output || seg[s.last] != seg[s.node] || seg[s.first] != seg[s.node];
+  };
+
+  // A cut: seg[i] = node i's segment, nondecreasing. A slot whose readers are all in its own
+  // segment lives in that segment's part of the shared buffer; any other is kept. Cost: the kept
+  // slots plus the largest segment.
+  const auto cost = [&](const std::vector<size_t>& seg) {
+    size_t kept = 0;
+    std::vector<size_t> part(seg.back() + 1, 0);
+    for (const Slot& s : slots) {
+      if (kept_in(s, seg)) {
+        kept += s.bytes;
+      } else {
+        part[seg[s.node]] += s.bytes;
+      }
+    }
+    return kept + *std::max_element(part.begin(), part.end());
+  };
+  std::vector<size_t> best(count, 0);  // one segment: nothing runs again
+  if (segment_nodes_ > 0) {
+    for (size_t i = 0; i < count; ++i) best[i] = i / segment_nodes_;
+  } else {
+    std::vector<Span> spans;
+    for (const Slot& s : slots) {
+      if (!s.graph_output) spans.push_back({s.first, s.last, s.bytes});
+    }
+    best = CheapestCut(spans, count, cost);
+  }
+  segments_ = best.back() + 1;
+  // Kept slots first, then each segment's from the same offset.
+  size_t kept = 0;
+  std::vector<size_t> offset(slots.size(), 0);
+  for (size_t k = 0; k < slots.size(); ++k) {
+    if (kept_in(slots[k], best)) {
+      offset[k] = kept;
+      kept += slots[k].bytes;
+    }
+  }
+  std::vector<size_t> part(segments_, kept);
+  size_t total = kept;
+  for (size_t k = 0; k < slots.size(); ++k) {
+    if (kept_in(slots[k], best)) continue;
+    size_t& at = part[best[slots[k].node]];
+    offset[k] = at;
+    at += slots[k].bytes;
+    total = std::max(total, at);
+  }
+  {
+    const AllocationScope scope("activations");
+    out_arena_ = backend_.Empty(
+        Shape{static_cast<int64_t>(total)}, DType::kU8,
+        fmt::format("activations (recomputed in {} segments, batch {})", segments_, batch));
+  }
+  for (size_t k = 0; k < slots.size(); ++k) {
+    slots[k].buffer->Bind(out_arena_.buffer(), offset[k]);
+    out_slot_buffers_.insert(slots[k].buffer.get());
+  }
+  if (segments_ < 2) return;
+  recompute_from_.assign(count, kNoRecompute);
+  size_t first = 0;
+  for (size_t i = 0; i + 1 < count; ++i) {
+    if (best[i + 1] == best[i]) continue;
+    recompute_from_[i] = first;  // segment best[i] ends at node i
+    first = i + 1;
+  }
+}
+
+void Graph::ForwardNode(size_t i, const Tensor& x, const ForwardContext& ctx) {
+  Node& n = nodes_[i];
+  xs_.clear();
+  for (int j : n.inputs) xs_.push_back(j == kInput ? &x : nodes_[static_cast<size_t>(j)].out);
+  backend_.SetProfileNode(&n.label);
+  n.out = &n.layer->ForwardInputs(xs_, ctx);
+  // A shared buffer's lifetime was planned for the node's own output, or for an input's buffer
+  // when the layer passes its input on.
+  const Buffer* b = n.out->buffer().get();
+  if (b != n.out_slot && out_slot_buffers_.count(b) != 0) {
+    bool passed = false;
+    for (const Tensor* in : xs_) passed = passed || in->buffer().get() == b;
+    DPT_CHECK(passed && n.layer->ForwardPassesInput())
+        << "layer '" << n.label << "' returned its output in a shared buffer not planned for it ('"
+        << b->label() << "')";
+  }
+}
+
+const Tensor& Graph::Forward(const Tensor& x, const ForwardContext& ctx) {
+  fwd_x_ = Tensor();
+  fwd_ctx_ = ctx;
+  if (!recompute_from_.empty() && ctx.training) {
+    fwd_x_ = x;
+    fwd_ctx_.recompute = true;
+  }
+  for (size_t i = 0; i < nodes_.size(); ++i) ForwardNode(i, x, ctx);
   backend_.SetProfileNode(nullptr);
   return *nodes_.back().out;
+}
+
+void Graph::Recompute(size_t last) {
+  DPT_CHECK(fwd_ctx_.recompute && fwd_x_.defined())
+      << "graph backward without a training forward to recompute activations from";
+  const size_t first = recompute_from_[last];
+  for (size_t i = first; i <= last; ++i) ForwardNode(i, fwd_x_, fwd_ctx_);
+  backend_.SetProfileNode(nullptr);
+  if (first == 0) fwd_x_ = Tensor();  // the last segment to run again: let the batch go
 }
 
 void Graph::StartBackward(const Tensor& dy) {
@@ -279,6 +530,11 @@ void Graph::BackwardNode(size_t i, bool accumulate) {
       const bool passed = n.layer->PassesGradient() && n.grad->buffer().get() == b;
       DPT_CHECK(own || passed) << "layer '" << n.label << "' returned the gradient of input " << k
                                << " in a shared buffer not planned for it ('" << b->label() << "')";
+    }
+    if (out_slot_buffers_.count(b) != 0) {
+      DPT_CHECK(b == n.out_slot && n.layer->GradientInOutput())
+          << "layer '" << n.label << "' returned the gradient of input " << k
+          << " in an activation buffer not planned for it ('" << b->label() << "')";
     }
     AddGradient(n.inputs[k], *dxs_[k]);
   }
@@ -316,18 +572,41 @@ int64_t Graph::InputGradBytesPerSample() const {
   return (static_cast<int64_t>(grad_arena_.bytes()) + setup_batch_ - 1) / setup_batch_;
 }
 
+int64_t Graph::SharedOutputBytesPerSample(size_t i) const {
+  return setup_batch_ > 0 ? nodes_[i].shared_out_bytes / setup_batch_ : 0;
+}
+
+int64_t Graph::OutputBytesPerSample() const {
+  if (!out_arena_.defined() || setup_batch_ <= 0) return 0;
+  return (static_cast<int64_t>(out_arena_.bytes()) + setup_batch_ - 1) / setup_batch_;
+}
+
+int64_t Graph::OwnBytesPerSample(size_t i) const {
+  return nodes_[i].layer->ActivationBytesPerSample() - SharedInputGradBytesPerSample(i) -
+         SharedOutputBytesPerSample(i) + GradSumBytesPerSample(i);
+}
+
 int64_t Graph::ActivationBytesPerSample() const {
-  int64_t total = InputGradBytesPerSample();
-  for (size_t i = 0; i < nodes_.size(); ++i) {
-    total += nodes_[i].layer->ActivationBytesPerSample() - SharedInputGradBytesPerSample(i) +
-             GradSumBytesPerSample(i);
-  }
+  int64_t total = InputGradBytesPerSample() + OutputBytesPerSample();
+  for (size_t i = 0; i < nodes_.size(); ++i) total += OwnBytesPerSample(i);
   return total;
 }
 
 Tensor InputGradBuffer(Backend& backend, const SetupOptions& opts, size_t input, const Shape& shape,
                        DType dtype, const std::string& label) {
   if (opts.input_grad) return opts.input_grad(input, shape, dtype, label);
+  return backend.Empty(shape, dtype, label);
+}
+
+Tensor OutputBuffer(Backend& backend, const SetupOptions& opts, const Shape& shape, DType dtype,
+                    const std::string& label) {
+  if (opts.forward_buffer) return opts.forward_buffer(shape, dtype, label, true);
+  return backend.Empty(shape, dtype, label);
+}
+
+Tensor SavedBuffer(Backend& backend, const SetupOptions& opts, const Shape& shape, DType dtype,
+                   const std::string& label) {
+  if (opts.forward_buffer) return opts.forward_buffer(shape, dtype, label, false);
   return backend.Empty(shape, dtype, label);
 }
 

@@ -71,6 +71,21 @@ class Graph {
   // same numbers either way. Off: every layer keeps its own (the tests that count a layer's own
   // bytes).
   void set_share_input_grads(bool on) { share_input_grads_ = on; }
+  // Activation recompute (gradient checkpointing, PyTorch's torch.utils.checkpoint): Setup cuts
+  // the graph into segments of consecutive nodes. An output read only inside its segment (and a
+  // buffer only its layer's backward reads: SavedBuffer) lives in one buffer the segments share;
+  // an output read by a later segment, and the graph's output, keep their own place. Before the
+  // backward of a segment's last node, the segment's forward runs again (ForwardContext::recompute:
+  // batch norm leaves its running statistics alone), so its outputs are back when its backward
+  // reads them; the last segment's are still there. The same numbers, at the cost of about one
+  // more forward a step. `segment_nodes` > 0 cuts every that many nodes (the tests); 0 chooses the
+  // cut that holds the fewest bytes (about the square root of the outputs' bytes, for a chain).
+  void set_recompute(bool on, size_t segment_nodes = 0) {
+    recompute_ = on;
+    segment_nodes_ = segment_nodes;
+  }
+  // The segments the last Setup cut the graph into (1: nothing is run again).
+  size_t recompute_segments() const { return segments_; }
 
   // Forward in node order. Returns the last node's output (owned by its layer).
   const Tensor& Forward(const Tensor& x, const ForwardContext& ctx);
@@ -82,6 +97,7 @@ class Graph {
     StartBackward(dy);
     for (size_t i = nodes_.size(); i-- > 0;) {
       before(i);
+      if (!recompute_from_.empty() && recompute_from_[i] != kNoRecompute) Recompute(i);
       BackwardNode(i, accumulate);
       after(i);
     }
@@ -104,6 +120,13 @@ class Graph {
   int64_t SharedInputGradBytesPerSample(size_t i) const;
   // Bytes per sample of the shared input-gradient buffer (0 when not shared).
   int64_t InputGradBytesPerSample() const;
+  // The same for outputs and saved buffers with activation recompute (set_recompute): node i's
+  // part of them, and the one buffer they are placed in (0 without recompute).
+  int64_t SharedOutputBytesPerSample(size_t i) const;
+  int64_t OutputBytesPerSample() const;
+  // What node i holds per sample that is not part of a shared buffer: the layer's activations and
+  // its output's gradient sum, less its parts of the shared buffers (`dptrain plan`'s rows).
+  int64_t OwnBytesPerSample(size_t i) const;
 
  private:
   struct Node {
@@ -121,7 +144,16 @@ class Graph {
     Tensor grad_view;               // grad_sum for the current batch
     int64_t shared_grad_bytes = 0;  // of its input gradients, in the shared buffer (max batch)
     std::vector<const Buffer*> input_slots;  // the shared buffer planned per input, or null
+    int64_t shared_out_bytes = 0;      // of its output and saved buffers, in the recompute buffer
+    const Buffer* out_slot = nullptr;  // its output's buffer there, or null
   };
+  // An output or saved buffer asked for at Setup (SetupOptions::forward_buffer) with recompute on.
+  struct OutSlot {
+    size_t node = 0;
+    bool output = true;  // else a saved buffer, read by its own layer only
+    std::weak_ptr<Buffer> buffer;
+  };
+  static constexpr size_t kNoRecompute = static_cast<size_t>(-1);
   // An input-gradient buffer asked for at Setup (SetupOptions::input_grad), placed once all are
   // known. Weak: a buffer its layer let go of takes no room.
   struct GradSlot {
@@ -134,6 +166,14 @@ class Graph {
   void SetupNodes(const Shape& in, const SetupOptions& opts, size_t* failed);
   // Places the input-gradient buffers asked for at Setup in one allocation (batch: the largest).
   void PlaceInputGrads(int64_t batch);
+  // Cuts the graph into recompute segments and places the outputs and saved buffers asked for at
+  // Setup in one allocation.
+  void PlanRecompute(int64_t batch);
+  // A buffer of `shape` that a later placement binds into a shared allocation.
+  Tensor UnboundTensor(const Shape& shape, DType dtype, const std::string& label) const;
+  void ForwardNode(size_t i, const Tensor& x, const ForwardContext& ctx);
+  // Runs the forward of the segment ending at node `last` again (its first: recompute_from_).
+  void Recompute(size_t last);
   void StartBackward(const Tensor& dy);
   void BackwardNode(size_t i, bool accumulate);
   // Adds `g` to the gradient of node j's output (the first contribution is used as it is).
@@ -147,6 +187,17 @@ class Graph {
   bool fuse_conv_pool_ = true;
   bool channels_last_ = true;
   bool share_input_grads_ = true;
+  bool recompute_ = false;
+  size_t segment_nodes_ = 0;
+  size_t segments_ = 1;
+  std::vector<OutSlot> out_slots_;
+  std::set<const Buffer*> out_slot_buffers_;  // every placed one (ForwardNode's check)
+  Tensor out_arena_;                          // the outputs' shared buffer
+  // Per node: the first node of its segment when it is the last node of a segment that runs
+  // again before its backward, else kNoRecompute (empty without recompute).
+  std::vector<size_t> recompute_from_;
+  Tensor fwd_x_;  // the last training forward's input and context, for Recompute
+  ForwardContext fwd_ctx_;
   std::vector<GradSlot> grad_slots_;
   std::set<const Buffer*> slot_buffers_;  // every placed slot (BackwardNode's check)
   Tensor grad_arena_;                     // the shared input-gradient buffer

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The layer interface. A layer owns its output and input-gradient buffers (sized for the largest
+// The layer interface. A layer holds its output and input-gradient buffers (sized for the largest
 // batch at Setup), keeps what backward needs from forward, and talks only to the Backend.
 // Parameters and gradients are not owned: the Model binds views into its flat buffers.
 #pragma once
@@ -50,6 +50,14 @@ struct SetupOptions {
   // lifetimes in backward do not overlap (Graph::set_share_input_grads). Unset: the layer's own.
   std::function<Tensor(size_t input, const Shape& shape, DType dtype, const std::string& label)>
       input_grad;
+  // Where the layer's output buffer, and the buffers only its own backward reads that its forward
+  // writes (a max pool's window positions), come from (OutputBuffer, SavedBuffer): set by the graph
+  // when it recomputes activations (Graph::set_recompute), which places them in one buffer shared
+  // by the segments of the graph that are run again before their backward. Unset: the layer's own.
+  std::function<Tensor(const Shape& shape, DType dtype, const std::string& label, bool output)>
+      forward_buffer;
+  // The graph may run this layer's forward again (ForwardContext::recompute) before its backward.
+  bool recompute = false;
 };
 
 // A layer's buffer (of the largest batch) for the gradient of its input `input`, allocated at
@@ -57,6 +65,17 @@ struct SetupOptions {
 // (and of any layer that passes the gradient on: Layer::PassesGradient) is done.
 Tensor InputGradBuffer(Backend& backend, const SetupOptions& opts, size_t input, const Shape& shape,
                        DType dtype, const std::string& label);
+
+// A layer's buffer (of the largest batch) for its output, allocated at Setup. What it holds is
+// read by the layer's readers, until their backward is done; with activation recompute it may be
+// written over by other layers in between, and the graph then runs this layer's forward again
+// before those backwards.
+Tensor OutputBuffer(Backend& backend, const SetupOptions& opts, const Shape& shape, DType dtype,
+                    const std::string& label);
+// A buffer the layer's forward writes in training and only its own backward reads (a max pool's
+// window positions): shared as an output is.
+Tensor SavedBuffer(Backend& backend, const SetupOptions& opts, const Shape& shape, DType dtype,
+                   const std::string& label);
 
 // Thrown by SetupInputs when a layer that said it takes channels-last inputs (TakesNhwc) finds,
 // once it sees their shapes, that it cannot: the graph then sets up again with that node on NCHW.
@@ -69,6 +88,9 @@ struct ForwardContext {
   uint64_t seed = 0;  // run seed
   int64_t step = 0;   // optimizer step
   int64_t sample_offset = 0;
+  // The graph is running this forward again before the backward (Graph::set_recompute): the same
+  // outputs as the first time, but no state changes (batch norm leaves its running statistics).
+  bool recompute = false;
 };
 
 class Layer {
@@ -138,6 +160,15 @@ class Layer {
   // gradient (a folded ReLU, a flatten that is a view, a residual sum): the graph then keeps the
   // buffer holding dy until that input's producer is done with it. Graph::BackwardNode checks it.
   virtual bool PassesGradient() const { return false; }
+  // Whether Forward may return its input (or a view of it) as its output (a folded ReLU, a flatten
+  // or reshape that is a view, a convolution that leaves its work to the pool fused with it): the
+  // graph then keeps the input's buffer for this layer's readers too (Graph::set_recompute), and
+  // checks it.
+  virtual bool ForwardPassesInput() const { return false; }
+  // Whether Backward may return its output buffer, with the gradient written over it, as an
+  // input's gradient (a residual sum with a folded ReLU): with activation recompute the graph
+  // then keeps that buffer from other segments until the inputs' producers are done with it.
+  virtual bool GradientInOutput() const { return false; }
 
   // Channels-last, asked by the graph before Setup: whether the layer runs on NHWC inputs (and
   // then writes an NHWC output: batch norm, pooling, the elementwise layers), and whether it

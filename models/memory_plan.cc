@@ -45,9 +45,7 @@ MemoryPlan PlanMemory(Model& m, int optimizer_slots, LossKind loss, int64_t budg
     std::vector<ParamRef> bufs;
     l.ListBuffers(&bufs);
     for (const auto& r : bufs) lm.params += (r.shape.numel() + 15) / 16 * 16 * 4;
-    lm.activations = (l.ActivationBytesPerSample() - net.SharedInputGradBytesPerSample(i) +
-                      net.GradSumBytesPerSample(i)) *
-                     b;
+    lm.activations = net.OwnBytesPerSample(i) * b;
     lm.workspace = l.WorkspaceBytes();
     std::vector<const OpPlan*> plans;
     l.ListPlans(&plans);
@@ -66,6 +64,14 @@ MemoryPlan PlanMemory(Model& m, int optimizer_slots, LossKind loss, int64_t budg
     lm.type = "shared";
     lm.activations = net.InputGradBytesPerSample() * b;
     per_sample += net.InputGradBytesPerSample();
+    plan.layers.push_back(lm);
+  }
+  if (net.OutputBytesPerSample() > 0) {  // Graph::set_recompute
+    LayerMemory lm;
+    lm.name = fmt::format("activations ({} segments)", net.recompute_segments());
+    lm.type = "recomputed";
+    lm.activations = net.OutputBytesPerSample() * b;
+    per_sample += net.OutputBytesPerSample();
     plan.layers.push_back(lm);
   }
   const int64_t outputs = m.output_shape().numel() / std::max<int64_t>(b, 1);

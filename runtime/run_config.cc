@@ -71,9 +71,11 @@ std::unique_ptr<Graph> BuildGraph(Backend& be, const ModelConfig& m, const Shape
 
 }  // namespace
 
-std::unique_ptr<Graph> BuildNet(Backend& be, const ModelConfig& m, const Shape& sample) {
+std::unique_ptr<Graph> BuildNet(Backend& be, const ModelConfig& m, const MemoryConfig& mem,
+                                const Shape& sample) {
   std::unique_ptr<Graph> g = BuildGraph(be, m, sample);
   g->set_channels_last(m.channels_last);
+  g->set_recompute(mem.recompute);
   return g;
 }
 

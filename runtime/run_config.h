@@ -188,6 +188,9 @@ struct MemoryConfig {
   std::string limit;       // per-rank device budget as written ("2GiB"); empty = none
   size_t limit_bytes = 0;  // derived from `limit` by ParseByteSize; 0 = none. Not a key.
   bool auto_microbatch = false;
+  // Activation recompute (Graph::set_recompute): about one more forward a step for much less
+  // activation memory, the same numbers.
+  bool recompute = false;
 
   bool operator==(const MemoryConfig&) const = default;
 };
@@ -241,6 +244,7 @@ Shape DefaultSampleShape(const ModelConfig& m);
 
 // The model's graph from model.name, model.layers or model.onnx, for samples of shape `sample`
 // (an ONNX file whose input disagrees with it is a ConfigError naming both).
-std::unique_ptr<Graph> BuildNet(Backend& be, const ModelConfig& m, const Shape& sample);
+std::unique_ptr<Graph> BuildNet(Backend& be, const ModelConfig& m, const MemoryConfig& mem,
+                                const Shape& sample);
 
 }  // namespace dptrain

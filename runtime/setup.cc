@@ -76,7 +76,7 @@ std::unique_ptr<Dataset> Trainer::OpenData(const std::vector<std::string>& files
 }
 
 std::unique_ptr<Graph> Trainer::BuildNet() const {
-  return dptrain::BuildNet(be_, cfg_.model, sample_shape_);
+  return dptrain::BuildNet(be_, cfg_.model, cfg_.memory, sample_shape_);
 }
 
 void Trainer::SetupData() {
@@ -177,8 +177,8 @@ void Trainer::ShrinkMicroBatchMidRun(const std::string& oom) {
     detail::AgreeOnFailure(
         control_,
         oom + fmt::format("\nhint: memory.auto_microbatch cannot go below micro-batch {}: use "
-                          "train.precision = \"bf16\" or \"fp16\", or a smaller model",
-                          tried),
+                          "train.precision = \"bf16\" or \"fp16\"{}, or a smaller model",
+                          tried, cfg_.memory.recompute ? "" : ", memory.recompute = true"),
         kExitOom, !oom.empty());
   }
   // The state the step started from, on the host: parameters, buffers (as they were before the
@@ -328,7 +328,8 @@ void Trainer::SetupModelThatFits() {
           fmt::format("dptrain plan --config {} --ranks {}",
                       cfg_.source.empty() ? std::string("FILE") : cfg_.source, world_);
       const std::string other_ways =
-          fmt::format("use train.precision = \"bf16\" or \"fp16\"{}{}",
+          fmt::format("use train.precision = \"bf16\" or \"fp16\"{}{}{}",
+                      cfg_.memory.recompute ? "" : ", or set memory.recompute = true",
                       cfg_.memory.limit_bytes > 0 ? ", or raise memory.limit" : "", shard_advice_);
       // The estimate is then the direct convolutions'.
       const std::string direct = winograd_gave_way_at_ > 0

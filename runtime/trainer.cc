@@ -151,13 +151,16 @@ TrainResult Trainer::Run() {
   if (is_root()) {
     fmt::print(
         "dptrain: {} ranks x {} threads, model {} ({} parameters), {} train samples, "
-        "global batch {} ({} per rank{}), {} steps/epoch, {} steps{}{}\n",
+        "global batch {} ({} per rank{}), {} steps/epoch, {} steps{}{}{}\n",
         world_, env_.threads,
         cfg_.model.name.empty() ? std::string("from layers") : cfg_.model.name,
         model_->num_params(), train_->info().size, cfg_.train.global_batch, local_batch_,
         accumulate_ > 1 ? fmt::format(" = {} x {} micro-steps", micro_, accumulate_) : "",
         steps_per_epoch_, total_steps_, cfg_.train.deterministic ? ", deterministic" : "",
-        winograd ? ", winograd" : "");
+        winograd ? ", winograd" : "",
+        model_->net().recompute_segments() > 1
+            ? fmt::format(", recompute ({} segments)", model_->net().recompute_segments())
+            : "");
     std::fflush(stdout);
   }
 

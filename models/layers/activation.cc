@@ -22,7 +22,7 @@ std::string Activation::type() const {
 
 Shape Activation::Setup(const Shape& in, const SetupOptions& opts) {
   per_sample_ = in.numel() / in[0];
-  out_ = backend_.Empty(in, DType::kF32, label() + " output");
+  out_ = OutputBuffer(backend_, opts, in, DType::kF32, label() + " output");
   if (opts.need_dx)
     dx_buf_ = InputGradBuffer(backend_, opts, 0, in, DType::kF32, label() + " input gradient");
   return in;

@@ -17,7 +17,15 @@ Shape BatchNorm::Setup(const Shape& in, const SetupOptions& opts) {
   DPT_CHECK(need_dx_ || !args_.dx_bf16) << label() << ": a bf16 input gradient nobody reads";
   save_mean_ = backend_.Empty(Shape{channels_}, DType::kF32, label() + " saved mean");
   save_invstd_ = backend_.Empty(Shape{channels_}, DType::kF32, label() + " saved invstd");
-  out_ = backend_.Empty(in, DType::kF32, label() + " output");
+  out_ = OutputBuffer(backend_, opts, in, DType::kF32, label() + " output");
+  // A forward run again takes its running update here, where nothing reads it.
+  discard_mean_ = discard_var_ = Tensor();
+  if (opts.recompute) {
+    discard_mean_ = backend_.Empty(Shape{channels_}, DType::kF32, label() + " recompute scratch");
+    discard_var_ = backend_.Empty(Shape{channels_}, DType::kF32, label() + " recompute scratch");
+    backend_.Zero(&discard_mean_);
+    backend_.Zero(&discard_var_);
+  }
   if (need_dx_) {
     dx_buf_ = InputGradBuffer(backend_, opts, 0, in, args_.dx_bf16 ? DType::kBF16 : DType::kF32,
                               label() + " input gradient");
@@ -51,8 +59,13 @@ const Tensor& BatchNorm::Forward(const Tensor& x, const ForwardContext& ctx) {
   y_ = out_.Batch(x.shape()[0]);
   x_ = x;
   if (ctx.training) {
-    backend_.BatchNormForwardTraining(args_, x, gamma_, beta_, &running_mean_, &running_var_, &y_,
-                                      &save_mean_, &save_invstd_);
+    // Run again before the backward (activation recompute): the same batch statistics and output,
+    // and the running statistics as they were.
+    const bool again = ctx.recompute;
+    DPT_CHECK(!again || discard_mean_.defined()) << label() << ": recomputed but not set up for it";
+    backend_.BatchNormForwardTraining(
+        args_, x, gamma_, beta_, again ? &discard_mean_ : &running_mean_,
+        again ? &discard_var_ : &running_var_, &y_, &save_mean_, &save_invstd_);
   } else {
     backend_.BatchNormForwardInference(args_, x, gamma_, beta_, running_mean_, running_var_, &y_);
   }

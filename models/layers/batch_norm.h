@@ -45,6 +45,7 @@ class BatchNorm final : public Layer {
   Conv2d* conv_ = nullptr;  // the convolution this batch norm alone reads (FoldIntoInput)
   Tensor gamma_, beta_, ggamma_, gbeta_, running_mean_, running_var_;
   Tensor save_mean_, save_invstd_;
+  Tensor discard_mean_, discard_var_;  // the running update of a recomputed forward
   Tensor out_, dx_buf_, x_, y_, dx_;
 };
 

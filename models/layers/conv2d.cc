@@ -64,7 +64,7 @@ Shape Conv2d::Setup(const Shape& in, const SetupOptions& opts) {
     desc_.dy_bf16 = backend_.Supports(d) && dy_writer_->CanWriteBf16Dx(out, desc_.y_nhwc);
   }
   plan_ = backend_.PrepareConv2d(desc_);
-  out_ = backend_.Empty(out, DType::kF32, label() + " output");
+  out_ = OutputBuffer(backend_, opts, out, DType::kF32, label() + " output");
   if (need_dx_)
     dx_buf_ = InputGradBuffer(backend_, opts, 0, in, DType::kF32, label() + " input gradient");
   return out;

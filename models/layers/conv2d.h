@@ -35,6 +35,8 @@ class Conv2d final : public Layer {
   }
   bool TakesNhwc() const override { return true; }
   bool ChoosesNhwcOut() const override { return true; }
+  // Fused with the pool after it, the pool reads this layer's input (Forward returns it).
+  bool ForwardPassesInput() const override { return pool_fused_; }
 
   // A 2x2 max pool that alone reads this convolution's output (through its folded ReLU) offers to
   // run both as one op (ConvPoolDesc), before Setup; `pool` is the pool's descriptor without the

@@ -15,7 +15,7 @@ Shape Dropout::Setup(const Shape& in, const SetupOptions& opts) {
       << "dropout '" << name_ << "': p = " << p_ << " must be in [0, 1)";
   per_sample_ = in.numel() / in[0];
   salt_ = std::hash<std::string>{}(name_);
-  out_ = backend_.Empty(in, DType::kF32, label() + " output");
+  out_ = OutputBuffer(backend_, opts, in, DType::kF32, label() + " output");
   if (opts.need_dx)
     dx_buf_ = InputGradBuffer(backend_, opts, 0, in, DType::kF32, label() + " input gradient");
   return in;

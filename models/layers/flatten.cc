@@ -17,7 +17,7 @@ Shape Flatten::Setup(const Shape& in, const SetupOptions& opts) {
   // layouts: a view, as NCHW.
   transpose_ = opts.nhwc_in && in.rank() == 4 && in[1] > 1 && in[2] * in[3] > 1;
   if (transpose_) {
-    out_ = backend_.Empty(in, DType::kF32, label() + " output (NCHW order)");
+    out_ = OutputBuffer(backend_, opts, in, DType::kF32, label() + " output (NCHW order)");
     if (opts.need_dx)
       dx_buf_ = InputGradBuffer(backend_, opts, 0, in, DType::kF32, label() + " input gradient");
   }

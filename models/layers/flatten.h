@@ -22,7 +22,8 @@ class Flatten final : public Layer {
   Shape Setup(const Shape& in, const SetupOptions& opts) override;
   const Tensor& Forward(const Tensor& x, const ForwardContext& ctx) override;
   const Tensor& Backward(const Tensor& dy, bool accumulate) override;
-  bool PassesGradient() const override { return !transpose_; }  // a view of dy
+  bool PassesGradient() const override { return !transpose_; }      // a view of dy
+  bool ForwardPassesInput() const override { return !transpose_; }  // a view of x
   bool TakesNhwc() const override { return true; }
   bool ChoosesNhwcOut() const override { return true; }
   int64_t ActivationBytesPerSample() const override;
@@ -45,7 +46,8 @@ class Reshape final : public Layer {
   Shape Setup(const Shape& in, const SetupOptions& opts) override;
   const Tensor& Forward(const Tensor& x, const ForwardContext& ctx) override;
   const Tensor& Backward(const Tensor& dy, bool accumulate) override;
-  bool PassesGradient() const override { return true; }  // a view of dy
+  bool PassesGradient() const override { return true; }      // a view of dy
+  bool ForwardPassesInput() const override { return true; }  // a view of x
 
  private:
   std::vector<int64_t> dims_;

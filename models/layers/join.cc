@@ -48,7 +48,7 @@ Shape Add::SetupInputs(const std::vector<Shape>& in, const SetupOptions& opts) {
   const Shape& out = in[wide_];
   per_sample_ = out.numel() / out[0];
   rows_ = broadcast_ ? in[1 - wide_].numel() / in[1 - wide_][0] : 0;
-  out_ = backend_.Empty(out, DType::kF32, label() + " output");
+  out_ = OutputBuffer(backend_, opts, out, DType::kF32, label() + " output");
   if (broadcast_ && need_dx_) {
     narrow_buf_ = InputGradBuffer(backend_, opts, 1 - wide_, in[1 - wide_], DType::kF32,
                                   label() + " input gradient");
@@ -104,7 +104,7 @@ Shape Mul::SetupInputs(const std::vector<Shape>& in, const SetupOptions& opts) {
   need_dx_ = opts.need_dx;
   rows_ = s.numel() / s[0];
   per_sample_ = w.numel() / w[0];
-  out_ = backend_.Empty(w, DType::kF32, label() + " output");
+  out_ = OutputBuffer(backend_, opts, w, DType::kF32, label() + " output");
   if (need_dx_) {
     for (size_t k = 0; k < 2; ++k) {
       dx_buf_[k] =
@@ -169,7 +169,7 @@ Shape Concat::SetupInputs(const std::vector<Shape>& in, const SetupOptions& opts
   widths_.clear();
   for (const Shape& s : in) widths_.push_back(s.numel() / s[0]);
   per_sample_ = out.numel() / out[0];
-  out_ = backend_.Empty(out, DType::kF32, label() + " output");
+  out_ = OutputBuffer(backend_, opts, out, DType::kF32, label() + " output");
   dx_buf_.clear();
   dx_.assign(in.size(), Tensor());
   if (need_dx_) {

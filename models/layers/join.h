@@ -34,6 +34,7 @@ class Add final : public Join {
   // With a folded ReLU, dy gated by the output, written over it.
   void BackwardInputs(const Tensor& dy, bool accumulate, std::vector<const Tensor*>* dx) override;
   bool PassesGradient() const override { return !relu_; }
+  bool GradientInOutput() const override { return relu_; }
   int64_t ActivationBytesPerSample() const override {
     return 4 * (per_sample_ + (broadcast_ && need_dx_ ? rows_ : 0));
   }

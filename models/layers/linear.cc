@@ -22,7 +22,7 @@ Shape Linear::Setup(const Shape& in, const SetupOptions& opts) {
   need_dx_ = opts.need_dx;
   plan_ = backend_.PrepareLinear(desc_);
   Shape out{in[0], out_features_};
-  out_ = backend_.Empty(out, DType::kF32, label() + " output");
+  out_ = OutputBuffer(backend_, opts, out, DType::kF32, label() + " output");
   if (need_dx_)
     dx_buf_ = InputGradBuffer(backend_, opts, 0, in, DType::kF32, label() + " input gradient");
   return out;

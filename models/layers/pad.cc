@@ -15,7 +15,7 @@ Shape Pad2d::Setup(const Shape& in, const SetupOptions& opts) {
       << bottom_ << ", right " << right_ << ") crops all of input " << in.ToString();
   in_per_sample_ = in.numel() / in[0];
   out_per_sample_ = out.numel() / out[0];
-  out_ = backend_.Empty(out, DType::kF32, label() + " output");
+  out_ = OutputBuffer(backend_, opts, out, DType::kF32, label() + " output");
   dx_buf_ = opts.need_dx
                 ? InputGradBuffer(backend_, opts, 0, in, DType::kF32, label() + " input gradient")
                 : Tensor();

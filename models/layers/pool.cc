@@ -68,11 +68,12 @@ Shape Pool2d::Setup(const Shape& in, const SetupOptions& opts) {
                                 << "'); hint: on CPU use train.precision = \"fp32\" or \"bf16\"";
   need_dx_ = opts.need_dx;
   Shape out{in[0], in[1], desc_.out_h(), desc_.out_w()};
-  out_ = backend_.Empty(out, DType::kF32, label() + " output");
+  out_ = OutputBuffer(backend_, opts, out, DType::kF32, label() + " output");
   plan_.reset();  // Setup may run again (the graph planning its layouts again)
   ws_ = dx_buf_ = Tensor();
   if (fused_ != nullptr) {
-    ws_ = backend_.Empty(out, DType::kU8, label() + " window positions");  // one byte each
+    ws_ =
+        SavedBuffer(backend_, opts, out, DType::kU8, label() + " window positions");  // a byte each
     return out;
   }
   plan_ = backend_.PreparePool(desc_);
@@ -81,8 +82,8 @@ Shape Pool2d::Setup(const Shape& in, const SetupOptions& opts) {
                               label() + " input gradient");
   }
   if (plan_->workspace_bytes > 0) {
-    ws_ = backend_.Empty(Shape{static_cast<int64_t>(plan_->workspace_bytes)}, DType::kU8,
-                         label() + " workspace");
+    ws_ = SavedBuffer(backend_, opts, Shape{static_cast<int64_t>(plan_->workspace_bytes)},
+                      DType::kU8, label() + " workspace");
   }
   return out;
 }

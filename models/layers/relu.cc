@@ -7,7 +7,7 @@ namespace dptrain {
 Shape Relu::Setup(const Shape& in, const SetupOptions& opts) {
   per_sample_ = in.numel() / in[0];
   if (folded_) return in;
-  out_ = backend_.Empty(in, DType::kF32, label() + " output");
+  out_ = OutputBuffer(backend_, opts, in, DType::kF32, label() + " output");
   if (opts.need_dx && !gate_handed_)
     dx_buf_ = InputGradBuffer(backend_, opts, 0, in, DType::kF32, label() + " input gradient");
   return in;

@@ -83,11 +83,15 @@ struct ModelRun {
 // parameters and fixed inputs.
 // `input_seed` draws the inputs; `jitter` scales each by 1 + u * jitter (u uniform in [-1, 1]).
 // `share`: input gradients in one shared buffer (Graph::set_share_input_grads, the default).
+// `recompute`: activation recompute (Graph::set_recompute) cutting every that many nodes (0: where
+// it holds the fewest bytes; -1: off, the default).
 ModelRun ForwardBackward(Backend& be, const std::string& name, Precision precision,
-                         uint32_t input_seed = 11, float jitter = 0.f, bool share = true) {
+                         uint32_t input_seed = 11, float jitter = 0.f, bool share = true,
+                         int recompute = -1) {
   const Shape in = DefaultInputShape(name);
   std::unique_ptr<Graph> net = BuildZooModel(be, name, kClasses);
   net->set_share_input_grads(share);
+  net->set_recompute(recompute >= 0, static_cast<size_t>(std::max(recompute, 0)));
   Model m(be, std::move(net), in);
   m.Setup(kBatch, precision);
   m.InitParams(7);
@@ -333,6 +337,22 @@ TEST_P(CudaModelTest, SharedInputGradientsChangeNoBit) {
   EXPECT_EQ(shared.out, own.out);
   EXPECT_EQ(shared.grads, own.grads);
   EXPECT_EQ(shared.buffers, own.buffers);
+}
+
+// Activation recompute (memory.recompute) on the CUDA backend: the segments' forwards run again
+// before their backwards give the same outputs, gradients and batch-norm running statistics to
+// the bit (deterministic algorithms), cut where it holds the fewest bytes and every two nodes.
+TEST_P(CudaModelTest, RecomputeChangesNoBit) {
+  DPT_BACKEND_OR_SKIP(cuda, "cuda");
+  cuda->SetDeterministic(true);
+  const ModelRun want = ForwardBackward(*cuda, GetParam(), Precision::kF32);
+  for (const int every : {0, 2}) {
+    const ModelRun got = ForwardBackward(*cuda, GetParam(), Precision::kF32, 11, 0.f, true, every);
+    EXPECT_EQ(got.out, want.out) << "cut every " << every;
+    EXPECT_EQ(got.grads, want.grads) << "cut every " << every;
+    EXPECT_EQ(got.buffers, want.buffers) << "cut every " << every;
+  }
+  cuda->SetDeterministic(false);
 }
 
 // bf16 against fp32 on the loss at initialisation, averaged over four input batches. Within

@@ -78,6 +78,7 @@ init = "pretrained/ckpt.h5"
 [memory]
 limit = "2GiB"
 auto_microbatch = true
+recompute = true
 
 [dist]
 device = "cuda"
@@ -176,6 +177,7 @@ TEST(ConfigTest, FullConfigValues) {
   EXPECT_EQ(c.memory.limit, "2GiB");
   EXPECT_EQ(c.memory.limit_bytes, size_t{2} << 30);
   EXPECT_TRUE(c.memory.auto_microbatch);
+  EXPECT_TRUE(c.memory.recompute);
   EXPECT_EQ(ConfigName(c.dist.device), "cuda");
   EXPECT_EQ(ConfigName(c.dist.backend), "nccl");
   EXPECT_EQ(ConfigName(c.dist.device_binding), "set-device");

@@ -16,14 +16,17 @@ namespace {
 
 // Peak bytes in use while setting up and running `steps` training steps of `zoo` at batch b.
 int64_t MeasuredPeak(const std::string& zoo, const Shape& in, int64_t b, Precision pr,
-                     MemoryPlan* plan, int64_t budget = 0) {
+                     MemoryPlan* plan, int64_t budget = 0, bool recompute = false) {
   Backend& be = GetBackend("cpu");
+  be.ReleasePlans();  // an earlier model's plans (and the buffers they hold) would be reused
   be.allocator().EmptyCache();
   const size_t before = be.allocator().stats().in_use;
   be.allocator().ResetPeak();
   int64_t peak = 0;
   {
-    Model m(be, BuildZooModel(be, zoo, 10), in);
+    auto net = BuildZooModel(be, zoo, 10);
+    net->set_recompute(recompute);
+    Model m(be, std::move(net), in);
     m.Setup(b, pr);
     m.InitParams(1);
     Loss loss(be, LossKind::kCrossEntropy, m.output_shape());
@@ -73,6 +76,30 @@ TEST(MemoryPlanTest, ResNet8Bf16AndFp16EstimatesWithin15Percent) {
   EXPECT_LE(std::abs(static_cast<double>(plan.total - peak)) / static_cast<double>(peak), 0.15)
       << "fp16: estimate " << plan.total << " measured " << peak << "\n"
       << plan.ToTable();
+}
+
+// Activation recompute (memory.recompute): the plan counts its shared buffer, one row, and the
+// measured peak really drops.
+TEST(MemoryPlanTest, RecomputeEstimateWithin15PercentAndPeakDrops) {
+  for (const std::string zoo : {"resnet8", "resnet18_cifar"}) {
+    MemoryPlan all, less;
+    const int64_t b = zoo == "resnet8" ? 64 : 16;
+    const int64_t before =
+        MeasuredPeak(zoo, Shape{3, 32, 32}, b, Precision::kF32, &all, 0, /*recompute=*/false);
+    const int64_t peak =
+        MeasuredPeak(zoo, Shape{3, 32, 32}, b, Precision::kF32, &less, 0, /*recompute=*/true);
+    std::printf("%s batch %lld: measured peak %.1f -> %.1f MiB, plan %.1f -> %.1f MiB\n",
+                zoo.c_str(), static_cast<long long>(b), static_cast<double>(before) / (1 << 20),
+                static_cast<double>(peak) / (1 << 20), static_cast<double>(all.total) / (1 << 20),
+                static_cast<double>(less.total) / (1 << 20));
+    EXPECT_LE(std::abs(static_cast<double>(less.total - peak)) / static_cast<double>(peak), 0.15)
+        << zoo << ": estimate " << less.total << " measured " << peak << "\n"
+        << less.ToTable();
+    EXPECT_LT(static_cast<double>(peak), 0.85 * static_cast<double>(before)) << zoo;
+    ASSERT_FALSE(less.layers.empty());
+    EXPECT_EQ(less.layers.back().type, "recomputed");
+    EXPECT_NE(less.ToTable().find("activations ("), std::string::npos);
+  }
 }
 
 TEST(MemoryPlanTest, PerLayerTableNamesLayersAndLargestBatchFits) {

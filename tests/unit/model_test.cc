@@ -654,6 +654,107 @@ TEST(InputGradSharingTest, AnUndeclaredPassThroughIsCaught) {
               ThrowsMessage<InternalError>(HasSubstr("layer 'sneaky' returned the gradient")));
 }
 
+// Activation recompute (Graph::set_recompute) changes no number: outputs, gradients, batch-norm
+// running statistics (a forward run again leaves them) and an evaluation, two steps, on the zoo's
+// plain and residual networks and on every join and pass-through, with the graph cut every node,
+// every two, every three nodes and where it holds the fewest bytes; a micro-batch below the
+// Setup batch.
+TEST(RecomputeTest, ChangesNoNumber) {
+  Backend& be = GetBackend("cpu");
+  const std::vector<std::pair<std::string, Shape>> models = {{"ref_cnn", Shape{1, 28, 28}},
+                                                             {"resnet8", Shape{3, 32, 32}},
+                                                             {"mlp", Shape{1, 28, 28}},
+                                                             {"every_join", Shape{3, 8, 8}},
+                                                             {"three_readers", Shape{3, 8, 8}}};
+  for (const Precision prec : {Precision::kF32, Precision::kBF16}) {
+    if (!be.Supports(Conv2dDesc{1, 1, 1, 1, 1, 1, 1, 1, 0, true, prec})) continue;
+    for (const auto& model : models) {
+      const std::string& name = model.first;
+      const Shape& sample = model.second;
+      const int64_t n = 4;
+      std::vector<int64_t> dims{n};
+      dims.insert(dims.end(), sample.dims().begin(), sample.dims().end());
+      const auto train = [&](bool recompute, size_t every, size_t* segments) {
+        auto net = name == "every_join"      ? BuildEveryJoin(be)
+                   : name == "three_readers" ? BuildThreeReaders(be)
+                                             : BuildZooModel(be, name, 10);
+        net->set_recompute(recompute, every);
+        Model m(be, std::move(net), sample);
+        m.Setup(n + 2, prec);
+        m.InitParams(5);
+        *segments = m.net().recompute_segments();
+        return TwoStepsAndEval(be, m, Shape(dims));
+      };
+      size_t segments = 0;
+      const auto want = train(false, 0, &segments);
+      EXPECT_EQ(segments, 1u);
+      for (const size_t every : {0, 1, 2, 3}) {
+        SCOPED_TRACE(::testing::Message()
+                     << name << " " << PrecisionName(prec) << " cut every " << every << " nodes");
+        const auto got = train(true, every, &segments);
+        if (every == 1) {
+          EXPECT_GT(segments, 4u);
+        }
+        ASSERT_EQ(got.size(), want.size());
+        for (size_t t = 0; t < want.size(); ++t) EXPECT_EQ(got[t], want[t]) << "tensor " << t;
+      }
+    }
+  }
+}
+
+// Where it chooses the cut, recompute holds much less: resnet8's outputs in a few segments.
+TEST(RecomputeTest, HoldsLess) {
+  Backend& be = GetBackend("cpu");
+  for (const std::string name : {"resnet8", "resnet18_cifar", "ref_cnn"}) {
+    const Shape sample = name == "ref_cnn" ? Shape{1, 28, 28} : Shape{3, 32, 32};
+    const auto bytes = [&](bool recompute, size_t* segments) {
+      auto net = BuildZooModel(be, name, 10);
+      net->set_recompute(recompute);
+      Model m(be, std::move(net), sample);
+      m.Setup(8, Precision::kF32);
+      *segments = m.net().recompute_segments();
+      return m.net().ActivationBytesPerSample();
+    };
+    size_t segments = 0;
+    const int64_t all = bytes(false, &segments);
+    const int64_t less = bytes(true, &segments);
+    std::printf("%s: %lld -> %lld bytes a sample, %zu segments\n", name.c_str(),
+                static_cast<long long>(all), static_cast<long long>(less), segments);
+    EXPECT_GT(segments, 1u) << name;
+    EXPECT_LT(less, all) << name;
+  }
+}
+
+// A layer that returns its input as its output without saying so (Layer::ForwardPassesInput)
+// would have its readers read a buffer another segment writes over: the graph refuses.
+TEST(RecomputeTest, AnUndeclaredForwardPassThroughIsCaught) {
+  class Sneaky final : public Layer {
+   public:
+    explicit Sneaky(Backend& be) : Layer(be, "sneaky") {}
+    std::string type() const override { return "sneaky"; }
+    Shape Setup(const Shape& in, const SetupOptions& /*opts*/) override { return in; }
+    const Tensor& Forward(const Tensor& x, const ForwardContext& /*ctx*/) override { return x; }
+    const Tensor& Backward(const Tensor& dy, bool /*accumulate*/) override { return dy; }
+    bool PassesGradient() const override { return true; }
+  };
+  Backend& be = GetBackend("cpu");
+  auto g = std::make_unique<Graph>(be);
+  g->Add(std::make_unique<Conv2d>(be, "c0", 4, 3, 1, 1, true));
+  g->Add(std::make_unique<Conv2d>(be, "c1", 4, 3, 1, 1, true));
+  g->Add(std::make_unique<Sneaky>(be));
+  g->Add(std::make_unique<Flatten>(be, "flat"));
+  g->Add(std::make_unique<Linear>(be, "fc", 3, true));
+  g->set_recompute(true, 1);
+  Model m(be, std::move(g), Shape{2, 6, 6});
+  m.Setup(2, Precision::kF32);
+  m.InitParams(1);
+  ForwardContext ctx;
+  ctx.training = true;
+  Tensor x = testing::ToDevice(be, testing::RandomUniform(2 * 2 * 6 * 6, 1), Shape{2, 2, 6, 6});
+  EXPECT_THAT([&] { m.Forward(x, ctx); },
+              ThrowsMessage<InternalError>(HasSubstr("layer 'sneaky' returned its output")));
+}
+
 TEST(ModelTest, CifarNetComputesFlattenSizeFromInput) {
   Backend& be = GetBackend("cpu");
   Model m(be, BuildZooModel(be, "cifar_net", 10), Shape{3, 32, 32});

@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# memory.recompute: resnet8 trained with activation recompute says so on the start line, holds a
+# lower peak, and gives the same bits as the run without it (every step's loss and gradient norm,
+# the evaluation, the final checkpoint's parameters): on 1 process in fp32, and on 2 ranks in
+# bf16 with 2 micro-steps a step. `dptrain plan` shows the recomputed activations' row and a
+# smaller total. The numbers per layer are the unit tests' (RecomputeTest).
+# shellcheck disable=SC2034  # CASE is read by expect_ok (lib.sh)
+# shellcheck source=lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+RUN=(train --config "$DPTRAIN_SRC/configs/resnet8.toml" --set data.train=synthetic
+  --set data.test=synthetic --set data.synthetic_samples=128 --set train.global_batch=32
+  --set train.epochs=1 --set train.max_steps=4 --set train.log_every_steps=1
+  --set data.augment=none --set checkpoint.every_epochs=1 --set checkpoint.resume=never)
+
+# summary RUN_DIR: every step's loss and gradient norm and every evaluation's loss (full
+# precision), then the largest peak_mem_bytes, one line.
+summary() {
+  python3 - "$1/metrics.jsonl" <<'PY'
+import json, sys
+rows = list(map(json.loads, open(sys.argv[1])))
+steps = [f'{r["loss"]!r} {r["grad_norm"]!r}' for r in rows if r.get("kind") == "step"]
+evals = [repr(r["test_loss"]) for r in rows if r.get("kind") == "eval"]
+peak = max(r["peak_mem_bytes"]["max"] for r in rows if "peak_mem_bytes" in r)
+print(len(steps), len(evals), " ".join(steps + evals), int(peak))
+PY
+}
+
+# same_bits A B: the two summaries' numbers are equal (not only close), 4 steps and an evaluation.
+same_bits() {
+  python3 -c "import sys; a, b = (s.split() for s in sys.argv[1:3]); \
+sys.exit(not (a[:2] == b[:2] == ['4', '1'] and a[2:-1] == b[2:-1]))" "$1" "$2"
+}
+# lower_peak A B: run B's peak is below 80% of run A's.
+lower_peak() {
+  python3 -c "import sys; a, b = (int(s.split()[-1]) for s in sys.argv[1:3]); \
+print(f'peak {a / 2**20:.1f} -> {b / 2**20:.1f} MiB'); sys.exit(not b < 0.8 * a)" "$1" "$2"
+}
+# same_params A B: the newest checkpoints of the two run directories hold equal parameters.
+same_params() {
+  "$PY" - "$1" "$2" <<'PY'
+import glob, sys
+import h5py, numpy as np
+def params(d):
+    f = h5py.File(sorted(glob.glob(d + "/checkpoints/*.h5"))[-1], "r")
+    out = {}
+    f["params"].visititems(lambda n, o: out.__setitem__(n, o[()]) if isinstance(o, h5py.Dataset) else None)
+    return out
+a, b = params(sys.argv[1]), params(sys.argv[2])
+print(f"{len(a)} parameter tensors")
+sys.exit(not (a.keys() == b.keys() and len(a) > 0 and all(np.array_equal(a[k], b[k]) for k in a)))
+PY
+}
+
+CASE="fp32, 1 process, memory.recompute = false"
+expect_ok -- "$DPTRAIN" "${RUN[@]}" --set dist.threads=2 --set "run_dir=$TMP/off"
+check "the start line does not say recompute" bash -c "! grep -q 'recompute (' '$TMP/last.out'"
+off=$(summary "$TMP/off")
+
+CASE="fp32, 1 process, memory.recompute = true"
+expect_ok -- "$DPTRAIN" "${RUN[@]}" --set dist.threads=2 --set memory.recompute=true \
+  --set "run_dir=$TMP/on"
+check "the start line says recompute (N segments)" \
+  grep -Eq ', recompute \([0-9]+ segments\)$' "$TMP/last.out"
+on=$(summary "$TMP/on")
+check "the same losses, gradient norms and evaluation to the bit" same_bits "$off" "$on"
+check "a peak below 80% of the run without it" lower_peak "$off" "$on"
+if find_h5py_python; then
+  check "the final checkpoints hold the same parameters" same_params "$TMP/off" "$TMP/on"
+else
+  skip "the final checkpoints hold the same parameters (no python3 with h5py)"
+fi
+
+BF16=(--set train.precision=bf16 --set train.accumulate=2 --set dist.threads=1)
+CASE="bf16, 2 ranks x 2 micro-steps, memory.recompute = false"
+expect_ok -- "${MPI2[@]}" "$DPTRAIN" "${RUN[@]}" "${BF16[@]}" --set "run_dir=$TMP/off2"
+off2=$(summary "$TMP/off2")
+CASE="bf16, 2 ranks x 2 micro-steps, memory.recompute = true"
+expect_ok -- "${MPI2[@]}" "$DPTRAIN" "${RUN[@]}" "${BF16[@]}" --set memory.recompute=true \
+  --set "run_dir=$TMP/on2"
+on2=$(summary "$TMP/on2")
+check "the same losses, gradient norms and evaluation to the bit" same_bits "$off2" "$on2"
+
+CASE="dptrain plan with memory.recompute = true"
+plan_total() {
+  "$DPTRAIN" plan --config "$DPTRAIN_SRC/configs/resnet8.toml" --set data.train=synthetic \
+    --set data.test= "$@" | awk '$1 == "total" { print $2 }'
+}
+expect_ok -- "$DPTRAIN" plan --config "$DPTRAIN_SRC/configs/resnet8.toml" \
+  --set data.train=synthetic --set data.test= --set memory.recompute=true
+check "the plan shows the recomputed activations' row" \
+  grep -Eq '^activations \([0-9]+ segments\) +recomputed' "$TMP/last.out"
+check "and a smaller total than without it" python3 -c \
+  "import sys; a, b = map(float, sys.argv[1:3]); print(a, '->', b, 'MiB'); sys.exit(not b < a)" \
+  "$(plan_total)" "$(plan_total --set memory.recompute=true)"
+
+finish
