@@ -3,7 +3,8 @@
 # memory.recompute: resnet8 trained with activation recompute says so on the start line, holds a
 # lower peak, and gives the same bits as the run without it (every step's loss and gradient norm,
 # the evaluation, the final checkpoint's parameters): on 1 process in fp32, and on 2 ranks in
-# bf16 with 2 micro-steps a step. `dptrain plan` shows the recomputed activations' row and a
+# bf16 with 2 micro-steps a step. Under a memory.limit the run without it does not fit (exit 4,
+# the hint names memory.recompute), the run with it trains. `dptrain plan` shows the recomputed activations' row and a
 # smaller total. The numbers per layer are the unit tests' (RecomputeTest).
 # shellcheck disable=SC2034  # CASE is read by expect_ok (lib.sh)
 # shellcheck source=lib.sh
@@ -71,6 +72,16 @@ if find_h5py_python; then
 else
   skip "the final checkpoints hold the same parameters (no python3 with h5py)"
 fi
+
+# A budget between the two peaks: the run that does not fit is told about memory.recompute, and
+# with it the same run trains.
+CASE="memory.limit = 30MiB without memory.recompute: out of memory, the hint names it"
+expect_fail 4 "or set memory.recompute = true" -- "$DPTRAIN" "${RUN[@]}" --set dist.threads=2 \
+  --set memory.limit=30MiB --set "run_dir=$TMP/oom"
+CASE="memory.limit = 30MiB with memory.recompute = true: trains"
+expect_ok -- "$DPTRAIN" "${RUN[@]}" --set dist.threads=2 --set memory.limit=30MiB \
+  --set memory.recompute=true --set "run_dir=$TMP/fits"
+check "the same bits as the run without a limit" same_bits "$off" "$(summary "$TMP/fits")"
 
 BF16=(--set train.precision=bf16 --set train.accumulate=2 --set dist.threads=1)
 CASE="bf16, 2 ranks x 2 micro-steps, memory.recompute = false"
