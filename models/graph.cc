@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
 
 #include "core/error.h"
@@ -21,60 +22,53 @@ struct Span {
 
 // Cuts nodes [0, count) into segments of consecutive nodes (seg[i]: node i's) for activation
 // recompute. A span inside a segment lives in that segment's part of a shared buffer; one a cut
-// crosses is kept. For a cap on the largest segment's part, the cut that keeps the fewest bytes
-// is a shortest path over segment boundaries; over a range of caps, the cut of the least
-// cost(seg) (kept plus largest part) wins, and of equal ones the one found at the larger cap.
+// crosses is kept. For a cap on a segment's part, the cut that keeps the fewest bytes is a
+// shortest path over segment boundaries (a segment [j, i) adds the spans that start in it and end
+// after it); over caps from all the bytes down by factors of 2^(1/8), the cut of the least
+// cost(seg) (kept plus the largest part) wins, and of equal ones the one found first. Time
+// about caps x nodes x segment length; memory linear in the nodes.
 std::vector<size_t> CheapestCut(const std::vector<Span>& spans, size_t count,
                                 const std::function<size_t(const std::vector<size_t>&)>& cost) {
-  // inside[j * w + i]: bytes of the spans within nodes [j, i); fresh[...]: of those that start in
-  // [j, i) and end at or after i, kept once a segment [j, i) ends at i.
-  const size_t w = count + 1;
-  std::vector<size_t> inside(count * w, 0), fresh(count * w, 0);
   std::vector<std::vector<const Span*>> ending(count);
   std::vector<size_t> starting(count, 0);
+  size_t total = 0;
   for (const Span& s : spans) {
     ending[s.last].push_back(&s);
     starting[s.first] += s.bytes;
+    total += s.bytes;
   }
-  std::vector<size_t> caps;
-  for (size_t j = 0; j < count; ++j) {
-    size_t in = 0, started = 0;
-    for (size_t i = j + 1; i <= count; ++i) {
-      started += starting[i - 1];
-      for (const Span* s : ending[i - 1]) in += s->first >= j ? s->bytes : 0;
-      inside[j * w + i] = in;
-      fresh[j * w + i] = started - in;
-      caps.push_back(in);
-    }
-  }
-  std::sort(caps.begin(), caps.end());
-  caps.erase(std::unique(caps.begin(), caps.end()), caps.end());
-  constexpr size_t kCaps = 64;
   std::vector<size_t> best(count, 0);  // one segment
   size_t best_cost = cost(best);
-  std::vector<size_t> seg(count), kept(w), from(w);
-  for (size_t c = caps.size(); c-- > 0;) {
-    if (caps.size() > kCaps && c % (caps.size() / kCaps) != 0) continue;  // 64 of them
-    const size_t cap = caps[c];
-    constexpr size_t kNone = static_cast<size_t>(-1);
+  constexpr size_t kNone = static_cast<size_t>(-1);
+  std::vector<size_t> seg(count), kept(count + 1), from(count + 1);
+  size_t last_cap = kNone;
+  for (int k = 1; k <= 128; ++k) {
+    const auto cap = static_cast<size_t>(static_cast<double>(total) * std::exp2(-k / 8.0));
+    if (cap == 0) break;
+    if (cap == last_cap) continue;
+    last_cap = cap;
     std::fill(kept.begin(), kept.end(), kNone);
     kept[0] = 0;
-    for (size_t i = 1; i <= count; ++i) {
-      for (size_t j = 0; j < i; ++j) {
-        if (kept[j] == kNone || inside[j * w + i] > cap) continue;
-        const size_t k = kept[j] + fresh[j * w + i];
-        if (k < kept[i]) {
-          kept[i] = k;
+    for (size_t j = 0; j < count; ++j) {
+      if (kept[j] == kNone) continue;
+      size_t inside = 0, started = 0;  // of the spans that start in [j, i)
+      for (size_t i = j + 1; i <= count; ++i) {
+        started += starting[i - 1];
+        for (const Span* s : ending[i - 1]) inside += s->first >= j ? s->bytes : 0;
+        if (inside > cap) break;  // only grows with i
+        const size_t v = kept[j] + (started - inside);
+        if (v < kept[i]) {
+          kept[i] = v;
           from[i] = j;
         }
       }
     }
     if (kept[count] == kNone) continue;
-    std::vector<size_t> starts;
+    std::vector<size_t> starts;  // of the segments, last first
     for (size_t i = count; i > 0; i = from[i]) starts.push_back(from[i]);
-    for (size_t s = starts.size(); s-- > 0;) {
-      const size_t end = s > 0 ? starts[s - 1] : count;
-      for (size_t i = starts[s]; i < end; ++i) seg[i] = starts.size() - 1 - s;
+    for (size_t t = starts.size(); t-- > 0;) {
+      const size_t end = t > 0 ? starts[t - 1] : count;
+      for (size_t i = starts[t]; i < end; ++i) seg[i] = starts.size() - 1 - t;
     }
     const size_t v = cost(seg);
     if (v < best_cost) {
@@ -531,10 +525,14 @@ void Graph::BackwardNode(size_t i, bool accumulate) {
       DPT_CHECK(own || passed) << "layer '" << n.label << "' returned the gradient of input " << k
                                << " in a shared buffer not planned for it ('" << b->label() << "')";
     }
+    // An activation buffer holds a gradient only where its layer declared so (GradientInOutput),
+    // and from there through the layers that pass it on.
     if (out_slot_buffers_.count(b) != 0) {
-      DPT_CHECK(b == n.out_slot && n.layer->GradientInOutput())
-          << "layer '" << n.label << "' returned the gradient of input " << k
-          << " in an activation buffer not planned for it ('" << b->label() << "')";
+      const bool own = b == n.out_slot && n.layer->GradientInOutput();
+      const bool passed = n.layer->PassesGradient() && n.grad->buffer().get() == b;
+      DPT_CHECK(own || passed) << "layer '" << n.label << "' returned the gradient of input " << k
+                               << " in an activation buffer not planned for it ('" << b->label()
+                               << "')";
     }
     AddGradient(n.inputs[k], *dxs_[k]);
   }

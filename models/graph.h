@@ -80,6 +80,9 @@ class Graph {
   // reads them; the last segment's are still there. The same numbers, at the cost of about one
   // more forward a step. `segment_nodes` > 0 cuts every that many nodes (the tests); 0 chooses the
   // cut that holds the fewest bytes (about the square root of the outputs' bytes, for a chain).
+  // It relies on every layer's forward giving the same bits the second time (every op's forward
+  // is deterministic on both backends; a forward that is not would make a segment's recomputed
+  // outputs disagree with what later segments read).
   void set_recompute(bool on, size_t segment_nodes = 0) {
     recompute_ = on;
     segment_nodes_ = segment_nodes;

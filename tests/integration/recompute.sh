@@ -2,10 +2,11 @@
 # SPDX-License-Identifier: Apache-2.0
 # memory.recompute: resnet8 trained with activation recompute says so on the start line, holds a
 # lower peak, and gives the same bits as the run without it (every step's loss and gradient norm,
-# the evaluation, the final checkpoint's parameters): on 1 process in fp32, and on 2 ranks in
-# bf16 with 2 micro-steps a step. Under a memory.limit the run without it does not fit (exit 4,
-# the hint names memory.recompute), the run with it trains. `dptrain plan` shows the recomputed activations' row and a
-# smaller total. The numbers per layer are the unit tests' (RecomputeTest).
+# the evaluation, the final checkpoint's parameters): on 1 process in fp32, on 2 ranks in bf16
+# with 2 micro-steps a step, and on 2 ranks with sharded gradients. Under a memory.limit the run
+# without it does not fit (exit 4, the hint names memory.recompute) and the run with it trains.
+# `dptrain plan` shows the recomputed activations' row and a smaller total. The numbers per layer
+# are the unit tests' (RecomputeTest).
 # shellcheck disable=SC2034  # CASE is read by expect_ok (lib.sh)
 # shellcheck source=lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -73,13 +74,14 @@ else
   skip "the final checkpoints hold the same parameters (no python3 with h5py)"
 fi
 
-# A budget between the two peaks: the run that does not fit is told about memory.recompute, and
-# with it the same run trains.
-CASE="memory.limit = 30MiB without memory.recompute: out of memory, the hint names it"
+# A budget half way between the two peaks: the run that does not fit is told about
+# memory.recompute, and with it the same run trains.
+limit=$(( ($(awk '{ print $NF }' <<<"$off") + $(awk '{ print $NF }' <<<"$on")) / 2 ))
+CASE="memory.limit = $limit bytes without memory.recompute: out of memory, the hint names it"
 expect_fail 4 "or set memory.recompute = true" -- "$DPTRAIN" "${RUN[@]}" --set dist.threads=2 \
-  --set memory.limit=30MiB --set "run_dir=$TMP/oom"
-CASE="memory.limit = 30MiB with memory.recompute = true: trains"
-expect_ok -- "$DPTRAIN" "${RUN[@]}" --set dist.threads=2 --set memory.limit=30MiB \
+  --set "memory.limit=$limit" --set "run_dir=$TMP/oom"
+CASE="memory.limit = $limit bytes with memory.recompute = true: trains"
+expect_ok -- "$DPTRAIN" "${RUN[@]}" --set dist.threads=2 --set "memory.limit=$limit" \
   --set memory.recompute=true --set "run_dir=$TMP/fits"
 check "the same bits as the run without a limit" same_bits "$off" "$(summary "$TMP/fits")"
 
@@ -92,6 +94,18 @@ expect_ok -- "${MPI2[@]}" "$DPTRAIN" "${RUN[@]}" "${BF16[@]}" --set memory.recom
   --set "run_dir=$TMP/on2"
 on2=$(summary "$TMP/on2")
 check "the same losses, gradient norms and evaluation to the bit" same_bits "$off2" "$on2"
+
+# Sharded gradients: a group's gradients are bound before its first node's backward, with the
+# recompute running in between.
+SHARD=(--set dist.shard=gradients --set dist.threads=1)
+CASE="fp32, 2 ranks, dist.shard = gradients, memory.recompute = false"
+expect_ok -- "${MPI2[@]}" "$DPTRAIN" "${RUN[@]}" "${SHARD[@]}" --set "run_dir=$TMP/off3"
+off3=$(summary "$TMP/off3")
+CASE="fp32, 2 ranks, dist.shard = gradients, memory.recompute = true"
+expect_ok -- "${MPI2[@]}" "$DPTRAIN" "${RUN[@]}" "${SHARD[@]}" --set memory.recompute=true \
+  --set "run_dir=$TMP/on3"
+check "the same losses, gradient norms and evaluation to the bit" same_bits "$off3" \
+  "$(summary "$TMP/on3")"
 
 CASE="dptrain plan with memory.recompute = true"
 plan_total() {

@@ -561,6 +561,26 @@ std::unique_ptr<Graph> BuildThreeReaders(Backend& be) {
   return g;
 }
 
+// Residual sums with a folded ReLU (which hand their inputs the gradient in their output buffer)
+// whose inputs pass it on: a sum without a ReLU, and a batch norm's folded ReLU read by the sum
+// alone. With activation recompute that buffer must outlive the segments in between.
+std::unique_ptr<Graph> BuildAddReluChain(Backend& be) {
+  auto g = std::make_unique<Graph>(be);
+  g->Add(std::make_unique<Conv2d>(be, "a", 8, 3, 1, 1, false));       // 0
+  g->Add(std::make_unique<BatchNorm>(be, "bn_a"));                    // 1
+  g->Add(std::make_unique<Relu>(be, "r1"));                           // 2 (folded, 1 reader)
+  g->Add(std::make_unique<Conv2d>(be, "b", 8, 3, 1, 1, false), {0});  // 3
+  g->Add(std::make_unique<BatchNorm>(be, "bn_b"));                    // 4
+  g->Add(std::make_unique<Add>(be, "sum1"), {2, 4});                  // 5 (passes dy on)
+  g->Add(std::make_unique<Conv2d>(be, "c", 8, 3, 1, 1, true), {0});   // 6
+  g->Add(std::make_unique<Add>(be, "sum2"), {5, 6});                  // 7
+  g->Add(std::make_unique<Relu>(be, "r2"));                           // 8 (folded into sum2)
+  g->Add(std::make_unique<Pool2d>(be, "gap", PoolKind::kAvg, 0, 0, 0));
+  g->Add(std::make_unique<Flatten>(be, "flat"));
+  g->Add(std::make_unique<Linear>(be, "fc", 10, true));
+  return g;
+}
+
 // Input gradients in one shared buffer (Graph::set_share_input_grads) change no number, on the
 // zoo's plain and residual networks and on every join; and the graph holds fewer bytes.
 TEST(InputGradSharingTest, ChangesNoNumberAndHoldsLess) {
@@ -661,11 +681,10 @@ TEST(InputGradSharingTest, AnUndeclaredPassThroughIsCaught) {
 // Setup batch.
 TEST(RecomputeTest, ChangesNoNumber) {
   Backend& be = GetBackend("cpu");
-  const std::vector<std::pair<std::string, Shape>> models = {{"ref_cnn", Shape{1, 28, 28}},
-                                                             {"resnet8", Shape{3, 32, 32}},
-                                                             {"mlp", Shape{1, 28, 28}},
-                                                             {"every_join", Shape{3, 8, 8}},
-                                                             {"three_readers", Shape{3, 8, 8}}};
+  const std::vector<std::pair<std::string, Shape>> models = {
+      {"ref_cnn", Shape{1, 28, 28}},     {"resnet8", Shape{3, 32, 32}},
+      {"mlp", Shape{1, 28, 28}},         {"every_join", Shape{3, 8, 8}},
+      {"three_readers", Shape{3, 8, 8}}, {"add_relu_chain", Shape{3, 8, 8}}};
   for (const Precision prec : {Precision::kF32, Precision::kBF16}) {
     if (!be.Supports(Conv2dDesc{1, 1, 1, 1, 1, 1, 1, 1, 0, true, prec})) continue;
     for (const auto& model : models) {
@@ -675,9 +694,10 @@ TEST(RecomputeTest, ChangesNoNumber) {
       std::vector<int64_t> dims{n};
       dims.insert(dims.end(), sample.dims().begin(), sample.dims().end());
       const auto train = [&](bool recompute, size_t every, size_t* segments) {
-        auto net = name == "every_join"      ? BuildEveryJoin(be)
-                   : name == "three_readers" ? BuildThreeReaders(be)
-                                             : BuildZooModel(be, name, 10);
+        auto net = name == "every_join"       ? BuildEveryJoin(be)
+                   : name == "three_readers"  ? BuildThreeReaders(be)
+                   : name == "add_relu_chain" ? BuildAddReluChain(be)
+                                              : BuildZooModel(be, name, 10);
         net->set_recompute(recompute, every);
         Model m(be, std::move(net), sample);
         m.Setup(n + 2, prec);
