@@ -55,19 +55,21 @@ int RunPlanCommand(const TrainConfig& cfg, int ranks, bool json) {
   int64_t budget = static_cast<int64_t>(cfg.memory.limit_bytes);
   if (budget == 0 && !gpu_elsewhere) budget = static_cast<int64_t>(be.allocator().Capacity());
   // The plan for each dist.shard, the configured one in full. Groups as training cuts them.
-  const auto plan_for = [&](ShardMode mode) {
-    Model model(be, BuildNet(be, cfg.model, cfg.memory, input), input);
+  const auto plan_for = [&](ShardMode mode, bool recompute) {
+    MemoryConfig mem = cfg.memory;
+    mem.recompute = recompute;
+    Model model(be, BuildNet(be, cfg.model, mem, input), input);
     model.Setup(micro, cfg.train.precision,
                 ShardedFlatLayout(mode, world, static_cast<size_t>(cfg.dist.bucket_mb) << 20));
     MemoryPlan p = PlanMemory(model, slots, loss, budget, PlanSharding(mode, world));
     p.precision = ConfigName(cfg.train.precision);
     return p;
   };
-  MemoryPlan plan = plan_for(cfg.dist.shard);
+  MemoryPlan plan = plan_for(cfg.dist.shard, cfg.memory.recompute);
   std::optional<MemoryPlan> direct;
   if (winograd) {
     be.SetWinograd(false);
-    direct = plan_for(cfg.dist.shard);
+    direct = plan_for(cfg.dist.shard, cfg.memory.recompute);
     be.SetWinograd(true);
     plan.winograd_direct_total = direct->total;
     plan.winograd_direct_max_micro_batch = direct->max_micro_batch;
@@ -83,11 +85,16 @@ int RunPlanCommand(const TrainConfig& cfg, int ranks, bool json) {
     advice_micro = std::min(fitted.max_micro_batch, local);
     while (local % advice_micro != 0) --advice_micro;
   }
+  // With memory.recompute off, what turning it on would take (as configured otherwise).
+  std::optional<MemoryPlan> recomputed;
+  if (!cfg.memory.recompute) recomputed = plan_for(cfg.dist.shard, true);
+  const bool recompute_fits = recomputed && budget > 0 && recomputed->total <= budget;
   // Per rank by dist.shard (only with more than one rank: nothing to shard on one).
   std::vector<std::pair<ShardMode, MemoryPlan>> shards;
   if (world > 1) {
     for (ShardMode mode : {ShardMode::kNone, ShardMode::kOptimizer, ShardMode::kGradients}) {
-      shards.emplace_back(mode, mode == cfg.dist.shard ? plan : plan_for(mode));
+      shards.emplace_back(mode,
+                          mode == cfg.dist.shard ? plan : plan_for(mode, cfg.memory.recompute));
     }
   }
   if (json) {
@@ -104,6 +111,10 @@ int RunPlanCommand(const TrainConfig& cfg, int ranks, bool json) {
     if (!fits) {
       j["advice"] = {{"micro_batch", advice_micro},
                      {"accumulate", advice_micro > 0 ? local / advice_micro : 0}};
+    }
+    if (recomputed) {
+      j["recompute_total_bytes"] = recomputed->total;
+      j["recompute_max_micro_batch"] = recomputed->max_micro_batch;
     }
     if (!shards.empty()) {
       nlohmann::json rows = nlohmann::json::array();
@@ -148,19 +159,30 @@ int RunPlanCommand(const TrainConfig& cfg, int ranks, bool json) {
         (plan.total - direct->total) >> 20, direct->total >> 20,
         gives_way ? "; they do not fit, so training gives them up and runs direct" : "");
   }
+  if (recomputed) {
+    fmt::print("memory.recompute = true would need {} MiB{}, for about one more forward a step\n",
+               recomputed->total >> 20,
+               budget > 0 ? fmt::format(" (the largest micro-batch that fits: {})",
+                                        recomputed->max_micro_batch)
+                          : "");
+  }
+  const std::string or_recompute =
+      recompute_fits
+          ? fmt::format(", or memory.recompute = true ({} MiB: fits)", recomputed->total >> 20)
+          : "";
   if (!fits && advice_micro == 0) {
     fmt::print(
         "does NOT fit: {} MiB needed, {} MiB available, and not even one sample fits: the "
         "parameters, gradients and optimizer state alone need {} MiB; use dist.shard, "
-        "train.precision = \"bf16\", a smaller model, or a larger memory.limit\n",
-        fitted.total >> 20, budget >> 20, fitted.fixed >> 20);
+        "train.precision = \"bf16\", a smaller model, or a larger memory.limit{}\n",
+        fitted.total >> 20, budget >> 20, fitted.fixed >> 20, or_recompute);
   } else if (!fits) {
     fmt::print(
         "does NOT fit: {} MiB needed, {} MiB available; micro-batch {} fits (up to {}): set "
         "train.accumulate = {} (the global batch and the maths stay the same), or "
-        "train.precision = \"bf16\"\n",
+        "train.precision = \"bf16\"{}\n",
         fitted.total >> 20, budget >> 20, advice_micro, fitted.max_micro_batch,
-        local / advice_micro);
+        local / advice_micro, or_recompute);
   }
   return kExitOk;
 }

@@ -120,4 +120,23 @@ check "and a smaller total than without it" python3 -c \
   "import sys; a, b = map(float, sys.argv[1:3]); print(a, '->', b, 'MiB'); sys.exit(not b < a)" \
   "$(plan_total)" "$(plan_total --set memory.recompute=true)"
 
+# With it off, the plan says what it would take, and where the config does not fit a budget that
+# the recomputed run fits, names it in the advice.
+PLAN=(plan --config "$DPTRAIN_SRC/configs/resnet8.toml" --set data.train=synthetic --set data.test=)
+CASE="dptrain plan without memory.recompute"
+expect_ok -- "$DPTRAIN" "${PLAN[@]}"
+check "says what memory.recompute = true would need" \
+  grep -Eq '^memory.recompute = true would need [0-9]+ MiB' "$TMP/last.out"
+mid=$(python3 -c "import sys; print(int((float(sys.argv[1]) + float(sys.argv[2])) / 2))" \
+  "$(plan_total)" "$(plan_total --set memory.recompute=true)")
+CASE="dptrain plan under memory.limit = ${mid}MiB, between the two totals"
+expect_ok -- "$DPTRAIN" "${PLAN[@]}" --set "memory.limit=${mid}MiB"
+check "does not fit, and the advice names memory.recompute, which fits" \
+  grep -Eq '^does NOT fit: .*, or memory.recompute = true \([0-9]+ MiB: fits\)$' "$TMP/last.out"
+CASE="dptrain plan --json"
+expect_ok -- "$DPTRAIN" "${PLAN[@]}" --json
+check "recompute_total_bytes below total_bytes" python3 -c \
+  "import json, sys; j = json.load(open(sys.argv[1])); sys.exit(not 0 < j['recompute_total_bytes'] < j['total_bytes'])" \
+  "$TMP/last.out"
+
 finish
