@@ -642,35 +642,49 @@ TEST(InputGradSharingTest, AChainNeedsTwoBuffers) {
   }
 }
 
-// A layer that hands back the gradient it was given without saying so (Layer::PassesGradient)
-// would have its buffer reused while an earlier layer still reads it: the graph refuses.
-TEST(InputGradSharingTest, AnUndeclaredPassThroughIsCaught) {
-  class Sneaky final : public Layer {
-   public:
-    explicit Sneaky(Backend& be) : Layer(be, "sneaky") {}
-    std::string type() const override { return "sneaky"; }
-    Shape Setup(const Shape& in, const SetupOptions& /*opts*/) override { return in; }
-    const Tensor& Forward(const Tensor& x, const ForwardContext& /*ctx*/) override { return x; }
-    const Tensor& Backward(const Tensor& dy, bool /*accumulate*/) override { return dy; }
-  };
-  Backend& be = GetBackend("cpu");
+// A layer that returns its input as its output and hands back the gradient it was given, and
+// says so only for the gradient when told to (Layer::PassesGradient; never ForwardPassesInput).
+class Sneaky final : public Layer {
+ public:
+  Sneaky(Backend& be, bool declares_gradient)
+      : Layer(be, "sneaky"), declares_gradient_(declares_gradient) {}
+  std::string type() const override { return "sneaky"; }
+  Shape Setup(const Shape& in, const SetupOptions& /*opts*/) override { return in; }
+  const Tensor& Forward(const Tensor& x, const ForwardContext& /*ctx*/) override { return x; }
+  const Tensor& Backward(const Tensor& dy, bool /*accumulate*/) override { return dy; }
+  bool PassesGradient() const override { return declares_gradient_; }
+
+ private:
+  bool declares_gradient_;
+};
+
+// Two convolutions, a Sneaky, a flatten and a linear layer, set up for batches of 2 x (2, 6, 6).
+std::unique_ptr<Model> SneakyModel(Backend& be, bool declares_gradient, size_t recompute_every) {
   auto g = std::make_unique<Graph>(be);
   g->Add(std::make_unique<Conv2d>(be, "c0", 4, 3, 1, 1, true));
   g->Add(std::make_unique<Conv2d>(be, "c1", 4, 3, 1, 1, true));
-  g->Add(std::make_unique<Sneaky>(be));
+  g->Add(std::make_unique<Sneaky>(be, declares_gradient));
   g->Add(std::make_unique<Flatten>(be, "flat"));
   g->Add(std::make_unique<Linear>(be, "fc", 3, true));
-  Model m(be, std::move(g), Shape{2, 6, 6});
-  m.Setup(2, Precision::kF32);
-  m.InitParams(1);
+  g->set_recompute(recompute_every > 0, recompute_every);
+  auto m = std::make_unique<Model>(be, std::move(g), Shape{2, 6, 6});
+  m->Setup(2, Precision::kF32);
+  m->InitParams(1);
+  return m;
+}
+
+// A layer that hands back the gradient it was given without saying so (Layer::PassesGradient)
+// would have its buffer reused while an earlier layer still reads it: the graph refuses.
+TEST(InputGradSharingTest, AnUndeclaredPassThroughIsCaught) {
+  Backend& be = GetBackend("cpu");
+  const auto m = SneakyModel(be, /*declares_gradient=*/false, /*recompute_every=*/0);
   ForwardContext ctx;
   ctx.training = true;
-  const Shape batch{2, 2, 6, 6};
-  Tensor x = testing::ToDevice(be, testing::RandomUniform(2 * 2 * 6 * 6, 1), batch);
-  const Tensor& y = m.Forward(x, ctx);
+  Tensor x = testing::ToDevice(be, testing::RandomUniform(2 * 2 * 6 * 6, 1), Shape{2, 2, 6, 6});
+  const Tensor& y = m->Forward(x, ctx);
   Tensor dy =
       testing::ToDevice(be, testing::RandomUniform(static_cast<size_t>(y.numel()), 2), y.shape());
-  EXPECT_THAT([&] { m.Backward(dy, false); },
+  EXPECT_THAT([&] { m->Backward(dy, false); },
               ThrowsMessage<InternalError>(HasSubstr("layer 'sneaky' returned the gradient")));
 }
 
@@ -748,30 +762,12 @@ TEST(RecomputeTest, HoldsLess) {
 // A layer that returns its input as its output without saying so (Layer::ForwardPassesInput)
 // would have its readers read a buffer another segment writes over: the graph refuses.
 TEST(RecomputeTest, AnUndeclaredForwardPassThroughIsCaught) {
-  class Sneaky final : public Layer {
-   public:
-    explicit Sneaky(Backend& be) : Layer(be, "sneaky") {}
-    std::string type() const override { return "sneaky"; }
-    Shape Setup(const Shape& in, const SetupOptions& /*opts*/) override { return in; }
-    const Tensor& Forward(const Tensor& x, const ForwardContext& /*ctx*/) override { return x; }
-    const Tensor& Backward(const Tensor& dy, bool /*accumulate*/) override { return dy; }
-    bool PassesGradient() const override { return true; }
-  };
   Backend& be = GetBackend("cpu");
-  auto g = std::make_unique<Graph>(be);
-  g->Add(std::make_unique<Conv2d>(be, "c0", 4, 3, 1, 1, true));
-  g->Add(std::make_unique<Conv2d>(be, "c1", 4, 3, 1, 1, true));
-  g->Add(std::make_unique<Sneaky>(be));
-  g->Add(std::make_unique<Flatten>(be, "flat"));
-  g->Add(std::make_unique<Linear>(be, "fc", 3, true));
-  g->set_recompute(true, 1);
-  Model m(be, std::move(g), Shape{2, 6, 6});
-  m.Setup(2, Precision::kF32);
-  m.InitParams(1);
+  const auto m = SneakyModel(be, /*declares_gradient=*/true, /*recompute_every=*/1);
   ForwardContext ctx;
   ctx.training = true;
   Tensor x = testing::ToDevice(be, testing::RandomUniform(2 * 2 * 6 * 6, 1), Shape{2, 2, 6, 6});
-  EXPECT_THAT([&] { m.Forward(x, ctx); },
+  EXPECT_THAT([&] { m->Forward(x, ctx); },
               ThrowsMessage<InternalError>(HasSubstr("layer 'sneaky' returned its output")));
 }
 
