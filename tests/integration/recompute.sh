@@ -85,27 +85,25 @@ expect_ok -- "$DPTRAIN" "${RUN[@]}" --set dist.threads=2 --set "memory.limit=$li
   --set memory.recompute=true --set "run_dir=$TMP/fits"
 check "the same bits as the run without a limit" same_bits "$off" "$(summary "$TMP/fits")"
 
-BF16=(--set train.precision=bf16 --set train.accumulate=2 --set dist.threads=1)
-CASE="bf16, 2 ranks x 2 micro-steps, memory.recompute = false"
-expect_ok -- "${MPI2[@]}" "$DPTRAIN" "${RUN[@]}" "${BF16[@]}" --set "run_dir=$TMP/off2"
-off2=$(summary "$TMP/off2")
-CASE="bf16, 2 ranks x 2 micro-steps, memory.recompute = true"
-expect_ok -- "${MPI2[@]}" "$DPTRAIN" "${RUN[@]}" "${BF16[@]}" --set memory.recompute=true \
-  --set "run_dir=$TMP/on2"
-on2=$(summary "$TMP/on2")
-check "the same losses, gradient norms and evaluation to the bit" same_bits "$off2" "$on2"
-
+# on_off WHAT DIR ARGS...: 2 ranks trained with ARGS, memory.recompute off and on, give the same
+# bits.
+on_off() {
+  local what=$1 dir=$2
+  shift 2
+  CASE="$what, memory.recompute = false"
+  expect_ok -- "${MPI2[@]}" "$DPTRAIN" "${RUN[@]}" "$@" --set "run_dir=$TMP/${dir}_off"
+  CASE="$what, memory.recompute = true"
+  expect_ok -- "${MPI2[@]}" "$DPTRAIN" "${RUN[@]}" "$@" --set memory.recompute=true \
+    --set "run_dir=$TMP/${dir}_on"
+  check "the same losses, gradient norms and evaluation to the bit" same_bits \
+    "$(summary "$TMP/${dir}_off")" "$(summary "$TMP/${dir}_on")"
+}
+on_off "bf16, 2 ranks x 2 micro-steps" bf16 --set train.precision=bf16 --set train.accumulate=2 \
+  --set dist.threads=1
 # Sharded gradients: a group's gradients are bound before its first node's backward, with the
 # recompute running in between.
-SHARD=(--set dist.shard=gradients --set dist.threads=1)
-CASE="fp32, 2 ranks, dist.shard = gradients, memory.recompute = false"
-expect_ok -- "${MPI2[@]}" "$DPTRAIN" "${RUN[@]}" "${SHARD[@]}" --set "run_dir=$TMP/off3"
-off3=$(summary "$TMP/off3")
-CASE="fp32, 2 ranks, dist.shard = gradients, memory.recompute = true"
-expect_ok -- "${MPI2[@]}" "$DPTRAIN" "${RUN[@]}" "${SHARD[@]}" --set memory.recompute=true \
-  --set "run_dir=$TMP/on3"
-check "the same losses, gradient norms and evaluation to the bit" same_bits "$off3" \
-  "$(summary "$TMP/on3")"
+on_off "fp32, 2 ranks, dist.shard = gradients" shard --set dist.shard=gradients \
+  --set dist.threads=1
 
 CASE="dptrain plan with memory.recompute = true"
 plan_total() {
