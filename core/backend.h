@@ -53,6 +53,10 @@ struct Conv2dDesc {
   // that alone reads y writes it (BatchNormArgs::dx_bf16, PoolDesc::dx_bf16): the rounding the
   // backward applies to an f32 dy anyway.
   bool dy_bf16 = false;
+  // The forward and the weight gradient read x in bf16 (bf16 precision only), as the batch norm
+  // whose output only this convolution reads writes it (BatchNormArgs::y_bf16): the rounding the
+  // convolution applies to an f32 x anyway, without the f32 copy and the pass that rounded it.
+  bool x_bf16 = false;
   int64_t out_h() const { return (h + 2 * pad - dilation * (r - 1) - 1) / stride + 1; }
   int64_t out_w() const { return (w + 2 * pad - dilation * (s - 1) - 1) / stride + 1; }
   int64_t group_c() const { return c / groups; }  // input channels each output channel sees
@@ -154,6 +158,10 @@ struct BatchNormArgs {
   // whose backward reads its dy so (Conv2dDesc::dy_bf16): the rounding it would apply to an f32
   // dx itself, without the f32 copy. Backends that run it say so (Backend::Supports).
   bool dx_bf16 = false;
+  // Forward writes y in bf16 (rounded to nearest even), for the bf16 convolution that alone reads
+  // it (Conv2dDesc::x_bf16): the same bits that convolution would round an f32 y to. Backward
+  // still reads x (the folded ReLU's gate comes from x; see CpuBackend::BatchNormBackward).
+  bool y_bf16 = false;
 };
 
 // How batch norm sees its input x, (N, C) or (N, C, H, W): per channel c, n samples of hw
@@ -253,9 +261,9 @@ class Backend {
   // A fusion, not an op a model needs: a backend without it answers no and the graph runs the
   // convolution and the pool as two ops.
   virtual bool Supports(const ConvPoolDesc& /*d*/) const { return false; }
-  // Batch norm runs everywhere; its options beyond that (BatchNormArgs::dx_bf16) where the
+  // Batch norm runs everywhere; its options beyond that (BatchNormArgs::dx_bf16, y_bf16) where the
   // backend says so.
-  virtual bool Supports(const BatchNormArgs& a) const { return !a.dx_bf16; }
+  virtual bool Supports(const BatchNormArgs& a) const { return !a.dx_bf16 && !a.y_bf16; }
   // Whether the graph should keep 4-D activations channels-last (NHWC) between the ops that take
   // them (convolution, batch norm, pooling, the elementwise ops): the CPU backend's convolutions
   // run on NHWC without a reorder in and out of each. A backend that says yes supports the

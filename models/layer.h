@@ -156,6 +156,17 @@ class Layer {
   // gradient in bf16 for the bf16 convolution whose output it alone reads (Conv2d::OfferBf16Dy:
   // a batch norm, a non-overlapping max pool after the folded ReLU).
   virtual bool CanWriteBf16Dx(const Shape& /*in*/, bool /*nhwc*/) const { return false; }
+  // The other direction: a bf16 convolution whose input only it reads (directly or through a
+  // folded ReLU) offers, before Setup, to read that input in bf16 (Conv2dDesc::x_bf16). A batch
+  // norm takes the offer at its Setup where the backend runs both (BatchNormArgs::y_bf16, and
+  // the reader's CanReadBf16Input for the shape) and tells the reader either way
+  // (ReadBf16Input), before the reader's own Setup; a folded ReLU passes the offer on to the
+  // layer it is folded into. The same bits, without the f32 output and the pass that rounded it.
+  virtual void OfferBf16Output(Layer& /*reader*/) {}
+  virtual bool CanReadBf16Input(const Shape& /*in*/, bool /*nhwc*/, Precision /*p*/) const {
+    return false;
+  }
+  virtual void ReadBf16Input(bool /*bf16*/) {}
   // Whether Backward may return the gradient it was given (dy, or a view of it) as an input's
   // gradient (a folded ReLU, a flatten that is a view, a residual sum): the graph then keeps the
   // buffer holding dy until that input's producer is done with it. Graph::BackwardNode checks it.

@@ -106,7 +106,8 @@ void CpuBackend::Fill(Tensor* t, float value) {
 // fp32 runs natively, fp16 is emulated (operands and results rounded to fp16, see Staged), bf16
 // needs oneDNN's bf16 kernels.
 bool CpuBackend::Supports(const Conv2dDesc& d) const {
-  return d.Valid() && PrecisionOk(d.precision) && (!d.dy_bf16 || d.precision == Precision::kBF16);
+  return d.Valid() && PrecisionOk(d.precision) &&
+         ((!d.dy_bf16 && !d.x_bf16) || d.precision == Precision::kBF16);
 }
 bool CpuBackend::Supports(const LinearDesc& d) const {
   return d.n > 0 && d.in > 0 && d.out > 0 && PrecisionOk(d.precision);

@@ -14,6 +14,7 @@
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "core/cpu/cpu_backend.h"
 #include "core/error.h"
@@ -118,7 +119,16 @@ struct Staged {
   memory::desc user, inner;
   bool same = true;
   bool half = false;
-  Tensor buf, rounded;
+  // A staged input the backward reads again (Holds, Again) has one copy per layer sharing the
+  // plan (AddCopy): two same-shaped convolutions (a ResNet stage's) each find their own input
+  // staged in backward, instead of the later forward's. In() restages into the copy that holds
+  // the tensor already, else into the least recently staged one. Outputs use copies[0].
+  struct Copy {
+    Tensor buf, rounded;
+    mutable const void* src = nullptr;  // the tensor staged here last (null: none, or failed)
+    mutable uint64_t used = 0;          // when (Staged::clock)
+  };
+  std::vector<Copy> copies;
   dnnl::reorder to_inner, to_user;
 
   // `share`: a Staged whose buffers this one may use too (the same inner layout and rounding,
@@ -126,18 +136,27 @@ struct Staged {
   void Init(CpuBackend& be, const dnnl::engine& eng, const memory::desc& user_md,
             const memory::desc& inner_md, const std::string& label, bool round_half = false,
             bool is_input = false, const Staged* share = nullptr);
+  // One more copy of an input's buffers (none when the primitive reads the caller's tensor); the
+  // bytes it holds.
+  size_t AddCopy(CpuBackend& be);
   // The primitive's input memory holding t's values (rounded to fp16 when `half`).
   memory In(const dnnl::engine& eng, dnnl::stream& st, const Tensor& t) const;
-  // Whether the last In() staged the tensor at t's address, and that staged memory again (valid
-  // while t's values are those it had then: the caller's promise, see Conv2dBackward).
-  bool Holds(const Tensor& t) const { return last_src == t.raw(); }
+  // Whether a copy holds the tensor at t's address as the last In() of it staged it, and that
+  // staged memory again (valid while t's values are those it had then: the caller's promise,
+  // see Conv2dBackward).
+  bool Holds(const Tensor& t) const { return Holding(t) != nullptr; }
   // Whether `other`'s primitive reads the same staged memory: one inner layout, one rounding.
   bool ReadsLike(const Staged& other) const { return inner == other.inner && half == other.half; }
   memory Again(const dnnl::engine& eng, const Tensor& t) const;
-  mutable const void* last_src = nullptr;
   // The primitive's output memory for t; call Out() after the primitive ran.
   memory OutMem(const dnnl::engine& eng, const Tensor& t) const;
   void Out(const dnnl::engine& eng, dnnl::stream& st, const Tensor& t) const;
+
+ private:
+  const Copy* Holding(const Tensor& t) const;
+  std::string label_;
+  bool is_input_ = false;
+  mutable uint64_t clock_ = 0;
 };
 
 // The bytes a plan holds in staging buffers and other tensors (OpPlan::held_bytes).
@@ -205,7 +224,7 @@ struct PoolPlan final : OpPlan {
 inline auto ConvKey(const Conv2dDesc& d) {
   return std::make_tuple(d.n, d.c, d.h, d.w, d.k, d.r, d.s, d.stride, d.pad, d.bias,
                          static_cast<int>(d.precision), d.groups, d.dilation, d.relu, d.x_nhwc,
-                         d.y_nhwc, d.dy_bf16);
+                         d.y_nhwc, d.dy_bf16, d.x_bf16);
 }
 inline auto LinearKey(const LinearDesc& d) {
   return std::make_tuple(d.n, d.in, d.out, d.bias, static_cast<int>(d.precision));
@@ -231,6 +250,18 @@ struct CpuBackend::Impl {
   bool winograd_planned = false;  // a convolution planned by Winograd since it was set (mu)
 
   void Reserve(CpuBackend& be, const memory::desc& md);
+  // A cached conv2d / linear plan handed to one more layer: while the cache and the layers
+  // holding it (slot.use_count(), the caller not yet among them) outnumber its staged copies of
+  // x, one more, so that every layer's backward finds the input its forward staged.
+  template <class P>
+  std::shared_ptr<P> Shared(CpuBackend& be, const std::shared_ptr<P>& slot) {
+    while (static_cast<long>(slot->f_x.copies.size()) < slot.use_count()) {
+      const size_t added = slot->f_x.AddCopy(be);
+      if (added == 0) break;
+      slot->held_bytes += added;
+    }
+    return slot;
+  }
   memory Mem(const memory::desc& md, const Tensor& t) const { return memory(md, engine, t.raw()); }
   memory Scratch(const memory::desc& md) {
     if (md.get_size() > 0) Reserve(*owner, md);
@@ -261,13 +292,14 @@ struct CpuBackend::Impl {
   };
 
   // Completes a conv2d / linear plan from its three passes: the staging between the caller's
-  // layouts (x_user, w_user, y_user, f32; dy_user, y_user's or bf16 for Conv2dDesc::dy_bf16) and
+  // layouts (x_user, f32 or bf16 for Conv2dDesc::x_bf16; dx_user, w_user, y_user, f32; dy_user,
+  // y_user's or bf16 for Conv2dDesc::dy_bf16) and
   // the primitives' own, the scratchpad, the weight-gradient accumulators. `op` names the buffers
   // ("conv2d").
   void Finish(CpuBackend& be, WeightedPlan* p, const std::string& op, bool half,
               const PassPrimitive& fwd, const PassPrimitive& data, const PassPrimitive& weights,
-              const memory::desc& x_user, const memory::desc& w_user, const memory::desc& y_user,
-              const memory::desc& dy_user, const Shape& w_shape) {
+              const memory::desc& x_user, const memory::desc& dx_user, const memory::desc& w_user,
+              const memory::desc& y_user, const memory::desc& dy_user, const Shape& w_shape) {
     p->fwd = fwd.prim;
     p->bwd_data = data.prim;
     p->bwd_w = weights.prim;
@@ -284,7 +316,7 @@ struct CpuBackend::Impl {
     // (DyForData), and a separate call restages it there: one buffer for both.
     p->d_dy.Init(be, engine, dy_user, data.a, op + " staged dy", half, in, &p->w_dy);
     p->d_w.Init(be, engine, w_user, data.b, op + " staged weight", half, in);
-    p->d_dx.Init(be, engine, x_user, data.out, op + " staged dx", half);
+    p->d_dx.Init(be, engine, dx_user, data.out, op + " staged dx", half);
     p->w_dw.Init(be, engine, w_user, weights.out, op + " staged dw", half);
     Reserve(be, p->fwd_scratch);
     Reserve(be, p->data_scratch);

@@ -20,7 +20,7 @@ std::shared_ptr<OpPlan> CpuBackend::PrepareConv2d(const Conv2dDesc& d) {
   if (!Supports(d)) DPT_THROW(UnsupportedError) << "cpu: conv2d " << d.ToString();
   std::lock_guard<std::mutex> lock(impl_->mu);
   auto& slot = impl_->conv[ConvKey(d)];
-  if (slot) return slot;
+  if (slot) return impl_->Shared(*this, slot);
   auto p = std::make_shared<ConvPlan>();
   p->d = d;
   p->bias = d.bias;
@@ -107,6 +107,9 @@ std::shared_ptr<OpPlan> CpuBackend::PrepareConv2d(const Conv2dDesc& d) {
   }
   auto& [fwd, data, weights] = planned;
   p->winograd = wino;
+  // x as the caller hands it (Conv2dDesc::x_bf16); dx is f32 either way.
+  const memory::desc x_given =
+      d.x_bf16 ? memory::desc(xs, Dt::bf16, d.x_nhwc ? Tag::nhwc : Tag::nchw) : x_user;
   using Pass = Impl::PassPrimitive;
   Pass weights_pass = Pass::Weights(weights);
   p->unfold = UnfoldsWeightGradient(d);
@@ -120,14 +123,14 @@ std::shared_ptr<OpPlan> CpuBackend::PrepareConv2d(const Conv2dDesc& d) {
     p->weights_matmul = true;
     const auto mm = DPT_DNNL(dnnl::matmul::primitive_desc(
         dnnl::matmul::desc(p->w_dy_view, p->cols_md, p->w_dw_view), attr, eng));
-    weights_pass = {dnnl::primitive(mm), x_user, memory::desc(ys, Dt::bf16, Tag::bacd),
+    weights_pass = {dnnl::primitive(mm), x_given, memory::desc(ys, Dt::bf16, Tag::bacd),
                     memory::desc(ws, Dt::f32, Tag::acdb), mm.scratchpad_desc()};
     p->cols = Empty(Shape{rows * taps}, DType::kBF16, "conv2d unfolded input");
   }
   const memory::desc dy_user =
       d.dy_bf16 ? memory::desc(ys, Dt::bf16, d.y_nhwc ? Tag::nhwc : Tag::nchw) : y_user;
   impl_->Finish(*this, p.get(), "conv2d", d.precision == Precision::kF16, Pass::Forward(fwd),
-                Pass::Data(data), weights_pass, x_user, w_user, y_user, dy_user,
+                Pass::Data(data), weights_pass, x_given, x_user, w_user, y_user, dy_user,
                 Shape{d.k, d.group_c(), d.r, d.s});
   p->held_bytes += p->cols.defined() ? p->cols.bytes() : 0;
   slot = p;
@@ -183,14 +186,21 @@ namespace {
 DPT_SIMD_CLONES void ToBf16(const float* in, uint16_t* out, int64_t n) {
   for (int64_t j = 0; j < n; ++j) out[j] = Bf16Bits(in[j]);
 }
+
+// x's dtype (f32, or bf16 for Conv2dDesc::x_bf16) and size.
+void CheckX(const Conv2dDesc& d, const Tensor& x) {
+  DPT_CHECK(x.dtype() == (d.x_bf16 ? DType::kBF16 : DType::kF32))
+      << "conv2d x: " << DTypeName(x.dtype()) << " for " << d.ToString();
+  DPT_CHECK(x.numel() == d.n * d.c * d.h * d.w) << x.shape().ToString() << " for " << d.ToString();
+}
 }  // namespace
 
 void Unfold(const ConvPlan& p, const Tensor& x) {
   const Conv2dDesc& d = p.d;
-  CheckF32(x, "conv2d x");
-  DPT_CHECK(d.x_nhwc && x.numel() == d.n * d.c * d.h * d.w)
-      << x.shape().ToString() << " for " << d.ToString();
-  const float* in = x.data<float>();
+  CheckX(d, x);
+  DPT_CHECK(d.x_nhwc) << "unfolded " << d.ToString();
+  const float* in = d.x_bf16 ? nullptr : x.data<float>();
+  const auto* in16 = d.x_bf16 ? static_cast<const uint16_t*>(x.raw()) : nullptr;
   auto* cols = static_cast<uint16_t*>(p.cols.raw());
   const int64_t oh = d.out_h(), ow = d.out_w(), rows = d.n * oh * ow, taps = d.r * d.s * d.c;
 #pragma omp parallel for if (rows * taps > kParallelMin)
@@ -203,6 +213,8 @@ void Unfold(const ConvPlan& p, const Tensor& x) {
         const int64_t iw = j * d.stride - d.pad + s * d.dilation;
         if (ih < 0 || ih >= d.h || iw < 0 || iw >= d.w) {
           std::fill_n(out, d.c, uint16_t{0});
+        } else if (in16 != nullptr) {
+          std::copy_n(in16 + ((n * d.h + ih) * d.w + iw) * d.c, d.c, out);
         } else {
           ToBf16(in + ((n * d.h + ih) * d.w + iw) * d.c, out, d.c);
         }
@@ -216,9 +228,7 @@ void CpuBackend::Conv2dForward(const OpPlan& plan, const Tensor& x, const Tensor
   OpScope scope(this, "conv2d_fwd");
   const auto& p = static_cast<const ConvPlan&>(plan);
   scope.set_flops(p.d.flops());
-  CheckF32(x, "conv2d x");
-  DPT_CHECK(x.numel() == p.d.n * p.d.c * p.d.h * p.d.w)
-      << x.shape().ToString() << " for " << p.d.ToString();
+  CheckX(p.d, x);
   DPT_CHECK(!p.d.bias || b != nullptr) << "conv2d with bias needs a bias tensor";
   impl_->Forward(p, x, w, b, y);
 }
@@ -243,6 +253,7 @@ void CpuBackend::Conv2dBackwardWeights(const OpPlan& plan, const Tensor& x, cons
                                        Tensor* dw, Tensor* db, bool accumulate) {
   OpScope scope(this, "conv2d_bwd_weights");
   const auto& p = static_cast<const ConvPlan&>(plan);
+  CheckX(p.d, x);
   CheckDy(p.d, dy);
   scope.set_flops(p.d.flops());
   impl_->BackwardWeights(p, x, dy, dw, db, accumulate);
@@ -252,6 +263,7 @@ void CpuBackend::Conv2dBackward(const OpPlan& plan, const Tensor& x, const Tenso
                                 const Tensor& w, Tensor* dx, Tensor* dw, Tensor* db,
                                 bool accumulate) {
   const auto& p = static_cast<const ConvPlan&>(plan);
+  CheckX(p.d, x);
   CheckDy(p.d, dy);
   WeightedBackward(plan, p.d.flops(), "conv2d_bwd_weights", "conv2d_bwd_data", x, dy, w, dx, dw, db,
                    accumulate);

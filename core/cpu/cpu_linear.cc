@@ -15,7 +15,7 @@ std::shared_ptr<OpPlan> CpuBackend::PrepareLinear(const LinearDesc& d) {
   if (!Supports(d)) DPT_THROW(UnsupportedError) << "cpu: linear " << d.ToString();
   std::lock_guard<std::mutex> lock(impl_->mu);
   auto& slot = impl_->linear[LinearKey(d)];
-  if (slot) return slot;
+  if (slot) return impl_->Shared(*this, slot);
   auto p = std::make_shared<LinearPlan>();
   p->d = d;
   p->bias = d.bias;
@@ -50,7 +50,7 @@ std::shared_ptr<OpPlan> CpuBackend::PrepareLinear(const LinearDesc& d) {
                 {dnnl::primitive(fwd), x_in, w_in, y_user, fwd.scratchpad_desc()},
                 {dnnl::primitive(data), dy_in, w_in, x_user, data.scratchpad_desc()},
                 {dnnl::primitive(weights), x_in, dy_in, w_user, weights.scratchpad_desc()}, x_user,
-                w_user, y_user, y_user, Shape{d.out, d.in});
+                x_user, w_user, y_user, y_user, Shape{d.out, d.in});
   slot = p;
   return p;
 }

@@ -38,17 +38,6 @@ DPT_SIMD_CLONES void RunMoments(const float* p, int64_t n, double shift, double*
   *s2 += b;
 }
 
-DPT_SIMD_CLONES void RunAffine(const float* p, float* q, int64_t n, ew::BnAffine affine,
-                               bool relu) {
-  if (relu) {
-#pragma omp simd
-    for (int64_t j = 0; j < n; ++j) q[j] = ew::Relu(ew::BnApply(p[j], affine));
-  } else {
-#pragma omp simd
-    for (int64_t j = 0; j < n; ++j) q[j] = ew::BnApply(p[j], affine);
-  }
-}
-
 // The backward loops over one run, with dy as the batch norm's own output sees it: `dy_at(j)`
 // is dy[j], or dy[j] gated by the folded ReLU's output (ew::ReluGrad). That output is not read:
 // the gate is the forward's affine value recomputed from x (ew::BnFold of the saved mean and
@@ -95,6 +84,29 @@ DPT_CLONE_INLINE void Store(uint16_t* dx, int64_t n, V value) {
     Bf16Bits16(v, dx + j0);
   }
   for (; j0 < n; ++j0) dx[j0] = Bf16Bits(value(j0));
+}
+
+// y of one run, x * scale + shift (then ReLU), stored in f32 or in bf16 (BatchNormArgs::y_bf16)
+// as Store rounds.
+template <class T>
+DPT_CLONE_INLINE void AffineRun(const float* p, T* q, int64_t n, ew::BnAffine affine, bool relu) {
+  if (relu) {
+    Store(
+        q, n, [&](int64_t j) __attribute__((always_inline)) {
+          return ew::Relu(ew::BnApply(p[j], affine));
+        });
+  } else {
+    Store(
+        q, n, [&](int64_t j) __attribute__((always_inline)) { return ew::BnApply(p[j], affine); });
+  }
+}
+DPT_SIMD_CLONES void RunAffine(const float* p, float* q, int64_t n, ew::BnAffine affine,
+                               bool relu) {
+  AffineRun(p, q, n, affine, relu);
+}
+DPT_SIMD_CLONES void RunAffine(const float* p, uint16_t* q, int64_t n, ew::BnAffine affine,
+                               bool relu) {
+  AffineRun(p, q, n, affine, relu);
 }
 
 // dx of one run; dx may be the folded ReLU's output (each element is read before it is written).
@@ -194,20 +206,33 @@ DPT_SIMD_CLONES void RowsMoments(const float* x, const double* shift, int64_t r0
   for (int64_t r = r0; r < r1; ++r) RowMoments(x + r * c, shift, c, s1, s2);
 }
 
-// rows [r0, r1) of y = x * scale + shift (then ReLU).
-DPT_SIMD_CLONES void RowsAffine(const float* x, float* y, int64_t r0, int64_t r1, int64_t c,
-                                const float* scale, const float* shift, bool relu) {
+// rows [r0, r1) of y = x * scale + shift (then ReLU), y in f32 or bf16 (as AffineRun).
+template <class T>
+DPT_CLONE_INLINE void AffineRows(const float* x, T* y, int64_t r0, int64_t r1, int64_t c,
+                                 const float* scale, const float* shift, bool relu) {
   for (int64_t r = r0; r < r1; ++r) {
     const float* p = x + r * c;
-    float* q = y + r * c;
+    T* q = y + r * c;
     if (relu) {
-#pragma omp simd
-      for (int64_t j = 0; j < c; ++j) q[j] = ew::Relu(ew::BnApply(p[j], {scale[j], shift[j]}));
+      Store(
+          q, c, [&](int64_t j) __attribute__((always_inline)) {
+            return ew::Relu(ew::BnApply(p[j], {scale[j], shift[j]}));
+          });
     } else {
-#pragma omp simd
-      for (int64_t j = 0; j < c; ++j) q[j] = ew::BnApply(p[j], {scale[j], shift[j]});
+      Store(
+          q, c, [&](int64_t j) __attribute__((always_inline)) {
+            return ew::BnApply(p[j], {scale[j], shift[j]});
+          });
     }
   }
+}
+DPT_SIMD_CLONES void RowsAffine(const float* x, float* y, int64_t r0, int64_t r1, int64_t c,
+                                const float* scale, const float* shift, bool relu) {
+  AffineRows(x, y, r0, r1, c, scale, shift, relu);
+}
+DPT_SIMD_CLONES void RowsAffine(const float* x, uint16_t* y, int64_t r0, int64_t r1, int64_t c,
+                                const float* scale, const float* shift, bool relu) {
+  AffineRows(x, y, r0, r1, c, scale, shift, relu);
 }
 
 // Per-channel backward terms of the NHWC loops: the saved mean, the dx terms (ew::BnDxTerms, one
@@ -338,9 +363,11 @@ DPT_SIMD_CLONES void RowsGradGated(const float* g, const float* x, uint16_t* dx,
   RowsGradAny<true>(1, g, x, dx, r0, r1, c, t, nullptr, nullptr);
 }
 
+// out: float, or uint16_t for bf16 (BatchNormArgs::y_bf16).
+template <class T>
 void BatchNormTrainingNhwc(const BatchNormArgs& a, int64_t m, int64_t c, const float* in,
                            const float* gamma, const float* beta, float* running_mean,
-                           float* running_var, float* out, float* save_mean, float* save_invstd) {
+                           float* running_var, T* out, float* save_mean, float* save_invstd) {
   const RowBlocks b = SplitRows(m, c);
   std::vector<double> part(static_cast<size_t>(2 * b.count * c), 0.0);
   const std::vector<double> shift(in, in + c);  // row 0
@@ -375,9 +402,10 @@ void BatchNormTrainingNhwc(const BatchNormArgs& a, int64_t m, int64_t c, const f
   }
 }
 
+template <class T>
 void BatchNormInferenceNhwc(const BatchNormArgs& a, int64_t m, int64_t c, const float* in,
                             const float* gamma, const float* beta, const float* running_mean,
-                            const float* running_var, float* out) {
+                            const float* running_var, T* out) {
   std::vector<float> scale(static_cast<size_t>(c)), offset(static_cast<size_t>(c));
   for (int64_t j = 0; j < c; ++j) {
     const ew::BnAffine affine =
@@ -449,6 +477,13 @@ void BatchNormBackwardNhwc(int64_t m, int64_t c, const float* x, const float* g,
   }
 }
 
+// y's dtype (f32, or bf16 for BatchNormArgs::y_bf16) and size.
+void CheckY(const BatchNormArgs& a, const Tensor& x, const Tensor& y) {
+  DPT_CHECK(y.dtype() == (a.y_bf16 ? DType::kBF16 : DType::kF32))
+      << "batch norm y: " << DTypeName(y.dtype()) << (a.y_bf16 ? ", bf16 wanted" : "");
+  CheckSame(x, y, "batch norm y");
+}
+
 }  // namespace
 
 void CpuBackend::BatchNormForwardTraining(const BatchNormArgs& a, const Tensor& x,
@@ -458,12 +493,21 @@ void CpuBackend::BatchNormForwardTraining(const BatchNormArgs& a, const Tensor& 
   OpScope scope(this, "batchnorm_fwd");
   const BatchNormDims d = BatchNormShape(x.shape());
   const float* in = x.data<float>();
-  float* out = y->data<float>();
+  CheckY(a, x, *y);
+  float* out = a.y_bf16 ? nullptr : y->data<float>();
+  auto* out16 = a.y_bf16 ? static_cast<uint16_t*>(y->raw()) : nullptr;
   const int64_t m = d.n * d.hw;
   if (a.nhwc) {
-    BatchNormTrainingNhwc(a, m, d.c, in, gamma.data<float>(), beta.data<float>(),
-                          running_mean->data<float>(), running_var->data<float>(), out,
-                          save_mean->data<float>(), save_invstd->data<float>());
+    const auto run = [&](auto* o) {
+      BatchNormTrainingNhwc(a, m, d.c, in, gamma.data<float>(), beta.data<float>(),
+                            running_mean->data<float>(), running_var->data<float>(), o,
+                            save_mean->data<float>(), save_invstd->data<float>());
+    };
+    if (a.y_bf16) {
+      run(out16);
+    } else {
+      run(out);
+    }
     return;
   }
 #pragma omp parallel for if (m * d.c > kParallelMin)
@@ -479,7 +523,11 @@ void CpuBackend::BatchNormForwardTraining(const BatchNormArgs& a, const Tensor& 
         ew::BnFold(gamma.data<float>()[c], beta.data<float>()[c], static_cast<float>(mean), invstd);
     for (int64_t i = 0; i < d.n; ++i) {
       const int64_t off = (i * d.c + c) * d.hw;
-      RunAffine(in + off, out + off, d.hw, affine, a.relu);
+      if (a.y_bf16) {
+        RunAffine(in + off, out16 + off, d.hw, affine, a.relu);
+      } else {
+        RunAffine(in + off, out + off, d.hw, affine, a.relu);
+      }
     }
     save_mean->data<float>()[c] = static_cast<float>(mean);
     save_invstd->data<float>()[c] = static_cast<float>(invstd);
@@ -497,10 +545,19 @@ void CpuBackend::BatchNormForwardInference(const BatchNormArgs& a, const Tensor&
   OpScope scope(this, "batchnorm_infer");
   const BatchNormDims d = BatchNormShape(x.shape());
   const float* in = x.data<float>();
-  float* out = y->data<float>();
+  CheckY(a, x, *y);
+  float* out = a.y_bf16 ? nullptr : y->data<float>();
+  auto* out16 = a.y_bf16 ? static_cast<uint16_t*>(y->raw()) : nullptr;
   if (a.nhwc) {
-    BatchNormInferenceNhwc(a, d.n * d.hw, d.c, in, gamma.data<float>(), beta.data<float>(),
-                           running_mean.data<float>(), running_var.data<float>(), out);
+    const auto run = [&](auto* o) {
+      BatchNormInferenceNhwc(a, d.n * d.hw, d.c, in, gamma.data<float>(), beta.data<float>(),
+                             running_mean.data<float>(), running_var.data<float>(), o);
+    };
+    if (a.y_bf16) {
+      run(out16);
+    } else {
+      run(out);
+    }
     return;
   }
 #pragma omp parallel for if (d.n * d.c * d.hw > kParallelMin)
@@ -510,7 +567,11 @@ void CpuBackend::BatchNormForwardInference(const BatchNormArgs& a, const Tensor&
                                            running_mean.data<float>()[c], invstd);
     for (int64_t i = 0; i < d.n; ++i) {
       const int64_t off = (i * d.c + c) * d.hw;
-      RunAffine(in + off, out + off, d.hw, affine, a.relu);
+      if (a.y_bf16) {
+        RunAffine(in + off, out16 + off, d.hw, affine, a.relu);
+      } else {
+        RunAffine(in + off, out + off, d.hw, affine, a.relu);
+      }
     }
   }
 }

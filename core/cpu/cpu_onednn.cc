@@ -7,6 +7,7 @@
 #include <dnnl.hpp>
 #include <set>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "core/cpu/cpu_backend_impl.h"
@@ -43,54 +44,83 @@ void Staged::Init(CpuBackend& be, const dnnl::engine& eng, const memory::desc& u
   inner = inner_md;
   same = user_md == inner_md;
   half = round_half;
+  label_ = label;
+  is_input_ = is_input;
+  copies.assign(1, Copy{});
   if (share != nullptr && ReadsLike(*share) && share->user == user_md) {
-    buf = share->buf;
-    rounded = share->rounded;
+    copies[0].buf = share->copies[0].buf;
+    copies[0].rounded = share->copies[0].rounded;
     to_inner = share->to_inner;
     to_user = share->to_user;
     return;
   }
-  if (half && is_input) {
-    rounded = be.Empty(Shape{static_cast<int64_t>(user_md.get_size() / sizeof(float))}, DType::kF32,
-                       label + " (fp16 values)");
+  if (!same) {
+    to_inner = dnnl::reorder(memory(user_md, eng, nullptr), memory(inner_md, eng, nullptr));
+    to_user = dnnl::reorder(memory(inner_md, eng, nullptr), memory(user_md, eng, nullptr));
   }
-  if (same) return;
-  buf = be.Empty(Shape{static_cast<int64_t>(inner_md.get_size())}, DType::kU8, label);
-  to_inner = dnnl::reorder(memory(user_md, eng, nullptr), memory(inner_md, eng, nullptr));
-  to_user = dnnl::reorder(memory(inner_md, eng, nullptr), memory(user_md, eng, nullptr));
+  copies.clear();
+  (void)AddCopy(be);
+}
+
+size_t Staged::AddCopy(CpuBackend& be) {
+  Copy c;
+  if (half && is_input_) {
+    c.rounded = be.Empty(Shape{static_cast<int64_t>(user.get_size() / sizeof(float))}, DType::kF32,
+                         label_ + " (fp16 values)");
+  }
+  if (!same) c.buf = be.Empty(Shape{static_cast<int64_t>(inner.get_size())}, DType::kU8, label_);
+  const size_t bytes =
+      (c.buf.defined() ? c.buf.bytes() : 0) + (c.rounded.defined() ? c.rounded.bytes() : 0);
+  if (!copies.empty() && bytes == 0) return 0;
+  copies.push_back(std::move(c));
+  return bytes;
+}
+
+const Staged::Copy* Staged::Holding(const Tensor& t) const {
+  for (const Copy& c : copies) {
+    if (c.src != nullptr && c.src == t.raw()) return &c;
+  }
+  return nullptr;
 }
 
 memory Staged::In(const dnnl::engine& eng, dnnl::stream& st, const Tensor& t) const {
+  const Copy* c = Holding(t);
+  if (c == nullptr) {
+    c = &copies[0];
+    for (const Copy& o : copies) c = o.used < c->used ? &o : c;
+  }
+  c->used = ++clock_;
+  c->src = nullptr;  // until staged: a failed reorder leaves nothing to reuse
   void* src_ptr = t.raw();
   if (half) {
-    RoundToHalf(t.data<float>(), rounded.data<float>(), rounded.numel());
-    src_ptr = rounded.raw();
+    RoundToHalf(t.data<float>(), c->rounded.data<float>(), c->rounded.numel());
+    src_ptr = c->rounded.raw();
   }
-  last_src = nullptr;  // until staged: a failed reorder leaves nothing to reuse
   if (same) {
-    last_src = t.raw();
+    c->src = t.raw();
     return memory(user, eng, src_ptr);
   }
   memory src(user, eng, src_ptr);
-  memory in(inner, eng, buf.raw());
+  memory in(inner, eng, c->buf.raw());
   to_inner.execute(st, src, in);
-  last_src = t.raw();
+  c->src = t.raw();
   return in;
 }
 
 memory Staged::Again(const dnnl::engine& eng, const Tensor& t) const {
-  DPT_CHECK(Holds(t)) << "staged operand asked again for another tensor";
-  void* src_ptr = half ? rounded.raw() : t.raw();
-  return same ? memory(user, eng, src_ptr) : memory(inner, eng, buf.raw());
+  const Copy* c = Holding(t);
+  DPT_CHECK(c != nullptr) << "staged operand asked again for another tensor";
+  void* src_ptr = half ? c->rounded.raw() : t.raw();
+  return same ? memory(user, eng, src_ptr) : memory(inner, eng, c->buf.raw());
 }
 
 memory Staged::OutMem(const dnnl::engine& eng, const Tensor& t) const {
-  return same ? memory(user, eng, t.raw()) : memory(inner, eng, buf.raw());
+  return same ? memory(user, eng, t.raw()) : memory(inner, eng, copies[0].buf.raw());
 }
 
 void Staged::Out(const dnnl::engine& eng, dnnl::stream& st, const Tensor& t) const {
   if (!same) {
-    memory src(inner, eng, buf.raw());
+    memory src(inner, eng, copies[0].buf.raw());
     memory dst(user, eng, t.raw());
     to_user.execute(st, src, dst);
   }
@@ -105,8 +135,10 @@ size_t HeldBytes(std::initializer_list<const Staged*> staged,
     if (t.defined() && seen.insert(t.raw()).second) n += t.bytes();
   };
   for (const Staged* st : staged) {
-    add(st->buf);
-    add(st->rounded);
+    for (const Staged::Copy& c : st->copies) {
+      add(c.buf);
+      add(c.rounded);
+    }
   }
   for (const Tensor* t : tensors) n += t->defined() ? t->bytes() : 0;
   return n;

@@ -390,7 +390,7 @@ void CudaBackend::FlushDeviceTimers() {
 // architecture this binary is built for (7.5+). Activations are NCHW here (PrefersChannelsLast
 // is false: 16-bit convolutions go channels-last inside the op, cuda_conv.cc).
 bool CudaBackend::Supports(const Conv2dDesc& d) const {
-  return ConvFitsLegacyDescriptors(d) && !d.x_nhwc && !d.y_nhwc && !d.dy_bf16 &&
+  return ConvFitsLegacyDescriptors(d) && !d.x_nhwc && !d.y_nhwc && !d.dy_bf16 && !d.x_bf16 &&
          (d.precision != Precision::kBF16 || identity_.cc_major >= 8);
 }
 

@@ -15,9 +15,20 @@ Shape BatchNorm::Setup(const Shape& in, const SetupOptions& opts) {
   need_dx_ = opts.need_dx;
   args_.dx_bf16 = conv_ != nullptr && conv_->reads_dy_bf16();
   DPT_CHECK(need_dx_ || !args_.dx_bf16) << label() << ": a bf16 input gradient nobody reads";
+  // y in bf16 for the bf16 convolution that alone reads it; not without need_dx, where the
+  // backward writes its f32 dx over the output buffer.
+  args_.y_bf16 = false;
+  if (reader_ != nullptr) {
+    BatchNormArgs a = args_;
+    a.y_bf16 = true;
+    args_.y_bf16 = need_dx_ && in.rank() == 4 && backend_.Supports(a) &&
+                   reader_->CanReadBf16Input(in, args_.nhwc, opts.precision);
+    reader_->ReadBf16Input(args_.y_bf16);
+  }
   save_mean_ = backend_.Empty(Shape{channels_}, DType::kF32, label() + " saved mean");
   save_invstd_ = backend_.Empty(Shape{channels_}, DType::kF32, label() + " saved invstd");
-  out_ = OutputBuffer(backend_, opts, in, DType::kF32, label() + " output");
+  out_ = OutputBuffer(backend_, opts, in, args_.y_bf16 ? DType::kBF16 : DType::kF32,
+                      label() + " output");
   // A forward run again takes its running update here, where nothing reads it.
   discard_mean_ = discard_var_ = Tensor();
   if (opts.recompute) {

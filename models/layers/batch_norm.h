@@ -20,10 +20,12 @@ class BatchNorm final : public Layer {
   void ListBuffers(std::vector<ParamRef>* out) override;
   const Tensor& Forward(const Tensor& x, const ForwardContext& ctx) override;
   const Tensor& Backward(const Tensor& dy, bool accumulate) override;
-  // the output (f32) and the input gradient (f32, or bf16 for a convolution that reads it so)
+  // the output and the input gradient (each f32, or bf16 for a convolution that reads it so)
   int64_t ActivationBytesPerSample() const override {
-    return (4 + (args_.dx_bf16 ? 2 : 4)) * per_sample_;
+    return ((args_.y_bf16 ? 2 : 4) + (args_.dx_bf16 ? 2 : 4)) * per_sample_;
   }
+  // The convolution that alone reads the output may read it in bf16 (Layer::OfferBf16Output).
+  void OfferBf16Output(Layer& reader) override { reader_ = &reader; }
   // A convolution's batch norm offers to write its gradient in bf16 (Conv2d::OfferBf16Dy).
   void FoldIntoInput(Layer& producer) override;
   bool CanWriteBf16Dx(const Shape& in, bool nhwc) const override;
@@ -42,7 +44,8 @@ class BatchNorm final : public Layer {
   bool need_dx_ = true;
   bool gate_handed_ = false;  // the max pool after the folded ReLU gates dy (HandOverReluGate)
   BatchNormArgs args_;
-  Conv2d* conv_ = nullptr;  // the convolution this batch norm alone reads (FoldIntoInput)
+  Conv2d* conv_ = nullptr;   // the convolution this batch norm alone reads (FoldIntoInput)
+  Layer* reader_ = nullptr;  // the convolution that alone reads this output (OfferBf16Output)
   Tensor gamma_, beta_, ggamma_, gbeta_, running_mean_, running_var_;
   Tensor save_mean_, save_invstd_;
   Tensor discard_mean_, discard_var_;  // the running update of a recomputed forward

@@ -27,6 +27,7 @@ Shape Conv2d::Setup(const Shape& in, const SetupOptions& opts) {
   desc_.relu = relu_;
   desc_.x_nhwc = opts.nhwc_in;
   desc_.y_nhwc = opts.nhwc_out;
+  desc_.x_bf16 = x_bf16_;
   DPT_CHECK_AS(ConfigError, groups_ > 0 && in[1] % groups_ == 0 && out_channels_ % groups_ == 0)
       << "conv2d '" << name_ << "': groups " << groups_ << " must divide the " << in[1]
       << " input channels and the " << out_channels_ << " output channels";
@@ -63,11 +64,22 @@ Shape Conv2d::Setup(const Shape& in, const SetupOptions& opts) {
     d.dy_bf16 = true;
     desc_.dy_bf16 = backend_.Supports(d) && dy_writer_->CanWriteBf16Dx(out, desc_.y_nhwc);
   }
+  plan_.reset();  // a cached plan counts the layers holding it (one staged input each)
   plan_ = backend_.PrepareConv2d(desc_);
   out_ = OutputBuffer(backend_, opts, out, DType::kF32, label() + " output");
   if (need_dx_)
     dx_buf_ = InputGradBuffer(backend_, opts, 0, in, DType::kF32, label() + " input gradient");
   return out;
+}
+
+bool Conv2d::CanReadBf16Input(const Shape& in, bool nhwc, Precision p) const {
+  if (pool_offered_ || p != Precision::kBF16 || in.rank() != 4) return false;
+  Conv2dDesc d{in[0],   in[1], in[2], in[3], out_channels_, kernel_,  kernel_,
+               stride_, pad_,  bias_, p,     groups_,       dilation_};
+  d.relu = relu_;
+  d.x_nhwc = d.y_nhwc = nhwc;
+  d.x_bf16 = true;
+  return backend_.Supports(d);
 }
 
 void Conv2d::ListParams(std::vector<ParamRef>* out) {

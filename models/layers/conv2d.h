@@ -57,6 +57,11 @@ class Conv2d final : public Layer {
   // own Setup. The same bits, without the f32 gradient and the pass that rounded it.
   void OfferBf16Dy(const Layer* writer) { dy_writer_ = writer; }
   bool reads_dy_bf16() const { return !pool_fused_ && desc_.dy_bf16; }
+  // Reading x in bf16 (Layer::OfferBf16Output): offered to the layer whose output only this one
+  // reads, which answers before this layer's Setup.
+  void FoldIntoInput(Layer& producer) override { producer.OfferBf16Output(*this); }
+  bool CanReadBf16Input(const Shape& in, bool nhwc, Precision p) const override;
+  void ReadBf16Input(bool bf16) override { x_bf16_ = bf16; }
   // What the pool's fused calls read: the input of the last forward, the parameters, gradients.
   const Tensor& input() const { return x_; }
   const Tensor& weight() const { return w_; }
@@ -73,6 +78,7 @@ class Conv2d final : public Layer {
   bool gate_handed_ = false;  // the max pool after the folded ReLU gates dy (HandOverReluGate)
   bool need_dx_ = true;
   bool pool_offered_ = false, pool_fused_ = false;
+  bool x_bf16_ = false;  // ReadBf16Input
   PoolDesc pool_offer_;
   const Layer* dy_writer_ = nullptr;  // OfferBf16Dy
   ConvPoolDesc fused_;

@@ -20,6 +20,7 @@ Shape Linear::Setup(const Shape& in, const SetupOptions& opts) {
                                 << "'); hint: on CPU use train.precision = \"fp32\" or \"bf16\"";
   }
   need_dx_ = opts.need_dx;
+  plan_.reset();  // a cached plan counts the layers holding it (one staged input each)
   plan_ = backend_.PrepareLinear(desc_);
   Shape out{in[0], out_features_};
   out_ = OutputBuffer(backend_, opts, out, DType::kF32, label() + " output");

@@ -16,6 +16,9 @@ class Relu final : public Layer {
   int64_t ActivationBytesPerSample() const override {
     return folded_ ? 0 : 4 * (gate_handed_ ? 1 : 2) * per_sample_;
   }
+  void OfferBf16Output(Layer& reader) override {
+    if (folded_) producer_->OfferBf16Output(reader);
+  }
   void FoldIntoInput(Layer& producer) override {
     folded_ = folded_ || producer.FoldRelu();
     if (folded_) producer_ = &producer;

@@ -372,16 +372,11 @@ TEST_P(BatchNormTest, FoldedReluIsBatchNormThenRelu) {
   }
 }
 
-// BatchNormArgs::dx_bf16 (where the backend runs it): dx written in bf16 is the f32 dx rounded
-// (ew::FloatToBf16), bit for bit, with dgamma and dbeta unchanged; with and without the folded
-// ReLU, NCHW and (on a backend that prefers it) channels-last, the unrolled 16- and 32-channel
-// loops included.
-TEST_P(BatchNormTest, Bf16InputGradientIsTheF32OneRounded) {
-  Backend& be = backend();
-  BatchNormArgs probe;
-  probe.dx_bf16 = true;
-  if (!be.Supports(probe)) GTEST_SKIP() << be.name() << ": no bf16 batch-norm input gradient";
-  uint32_t seed = 7500;
+// The bf16 variants' cases: Cases() and one image per unrolled channel count (16, 32, 64), each
+// NCHW and (on a backend that prefers it) channels-last, with and without the folded ReLU:
+// f(bc, seed) with bc.args set so and a seed of its own, under a trace naming the variant.
+template <class F>
+void ForEachBf16Variant(Backend& be, uint32_t seed, F f) {
   std::vector<BnCase> cases = Cases();
   for (const int64_t c : {16, 32, 64}) cases.push_back({{3, c, 5, 6}, {}});
   for (BnCase bc : cases) {
@@ -393,32 +388,85 @@ TEST_P(BatchNormTest, Bf16InputGradientIsTheF32OneRounded) {
         seed += 10;
         SCOPED_TRACE("x " + bc.shape.ToString() + (nhwc ? " channels-last" : "") +
                      (relu ? " relu" : ""));
-        const int64_t c = bc.shape[1];
-        const std::vector<float> x = RandomUniform(static_cast<size_t>(bc.shape.numel()), seed);
-        const std::vector<float> dy = RandomUniform(x.size(), seed + 1);
-        Tensor x_t = ToDevice(be, x, bc.shape), dy_t = ToDevice(be, dy, bc.shape);
-        Tensor g_t = ToDevice(be, RandomUniform(static_cast<size_t>(c), seed + 2, 0.5f, 1.5f), {c});
-        Tensor b_t = ToDevice(be, RandomUniform(static_cast<size_t>(c), seed + 3), {c});
-        Tensor rm = be.Zeros({c}, DType::kF32, "running mean"),
-               rv = be.Zeros({c}, DType::kF32, "rv");
-        Tensor y = be.Empty(bc.shape, DType::kF32, "y");
-        Tensor sm = be.Empty({c}, DType::kF32, "save mean"), si = be.Empty({c}, DType::kF32, "si");
-        be.BatchNormForwardTraining(bc.args, x_t, g_t, b_t, &rm, &rv, &y, &sm, &si);
-        BatchNormArgs half = bc.args;
-        half.dx_bf16 = true;
-        Tensor dx = be.Empty(bc.shape, DType::kF32, "dx"),
-               dx16 = be.Empty(bc.shape, DType::kBF16, "dx");
-        Tensor dg = be.Zeros({c}, DType::kF32, "dgamma"), db = be.Zeros({c}, DType::kF32, "dbeta");
-        Tensor dg16 = be.Zeros({c}, DType::kF32, "dgamma"), db16 = be.Zeros({c}, DType::kF32, "db");
-        const Tensor* gate = relu ? &y : nullptr;
-        be.BatchNormBackward(bc.args, x_t, dy_t, gate, g_t, b_t, sm, si, &dx, &dg, &db, false);
-        be.BatchNormBackward(half, x_t, dy_t, gate, g_t, b_t, sm, si, &dx16, &dg16, &db16, false);
-        EXPECT_EQ(CountNotRounded(be, dx16, dx), 0);
-        EXPECT_EQ(ToHost(be, dg16), ToHost(be, dg));
-        EXPECT_EQ(ToHost(be, db16), ToHost(be, db));
+        f(bc, seed);
       }
     }
   }
+}
+
+// BatchNormArgs::dx_bf16 (where the backend runs it): dx written in bf16 is the f32 dx rounded
+// (ew::FloatToBf16), bit for bit, with dgamma and dbeta unchanged; with and without the folded
+// ReLU, NCHW and (on a backend that prefers it) channels-last, the unrolled 16- and 32-channel
+// loops included.
+TEST_P(BatchNormTest, Bf16InputGradientIsTheF32OneRounded) {
+  Backend& be = backend();
+  BatchNormArgs probe;
+  probe.dx_bf16 = true;
+  if (!be.Supports(probe)) GTEST_SKIP() << be.name() << ": no bf16 batch-norm input gradient";
+  ForEachBf16Variant(be, 7500, [&](const BnCase& bc, uint32_t seed) {
+    const int64_t c = bc.shape[1];
+    const std::vector<float> x = RandomUniform(static_cast<size_t>(bc.shape.numel()), seed);
+    const std::vector<float> dy = RandomUniform(x.size(), seed + 1);
+    Tensor x_t = ToDevice(be, x, bc.shape), dy_t = ToDevice(be, dy, bc.shape);
+    Tensor g_t = ToDevice(be, RandomUniform(static_cast<size_t>(c), seed + 2, 0.5f, 1.5f), {c});
+    Tensor b_t = ToDevice(be, RandomUniform(static_cast<size_t>(c), seed + 3), {c});
+    Tensor rm = be.Zeros({c}, DType::kF32, "running mean"), rv = be.Zeros({c}, DType::kF32, "rv");
+    Tensor y = be.Empty(bc.shape, DType::kF32, "y");
+    Tensor sm = be.Empty({c}, DType::kF32, "save mean"), si = be.Empty({c}, DType::kF32, "si");
+    be.BatchNormForwardTraining(bc.args, x_t, g_t, b_t, &rm, &rv, &y, &sm, &si);
+    BatchNormArgs half = bc.args;
+    half.dx_bf16 = true;
+    Tensor dx = be.Empty(bc.shape, DType::kF32, "dx"),
+           dx16 = be.Empty(bc.shape, DType::kBF16, "dx");
+    Tensor dg = be.Zeros({c}, DType::kF32, "dgamma"), db = be.Zeros({c}, DType::kF32, "dbeta");
+    Tensor dg16 = be.Zeros({c}, DType::kF32, "dgamma"), db16 = be.Zeros({c}, DType::kF32, "db");
+    const Tensor* gate = bc.args.relu ? &y : nullptr;
+    be.BatchNormBackward(bc.args, x_t, dy_t, gate, g_t, b_t, sm, si, &dx, &dg, &db, false);
+    be.BatchNormBackward(half, x_t, dy_t, gate, g_t, b_t, sm, si, &dx16, &dg16, &db16, false);
+    EXPECT_EQ(CountNotRounded(be, dx16, dx), 0);
+    EXPECT_EQ(ToHost(be, dg16), ToHost(be, dg));
+    EXPECT_EQ(ToHost(be, db16), ToHost(be, db));
+  });
+}
+
+// BatchNormArgs::y_bf16 (where the backend runs it): y written in bf16 is the f32 y rounded
+// (ew::FloatToBf16), bit for bit, in training (the saved and running statistics unchanged) and
+// in inference; as above, on images (the output a convolution reads), tails of fewer than 16
+// values included.
+TEST_P(BatchNormTest, Bf16OutputIsTheF32OneRounded) {
+  Backend& be = backend();
+  BatchNormArgs probe;
+  probe.y_bf16 = true;
+  if (!be.Supports(probe)) GTEST_SKIP() << be.name() << ": no bf16 batch-norm output";
+  ForEachBf16Variant(be, 7800, [&](const BnCase& bc, uint32_t seed) {
+    if (bc.shape.rank() != 4) return;
+    const int64_t c = bc.shape[1];
+    const std::vector<float> x = RandomUniform(static_cast<size_t>(bc.shape.numel()), seed);
+    Tensor x_t = ToDevice(be, x, bc.shape);
+    Tensor g_t = ToDevice(be, RandomUniform(static_cast<size_t>(c), seed + 2, 0.5f, 1.5f), {c});
+    Tensor b_t = ToDevice(be, RandomUniform(static_cast<size_t>(c), seed + 3), {c});
+    BatchNormArgs half = bc.args;
+    half.y_bf16 = true;
+    Tensor y = be.Empty(bc.shape, DType::kF32, "y"), y16 = be.Empty(bc.shape, DType::kBF16, "y");
+    std::vector<float> stats[2];
+    for (const int k : {0, 1}) {
+      Tensor rm = be.Zeros({c}, DType::kF32, "running mean"), rv = be.Zeros({c}, DType::kF32, "rv");
+      Tensor sm = be.Empty({c}, DType::kF32, "save mean"), si = be.Empty({c}, DType::kF32, "si");
+      be.BatchNormForwardTraining(k == 0 ? bc.args : half, x_t, g_t, b_t, &rm, &rv,
+                                  k == 0 ? &y : &y16, &sm, &si);
+      for (const Tensor* t : {&rm, &rv, &sm, &si}) {
+        const std::vector<float> v = ToHost(be, *t);
+        stats[k].insert(stats[k].end(), v.begin(), v.end());
+      }
+    }
+    EXPECT_EQ(CountNotRounded(be, y16, y), 0) << "training";
+    EXPECT_EQ(stats[1], stats[0]);
+    Tensor rm = ToDevice(be, RandomUniform(static_cast<size_t>(c), seed + 4), {c});
+    Tensor rv = ToDevice(be, RandomUniform(static_cast<size_t>(c), seed + 5, 0.5f, 2.f), {c});
+    be.BatchNormForwardInference(bc.args, x_t, g_t, b_t, rm, rv, &y);
+    be.BatchNormForwardInference(half, x_t, g_t, b_t, rm, rv, &y16);
+    EXPECT_EQ(CountNotRounded(be, y16, y), 0) << "inference";
+  });
 }
 
 INSTANTIATE_TEST_SUITE_P(All, BatchNormTest, ::testing::ValuesIn(TestBackends()), BackendParamName);

@@ -442,6 +442,61 @@ TEST_P(ConvTest, Bf16DyChangesNoBit) {
   if (ran == 0) GTEST_SKIP() << be.name() << ": no bf16 dy";
 }
 
+// Conv2dDesc::x_bf16 (bf16, where the backend runs it): x handed over in bf16 gives bit for bit
+// what the same values in f32 give (the convolution rounds an f32 x to bf16 itself): the forward
+// (with the folded ReLU too), both backward passes in one call and the weight gradient alone,
+// accumulating, NCHW and channels-last (the unfolded weight gradient of the small outputs), with
+// dy in bf16 as well.
+TEST_P(ConvTest, Bf16XChangesNoBit) {
+  Backend& be = backend();
+  int ran = 0;
+  uint32_t seed = 9500;
+  for (Conv2dDesc d : Cases(Precision::kBF16)) {
+    for (const bool nhwc : {false, true}) {
+      d.x_nhwc = d.y_nhwc = nhwc;
+      d.x_bf16 = true;
+      d.dy_bf16 = nhwc;
+      d.relu = !nhwc;
+      seed += 10;
+      if (!be.Supports(d)) continue;
+      SCOPED_TRACE(d.ToString());
+      ++ran;
+      Conv2dDesc f32 = d;
+      f32.x_bf16 = false;
+      const auto order = [&](const std::vector<float>& v, const Shape& shape) {
+        return nhwc ? ToNhwc(v, shape) : v;
+      };
+      const std::vector<float> x = order(RandomUniform(XShape(d).numel(), seed), XShape(d)),
+                               w = RandomUniform(WShape(d).numel(), seed + 1),
+                               dy = order(RandomUniform(YShape(d).numel(), seed + 2), YShape(d));
+      Tensor x_t = ToDevice(be, x, XShape(d)), x16_t = ToDeviceBf16(be, x, XShape(d));
+      Tensor w_t = ToDevice(be, w, WShape(d)),
+             b_t = ToDevice(be, RandomUniform(static_cast<size_t>(d.k), seed + 3), Shape{d.k});
+      Tensor dy_t = d.dy_bf16 ? ToDeviceBf16(be, dy, YShape(d)) : ToDevice(be, dy, YShape(d));
+      std::vector<std::vector<float>> got[2];
+      for (const int k : {0, 1}) {
+        const auto plan = be.PrepareConv2d(k == 0 ? f32 : d);
+        const Tensor& in = k == 0 ? x_t : x16_t;
+        Tensor y = be.Empty(YShape(d), DType::kF32, "y"),
+               dx = be.Empty(XShape(d), DType::kF32, "dx"),
+               dw = be.Empty(WShape(d), DType::kF32, "dw"), db = be.Empty({d.k}, DType::kF32, "db");
+        Tensor* bias = d.bias ? &db : nullptr;
+        be.Conv2dForward(*plan, in, w_t, d.bias ? &b_t : nullptr, &y);
+        got[k] = {ToHost(be, y)};
+        be.Conv2dBackward(*plan, in, dy_t, w_t, &dx, &dw, bias, false);
+        got[k].push_back(ToHost(be, dx));
+        got[k].push_back(ToHost(be, dw));
+        if (d.bias) got[k].push_back(ToHost(be, db));
+        be.Conv2dBackwardWeights(*plan, in, dy_t, &dw, bias, true);
+        got[k].push_back(ToHost(be, dw));
+        if (d.bias) got[k].push_back(ToHost(be, db));
+      }
+      EXPECT_EQ(got[1], got[0]);
+    }
+  }
+  if (ran == 0) GTEST_SKIP() << be.name() << ": no bf16 x";
+}
+
 INSTANTIATE_TEST_SUITE_P(All, ConvTest, ::testing::ValuesIn(TestBackends()), BackendParamName);
 
 // train.winograd on the CPU: the 3x3 stride-1 fp32 convolutions with >= 32 channels run by

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <vector>
 
 #include "core/backend.h"
 #include "core/error.h"
@@ -92,6 +93,46 @@ TEST_P(PlanCacheTest, Pool) {
     if (!be.Supports(b)) continue;
     EXPECT_NE(be.PreparePool(b).get(), p1.get()) << "different descriptor, same plan";
   }
+}
+
+// A plan two layers share (two same-shaped convolutions) stages x once per layer that holds it:
+// the first layer's backward finds its own input staged by its forward, not the second layer's
+// (the CPU backend's bf16 staging; one copy more per holder, none for a holder preparing again),
+// and the gradients are those of the layer alone.
+TEST_P(PlanCacheTest, ASharedPlanStagesEachHoldersInput) {
+  Backend& be = backend();
+  Conv2dDesc d = SomeConv();
+  d.n = 3, d.c = 5, d.k = 4, d.precision = Precision::kBF16;
+  d.x_nhwc = d.y_nhwc = true;
+  if (be.device() != Device::kCpu || !be.Supports(d)) {
+    GTEST_SKIP() << be.name() << ": no bf16 channels-last convolution staged on the host";
+  }
+  be.ReleasePlans();
+  const std::shared_ptr<OpPlan> a = be.PrepareConv2d(d);
+  const size_t one = a->held_bytes;
+  std::shared_ptr<OpPlan> b = be.PrepareConv2d(d);
+  ASSERT_EQ(a.get(), b.get());
+  const size_t x_bf16 = static_cast<size_t>(d.n * d.c * d.h * d.w) * 2;
+  EXPECT_EQ(a->held_bytes, one + x_bf16) << "a staged input per holder";
+  b.reset();
+  b = be.PrepareConv2d(d);
+  EXPECT_EQ(a->held_bytes, one + x_bf16) << "the same two holders";
+
+  const Shape xs{d.n, d.c, d.h, d.w}, ws{d.k, d.c, d.r, d.s}, ys{d.n, d.k, d.out_h(), d.out_w()};
+  Tensor xa = ToDevice(be, RandomUniform(xs.numel(), 1), xs);
+  Tensor xb = ToDevice(be, RandomUniform(xs.numel(), 2), xs);
+  Tensor w = ToDevice(be, RandomUniform(ws.numel(), 3), ws),
+         bias = be.Zeros({d.k}, DType::kF32, "b");
+  Tensor dy = ToDevice(be, RandomUniform(ys.numel(), 4), ys);
+  Tensor y = be.Empty(ys, DType::kF32, "y"), dx = be.Empty(xs, DType::kF32, "dx");
+  Tensor dw = be.Empty(ws, DType::kF32, "dw"), db = be.Empty({d.k}, DType::kF32, "db");
+  const auto grads = [&](bool other_between) {
+    be.Conv2dForward(*a, xa, w, &bias, &y);
+    if (other_between) be.Conv2dForward(*b, xb, w, &bias, &y);
+    be.Conv2dBackward(*a, xa, dy, w, &dx, &dw, &db, false);
+    return std::vector<std::vector<float>>{ToHost(be, dx), ToHost(be, dw), ToHost(be, db)};
+  };
+  EXPECT_EQ(grads(true), grads(false));
 }
 
 // Supports answers honestly: empty or impossible shapes are refused (and Prepare* throws
