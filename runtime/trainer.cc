@@ -149,6 +149,13 @@ TrainResult Trainer::Run() {
     if (!winograd) Warn("train.winograd changes nothing: " + why + "; convolutions run direct");
   }
   if (is_root()) {
+    // Asked for, recompute says what it does, nothing included.
+    std::string recompute;
+    if (model_->net().recompute_segments() > 1) {
+      recompute = fmt::format(", recompute ({} segments)", model_->net().recompute_segments());
+    } else if (cfg_.memory.recompute) {
+      recompute = ", recompute: none (no cut of this model holds less)";
+    }
     fmt::print(
         "dptrain: {} ranks x {} threads, model {} ({} parameters), {} train samples, "
         "global batch {} ({} per rank{}), {} steps/epoch, {} steps{}{}{}\n",
@@ -157,10 +164,7 @@ TrainResult Trainer::Run() {
         model_->num_params(), train_->info().size, cfg_.train.global_batch, local_batch_,
         accumulate_ > 1 ? fmt::format(" = {} x {} micro-steps", micro_, accumulate_) : "",
         steps_per_epoch_, total_steps_, cfg_.train.deterministic ? ", deterministic" : "",
-        winograd ? ", winograd" : "",
-        model_->net().recompute_segments() > 1
-            ? fmt::format(", recompute ({} segments)", model_->net().recompute_segments())
-            : "");
+        winograd ? ", winograd" : "", recompute);
     std::fflush(stdout);
   }
 

@@ -67,6 +67,14 @@ check "the start line says recompute (N segments)" \
   grep -Eq ', recompute \([0-9]+ segments\)$' "$TMP/last.out"
 on=$(summary "$TMP/on")
 check "the same losses, gradient norms and evaluation to the bit" same_bits "$off" "$on"
+
+# A model with nothing to cut (one linear layer): asked for, recompute says it does nothing.
+CASE="the linear model, memory.recompute = true"
+expect_ok -- "$DPTRAIN" train --config "$DPTRAIN_SRC/configs/linear.toml" --set train.max_steps=2 \
+  --set data.synthetic_samples=128 --set checkpoint.resume=never --set memory.recompute=true \
+  --set "run_dir=$TMP/linear"
+check "the start line says recompute: none" \
+  grep -q ', recompute: none (no cut of this model holds less)$' "$TMP/last.out"
 check "a peak below 80% of the run without it" lower_peak "$off" "$on"
 if find_h5py_python; then
   check "the final checkpoints hold the same parameters" same_params "$TMP/off" "$TMP/on"
