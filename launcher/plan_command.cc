@@ -35,11 +35,19 @@ int RunPlanCommand(const TrainConfig& cfg, int ranks, bool json) {
   if (cfg.dist.device == DeviceChoice::kAuto) {
     device = BackendAvailable("cuda", &why) ? "cuda" : "cpu";
   }
-  // A plan for GPUs made where there is none (a login node sizing a job): the tensors are the
-  // same on every backend, so the CPU backend builds the model; the device's capacity and
-  // cuDNN's workspaces are unknown here.
+  // A plan for GPUs made where there is none (a login node sizing a job): the CPU backend builds
+  // the model, without what only it runs between layers (its bf16 handoffs and fused conv +
+  // pool: Backend::SetCpuFusions), so that the tensors are those of the CUDA backend; the
+  // device's capacity and cuDNN's workspaces are unknown here.
   const bool gpu_elsewhere = device == "cuda" && !BackendAvailable("cuda", &why);
   Backend& be = GetBackend(gpu_elsewhere ? "cpu" : device);
+  struct Fusions {
+    Backend& be;
+    explicit Fusions(Backend& b, bool on) : be(b) { be.SetCpuFusions(on); }
+    ~Fusions() { be.SetCpuFusions(true); }
+    Fusions(const Fusions&) = delete;
+    Fusions& operator=(const Fusions&) = delete;
+  } fusions(be, !gpu_elsewhere);
   // The input shape comes from the dataset; without opening it, use the zoo model's input (the
   // data's shape is checked at training time), or data.crop's crop of it.
   Shape input = DefaultSampleShape(cfg.model);

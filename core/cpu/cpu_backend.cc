@@ -107,14 +107,14 @@ void CpuBackend::Fill(Tensor* t, float value) {
 // needs oneDNN's bf16 kernels.
 bool CpuBackend::Supports(const Conv2dDesc& d) const {
   return d.Valid() && PrecisionOk(d.precision) &&
-         ((!d.dy_bf16 && !d.x_bf16) || d.precision == Precision::kBF16);
+         ((!d.dy_bf16 && !d.x_bf16) || (d.precision == Precision::kBF16 && fusions_));
 }
 bool CpuBackend::Supports(const LinearDesc& d) const {
   return d.n > 0 && d.in > 0 && d.out > 0 && PrecisionOk(d.precision);
 }
 bool CpuBackend::Supports(const PoolDesc& d) const {
   return d.Valid() && (!d.dx_bf16 || (d.kind == PoolKind::kMax && d.stride >= d.kernel &&
-                                      PrecisionOk(Precision::kBF16)));
+                                      PrecisionOk(Precision::kBF16) && fusions_));
 }
 
 std::string OneDnnVersion() {

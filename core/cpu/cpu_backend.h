@@ -47,7 +47,10 @@ class CpuBackend final : public Backend {
   bool Supports(const LinearDesc& d) const override;
   bool Supports(const PoolDesc& d) const override;
   bool Supports(const ConvPoolDesc& d) const override;  // fp32 and bf16 (cpu_conv_pool.cc)
-  bool Supports(const BatchNormArgs& /*a*/) const override { return true; }
+  bool Supports(const BatchNormArgs& a) const override {
+    return fusions_ || (!a.dx_bf16 && !a.y_bf16);
+  }
+  void SetCpuFusions(bool on) override { fusions_ = on; }
   // Whether conv2d computes its weight gradient as one GEMM over the input unfolded (im2col)
   // rather than oneDNN's convolution kernel: bf16, channels-last on both sides, not grouped, at
   // most 16 output pixels per image (ResNet-18's last stage at 32x32 input, 4x4). There oneDNN
@@ -138,6 +141,7 @@ class CpuBackend final : public Backend {
                         const char* data_op, const Tensor& x, const Tensor& dy, const Tensor& w,
                         Tensor* dx, Tensor* dw, Tensor* db, bool accumulate);
   std::unique_ptr<Impl> impl_;
+  bool fusions_ = true;  // SetCpuFusions
 };
 
 // The oneDNN library this binary runs with, "2.6.3" (for `dptrain info`).

@@ -20,7 +20,7 @@ std::shared_ptr<OpPlan> CpuBackend::PrepareConv2d(const Conv2dDesc& d) {
   if (!Supports(d)) DPT_THROW(UnsupportedError) << "cpu: conv2d " << d.ToString();
   std::lock_guard<std::mutex> lock(impl_->mu);
   auto& slot = impl_->conv[ConvKey(d)];
-  if (slot) return impl_->Shared(*this, slot);
+  if (slot) return fusions_ ? impl_->Shared(*this, slot) : slot;
   auto p = std::make_shared<ConvPlan>();
   p->d = d;
   p->bias = d.bias;

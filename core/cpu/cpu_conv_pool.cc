@@ -331,7 +331,7 @@ DPT_SIMD_CLONES void BackwardSample(const Geometry& g, const float* xp, const fl
 
 bool CpuBackend::Supports(const ConvPoolDesc& d) const {
   // A larger kernel is no first layer's and would not keep its sums local: it runs unfused.
-  return d.Valid() && d.conv.r <= kMaxKernel && d.conv.s <= kMaxKernel &&
+  return fusions_ && d.Valid() && d.conv.r <= kMaxKernel && d.conv.s <= kMaxKernel &&
          d.conv.precision != Precision::kF16 && PrecisionOk(d.conv.precision);
 }
 

@@ -15,7 +15,7 @@ std::shared_ptr<OpPlan> CpuBackend::PrepareLinear(const LinearDesc& d) {
   if (!Supports(d)) DPT_THROW(UnsupportedError) << "cpu: linear " << d.ToString();
   std::lock_guard<std::mutex> lock(impl_->mu);
   auto& slot = impl_->linear[LinearKey(d)];
-  if (slot) return impl_->Shared(*this, slot);
+  if (slot) return fusions_ ? impl_->Shared(*this, slot) : slot;
   auto p = std::make_shared<LinearPlan>();
   p->d = d;
   p->bias = d.bias;

@@ -117,6 +117,11 @@ TEST_P(PlanCacheTest, ASharedPlanStagesEachHoldersInput) {
   b.reset();
   b = be.PrepareConv2d(d);
   EXPECT_EQ(a->held_bytes, one + x_bf16) << "the same two holders";
+  be.SetCpuFusions(false);  // planning for CUDA (dptrain plan): one staged input per plan there
+  std::shared_ptr<OpPlan> c = be.PrepareConv2d(d);
+  be.SetCpuFusions(true);
+  EXPECT_EQ(a->held_bytes, one + x_bf16) << "a third holder while planning for CUDA";
+  c.reset();
 
   const Shape xs{d.n, d.c, d.h, d.w}, ws{d.k, d.c, d.r, d.s}, ys{d.n, d.k, d.out_h(), d.out_w()};
   Tensor xa = ToDevice(be, RandomUniform(xs.numel(), 1), xs);

@@ -142,6 +142,35 @@ TEST(MemoryPlanTest, GradientShardingCountsTwoGroupsOfScratch) {
   }
 }
 
+// `dptrain plan` for a GPU job where there is no GPU builds the model on the CPU backend with its
+// own fusions and bf16 handoffs off (Backend::SetCpuFusions): then a bf16 model plans the f32
+// activations and gradients of the fp32 one, as the CUDA backend allocates them; with them on
+// (training on the CPU) bf16 holds less.
+TEST(MemoryPlanTest, WithoutCpuFusionsBf16PlansTheTensorsOfFp32) {
+  Backend& be = GetBackend("cpu");
+  if (!be.Supports(Conv2dDesc{1, 1, 1, 1, 1, 1, 1, 1, 0, true, Precision::kBF16})) {
+    GTEST_SKIP() << "no bf16 convolutions on this CPU";
+  }
+  const auto activations = [&](const char* zoo, const Shape& in, Precision p, bool fusions) {
+    struct Restore {
+      Backend& be;
+      ~Restore() { be.SetCpuFusions(true); }
+    } restore{be};
+    be.SetCpuFusions(fusions);
+    Model m(be, BuildZooModel(be, zoo, 10), in);
+    m.Setup(8, p);
+    return PlanMemory(m, 1, LossKind::kCrossEntropy, 0).activations();
+  };
+  for (const auto& [zoo, in] :
+       {std::pair{"resnet8", Shape{3, 32, 32}}, std::pair{"ref_cnn", Shape{1, 28, 28}}}) {
+    SCOPED_TRACE(zoo);
+    EXPECT_EQ(activations(zoo, in, Precision::kBF16, false),
+              activations(zoo, in, Precision::kF32, false));
+    EXPECT_LT(activations(zoo, in, Precision::kBF16, true),
+              activations(zoo, in, Precision::kF32, true));
+  }
+}
+
 }  // namespace
 }  // namespace dptrain
 
