@@ -465,4 +465,16 @@ class Backend {
   std::map<std::pair<std::string, std::string>, OpStat> stats_;  // by (node, op)
 };
 
+// Backend::SetCpuFusions(on) for a scope; back on (the default) when it ends, by exception too.
+class ScopedCpuFusions {
+ public:
+  ScopedCpuFusions(Backend& be, bool on) : be_(be) { be_.SetCpuFusions(on); }
+  ~ScopedCpuFusions() { be_.SetCpuFusions(true); }
+  ScopedCpuFusions(const ScopedCpuFusions&) = delete;
+  ScopedCpuFusions& operator=(const ScopedCpuFusions&) = delete;
+
+ private:
+  Backend& be_;
+};
+
 }  // namespace dptrain

@@ -41,13 +41,7 @@ int RunPlanCommand(const TrainConfig& cfg, int ranks, bool json) {
   // device's capacity and cuDNN's workspaces are unknown here.
   const bool gpu_elsewhere = device == "cuda" && !BackendAvailable("cuda", &why);
   Backend& be = GetBackend(gpu_elsewhere ? "cpu" : device);
-  struct Fusions {
-    Backend& be;
-    explicit Fusions(Backend& b, bool on) : be(b) { be.SetCpuFusions(on); }
-    ~Fusions() { be.SetCpuFusions(true); }
-    Fusions(const Fusions&) = delete;
-    Fusions& operator=(const Fusions&) = delete;
-  } fusions(be, !gpu_elsewhere);
+  const ScopedCpuFusions fusions(be, !gpu_elsewhere);
   // The input shape comes from the dataset; without opening it, use the zoo model's input (the
   // data's shape is checked at training time), or data.crop's crop of it.
   Shape input = DefaultSampleShape(cfg.model);

@@ -152,11 +152,7 @@ TEST(MemoryPlanTest, WithoutCpuFusionsBf16PlansTheTensorsOfFp32) {
     GTEST_SKIP() << "no bf16 convolutions on this CPU";
   }
   const auto activations = [&](const char* zoo, const Shape& in, Precision p, bool fusions) {
-    struct Restore {
-      Backend& be;
-      ~Restore() { be.SetCpuFusions(true); }
-    } restore{be};
-    be.SetCpuFusions(fusions);
+    const ScopedCpuFusions scope(be, fusions);
     Model m(be, BuildZooModel(be, zoo, 10), in);
     m.Setup(8, p);
     return PlanMemory(m, 1, LossKind::kCrossEntropy, 0).activations();
