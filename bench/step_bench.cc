@@ -319,9 +319,51 @@ void BatchNormArgsList(benchmark::internal::Benchmark* b) {
   b->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.2);
 }
 
+// Max pooling alone, channels-last, training forward or backward (dx in f32 or bf16): ref_cnn's
+// second pool (batch 256, 14x14 x 64, 2x2 stride 2) and a torchvision ResNet's stem pool (batch
+// 64, 56x56 x 64 from 112x112, 3x3 stride 2 pad 1: overlapping windows).
+void MaxPool(benchmark::State& state) {
+  const bool stem = state.range(0) != 0;
+  PoolDesc d = stem ? PoolDesc{PoolKind::kMax, 64, 64, 112, 112, 3, 2, 1}
+                    : PoolDesc{PoolKind::kMax, 256, 64, 14, 14, 2, 2, 0};
+  d.nhwc = true;
+  d.dx_bf16 = state.range(2) != 0;
+  const bool backward = state.range(1) != 0;
+  Backend& be = GetBackend("cpu");
+  UseThreads(be, static_cast<int>(state.range(3)));
+  if (!be.Supports(d)) return state.SkipWithError("unsupported here");
+  const Shape xs{d.n, d.c, d.h, d.w}, ys{d.n, d.c, d.out_h(), d.out_w()};
+  Tensor x = Random(be, xs), y = Random(be, ys), dy = Random(be, ys);
+  Tensor dx = be.Empty(xs, d.dx_bf16 ? DType::kBF16 : DType::kF32, "dx");
+  const auto plan = be.PreparePool(d);
+  Tensor ws = be.Empty(Shape{static_cast<int64_t>(plan->workspace_bytes)}, DType::kU8, "ws");
+  be.PoolForward(*plan, x, &y, &ws);
+  for (auto _ : state) {
+    if (backward) {
+      be.PoolBackward(*plan, dy, &ws, &dx);
+    } else {
+      be.PoolForward(*plan, x, &y, &ws);
+    }
+    be.Synchronize();
+  }
+}
+
+void MaxPoolArgsList(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"stem", "bwd", "dx_bf16", "threads"});
+  for (int64_t stem : {0, 1}) {
+    for (int64_t threads : {1, 2}) {
+      b->Args({stem, 0, 0, threads});
+      b->Args({stem, 1, 0, threads});
+      if (stem == 0) b->Args({stem, 1, 1, threads});
+    }
+  }
+  b->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.2);
+}
+
 BENCHMARK(Step)->Apply(StepArgs);
 BENCHMARK(Primitive)->Apply(PrimArgs);
 BENCHMARK(BatchNorm)->Apply(BatchNormArgsList);
+BENCHMARK(MaxPool)->Apply(MaxPoolArgsList);
 
 }  // namespace
 }  // namespace dptrain

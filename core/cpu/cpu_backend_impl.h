@@ -203,12 +203,15 @@ struct LinearPlan final : WeightedPlan {
   LinearDesc d;
 };
 
-// Max pooling runs on oneDNN primitives; average pooling on dptrain's own loops over the window
-// arithmetic the CUDA kernels share (core/pool_window.h), which has PyTorch's divisor in ceil
-// mode (oneDNN's include-padding average divides by kernel^2 there). `g` is set for both.
+// Average pooling runs on dptrain's own loops over the window arithmetic the CUDA kernels share
+// (core/pool_window.h), which has PyTorch's divisor in ceil mode (oneDNN's include-padding average
+// divides by kernel^2 there); so does channels-last max pooling (`own`: oneDNN 2.6 transposes
+// channels-last tensors to a blocked layout and back around its kernel, 5x slower than a pass over
+// memory); channels-first max pooling on oneDNN primitives. `g` is set for all.
 struct PoolPlan final : OpPlan {
   PoolDesc d;
   ew::PoolGeom g{};
+  bool own = false;  // max pooling on the loops of cpu_pool.cc (workspace: a window index a byte)
   memory::desc x_md, y_md;
   dnnl::pooling_forward::primitive_desc train_pd, infer_pd;
   dnnl::pooling_backward::primitive_desc bwd_pd;

@@ -6,11 +6,15 @@
 // prefers it.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
 #include "core/backend.h"
+#include "core/pool_window.h"
 #include "tests/testing/backends.h"
 #include "tests/testing/reference_ops.h"
 #include "tests/testing/tolerances.h"
@@ -46,6 +50,9 @@ std::vector<PoolDesc> Cases(PoolKind kind) {
       MakePool(kind, 2, 2, 5, 5, 2, 2, 0, true),  // squeezenet/googlenet's odd-size pooling
       MakePool(kind, 1, 3, 9, 6, 4, 3, 2, true),  // stride < kernel
       MakePool(kind, 1, 2, 5, 5, 2, 2, 1, true),  // a window starting in the padding is dropped
+      // channels-last steps of 16 channels and a tail: overlapping with padding, and ceil mode
+      MakePool(kind, 2, 35, 9, 7, 3, 2, 1),
+      MakePool(kind, 1, 16, 6, 7, 3, 2, 0, true),
       // count_include_pad = 0: the average over the real inputs only
       MakePool(kind, 2, 3, 7, 5, 3, 2, 1, false, false),
       MakePool(kind, 1, 2, 6, 8, 3, 2, 1, true, false),
@@ -66,17 +73,21 @@ std::vector<float> Inputs(const PoolDesc& d, uint32_t seed) {
   return d.kind == PoolKind::kMax ? RandomDistinct(n, seed) : RandomUniform(n, seed);
 }
 
+// Host values in NCHW order onto the backend in d's layout, and back: channels-last (d.nhwc)
+// holds the same values in NHWC order.
+Tensor In(Backend& be, const PoolDesc& d, const std::vector<float>& v, const Shape& s) {
+  return ToDevice(be, d.nhwc ? ToNhwc(v, s) : v, s);
+}
+std::vector<float> Out(Backend& be, const PoolDesc& d, const Tensor& t) {
+  return d.nhwc ? FromNhwc(ToHost(be, t), t.shape()) : ToHost(be, t);
+}
+
 void CheckPool(Backend& be, const PoolDesc& d, uint32_t seed) {
   SCOPED_TRACE(d.ToString());
   const std::vector<float> x = Inputs(d, seed);
   const std::vector<float> dy = RandomUniform(static_cast<size_t>(YShape(d).numel()), seed + 1);
-  // Channels-last: the same values in NHWC order in, and out (read back in NCHW order).
-  const auto in = [&](const std::vector<float>& v, const Shape& s) {
-    return ToDevice(be, d.nhwc ? ToNhwc(v, s) : v, s);
-  };
-  const auto out = [&](const Tensor& t) {
-    return d.nhwc ? FromNhwc(ToHost(be, t), t.shape()) : ToHost(be, t);
-  };
+  const auto in = [&](const std::vector<float>& v, const Shape& s) { return In(be, d, v, s); };
+  const auto out = [&](const Tensor& t) { return Out(be, d, t); };
   auto plan = be.PreparePool(d);
   Tensor ws = Workspace(be, *plan);
   Tensor* ws_ptr = ws.defined() ? &ws : nullptr;
@@ -169,6 +180,80 @@ TEST_P(PoolTest, MaxTiesKeepGradientMass) {
       }
     }
   }
+}
+
+// A NaN in a window wins over every number there, as in PyTorch (a diverging model shows it in
+// the loss, not hidden by a pool): the window's output is NaN and its gradient goes to the NaN.
+// 19 channels: in channels-last a full step of 16 and a tail. Non-overlapping windows, so each
+// gradient has one place to go; a second, overlapping case for the forward. Not the CPU backend's
+// channels-first max pooling: oneDNN's, where a NaN loses.
+TEST_P(PoolTest, MaxNaNWins) {
+  Backend& be = backend();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  int ran = 0;
+  for (PoolDesc d : {MakePool(PoolKind::kMax, 2, 19, 6, 6, 2, 2, 0),
+                     MakePool(PoolKind::kMax, 2, 19, 7, 7, 3, 2, 1)}) {
+    for (const bool nhwc : {false, true}) {
+      d.nhwc = nhwc;
+      // oneDNN's max pooling (the CPU backend's, channels-first) takes the larger of two values
+      // with NaN losing; the CPU backend prefers channels-last, where its own loops run.
+      if (!be.Supports(d) || (!nhwc && be.name() == "cpu")) continue;
+      SCOPED_TRACE(d.ToString());
+      ++ran;
+      const Shape xs = XShape(d), ys = YShape(d);
+      std::vector<float> x = RandomDistinct(static_cast<size_t>(xs.numel()), 77);
+      // NaNs (NCHW index (i, c, h, w)): one per plane in a few planes, at varied window spots.
+      std::vector<int64_t> nans;
+      for (int64_t plane = 0; plane < d.n * d.c; plane += 3) {
+        const int64_t h = plane % d.h, w = (plane * 5 + 1) % d.w;
+        nans.push_back((plane * d.h + h) * d.w + w);
+      }
+      for (const int64_t at : nans) x[static_cast<size_t>(at)] = nan;
+      auto plan = be.PreparePool(d);
+      Tensor ws = Workspace(be, *plan);
+      Tensor* ws_ptr = ws.defined() ? &ws : nullptr;
+      Tensor y = be.Empty(ys, DType::kF32, "y");
+      be.PoolForward(*plan, In(be, d, x, xs), &y, ws_ptr);
+      const std::vector<float> got = Out(be, d, y);
+      const std::vector<float> dy = RandomUniform(static_cast<size_t>(ys.numel()), 78);
+      Tensor dx = be.Empty(xs, DType::kF32, "dx");
+      be.PoolBackward(*plan, In(be, d, dy, ys), ws_ptr, &dx);
+      const std::vector<float> grad = Out(be, d, dx);
+      const ew::PoolGeom g{d.n * d.c, d.h,      d.w,   d.out_h(),          d.out_w(),
+                           d.kernel,  d.stride, d.pad, d.count_include_pad};
+      int windows_with_nan = 0;
+      for (int64_t plane = 0; plane < d.n * d.c; ++plane) {
+        for (int64_t p = 0; p < g.p; ++p) {
+          for (int64_t q = 0; q < g.q; ++q) {
+            const ew::PoolWindow win = ew::WindowOf(g, p, q);
+            int64_t nan_at = -1;
+            float best = -std::numeric_limits<float>::infinity();
+            for (int64_t h = win.h0; h < win.h1; ++h) {
+              for (int64_t w = win.w0; w < win.w1; ++w) {
+                const int64_t e = (plane * d.h + h) * d.w + w;
+                if (std::isnan(x[static_cast<size_t>(e)])) nan_at = e;
+                best = std::max(best, x[static_cast<size_t>(e)]);
+              }
+            }
+            const size_t o = static_cast<size_t>((plane * g.p + p) * g.q + q);
+            if (nan_at < 0) {
+              EXPECT_EQ(got[o], best) << "plane " << plane << " window (" << p << ", " << q << ")";
+              continue;
+            }
+            ++windows_with_nan;
+            EXPECT_TRUE(std::isnan(got[o]))
+                << "plane " << plane << " window (" << p << ", " << q << "): " << got[o];
+            if (d.stride == d.kernel) {
+              EXPECT_EQ(grad[static_cast<size_t>(nan_at)], dy[o])
+                  << "the gradient of plane " << plane << " window (" << p << ", " << q << ")";
+            }
+          }
+        }
+      }
+      EXPECT_GT(windows_with_nan, 0);
+    }
+  }
+  if (ran == 0) GTEST_SKIP() << be.name() << ": no max pooling";
 }
 
 // PoolDesc::dx_bf16 (max pooling, windows that do not overlap, where the backend runs it): the
