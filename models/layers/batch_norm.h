@@ -20,9 +20,10 @@ class BatchNorm final : public Layer {
   void ListBuffers(std::vector<ParamRef>* out) override;
   const Tensor& Forward(const Tensor& x, const ForwardContext& ctx) override;
   const Tensor& Backward(const Tensor& dy, bool accumulate) override;
-  // the output and the input gradient (each f32, or bf16 for a convolution that reads it so)
+  // the output and, when one is wanted, the input gradient (each f32, or bf16 for a convolution
+  // that reads it so)
   int64_t ActivationBytesPerSample() const override {
-    return ((args_.y_bf16 ? 2 : 4) + (args_.dx_bf16 ? 2 : 4)) * per_sample_;
+    return ((args_.y_bf16 ? 2 : 4) + (need_dx_ ? (args_.dx_bf16 ? 2 : 4) : 0)) * per_sample_;
   }
   // The convolution that alone reads the output may read it in bf16 (Layer::OfferBf16Output).
   void OfferBf16Output(Layer& reader) override { reader_ = &reader; }

@@ -6,6 +6,7 @@ namespace dptrain {
 
 Shape Relu::Setup(const Shape& in, const SetupOptions& opts) {
   per_sample_ = in.numel() / in[0];
+  dx_buf_ = Tensor();  // Setup may run again
   if (folded_) return in;
   out_ = OutputBuffer(backend_, opts, in, DType::kF32, label() + " output");
   if (opts.need_dx && !gate_handed_)

@@ -13,8 +13,9 @@ class Relu final : public Layer {
   Shape Setup(const Shape& in, const SetupOptions& opts) override;
   const Tensor& Forward(const Tensor& x, const ForwardContext& ctx) override;
   const Tensor& Backward(const Tensor& dy, bool accumulate) override;
+  // the output, and the input gradient unless the gate went to a max pool or none is wanted
   int64_t ActivationBytesPerSample() const override {
-    return folded_ ? 0 : 4 * (gate_handed_ ? 1 : 2) * per_sample_;
+    return folded_ ? 0 : 4 * (dx_buf_.defined() ? 2 : 1) * per_sample_;
   }
   void OfferBf16Output(Layer& reader) override {
     if (folded_) producer_->OfferBf16Output(reader);

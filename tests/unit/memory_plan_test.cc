@@ -5,7 +5,13 @@
 
 #include <gtest/gtest.h>
 
+#include <memory>
+#include <string>
+
 #include "core/backend_registry.h"
+#include "models/layers/batch_norm.h"
+#include "models/layers/pool.h"
+#include "models/layers/relu.h"
 #include "models/zoo/zoo.h"
 #include "runtime/comm/sharded_reducer.h"
 #include "runtime/optim/optimizer.h"
@@ -164,6 +170,37 @@ TEST(MemoryPlanTest, WithoutCpuFusionsBf16PlansTheTensorsOfFp32) {
               activations(zoo, in, Precision::kF32, false));
     EXPECT_LT(activations(zoo, in, Precision::kBF16, true),
               activations(zoo, in, Precision::kF32, true));
+  }
+}
+
+// What `dptrain plan` adds up per layer (Layer::ActivationBytesPerSample) is what the layer's
+// Setup allocates per sample, with an input gradient and without one (a model's first layer).
+TEST(MemoryPlanTest, LayersCountWhatTheirSetupAllocates) {
+  Backend& be = GetBackend("cpu");
+  const int64_t n = 64;
+  const Shape in{n, 8, 16, 16};
+  const auto make = [&](const std::string& kind) -> std::unique_ptr<Layer> {
+    if (kind == "relu") return std::make_unique<Relu>(be, "relu");
+    if (kind == "batchnorm") return std::make_unique<BatchNorm>(be, "bn");
+    return std::make_unique<Pool2d>(be, "pool", PoolKind::kMax, 2, 2, 0);
+  };
+  for (const std::string kind : {"relu", "batchnorm", "maxpool"}) {
+    for (const bool need_dx : {false, true}) {
+      SCOPED_TRACE(kind + (need_dx ? " with" : " without") + " an input gradient");
+      be.ReleasePlans();
+      be.allocator().EmptyCache();
+      const auto before = static_cast<int64_t>(be.allocator().stats().in_use);
+      std::unique_ptr<Layer> layer = make(kind);
+      SetupOptions opts;
+      opts.need_dx = need_dx;
+      opts.nhwc_in = true;
+      layer->Setup(in, opts);
+      const auto allocated = static_cast<int64_t>(be.allocator().stats().in_use) - before;
+      // A buffer is 128 KiB and more; the rest (a batch norm's saved statistics, the allocator's
+      // rounding) is well under 16 KiB.
+      EXPECT_NEAR(static_cast<double>(layer->ActivationBytesPerSample() * n),
+                  static_cast<double>(allocated), 16 * 1024);
+    }
   }
 }
 
