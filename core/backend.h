@@ -219,9 +219,11 @@ class Backend {
   // Whether Supports offers what only the CPU backend runs between layers: the bf16 handoffs
   // (Conv2dDesc::dy_bf16 and x_bf16, BatchNormArgs::dx_bf16 and y_bf16, PoolDesc::dx_bf16) and
   // the fused convolution + pool (ConvPoolDesc); and whether a plan that layers share keeps a
-  // staged input per layer (one per plan, as on CUDA, without). `dptrain plan` sizing a GPU job
-  // where there is no GPU builds the model on the CPU backend with them off, so that it plans the
-  // tensors the CUDA backend allocates. On by default; ignored by backends without them.
+  // staged input per layer (one per plan, as on CUDA, without) and a convolution's input gradient
+  // may run with a flipped copy of its kernel (CpuBackend::FlipsBackwardData). `dptrain plan`
+  // sizing a GPU job where there is no GPU builds the model on the CPU backend with them off, so
+  // that it plans the tensors the CUDA backend allocates. On by default; ignored by backends
+  // without them.
   virtual void SetCpuFusions(bool /*on*/) {}
   // Why train.winograd would change nothing here at precision `p`, or "" when it acts.
   virtual std::string WinogradProblem(Precision /*p*/) const {

@@ -57,6 +57,15 @@ class CpuBackend final : public Backend {
   // 2.6's bf16 weight-gradient kernel runs at a third of the machine's bf16 rate and gains
   // nothing from a second thread; the GEMM runs at 80% (cpu_conv.cc).
   static bool UnfoldsWeightGradient(const Conv2dDesc& d);
+  // Whether conv2d's input gradient may run as the forward convolution of dy with the kernel
+  // transposed (K <-> C) and rotated 180 degrees, padded by R - 1 - pad: stride 1, not dilated or
+  // grouped, pad at most R - 1 and S - 1, channels-last on both sides, bf16, or fp32 with outputs
+  // wider than 4 (there the forward kernel splits its work badly, as in PrepareConv2d).
+  // PrepareConv2d then takes it where oneDNN's forward kernel for it is a brgemm one (brgconv),
+  // which beat its backward-data kernels here (cpu_conv.cc).
+  static bool FlipsBackwardData(const Conv2dDesc& d);
+  // Whether a conv2d plan runs its input gradient so. For tests.
+  static bool PlannedFlip(const OpPlan& plan);
   // oneDNN's convolutions read and write NHWC as fast as their blocked layouts, without the
   // reorders NCHW costs at both ends of each (cpu_conv.cc).
   bool PrefersChannelsLast() const override { return true; }

@@ -180,6 +180,11 @@ struct WeightedPlan : OpPlan {
   // (linear; conv2d's unfolded path, ConvPlan::unfold).
   bool weights_matmul = false;
   memory::desc w_dw_view;
+  // Conv2d's input gradient as a forward convolution (CpuBackend::FlipsBackwardData): the data
+  // pass is that primitive, reading w_flip (C, K, R, S: w transposed, each kernel rotated 180
+  // degrees), which FlipKernel refills from w before each run.
+  bool data_flip = false;
+  Tensor w_flip;
   dnnl::primitive fwd, bwd_data, bwd_w;
   // forward: x, w in; y out. backward data: dy, w in; dx out. backward weights: x, dy in; dw out.
   Staged f_x, f_w, f_y, d_dy, d_w, d_dx, w_x, w_dy, w_dw;
@@ -198,6 +203,9 @@ struct ConvPlan final : WeightedPlan {
 };
 // Fills p.cols from x (f32, NHWC).
 void Unfold(const ConvPlan& p, const Tensor& x);
+// out (C, K, R, S) = w (K, C, R, S) with K and C swapped and each R x S kernel rotated 180 degrees:
+// the kernel whose forward convolution of dy is w's input gradient (WeightedPlan::data_flip).
+void FlipKernel(const Tensor& w, const Tensor& out);
 
 struct LinearPlan final : WeightedPlan {
   LinearDesc d;
@@ -277,6 +285,7 @@ struct CpuBackend::Impl {
   struct PassPrimitive {
     dnnl::primitive prim;
     memory::desc a, b, out, scratch;
+    memory::desc b_user = {};  // b's caller layout when it is not the plan's w (the flipped w)
     template <class Pd>
     static PassPrimitive Forward(const Pd& pd) {
       return {dnnl::primitive(pd), pd.src_desc(), pd.weights_desc(), pd.dst_desc(),
@@ -318,7 +327,8 @@ struct CpuBackend::Impl {
     // Backward data reads dy from the weight gradient's staging when both read one layout
     // (DyForData), and a separate call restages it there: one buffer for both.
     p->d_dy.Init(be, engine, dy_user, data.a, op + " staged dy", half, in, &p->w_dy);
-    p->d_w.Init(be, engine, w_user, data.b, op + " staged weight", half, in);
+    p->d_w.Init(be, engine, data.b_user == memory::desc() ? w_user : data.b_user, data.b,
+                op + " staged weight", half, in);
     p->d_dx.Init(be, engine, dx_user, data.out, op + " staged dx", half);
     p->w_dw.Init(be, engine, w_user, weights.out, op + " staged dw", half);
     Reserve(be, p->fwd_scratch);
@@ -328,12 +338,21 @@ struct CpuBackend::Impl {
     if (p->bias) p->acc_b = be.Empty(Shape{w_shape[0]}, DType::kF32, op + " bias-grad accumulator");
     p->held_bytes = HeldBytes(
         {&p->f_x, &p->f_w, &p->f_y, &p->d_dy, &p->d_w, &p->d_dx, &p->w_x, &p->w_dy, &p->w_dw},
-        {&p->acc_w, &p->acc_b});
+        {&p->acc_w, &p->acc_b, &p->w_flip});
   }
 
   void Forward(const WeightedPlan& p, const Tensor& x, const Tensor& w, const Tensor* b, Tensor* y);
   void BackwardData(const WeightedPlan& p, const Tensor& dy, const Tensor& w, Tensor* dx) {
-    BackwardData(p, p.d_dy.In(engine, stream, dy), p.d_w.In(engine, stream, w), dx);
+    BackwardData(p, p.d_dy.In(engine, stream, dy), DataW(p, w, false), dx);
+  }
+  // w as the data pass reads it: flipped (WeightedPlan::data_flip) and staged, or staged, or
+  // (with `from_forward`) as the forward staged it (FromForward).
+  memory DataW(const WeightedPlan& p, const Tensor& w, bool from_forward) {
+    if (p.data_flip) {
+      FlipKernel(w, p.w_flip);
+      return p.d_w.In(engine, stream, p.w_flip);
+    }
+    return from_forward ? FromForward(p.f_w, p.d_w, w) : p.d_w.In(engine, stream, w);
   }
   void BackwardWeights(const WeightedPlan& p, const Tensor& x, const Tensor& dy, Tensor* dw,
                        Tensor* db, bool accumulate) {

@@ -107,10 +107,32 @@ std::shared_ptr<OpPlan> CpuBackend::PrepareConv2d(const Conv2dDesc& d) {
   }
   auto& [fwd, data, weights] = planned;
   p->winograd = wino;
+  using Pass = Impl::PassPrimitive;
+  Pass data_pass = Pass::Data(data);
+  if (!wino && fusions_ && FlipsBackwardData(d)) {
+    // dx = dy convolved (stride 1) with w transposed and rotated, padded by R - 1 - pad: the
+    // output is H x W again. oneDNN 2.6 on an AVX-512 Xeon, batch 64, 2 threads, against its
+    // backward-data kernels: ref_cnn's conv2 (32 -> 64, 14x14) 1.24 -> 1.03 ms in fp32, ResNet
+    // 3x3 stages 1.03-1.18x faster in fp32 and 1.02-1.38x in bf16, 1x1 convolutions 1.01-1.05x
+    // in fp32 and 1.2-2.1x in bf16; at 4x4 outputs in fp32 (512 channels) 0.62x, hence fp32
+    // only wider than 4.
+    const memory::desc dy_in(ys, ct, Tag::nhwc), dx_out(xs, Dt::f32, Tag::nhwc),
+        wt_any({d.c, d.k, d.r, d.s}, ct, Tag::any);
+    const memory::dims flip_pad{d.r - 1 - d.pad, d.s - 1 - d.pad};
+    auto flipped = DPT_DNNL(dnnl::convolution_forward::primitive_desc(
+        dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, direct, dy_in, wt_any,
+                                        dx_out, {1, 1}, {0, 0}, flip_pad, flip_pad),
+        attr, eng));
+    if (std::string(flipped.impl_info_str()).rfind("brgconv", 0) == 0) {
+      data_pass = Pass::Forward(flipped);
+      data_pass.b_user = memory::desc({d.c, d.k, d.r, d.s}, Dt::f32, Tag::oihw);
+      p->data_flip = true;
+      p->w_flip = Empty(Shape{d.c, d.k, d.r, d.s}, DType::kF32, "conv2d flipped weight");
+    }
+  }
   // x as the caller hands it (Conv2dDesc::x_bf16); dx is f32 either way.
   const memory::desc x_given =
       d.x_bf16 ? memory::desc(xs, Dt::bf16, d.x_nhwc ? Tag::nhwc : Tag::nchw) : x_user;
-  using Pass = Impl::PassPrimitive;
   Pass weights_pass = Pass::Weights(weights);
   p->unfold = UnfoldsWeightGradient(d);
   if (p->unfold) {
@@ -130,7 +152,7 @@ std::shared_ptr<OpPlan> CpuBackend::PrepareConv2d(const Conv2dDesc& d) {
   const memory::desc dy_user =
       d.dy_bf16 ? memory::desc(ys, Dt::bf16, d.y_nhwc ? Tag::nhwc : Tag::nchw) : y_user;
   impl_->Finish(*this, p.get(), "conv2d", d.precision == Precision::kF16, Pass::Forward(fwd),
-                Pass::Data(data), weights_pass, x_given, x_user, w_user, y_user, dy_user,
+                data_pass, weights_pass, x_given, x_user, w_user, y_user, dy_user,
                 Shape{d.k, d.group_c(), d.r, d.s});
   p->held_bytes += p->cols.defined() ? p->cols.bytes() : 0;
   slot = p;
@@ -175,6 +197,33 @@ bool CpuBackend::WinogradPlanned() const {
 bool CpuBackend::PlannedWinograd(const OpPlan& plan) {
   const auto* p = dynamic_cast<const ConvPlan*>(&plan);
   return p != nullptr && p->winograd;
+}
+
+bool CpuBackend::FlipsBackwardData(const Conv2dDesc& d) {
+  return d.groups == 1 && d.stride == 1 && d.dilation == 1 && d.pad <= d.r - 1 &&
+         d.pad <= d.s - 1 && d.x_nhwc && d.y_nhwc &&
+         (d.precision == Precision::kBF16 || (d.precision == Precision::kF32 && d.out_w() > 4));
+}
+
+bool CpuBackend::PlannedFlip(const OpPlan& plan) {
+  const auto* p = dynamic_cast<const ConvPlan*>(&plan);
+  return p != nullptr && p->data_flip;
+}
+
+void FlipKernel(const Tensor& w, const Tensor& out) {
+  const int64_t k = w.shape()[0], c = w.shape()[1], taps = w.shape()[2] * w.shape()[3];
+  DPT_CHECK(out.numel() == w.numel())
+      << "flipped kernel " << out.shape().ToString() << " for " << w.shape().ToString();
+  const float* in = w.data<float>();
+  float* o = out.data<float>();
+#pragma omp parallel for if (w.numel() > kParallelMin)
+  for (int64_t ci = 0; ci < c; ++ci) {
+    for (int64_t ki = 0; ki < k; ++ki) {
+      const float* src = in + (ki * c + ci) * taps;
+      float* dst = o + (ci * k + ki) * taps;
+      for (int64_t t = 0; t < taps; ++t) dst[t] = src[taps - 1 - t];
+    }
+  }
 }
 
 bool CpuBackend::UnfoldsWeightGradient(const Conv2dDesc& d) {

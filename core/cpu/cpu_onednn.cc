@@ -167,11 +167,13 @@ void CpuBackend::Impl::Forward(const WeightedPlan& p, const Tensor& x, const Ten
 
 void CpuBackend::Impl::BackwardData(const WeightedPlan& p, const memory& dy_in, const memory& w_in,
                                     Tensor* dx) {
-  // A matmul's operands are SRC, WEIGHTS and DST: dx = dy W.
+  // A matmul's operands are SRC, WEIGHTS and DST: dx = dy W; so are a forward convolution's
+  // (WeightedPlan::data_flip): dx = dy conv w flipped.
+  const bool forward = p.matmul || p.data_flip;
   DPT_DNNL(p.bwd_data.execute(
-      stream, {{p.matmul ? DNNL_ARG_SRC : DNNL_ARG_DIFF_DST, dy_in},
+      stream, {{forward ? DNNL_ARG_SRC : DNNL_ARG_DIFF_DST, dy_in},
                {DNNL_ARG_WEIGHTS, w_in},
-               {p.matmul ? DNNL_ARG_DST : DNNL_ARG_DIFF_SRC, p.d_dx.OutMem(engine, *dx)},
+               {forward ? DNNL_ARG_DST : DNNL_ARG_DIFF_SRC, p.d_dx.OutMem(engine, *dx)},
                {DNNL_ARG_SCRATCHPAD, Scratch(p.data_scratch)}}));
   p.d_dx.Out(engine, stream, *dx);
 }
@@ -250,7 +252,7 @@ void CpuBackend::WeightedBackward(const OpPlan& plan, double flops, const char* 
   if (dx == nullptr) return;
   OpScope scope(this, data_op);
   scope.set_flops(flops);
-  const memory w_in = impl_->FromForward(p.f_w, p.d_w, w);
+  const memory w_in = impl_->DataW(p, w, /*from_forward=*/true);
   impl_->BackwardData(p, impl_->DyForData(p, dy, dy_in), w_in, dx);
 }
 

@@ -53,6 +53,7 @@ std::vector<Conv2dDesc> Cases(Precision p) {
       MakeConv(2, 8, 6, 5, 16, 3, 3, 1, 1, true, p),   // one partial tile along C and H*W
       MakeConv(3, 16, 7, 7, 8, 1, 1, 2, 0, false, p),  // 1x1 stride 2, no bias
       MakeConv(2, 40, 9, 7, 48, 3, 3, 1, 1, true, p),  // two tiles along C and H*W
+      MakeConv(2, 24, 5, 6, 20, 1, 1, 1, 0, true, p),  // 1x1 stride 1 (a bottleneck's)
       // first layers: 1-3 input channels into many
       MakeConv(3, 1, 10, 9, 32, 3, 3, 1, 1, true, p),    // ref_cnn's conv1, smaller
       MakeConv(2, 3, 11, 12, 16, 5, 5, 2, 2, false, p),  // RGB, stride 2, kernel 5
@@ -331,7 +332,7 @@ TEST_P(ConvTest, ChannelsLastMatchesReference) {
   Backend& be = backend();
   if (!be.PrefersChannelsLast()) GTEST_SKIP() << be.name() << ": activations are NCHW only";
   uint32_t seed = 7000;
-  int unfolded = 0, bf16_cases = 0;
+  int unfolded = 0, bf16_cases = 0, flipped = 0;
   for (const Precision p : {Precision::kF32, Precision::kBF16}) {
     for (Conv2dDesc d : Cases(p)) {
       if (!be.Supports(d)) continue;  // bf16 without oneDNN's bf16 kernels
@@ -372,6 +373,15 @@ TEST_P(ConvTest, ChannelsLastMatchesReference) {
         EXPECT_TRUE(AllClose(ToHostNchw(be, dx, d.x_nhwc), ref_dx,
                              ForReduction(p, d.k / d.groups * d.r * d.s)))
             << "backward data";
+        if (be.device() == Device::kCpu && cpu::CpuBackend::PlannedFlip(*plan)) {
+          // the input gradient as a forward convolution with the flipped kernel, also alone
+          ++flipped;
+          Tensor dx_alone = be.Empty(XShape(d), DType::kF32, "dx alone");
+          be.Conv2dBackwardData(*plan, dy_t, w_t, &dx_alone);
+          EXPECT_TRUE(AllClose(ToHostNchw(be, dx_alone, d.x_nhwc), ref_dx,
+                               ForReduction(p, d.k * d.r * d.s)))
+              << "backward data alone";
+        }
         const Tolerance wt = ForReduction(p, d.n * d.out_h() * d.out_w());
         EXPECT_TRUE(AllClose(ToHost(be, dw), ref_dw, wt)) << "backward weights";
         if (d.bias) {
@@ -390,8 +400,11 @@ TEST_P(ConvTest, ChannelsLastMatchesReference) {
   }
   // The unfolded weight gradient ran on the small outputs above (with and without bias, strided,
   // dilated, padded, 1x1), wherever bf16 did.
+  // So did the flipped input gradient on the stride-1 ungrouped shapes (CpuBackend::
+  // FlipsBackwardData): on CPUs with bf16 kernels oneDNN has the brgemm forward kernels it needs.
   if (be.device() == Device::kCpu && bf16_cases > 0) {
     EXPECT_GE(unfolded, 6);
+    EXPECT_GE(flipped, 20);
   }
 }
 
