@@ -50,7 +50,9 @@ class CpuBackend final : public Backend {
   bool Supports(const BatchNormArgs& a) const override {
     return fusions_ || (!a.dx_bf16 && !a.y_bf16);
   }
-  void SetCpuFusions(bool on) override { fusions_ = on; }
+  // Drops the cached plans when it changes: whether a convolution plan flips its input gradient
+  // and keeps per-layer staged inputs depends on it (ConvKey does not say).
+  void SetCpuFusions(bool on) override;
   // Whether conv2d computes its weight gradient as one GEMM over the input unfolded (im2col)
   // rather than oneDNN's convolution kernel: bf16, channels-last on both sides, not grouped, at
   // most 16 output pixels per image (ResNet-18's last stage at 32x32 input, 4x4). There oneDNN
@@ -59,8 +61,9 @@ class CpuBackend final : public Backend {
   static bool UnfoldsWeightGradient(const Conv2dDesc& d);
   // Whether conv2d's input gradient may run as the forward convolution of dy with the kernel
   // transposed (K <-> C) and rotated 180 degrees, padded by R - 1 - pad: stride 1, not dilated or
-  // grouped, pad at most R - 1 and S - 1, channels-last on both sides, bf16, or fp32 with outputs
-  // wider than 4 (there the forward kernel splits its work badly, as in PrepareConv2d).
+  // grouped, pad at most R - 1 and S - 1, channels-last on both sides, bf16, or fp32 with dx (the
+  // flipped forward's output) wider than 4 (there that kernel splits its work badly, as in
+  // PrepareConv2d).
   // PrepareConv2d then takes it where oneDNN's forward kernel for it is a brgemm one (brgconv),
   // which beat its backward-data kernels here (cpu_conv.cc).
   static bool FlipsBackwardData(const Conv2dDesc& d);

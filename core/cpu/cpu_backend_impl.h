@@ -38,6 +38,9 @@ using Tag = memory::format_tag;
   }()
 
 constexpr int64_t kParallelMin = 1 << 14;  // below this an OpenMP region costs more than it saves
+// The largest window of channels-last max pooling on dptrain's own loops (PoolPlan::own): the
+// workspace keeps each maximum's index in its window in a byte.
+constexpr int64_t kOwnMaxPoolKernel = 16;
 
 // A hot loop compiled three times (AVX-512, AVX2 + FMA, the x86-64 baseline) and picked for the
 // machine when the program loads: the build stays portable and the loops still use the widest
@@ -213,9 +216,9 @@ struct LinearPlan final : WeightedPlan {
 
 // Average pooling runs on dptrain's own loops over the window arithmetic the CUDA kernels share
 // (core/pool_window.h), which has PyTorch's divisor in ceil mode (oneDNN's include-padding average
-// divides by kernel^2 there); so does channels-last max pooling (`own`: oneDNN 2.6 transposes
-// channels-last tensors to a blocked layout and back around its kernel, 5x slower than a pass over
-// memory); channels-first max pooling on oneDNN primitives. `g` is set for all.
+// divides by kernel^2 there); so does channels-last max pooling with windows up to 16 x 16 (`own`:
+// oneDNN 2.6's channels-last max pooling ran at a third of the speed of a pass over memory here);
+// other max pooling on oneDNN primitives. `g` is set for all.
 struct PoolPlan final : OpPlan {
   PoolDesc d;
   ew::PoolGeom g{};

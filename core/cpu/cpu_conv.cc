@@ -114,8 +114,8 @@ std::shared_ptr<OpPlan> CpuBackend::PrepareConv2d(const Conv2dDesc& d) {
     // output is H x W again. oneDNN 2.6 on an AVX-512 Xeon, batch 64, 2 threads, against its
     // backward-data kernels: ref_cnn's conv2 (32 -> 64, 14x14) 1.24 -> 1.03 ms in fp32, ResNet
     // 3x3 stages 1.03-1.18x faster in fp32 and 1.02-1.38x in bf16, 1x1 convolutions 1.01-1.05x
-    // in fp32 and 1.2-2.1x in bf16; at 4x4 outputs in fp32 (512 channels) 0.62x, hence fp32
-    // only wider than 4.
+    // in fp32 and 1.2-2.1x in bf16; at 4x4 in fp32 (512 channels) 0.62x, hence fp32 only where
+    // dx is wider than 4.
     const memory::desc dy_in(ys, ct, Tag::nhwc), dx_out(xs, Dt::f32, Tag::nhwc),
         wt_any({d.c, d.k, d.r, d.s}, ct, Tag::any);
     const memory::dims flip_pad{d.r - 1 - d.pad, d.s - 1 - d.pad};
@@ -202,7 +202,7 @@ bool CpuBackend::PlannedWinograd(const OpPlan& plan) {
 bool CpuBackend::FlipsBackwardData(const Conv2dDesc& d) {
   return d.groups == 1 && d.stride == 1 && d.dilation == 1 && d.pad <= d.r - 1 &&
          d.pad <= d.s - 1 && d.x_nhwc && d.y_nhwc &&
-         (d.precision == Precision::kBF16 || (d.precision == Precision::kF32 && d.out_w() > 4));
+         (d.precision == Precision::kBF16 || (d.precision == Precision::kF32 && d.w > 4));
 }
 
 bool CpuBackend::PlannedFlip(const OpPlan& plan) {

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// CPU backend: pooling. Average pooling, and max pooling of channels-last tensors, on loops over
-// the window arithmetic of core/pool_window.h, which the CUDA kernels share; channels-first max
-// pooling on oneDNN primitives (planned once per shape and cached). Max pooling keeps where each
-// maximum came from in the caller's workspace.
+// CPU backend: pooling. Average pooling, and max pooling of channels-last tensors with windows up
+// to 16 x 16, on loops over the window arithmetic of core/pool_window.h, which the CUDA kernels
+// share; other max pooling on oneDNN primitives (planned once per shape and cached). Max pooling
+// keeps where each maximum came from in the caller's workspace.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -28,8 +28,7 @@ namespace {
 // each input's gradient from the windows covering it, in the CUDA kernel's order: no zero-fill
 // pass and no scatter; each dx element is written once.
 
-constexpr int64_t kLanes = 16;         // channels per step: one AVX-512 register of floats
-constexpr int64_t kOwnMaxKernel = 16;  // the largest window whose index fits a byte
+constexpr int64_t kLanes = 16;  // channels per step: one AVX-512 register of floats
 
 // The backward's step of kLanes channels as one vector (GCC's vector extension, as
 // cpu_conv_pool.cc; AVX-512 in the clone built for it): 0.39 ms for ref_cnn's second pool at batch
@@ -227,7 +226,7 @@ std::shared_ptr<OpPlan> CpuBackend::PreparePool(const PoolDesc& d) {
     slot = p;
     return p;
   }
-  if (d.nhwc && d.kernel <= kOwnMaxKernel) {
+  if (d.nhwc && d.kernel <= kOwnMaxPoolKernel) {
     p->own = true;
     p->workspace_bytes = static_cast<size_t>(d.n * d.c * d.out_h() * d.out_w());
     slot = p;
@@ -378,6 +377,7 @@ void CpuBackend::PoolBackward(const OpPlan& plan, const Tensor& dy, const Tensor
   DPT_CHECK(dx->dtype() == (p.d.dx_bf16 ? DType::kBF16 : DType::kF32))
       << "pool dx: " << DTypeName(dx->dtype()) << " for " << p.d.ToString();
   if (p.own) {
+    DPT_CHECK(ws->bytes() >= p.workspace_bytes) << "pool workspace too small";
     const auto* at = static_cast<const uint8_t*>(ws->raw());
     if (p.d.dx_bf16) {
       OwnMaxPoolBackward(p, dy.data<float>(), at, static_cast<uint16_t*>(dx->raw()));

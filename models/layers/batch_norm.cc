@@ -37,6 +37,7 @@ Shape BatchNorm::Setup(const Shape& in, const SetupOptions& opts) {
     backend_.Zero(&discard_mean_);
     backend_.Zero(&discard_var_);
   }
+  dx_buf_ = Tensor();  // Setup may run again
   if (need_dx_) {
     dx_buf_ = InputGradBuffer(backend_, opts, 0, in, args_.dx_bf16 ? DType::kBF16 : DType::kF32,
                               label() + " input gradient");
