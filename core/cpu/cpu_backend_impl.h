@@ -223,6 +223,12 @@ struct PoolPlan final : OpPlan {
   PoolDesc d;
   ew::PoolGeom g{};
   bool own = false;  // max pooling on the loops of cpu_pool.cc (workspace: a window index a byte)
+  // For `own`, per column: the clipped window [lo, hi) of each output column and its unclipped
+  // first column (start); the output columns [lo, hi) whose windows hold each input column.
+  struct Columns {
+    std::vector<int64_t> lo, hi, start;
+  };
+  Columns window, cover;
   memory::desc x_md, y_md;
   dnnl::pooling_forward::primitive_desc train_pd, infer_pd;
   dnnl::pooling_backward::primitive_desc bwd_pd;

@@ -40,31 +40,23 @@ using Mask = int32_t __attribute__((vector_size(kLanes * sizeof(int32_t))));
 using Bytes = uint8_t __attribute__((vector_size(kLanes)));
 using Halves = uint16_t __attribute__((vector_size(kLanes * sizeof(uint16_t))));  // bytes widened
 
-// The clipped window of each output column [w0, w1), and the unclipped window's first column:
-// the same for every row, computed once per call (ew::WindowOf divides nothing, but its clipping
-// per output value and lane step cost more than the pass over memory).
-struct Columns {
-  std::vector<int64_t> lo, hi, start;
-};
-Columns WindowColumns(const ew::PoolGeom& g) {
-  Columns cols;
+using Columns = PoolPlan::Columns;
+
+// PoolPlan::window and cover, once per plan: the same for every row of every call (ew::WindowOf
+// and ew::Covering per output value and lane step cost more than the pass over memory).
+void PlanColumns(PoolPlan* p) {
+  const ew::PoolGeom& g = p->g;
   for (int64_t ow = 0; ow < g.q; ++ow) {
     const ew::PoolWindow win = ew::WindowOf(g, 0, ow);
-    cols.lo.push_back(win.w0);
-    cols.hi.push_back(win.w1);
-    cols.start.push_back(ow * g.stride - g.pad);
+    p->window.lo.push_back(win.w0);
+    p->window.hi.push_back(win.w1);
+    p->window.start.push_back(ow * g.stride - g.pad);
   }
-  return cols;
-}
-// The output columns [q0, q1) whose windows hold each input column (ew::Covering).
-Columns CoveringColumns(const ew::PoolGeom& g) {
-  Columns cols;
   for (int64_t iw = 0; iw < g.w; ++iw) {
     const ew::PoolCover cover = ew::Covering(g, 0, iw);
-    cols.lo.push_back(cover.q0);
-    cols.hi.push_back(cover.q1);
+    p->cover.lo.push_back(cover.q0);
+    p->cover.hi.push_back(cover.q1);
   }
-  return cols;
 }
 
 // Output row oh of one image: y_row (Q pixels of c channels) and, in training, ws_row.
@@ -187,7 +179,7 @@ DPT_SIMD_CLONES void MaxPoolGradRow(const ew::PoolGeom& g, const Columns& cover,
 void OwnMaxPoolForward(const PoolPlan& p, const float* x, float* y, uint8_t* ws) {
   const ew::PoolGeom& g = p.g;
   const int64_t n = p.d.n, c = p.d.c;
-  const Columns cols = WindowColumns(g);
+  const Columns& cols = p.window;
 #pragma omp parallel for collapse(2) if (n * g.p * g.q * c * g.kernel * g.kernel > kParallelMin)
   for (int64_t i = 0; i < n; ++i) {
     for (int64_t oh = 0; oh < g.p; ++oh) {
@@ -201,7 +193,7 @@ template <class T>
 void OwnMaxPoolBackward(const PoolPlan& p, const float* dy, const uint8_t* ws, T* dx) {
   const ew::PoolGeom& g = p.g;
   const int64_t n = p.d.n, c = p.d.c;
-  const Columns cover = CoveringColumns(g);
+  const Columns& cover = p.cover;
 #pragma omp parallel for collapse(2) if (n * g.h * g.w * c > kParallelMin)
   for (int64_t i = 0; i < n; ++i) {
     for (int64_t ih = 0; ih < g.h; ++ih) {
@@ -228,6 +220,7 @@ std::shared_ptr<OpPlan> CpuBackend::PreparePool(const PoolDesc& d) {
   }
   if (d.nhwc && d.kernel <= kOwnMaxPoolKernel) {
     p->own = true;
+    PlanColumns(p.get());
     p->workspace_bytes = static_cast<size_t>(d.n * d.c * d.out_h() * d.out_w());
     slot = p;
     return p;

@@ -73,14 +73,6 @@ std::vector<Conv2dDesc> Cases(Precision p) {
   };
 }
 
-// NCHW values onto `be`, laid out NHWC when `nhwc`; and a tensor back as NCHW values.
-Tensor InLayout(Backend& be, const std::vector<float>& nchw, const Shape& s, bool nhwc) {
-  return ToDevice(be, nhwc ? ToNhwc(nchw, s) : nchw, s);
-}
-std::vector<float> ToHostNchw(Backend& be, const Tensor& t, bool nhwc) {
-  return nhwc ? FromNhwc(ToHost(be, t), t.shape()) : ToHost(be, t);
-}
-
 Shape XShape(const Conv2dDesc& d) { return {d.n, d.c, d.h, d.w}; }
 Shape WShape(const Conv2dDesc& d) { return {d.k, d.group_c(), d.r, d.s}; }
 Shape YShape(const Conv2dDesc& d) { return {d.n, d.k, d.out_h(), d.out_w()}; }

@@ -79,13 +79,12 @@ std::vector<float> Inputs(const PoolDesc& d, uint32_t seed) {
   return d.kind == PoolKind::kMax ? RandomDistinct(n, seed) : RandomUniform(n, seed);
 }
 
-// Host values in NCHW order onto the backend in d's layout, and back: channels-last (d.nhwc)
-// holds the same values in NHWC order.
+// Host values in NCHW order onto the backend in d's layout, and back (InLayout, ToHostNchw).
 Tensor In(Backend& be, const PoolDesc& d, const std::vector<float>& v, const Shape& s) {
-  return ToDevice(be, d.nhwc ? ToNhwc(v, s) : v, s);
+  return InLayout(be, v, s, d.nhwc);
 }
 std::vector<float> Out(Backend& be, const PoolDesc& d, const Tensor& t) {
-  return d.nhwc ? FromNhwc(ToHost(be, t), t.shape()) : ToHost(be, t);
+  return ToHostNchw(be, t, d.nhwc);
 }
 
 void CheckPool(Backend& be, const PoolDesc& d, uint32_t seed) {

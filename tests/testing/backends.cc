@@ -136,6 +136,13 @@ std::vector<float> FromNhwc(const std::vector<float>& nhwc, const Shape& s) {
   return Transpose(nhwc, s, false);
 }
 
+Tensor InLayout(Backend& be, const std::vector<float>& nchw, const Shape& s, bool nhwc) {
+  return ToDevice(be, nhwc ? ToNhwc(nchw, s) : nchw, s);
+}
+std::vector<float> ToHostNchw(Backend& be, const Tensor& t, bool nhwc) {
+  return nhwc ? FromNhwc(ToHost(be, t), t.shape()) : ToHost(be, t);
+}
+
 // random data
 
 std::vector<float> RandomUniform(size_t n, uint32_t seed, float lo, float hi) {

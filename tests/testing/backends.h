@@ -79,6 +79,9 @@ std::vector<double> ToDouble(const std::vector<float>& v);
 // inputs and outputs of the ops' nhwc variants (Conv2dDesc::x_nhwc) next to the NCHW reference.
 std::vector<float> ToNhwc(const std::vector<float>& nchw, const Shape& s);
 std::vector<float> FromNhwc(const std::vector<float>& nhwc, const Shape& s);
+// NCHW values onto `be`, laid out NHWC when `nhwc`; and a tensor back as NCHW values.
+Tensor InLayout(Backend& be, const std::vector<float>& nchw, const Shape& s, bool nhwc);
+std::vector<float> ToHostNchw(Backend& be, const Tensor& t, bool nhwc);
 
 // ---- fixed-seed random data (std::mt19937; the same on every run and platform) ----
 // Uniform in [lo, hi], f32.
