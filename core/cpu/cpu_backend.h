@@ -59,6 +59,14 @@ class CpuBackend final : public Backend {
   // 2.6's bf16 weight-gradient kernel runs at a third of the machine's bf16 rate and gains
   // nothing from a second thread; the GEMM runs at 80% (cpu_conv.cc).
   static bool UnfoldsWeightGradient(const Conv2dDesc& d);
+  // Whether conv2d runs as the stride-1 convolution of x's every stride-th pixel of every
+  // stride-th row, when the CPU fusions are on (ConvPlan::subsample): bf16, 1x1, stride above 1,
+  // no padding, H and W multiples of the stride, channels-last on both sides (ResNet's
+  // downsampling shortcuts). oneDNN 2.6's strided 1x1 bf16 kernels ran at 55-110 GFLOP/s here,
+  // slower than its fp32 ones; in fp32 the staging costs what the dense kernel gains.
+  static bool SubsamplesInput(const Conv2dDesc& d);
+  // Whether a conv2d plan runs so. For tests.
+  static bool PlannedSubsample(const OpPlan& plan);
   // Whether conv2d's input gradient may run as the forward convolution of dy with the kernel
   // transposed (K <-> C) and rotated 180 degrees, padded by R - 1 - pad: stride 1, not dilated or
   // grouped, pad at most R - 1 and S - 1, channels-last on both sides, bf16, or fp32 with dx (the

@@ -197,13 +197,22 @@ struct WeightedPlan : OpPlan {
 // A convolution's input unfolded for its weight gradient as a GEMM (UnfoldsWeightGradient): one
 // row per output pixel (n, oh, ow), its columns the kernel window's (r, s, c) in that order, in
 // bf16, zero where the window lies on the padding. dW = dy^T cols is then (K, R, S, C): OHWI.
+//
+// A 1x1 convolution with stride s and no padding (CpuBackend::SubsamplesInput) runs as the
+// stride-1 one over x's every s-th pixel of every s-th row (`subsample`): the staging of x
+// (Staged, from a strided view of the caller's tensor) picks them out, and the input gradient is
+// computed into dx_sub, then spread into dx with zeros between (Spread).
 struct ConvPlan final : WeightedPlan {
-  Conv2dDesc d;
+  Conv2dDesc d;  // as the caller described it
   bool unfold = false;
-  bool winograd = false;  // planned with convolution_winograd (train.winograd)
-  memory::desc cols_md;   // (N * OH * OW, R * S * C) bf16, row-major
+  bool winograd = false;   // planned with convolution_winograd (train.winograd)
+  bool subsample = false;  // a strided 1x1 convolution run as a stride-1 one
+  memory::desc cols_md;    // (N * OH * OW, R * S * C) bf16, row-major
   Tensor cols;
+  Tensor dx_sub;  // `subsample`: the input gradient at the pixels the convolution reads (NHWC)
 };
+// dx (N, H, W, C, f32) = p.dx_sub at every stride-th pixel of every stride-th row, 0 elsewhere.
+void Spread(const ConvPlan& p, const Tensor& dx);
 // Fills p.cols from x (f32, NHWC).
 void Unfold(const ConvPlan& p, const Tensor& x);
 // out (C, K, R, S) = w (K, C, R, S) with K and C swapped and each R x S kernel rotated 180 degrees:

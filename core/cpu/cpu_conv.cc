@@ -16,14 +16,23 @@
 
 namespace dptrain::cpu {
 
-std::shared_ptr<OpPlan> CpuBackend::PrepareConv2d(const Conv2dDesc& d) {
-  if (!Supports(d)) DPT_THROW(UnsupportedError) << "cpu: conv2d " << d.ToString();
+std::shared_ptr<OpPlan> CpuBackend::PrepareConv2d(const Conv2dDesc& desc) {
+  if (!Supports(desc)) DPT_THROW(UnsupportedError) << "cpu: conv2d " << desc.ToString();
   std::lock_guard<std::mutex> lock(impl_->mu);
-  auto& slot = impl_->conv[ConvKey(d)];
+  auto& slot = impl_->conv[ConvKey(desc)];
   if (slot) return fusions_ ? impl_->Shared(*this, slot) : slot;
   auto p = std::make_shared<ConvPlan>();
-  p->d = d;
-  p->bias = d.bias;
+  p->d = desc;
+  p->bias = desc.bias;
+  p->subsample = fusions_ && SubsamplesInput(desc);
+  // The convolution the primitives run: with `subsample`, the stride-1 1x1 one over x's every
+  // stride-th pixel of every stride-th row (the staging of x picks them out, ConvPlan).
+  Conv2dDesc d = desc;
+  if (p->subsample) {
+    d.h = desc.out_h();
+    d.w = desc.out_w();
+    d.stride = 1;
+  }
   const auto& eng = impl_->engine;
   // oneDNN counts dilation from 0 (0 = dense). A grouped weight is (G, K/G, C/G, R, S) in goihw,
   // which is PyTorch's (K, C/G, R, S) in memory.
@@ -33,9 +42,16 @@ std::shared_ptr<OpPlan> CpuBackend::PrepareConv2d(const Conv2dDesc& d) {
   const memory::dims ws = d.groups == 1
                               ? memory::dims{d.k, d.c, d.r, d.s}
                               : memory::dims{d.groups, d.k / d.groups, d.group_c(), d.r, d.s};
-  const memory::desc x_user(xs, Dt::f32, d.x_nhwc ? Tag::nhwc : Tag::nchw),
-      w_user(ws, Dt::f32, d.groups == 1 ? Tag::oihw : Tag::goihw),
-      y_user(ys, Dt::f32, d.y_nhwc ? Tag::nhwc : Tag::nchw);
+  // x as the caller hands it: with `subsample`, a strided view of the (N, H, W, C) tensor.
+  const auto x_view = [&](Dt dt) {
+    if (!p->subsample) return memory::desc(xs, dt, d.x_nhwc ? Tag::nhwc : Tag::nchw);
+    const int64_t s = desc.stride, c = desc.c;
+    return memory::desc(xs, dt, memory::dims{desc.h * desc.w * c, 1, s * desc.w * c, s * c});
+  };
+  const memory::desc x_user = x_view(Dt::f32),
+                     dx_user(xs, Dt::f32, d.x_nhwc ? Tag::nhwc : Tag::nchw),
+                     w_user(ws, Dt::f32, d.groups == 1 ? Tag::oihw : Tag::goihw),
+                     y_user(ys, Dt::f32, d.y_nhwc ? Tag::nhwc : Tag::nchw);
   p->b_md = d.bias ? memory::desc({d.k}, Dt::f32, Tag::x) : memory::desc();
   // A folded ReLU is a post-op of the forward primitive: applied to the f32 accumulator after the
   // bias, before the output is converted or reordered (max(v, 0) rounds as v does, so this is
@@ -131,10 +147,9 @@ std::shared_ptr<OpPlan> CpuBackend::PrepareConv2d(const Conv2dDesc& d) {
     }
   }
   // x as the caller hands it (Conv2dDesc::x_bf16); dx is f32 either way.
-  const memory::desc x_given =
-      d.x_bf16 ? memory::desc(xs, Dt::bf16, d.x_nhwc ? Tag::nhwc : Tag::nchw) : x_user;
+  const memory::desc x_given = d.x_bf16 ? x_view(Dt::bf16) : x_user;
   Pass weights_pass = Pass::Weights(weights);
-  p->unfold = UnfoldsWeightGradient(d);
+  p->unfold = UnfoldsWeightGradient(desc);
   if (p->unfold) {
     // dW (K, R*S*C) = dy^T (K, N*OH*OW) x cols (N*OH*OW, R*S*C) on oneDNN's matmul, dy staged
     // K-major in bf16 ("bacd"), dW written OHWI and reordered to the caller's OIHW.
@@ -152,9 +167,11 @@ std::shared_ptr<OpPlan> CpuBackend::PrepareConv2d(const Conv2dDesc& d) {
   const memory::desc dy_user =
       d.dy_bf16 ? memory::desc(ys, Dt::bf16, d.y_nhwc ? Tag::nhwc : Tag::nchw) : y_user;
   impl_->Finish(*this, p.get(), "conv2d", d.precision == Precision::kF16, Pass::Forward(fwd),
-                data_pass, weights_pass, x_given, x_user, w_user, y_user, dy_user,
+                data_pass, weights_pass, x_given, dx_user, w_user, y_user, dy_user,
                 Shape{d.k, d.group_c(), d.r, d.s});
-  p->held_bytes += p->cols.defined() ? p->cols.bytes() : 0;
+  if (p->subsample) p->dx_sub = Empty(Shape{d.n, d.c, d.h, d.w}, DType::kF32, "conv2d strided dx");
+  p->held_bytes +=
+      (p->cols.defined() ? p->cols.bytes() : 0) + (p->dx_sub.defined() ? p->dx_sub.bytes() : 0);
   slot = p;
   return p;
 }
@@ -222,6 +239,44 @@ void FlipKernel(const Tensor& w, const Tensor& out) {
       const float* src = in + (ki * c + ci) * taps;
       float* dst = o + (ci * k + ki) * taps;
       for (int64_t t = 0; t < taps; ++t) dst[t] = src[taps - 1 - t];
+    }
+  }
+}
+
+bool CpuBackend::SubsamplesInput(const Conv2dDesc& d) {
+  // H and W multiples of the stride: oneDNN refuses a strided view whose rows, stride apart,
+  // would run past the image (it checks OH * stride rows against the image's stride).
+  return d.precision == Precision::kBF16 && d.r == 1 && d.s == 1 && d.pad == 0 && d.stride > 1 &&
+         d.h % d.stride == 0 && d.w % d.stride == 0 && d.x_nhwc && d.y_nhwc;
+}
+
+bool CpuBackend::PlannedSubsample(const OpPlan& plan) {
+  const auto* p = dynamic_cast<const ConvPlan*>(&plan);
+  return p != nullptr && p->subsample;
+}
+
+void Spread(const ConvPlan& p, const Tensor& dx) {
+  const Conv2dDesc& d = p.d;
+  DPT_CHECK(dx.dtype() == DType::kF32 && dx.numel() == d.n * d.c * d.h * d.w)
+      << "conv2d dx " << dx.shape().ToString() << " for " << d.ToString();
+  const int64_t s = d.stride, oh = d.out_h(), ow = d.out_w(), c = d.c;
+  const float* in = p.dx_sub.data<float>();
+  float* out = dx.data<float>();
+#pragma omp parallel for if (dx.numel() > kParallelMin)
+  for (int64_t row = 0; row < d.n * d.h; ++row) {
+    const int64_t n = row / d.h, h = row % d.h;
+    float* o = out + row * d.w * c;
+    if (h % s != 0 || h / s >= oh) {
+      std::fill_n(o, d.w * c, 0.f);
+      continue;
+    }
+    const float* src = in + (n * oh + h / s) * ow * c;
+    for (int64_t w = 0; w < d.w; ++w, o += c) {
+      if (w % s == 0 && w / s < ow) {
+        std::copy_n(src + w / s * c, c, o);
+      } else {
+        std::fill_n(o, c, 0.f);
+      }
     }
   }
 }

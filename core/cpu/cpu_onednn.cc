@@ -170,12 +170,16 @@ void CpuBackend::Impl::BackwardData(const WeightedPlan& p, const memory& dy_in, 
   // A matmul's operands are SRC, WEIGHTS and DST: dx = dy W; so are a forward convolution's
   // (WeightedPlan::data_flip): dx = dy conv w flipped.
   const bool forward = p.matmul || p.data_flip;
+  const auto* conv = dynamic_cast<const ConvPlan*>(&p);
+  const bool sub = conv != nullptr && conv->subsample;
+  const Tensor& out = sub ? conv->dx_sub : *dx;
   DPT_DNNL(p.bwd_data.execute(
       stream, {{forward ? DNNL_ARG_SRC : DNNL_ARG_DIFF_DST, dy_in},
                {DNNL_ARG_WEIGHTS, w_in},
-               {forward ? DNNL_ARG_DST : DNNL_ARG_DIFF_SRC, p.d_dx.OutMem(engine, *dx)},
+               {forward ? DNNL_ARG_DST : DNNL_ARG_DIFF_SRC, p.d_dx.OutMem(engine, out)},
                {DNNL_ARG_SCRATCHPAD, Scratch(p.data_scratch)}}));
-  p.d_dx.Out(engine, stream, *dx);
+  p.d_dx.Out(engine, stream, out);
+  if (sub) Spread(*conv, *dx);
 }
 
 namespace {

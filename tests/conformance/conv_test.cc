@@ -54,6 +54,11 @@ std::vector<Conv2dDesc> Cases(Precision p) {
       MakeConv(3, 16, 7, 7, 8, 1, 1, 2, 0, false, p),  // 1x1 stride 2, no bias
       MakeConv(2, 40, 9, 7, 48, 3, 3, 1, 1, true, p),  // two tiles along C and H*W
       MakeConv(2, 24, 5, 6, 20, 1, 1, 1, 0, true, p),  // 1x1 stride 1 (a bottleneck's)
+      // 1x1 strided, H and W multiples of the stride: the CPU's bf16 channels-last run them as
+      // stride-1 convolutions of the pixels they read (CpuBackend::SubsamplesInput), one large
+      // enough for the threaded loops
+      MakeConv(4, 32, 16, 16, 48, 1, 1, 2, 0, false, p),  // a ResNet shortcut's
+      MakeConv(2, 6, 9, 6, 5, 1, 1, 3, 0, true, p),       // stride 3
       // first layers: 1-3 input channels into many
       MakeConv(3, 1, 10, 9, 32, 3, 3, 1, 1, true, p),    // ref_cnn's conv1, smaller
       MakeConv(2, 3, 11, 12, 16, 5, 5, 2, 2, false, p),  // RGB, stride 2, kernel 5
@@ -324,7 +329,7 @@ TEST_P(ConvTest, ChannelsLastMatchesReference) {
   Backend& be = backend();
   if (!be.PrefersChannelsLast()) GTEST_SKIP() << be.name() << ": activations are NCHW only";
   uint32_t seed = 7000;
-  int unfolded = 0, bf16_cases = 0, flipped = 0;
+  int unfolded = 0, bf16_cases = 0, flipped = 0, subsampled = 0;
   for (const Precision p : {Precision::kF32, Precision::kBF16}) {
     for (Conv2dDesc d : Cases(p)) {
       if (!be.Supports(d)) continue;  // bf16 without oneDNN's bf16 kernels
@@ -343,6 +348,7 @@ TEST_P(ConvTest, ChannelsLastMatchesReference) {
                                  dy = RandomUniform(static_cast<size_t>(YShape(d).numel()),
                                                     seed + 3);
         auto plan = be.PrepareConv2d(d);
+        subsampled += be.device() == Device::kCpu && cpu::CpuBackend::PlannedSubsample(*plan);
         Tensor x_t = InLayout(be, x, XShape(d), d.x_nhwc),
                dy_t = InLayout(be, dy, YShape(d), d.y_nhwc);
         Tensor w_t = ToDevice(be, w, WShape(d)), b_t = ToDevice(be, b, Shape{d.k});
@@ -404,9 +410,12 @@ TEST_P(ConvTest, ChannelsLastMatchesReference) {
   // So did the flipped input gradient on some of the stride-1 ungrouped shapes (CpuBackend::
   // FlipsBackwardData): on CPUs with bf16 kernels (AVX-512) oneDNN has brgemm forward kernels
   // for fp32 at least (24 cases flip on an AMX Xeon, fp32 and bf16).
+  // And the strided 1x1 ones ran as stride-1 convolutions of the pixels they read (three shapes,
+  // with and without the folded ReLU) in bf16.
   if (be.device() == Device::kCpu && bf16_cases > 0) {
     EXPECT_GE(unfolded, 6);
     EXPECT_GT(flipped, 0);
+    EXPECT_EQ(subsampled, 3);
   }
 }
 
