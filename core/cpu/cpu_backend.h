@@ -50,15 +50,20 @@ class CpuBackend final : public Backend {
   bool Supports(const BatchNormArgs& a) const override {
     return fusions_ || (!a.dx_bf16 && !a.y_bf16);
   }
-  // Drops the cached plans when it changes: whether a convolution plan flips its input gradient
-  // and keeps per-layer staged inputs depends on it (ConvKey does not say).
+  // Drops the cached plans when it changes: whether a convolution plan flips its input gradient,
+  // runs as GEMMs, subsamples its input and keeps per-layer staged inputs depends on it (ConvKey
+  // does not say).
   void SetCpuFusions(bool on) override;
   // Whether conv2d computes its weight gradient as one GEMM over the input unfolded (im2col)
   // rather than oneDNN's convolution kernel: bf16, channels-last on both sides, not grouped, at
   // most 16 output pixels per image (ResNet-18's last stage at 32x32 input, 4x4). There oneDNN
   // 2.6's bf16 weight-gradient kernel runs at a third of the machine's bf16 rate and gains
-  // nothing from a second thread; the GEMM runs at 80% (cpu_conv.cc).
+  // nothing from a second thread; the GEMM runs at 80% (cpu_conv.cc). With the CPU fusions on,
+  // the forward and the input gradient are GEMMs over the same columns too (ConvPlan::gemm).
   static bool UnfoldsWeightGradient(const Conv2dDesc& d);
+  // Whether a conv2d plan runs its forward and input gradient as GEMMs over the unfolded input
+  // too (ConvPlan::gemm: those convolutions, when the CPU fusions are on). For tests.
+  static bool PlannedGemm(const OpPlan& plan);
   // Whether conv2d runs as the stride-1 convolution of x's every stride-th pixel of every
   // stride-th row, when the CPU fusions are on (ConvPlan::subsample): bf16, 1x1, stride above 1,
   // no padding, H and W multiples of the stride, channels-last on both sides (ResNet's

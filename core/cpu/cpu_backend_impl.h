@@ -179,6 +179,7 @@ struct WeightedPlan : OpPlan {
   // run.
   bool matmul = false;
   memory::desc fwd_w_view, w_dy_view;
+  memory::desc fwd_y_view;  // y as the forward matmul writes it (conv2d's ConvPlan::gemm)
   // The weight gradient as that matmul, dW = dy^T x, with dW written through w_dw_view when set
   // (linear; conv2d's unfolded path, ConvPlan::unfold).
   bool weights_matmul = false;
@@ -197,6 +198,9 @@ struct WeightedPlan : OpPlan {
 // A convolution's input unfolded for its weight gradient as a GEMM (UnfoldsWeightGradient): one
 // row per output pixel (n, oh, ow), its columns the kernel window's (r, s, c) in that order, in
 // bf16, zero where the window lies on the padding. dW = dy^T cols is then (K, R, S, C): OHWI.
+// With `gemm` (the CPU fusions on) the other two passes are GEMMs over the same columns too: the
+// forward y = cols W^T, and the input gradient's columns dcols = dy W (f32), which Col2Im sums
+// back into dx.
 //
 // A 1x1 convolution with stride s and no padding (CpuBackend::SubsamplesInput) runs as the
 // stride-1 one over x's every s-th pixel of every s-th row (`subsample`): the staging of x
@@ -205,16 +209,24 @@ struct WeightedPlan : OpPlan {
 struct ConvPlan final : WeightedPlan {
   Conv2dDesc d;  // as the caller described it
   bool unfold = false;
+  bool gemm = false;       // all three passes as GEMMs over the unfolded input (with `unfold`)
   bool winograd = false;   // planned with convolution_winograd (train.winograd)
   bool subsample = false;  // a strided 1x1 convolution run as a stride-1 one
   memory::desc cols_md;    // (N * OH * OW, R * S * C) bf16, row-major
   Tensor cols;
+  mutable const void* cols_x = nullptr;  // the tensor Unfold last filled cols from
+  // `gemm`: dcols (cols_md's dims, f32), and dy and the staged OHWI weight as the data GEMM reads
+  // them: (N * OH * OW, K) and (K, R * S * C).
+  memory::desc dcols_md, data_dy_view, data_w_view;
+  Tensor dcols;
   Tensor dx_sub;  // `subsample`: the input gradient at the pixels the convolution reads (NHWC)
 };
 // dx (N, H, W, C, f32) = p.dx_sub at every stride-th pixel of every stride-th row, 0 elsewhere.
 void Spread(const ConvPlan& p, const Tensor& dx);
 // Fills p.cols from x (f32, NHWC).
 void Unfold(const ConvPlan& p, const Tensor& x);
+// dx (N, H, W, C, f32) = the sum of p.dcols' entries of each input pixel: Unfold's transpose.
+void Col2Im(const ConvPlan& p, const Tensor& dx);
 // out (C, K, R, S) = w (K, C, R, S) with K and C swapped and each R x S kernel rotated 180 degrees:
 // the kernel whose forward convolution of dy is w's input gradient (WeightedPlan::data_flip).
 void FlipKernel(const Tensor& w, const Tensor& out);
@@ -382,7 +394,8 @@ struct CpuBackend::Impl {
   memory WeightsX(const WeightedPlan& p, const Tensor& x, bool from_forward) {
     const auto* conv = dynamic_cast<const ConvPlan*>(&p);
     if (conv != nullptr && conv->unfold) {
-      Unfold(*conv, x);
+      // the forward's columns when it unfolded this very tensor last (FromForward's promise)
+      if (!from_forward || conv->cols_x != x.raw()) Unfold(*conv, x);
       return memory(conv->cols_md, engine, conv->cols.raw());
     }
     return from_forward ? FromForward(p.f_x, p.w_x, x) : p.w_x.In(engine, stream, x);

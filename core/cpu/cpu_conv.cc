@@ -24,7 +24,9 @@ std::shared_ptr<OpPlan> CpuBackend::PrepareConv2d(const Conv2dDesc& desc) {
   auto p = std::make_shared<ConvPlan>();
   p->d = desc;
   p->bias = desc.bias;
-  p->subsample = fusions_ && SubsamplesInput(desc);
+  p->unfold = UnfoldsWeightGradient(desc);
+  p->gemm = p->unfold && fusions_;
+  p->subsample = !p->gemm && fusions_ && SubsamplesInput(desc);
   // The convolution the primitives run: with `subsample`, the stride-1 1x1 one over x's every
   // stride-th pixel of every stride-th row (the staging of x picks them out, ConvPlan).
   Conv2dDesc d = desc;
@@ -72,88 +74,111 @@ std::shared_ptr<OpPlan> CpuBackend::PrepareConv2d(const Conv2dDesc& desc) {
   const auto attr = MakeAttr();
   // The results (y, dx) come out in f32 whatever the precision: a bf16 convolution writes its
   // f32 accumulators without rounding them to bf16, and no conversion pass follows.
-  const auto plan = [&](dnnl::algorithm alg, Tag act, Tag fwd_act) {
-    const memory::desc x_in(xs, ct, act), y_in(ys, ct, act), x_out(xs, Dt::f32, act),
-        y_out(ys, Dt::f32, act), x_fwd(xs, ct, fwd_act), y_fwd(ys, Dt::f32, fwd_act);
-    auto fwd = DPT_DNNL(dnnl::convolution_forward::primitive_desc(
-        dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, alg, x_fwd, w_any,
-                                        p->b_md, y_fwd, strides, dilates, pad, pad),
-        fwd_attr, eng));
-    auto data = DPT_DNNL(dnnl::convolution_backward_data::primitive_desc(
-        dnnl::convolution_backward_data::desc(alg, x_out, w_any, y_in, strides, dilates, pad, pad),
-        attr, eng, fwd));
-    auto weights = DPT_DNNL(dnnl::convolution_backward_weights::primitive_desc(
-        dnnl::convolution_backward_weights::desc(alg, x_in, dw_any, p->b_md, y_in, strides, dilates,
-                                                 pad, pad),
-        attr, eng, fwd));
-    return std::make_tuple(fwd, data, weights);
-  };
-  const auto is_ref = [](const auto& pd) {
-    return std::string(pd.impl_info_str()).rfind("ref", 0) == 0;
-  };
-  // oneDNN's NHWC forward kernel (brgconv) splits its work along the output rows: an output 4
-  // wide leaves it idle most of the time (ResNet-18's last stage at 32x32 input, 512 channels at
-  // 4x4, batch 64, 2 threads: 16.1 ms fp32 and 6.3 ms bf16, where the blocked kernel takes 9.8
-  // and 3.7). There the forward alone runs on blocked layouts, staged in and out (a 2 MB
-  // activation), and the backward passes stay on NHWC (as fast or faster there). At 7 or 8
-  // wide NHWC is as fast or faster in all three passes.
-  const bool nhwc = d.x_nhwc || d.y_nhwc;
-  const Tag act = nhwc ? Tag::nhwc : Tag::any;
-  const auto direct = dnnl::algorithm::convolution_direct;
-  decltype(plan(direct, act, act)) planned;
-  bool wino = false;
-  if (impl_->winograd && WinogradApplies(d)) {
-    // Winograd (train.winograd) on oneDNN's blocked layouts: channels-last activations are
-    // reordered at the edges, which the 2x on the convolution more than pays for (ResNet-18 at
-    // 32x32, batch 64, 2 threads: 93-98 -> 122-147 samples/s). Where oneDNN has no Winograd
-    // kernel (no AVX-512 on this CPU) it refuses the descriptor: direct, as without the option.
-    try {
-      planned = plan(dnnl::algorithm::convolution_winograd, Tag::any, Tag::any);
-      wino = true;
-      impl_->winograd_planned = true;  // before Finish allocates its buffers (and may run out)
-    } catch (const DnnlError&) {
-    }
-  }
-  if (!wino) {
-    planned = plan(direct, act, nhwc && d.out_w() <= 4 ? Tag::any : act);
-    if (is_ref(std::get<0>(planned)) || is_ref(std::get<1>(planned)) ||
-        is_ref(std::get<2>(planned))) {
-      planned = plan(direct, Tag::any, Tag::any);
-    }
-  }
-  auto& [fwd, data, weights] = planned;
-  p->winograd = wino;
   using Pass = Impl::PassPrimitive;
-  Pass data_pass = Pass::Data(data);
-  if (!wino && fusions_ && FlipsBackwardData(d)) {
-    // dx = dy convolved (stride 1) with w transposed and rotated, padded by R - 1 - pad: the
-    // output is H x W again. oneDNN 2.6 on an AVX-512 Xeon, batch 64, 2 threads, against its
-    // backward-data kernels: ref_cnn's conv2 (32 -> 64, 14x14) 1.24 -> 1.03 ms in fp32, ResNet
-    // 3x3 stages 1.03-1.18x faster in fp32 and 1.02-1.38x in bf16, 1x1 convolutions 1.01-1.05x
-    // in fp32 and 1.2-2.1x in bf16; at 4x4 in fp32 (512 channels) 0.62x, hence fp32 only where
-    // dx is wider than 4.
-    const memory::desc dy_in(ys, ct, Tag::nhwc), dx_out(xs, Dt::f32, Tag::nhwc),
-        wt_any({d.c, d.k, d.r, d.s}, ct, Tag::any);
-    const memory::dims flip_pad{d.r - 1 - d.pad, d.s - 1 - d.pad};
-    auto flipped = DPT_DNNL(dnnl::convolution_forward::primitive_desc(
-        dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, direct, dy_in, wt_any,
-                                        dx_out, {1, 1}, {0, 0}, flip_pad, flip_pad),
-        attr, eng));
-    if (std::string(flipped.impl_info_str()).rfind("brgconv", 0) == 0) {
-      data_pass = Pass::Forward(flipped);
-      data_pass.b_user = memory::desc({d.c, d.k, d.r, d.s}, Dt::f32, Tag::oihw);
-      p->data_flip = true;
-      p->w_flip = Empty(Shape{d.c, d.k, d.r, d.s}, DType::kF32, "conv2d flipped weight");
-    }
-  }
   // x as the caller hands it (Conv2dDesc::x_bf16); dx is f32 either way.
   const memory::desc x_given = d.x_bf16 ? x_view(Dt::bf16) : x_user;
-  Pass weights_pass = Pass::Weights(weights);
-  p->unfold = UnfoldsWeightGradient(desc);
+  const int64_t rows = d.n * d.out_h() * d.out_w(), taps = d.r * d.s * d.c;
+  Pass fwd_pass, data_pass, weights_pass;
+  if (p->gemm) {
+    // y (rows, K) = cols (rows, taps) W^T (+ b, ReLU) and dcols (rows, taps) = dy (rows, K) W on
+    // oneDNN's matmul, W staged OHWI in bf16 once for both (K x taps, read as its transpose by
+    // the forward), dy staged channels-last in bf16 (or read as the caller's bf16 dy).
+    const memory::desc w_ohwi(ws, Dt::bf16, Tag::acdb), dy_nhwc(ys, Dt::bf16, Tag::nhwc);
+    p->cols_md = memory::desc({rows, taps}, Dt::bf16, Tag::ab);
+    p->dcols_md = memory::desc({rows, taps}, Dt::f32, Tag::ab);
+    p->fwd_w_view = memory::desc({taps, d.k}, Dt::bf16, Tag::ba);
+    p->fwd_y_view = memory::desc({rows, d.k}, Dt::f32, Tag::ab);
+    p->data_dy_view = memory::desc({rows, d.k}, Dt::bf16, Tag::ab);
+    p->data_w_view = memory::desc({d.k, taps}, Dt::bf16, Tag::ab);
+    p->b_md = d.bias ? memory::desc({1, d.k}, Dt::f32, Tag::ab) : memory::desc();
+    const auto fwd = DPT_DNNL(dnnl::matmul::primitive_desc(
+        dnnl::matmul::desc(p->cols_md, p->fwd_w_view, p->b_md, p->fwd_y_view), fwd_attr, eng));
+    const auto data = DPT_DNNL(dnnl::matmul::primitive_desc(
+        dnnl::matmul::desc(p->data_dy_view, p->data_w_view, p->dcols_md), attr, eng));
+    fwd_pass = {dnnl::primitive(fwd), x_given, w_ohwi, y_user, fwd.scratchpad_desc()};
+    data_pass = {dnnl::primitive(data), dy_nhwc, w_ohwi, dx_user, data.scratchpad_desc()};
+    p->dcols = Empty(Shape{rows * taps}, DType::kF32, "conv2d input-gradient columns");
+  } else {
+    const auto plan = [&](dnnl::algorithm alg, Tag act, Tag fwd_act) {
+      const memory::desc x_in(xs, ct, act), y_in(ys, ct, act), x_out(xs, Dt::f32, act),
+          y_out(ys, Dt::f32, act), x_fwd(xs, ct, fwd_act), y_fwd(ys, Dt::f32, fwd_act);
+      auto fwd = DPT_DNNL(dnnl::convolution_forward::primitive_desc(
+          dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, alg, x_fwd, w_any,
+                                          p->b_md, y_fwd, strides, dilates, pad, pad),
+          fwd_attr, eng));
+      auto data = DPT_DNNL(dnnl::convolution_backward_data::primitive_desc(
+          dnnl::convolution_backward_data::desc(alg, x_out, w_any, y_in, strides, dilates, pad,
+                                                pad),
+          attr, eng, fwd));
+      auto weights = DPT_DNNL(dnnl::convolution_backward_weights::primitive_desc(
+          dnnl::convolution_backward_weights::desc(alg, x_in, dw_any, p->b_md, y_in, strides,
+                                                   dilates, pad, pad),
+          attr, eng, fwd));
+      return std::make_tuple(fwd, data, weights);
+    };
+    const auto is_ref = [](const auto& pd) {
+      return std::string(pd.impl_info_str()).rfind("ref", 0) == 0;
+    };
+    // oneDNN's NHWC forward kernel (brgconv) splits its work along the output rows: an output 4
+    // wide leaves it idle most of the time (ResNet-18's last stage at 32x32 input, 512 channels at
+    // 4x4, batch 64, 2 threads: 16.1 ms fp32 and 6.3 ms bf16, where the blocked kernel takes 9.8
+    // and 3.7). There the forward alone runs on blocked layouts, staged in and out (a 2 MB
+    // activation), and the backward passes stay on NHWC (as fast or faster there). At 7 or 8
+    // wide NHWC is as fast or faster in all three passes.
+    const bool nhwc = d.x_nhwc || d.y_nhwc;
+    const Tag act = nhwc ? Tag::nhwc : Tag::any;
+    const auto direct = dnnl::algorithm::convolution_direct;
+    decltype(plan(direct, act, act)) planned;
+    bool wino = false;
+    if (impl_->winograd && WinogradApplies(d)) {
+      // Winograd (train.winograd) on oneDNN's blocked layouts: channels-last activations are
+      // reordered at the edges, which the 2x on the convolution more than pays for (ResNet-18 at
+      // 32x32, batch 64, 2 threads: 93-98 -> 122-147 samples/s). Where oneDNN has no Winograd
+      // kernel (no AVX-512 on this CPU) it refuses the descriptor: direct, as without the option.
+      try {
+        planned = plan(dnnl::algorithm::convolution_winograd, Tag::any, Tag::any);
+        wino = true;
+        impl_->winograd_planned = true;  // before Finish allocates its buffers (and may run out)
+      } catch (const DnnlError&) {
+      }
+    }
+    if (!wino) {
+      planned = plan(direct, act, nhwc && d.out_w() <= 4 ? Tag::any : act);
+      if (is_ref(std::get<0>(planned)) || is_ref(std::get<1>(planned)) ||
+          is_ref(std::get<2>(planned))) {
+        planned = plan(direct, Tag::any, Tag::any);
+      }
+    }
+    auto& [fwd, data, weights] = planned;
+    p->winograd = wino;
+    data_pass = Pass::Data(data);
+    if (!wino && fusions_ && FlipsBackwardData(d)) {
+      // dx = dy convolved (stride 1) with w transposed and rotated, padded by R - 1 - pad: the
+      // output is H x W again. oneDNN 2.6 on an AVX-512 Xeon, batch 64, 2 threads, against its
+      // backward-data kernels: ref_cnn's conv2 (32 -> 64, 14x14) 1.24 -> 1.03 ms in fp32, ResNet
+      // 3x3 stages 1.03-1.18x faster in fp32 and 1.02-1.38x in bf16, 1x1 convolutions 1.01-1.05x
+      // in fp32 and 1.2-2.1x in bf16; at 4x4 in fp32 (512 channels) 0.62x, hence fp32 only where
+      // dx is wider than 4.
+      const memory::desc dy_in(ys, ct, Tag::nhwc), dx_out(xs, Dt::f32, Tag::nhwc),
+          wt_any({d.c, d.k, d.r, d.s}, ct, Tag::any);
+      const memory::dims flip_pad{d.r - 1 - d.pad, d.s - 1 - d.pad};
+      auto flipped = DPT_DNNL(dnnl::convolution_forward::primitive_desc(
+          dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, direct, dy_in, wt_any,
+                                          dx_out, {1, 1}, {0, 0}, flip_pad, flip_pad),
+          attr, eng));
+      if (std::string(flipped.impl_info_str()).rfind("brgconv", 0) == 0) {
+        data_pass = Pass::Forward(flipped);
+        data_pass.b_user = memory::desc({d.c, d.k, d.r, d.s}, Dt::f32, Tag::oihw);
+        p->data_flip = true;
+        p->w_flip = Empty(Shape{d.c, d.k, d.r, d.s}, DType::kF32, "conv2d flipped weight");
+      }
+    }
+    fwd_pass = Pass::Forward(fwd);
+    weights_pass = Pass::Weights(weights);
+  }
   if (p->unfold) {
     // dW (K, R*S*C) = dy^T (K, N*OH*OW) x cols (N*OH*OW, R*S*C) on oneDNN's matmul, dy staged
     // K-major in bf16 ("bacd"), dW written OHWI and reordered to the caller's OIHW.
-    const int64_t rows = d.n * d.out_h() * d.out_w(), taps = d.r * d.s * d.c;
     p->cols_md = memory::desc({rows, taps}, Dt::bf16, Tag::ab);
     p->w_dy_view = memory::desc({d.k, rows}, Dt::bf16, Tag::ab);
     p->w_dw_view = memory::desc({d.k, taps}, Dt::f32, Tag::ab);
@@ -166,12 +191,13 @@ std::shared_ptr<OpPlan> CpuBackend::PrepareConv2d(const Conv2dDesc& desc) {
   }
   const memory::desc dy_user =
       d.dy_bf16 ? memory::desc(ys, Dt::bf16, d.y_nhwc ? Tag::nhwc : Tag::nchw) : y_user;
-  impl_->Finish(*this, p.get(), "conv2d", d.precision == Precision::kF16, Pass::Forward(fwd),
-                data_pass, weights_pass, x_given, dx_user, w_user, y_user, dy_user,
+  impl_->Finish(*this, p.get(), "conv2d", d.precision == Precision::kF16, fwd_pass, data_pass,
+                weights_pass, x_given, dx_user, w_user, y_user, dy_user,
                 Shape{d.k, d.group_c(), d.r, d.s});
   if (p->subsample) p->dx_sub = Empty(Shape{d.n, d.c, d.h, d.w}, DType::kF32, "conv2d strided dx");
-  p->held_bytes +=
-      (p->cols.defined() ? p->cols.bytes() : 0) + (p->dx_sub.defined() ? p->dx_sub.bytes() : 0);
+  p->held_bytes += (p->cols.defined() ? p->cols.bytes() : 0) +
+                   (p->dx_sub.defined() ? p->dx_sub.bytes() : 0) +
+                   (p->dcols.defined() ? p->dcols.bytes() : 0);
   slot = p;
   return p;
 }
@@ -250,6 +276,11 @@ bool CpuBackend::SubsamplesInput(const Conv2dDesc& d) {
          d.h % d.stride == 0 && d.w % d.stride == 0 && d.x_nhwc && d.y_nhwc;
 }
 
+bool CpuBackend::PlannedGemm(const OpPlan& plan) {
+  const auto* p = dynamic_cast<const ConvPlan*>(&plan);
+  return p != nullptr && p->gemm;
+}
+
 bool CpuBackend::PlannedSubsample(const OpPlan& plan) {
   const auto* p = dynamic_cast<const ConvPlan*>(&plan);
   return p != nullptr && p->subsample;
@@ -299,6 +330,37 @@ void CheckX(const Conv2dDesc& d, const Tensor& x) {
 }
 }  // namespace
 
+void Col2Im(const ConvPlan& p, const Tensor& dx) {
+  const Conv2dDesc& d = p.d;
+  DPT_CHECK(d.x_nhwc && dx.dtype() == DType::kF32 && dx.numel() == d.n * d.c * d.h * d.w)
+      << "conv2d dx " << dx.shape().ToString() << " for " << d.ToString();
+  const int64_t oh = d.out_h(), ow = d.out_w(), c = d.c, taps = d.r * d.s * d.c;
+  const float* cols = p.dcols.data<float>();
+  float* out = dx.data<float>();
+  // Each input pixel gathers the entries of the windows holding it, in (r, s) order: the same
+  // sum on any thread count.
+#pragma omp parallel for if (dx.numel() > kParallelMin)
+  for (int64_t row = 0; row < d.n * d.h; ++row) {
+    const int64_t n = row / d.h, ih = row % d.h;
+    for (int64_t iw = 0; iw < d.w; ++iw) {
+      float* o = out + (row * d.w + iw) * c;
+      std::fill_n(o, c, 0.f);
+      for (int64_t r = 0; r < d.r; ++r) {
+        const int64_t hi = ih + d.pad - r * d.dilation;
+        if (hi < 0 || hi % d.stride != 0 || hi / d.stride >= oh) continue;
+        for (int64_t s = 0; s < d.s; ++s) {
+          const int64_t wi = iw + d.pad - s * d.dilation;
+          if (wi < 0 || wi % d.stride != 0 || wi / d.stride >= ow) continue;
+          const float* src =
+              cols + ((n * oh + hi / d.stride) * ow + wi / d.stride) * taps + (r * d.s + s) * c;
+#pragma omp simd
+          for (int64_t k = 0; k < c; ++k) o[k] += src[k];
+        }
+      }
+    }
+  }
+}
+
 void Unfold(const ConvPlan& p, const Tensor& x) {
   const Conv2dDesc& d = p.d;
   CheckX(d, x);
@@ -306,6 +368,7 @@ void Unfold(const ConvPlan& p, const Tensor& x) {
   const float* in = d.x_bf16 ? nullptr : x.data<float>();
   const auto* in16 = d.x_bf16 ? static_cast<const uint16_t*>(x.raw()) : nullptr;
   auto* cols = static_cast<uint16_t*>(p.cols.raw());
+  p.cols_x = x.raw();
   const int64_t oh = d.out_h(), ow = d.out_w(), rows = d.n * oh * ow, taps = d.r * d.s * d.c;
 #pragma omp parallel for if (rows * taps > kParallelMin)
   for (int64_t row = 0; row < rows; ++row) {

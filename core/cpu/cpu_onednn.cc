@@ -156,9 +156,19 @@ void CpuBackend::Impl::Forward(const WeightedPlan& p, const Tensor& x, const Ten
                                const Tensor* b, Tensor* y) {
   memory w_in = p.f_w.In(engine, stream, w);
   if (p.fwd_w_view) w_in = memory(p.fwd_w_view, engine, w_in.get_data_handle());
-  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, p.f_x.In(engine, stream, x)},
+  memory y_out = p.f_y.OutMem(engine, *y);
+  if (p.fwd_y_view) y_out = memory(p.fwd_y_view, engine, y_out.get_data_handle());
+  const auto* conv = dynamic_cast<const ConvPlan*>(&p);
+  memory x_in;
+  if (conv != nullptr && conv->gemm) {
+    Unfold(*conv, x);
+    x_in = memory(conv->cols_md, engine, conv->cols.raw());
+  } else {
+    x_in = p.f_x.In(engine, stream, x);
+  }
+  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, x_in},
                                        {DNNL_ARG_WEIGHTS, w_in},
-                                       {DNNL_ARG_DST, p.f_y.OutMem(engine, *y)},
+                                       {DNNL_ARG_DST, y_out},
                                        {DNNL_ARG_SCRATCHPAD, Scratch(p.fwd_scratch)}};
   if (p.bias) args.emplace(DNNL_ARG_BIAS, Mem(p.b_md, *b));
   DPT_DNNL(p.fwd.execute(stream, args));
@@ -171,6 +181,15 @@ void CpuBackend::Impl::BackwardData(const WeightedPlan& p, const memory& dy_in, 
   // (WeightedPlan::data_flip): dx = dy conv w flipped.
   const bool forward = p.matmul || p.data_flip;
   const auto* conv = dynamic_cast<const ConvPlan*>(&p);
+  if (conv != nullptr && conv->gemm) {  // dcols = dy W, then summed into dx
+    DPT_DNNL(p.bwd_data.execute(
+        stream, {{DNNL_ARG_SRC, memory(conv->data_dy_view, engine, dy_in.get_data_handle())},
+                 {DNNL_ARG_WEIGHTS, memory(conv->data_w_view, engine, w_in.get_data_handle())},
+                 {DNNL_ARG_DST, memory(conv->dcols_md, engine, conv->dcols.raw())},
+                 {DNNL_ARG_SCRATCHPAD, Scratch(p.data_scratch)}}));
+    Col2Im(*conv, *dx);
+    return;
+  }
   const bool sub = conv != nullptr && conv->subsample;
   const Tensor& out = sub ? conv->dx_sub : *dx;
   DPT_DNNL(p.bwd_data.execute(

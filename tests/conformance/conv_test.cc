@@ -58,7 +58,7 @@ std::vector<Conv2dDesc> Cases(Precision p) {
       // stride-1 convolutions of the pixels they read (CpuBackend::SubsamplesInput), one large
       // enough for the threaded loops
       MakeConv(4, 32, 16, 16, 48, 1, 1, 2, 0, false, p),  // a ResNet shortcut's
-      MakeConv(2, 6, 9, 6, 5, 1, 1, 3, 0, true, p),       // stride 3
+      MakeConv(2, 6, 18, 12, 5, 1, 1, 3, 0, true, p),     // stride 3
       // first layers: 1-3 input channels into many
       MakeConv(3, 1, 10, 9, 32, 3, 3, 1, 1, true, p),    // ref_cnn's conv1, smaller
       MakeConv(2, 3, 11, 12, 16, 5, 5, 2, 2, false, p),  // RGB, stride 2, kernel 5
@@ -329,7 +329,7 @@ TEST_P(ConvTest, ChannelsLastMatchesReference) {
   Backend& be = backend();
   if (!be.PrefersChannelsLast()) GTEST_SKIP() << be.name() << ": activations are NCHW only";
   uint32_t seed = 7000;
-  int unfolded = 0, bf16_cases = 0, flipped = 0, subsampled = 0;
+  int unfolded = 0, bf16_cases = 0, flipped = 0, subsampled = 0, gemm = 0;
   for (const Precision p : {Precision::kF32, Precision::kBF16}) {
     for (Conv2dDesc d : Cases(p)) {
       if (!be.Supports(d)) continue;  // bf16 without oneDNN's bf16 kernels
@@ -349,6 +349,8 @@ TEST_P(ConvTest, ChannelsLastMatchesReference) {
                                                     seed + 3);
         auto plan = be.PrepareConv2d(d);
         subsampled += be.device() == Device::kCpu && cpu::CpuBackend::PlannedSubsample(*plan);
+        const bool as_gemm = be.device() == Device::kCpu && cpu::CpuBackend::PlannedGemm(*plan);
+        gemm += as_gemm;
         Tensor x_t = InLayout(be, x, XShape(d), d.x_nhwc),
                dy_t = InLayout(be, dy, YShape(d), d.y_nhwc);
         Tensor w_t = ToDevice(be, w, WShape(d)), b_t = ToDevice(be, b, Shape{d.k});
@@ -371,9 +373,11 @@ TEST_P(ConvTest, ChannelsLastMatchesReference) {
         EXPECT_TRUE(AllClose(ToHostNchw(be, dx, d.x_nhwc), ref_dx,
                              ForReduction(p, d.k / d.groups * d.r * d.s)))
             << "backward data";
-        if (be.device() == Device::kCpu && cpu::CpuBackend::PlannedFlip(*plan)) {
-          // the input gradient as a forward convolution with the flipped kernel, also alone
-          ++flipped;
+        const bool flip = be.device() == Device::kCpu && cpu::CpuBackend::PlannedFlip(*plan);
+        if (flip || as_gemm) {
+          // the input gradient as a forward convolution with the flipped kernel, or as a GEMM
+          // and its columns summed back, also alone
+          flipped += flip;
           Tensor dx_alone = be.Empty(XShape(d), DType::kF32, "dx alone");
           be.Conv2dBackwardData(*plan, dy_t, w_t, &dx_alone);
           EXPECT_TRUE(AllClose(ToHostNchw(be, dx_alone, d.x_nhwc), ref_dx,
@@ -410,12 +414,14 @@ TEST_P(ConvTest, ChannelsLastMatchesReference) {
   // So did the flipped input gradient on some of the stride-1 ungrouped shapes (CpuBackend::
   // FlipsBackwardData): on CPUs with bf16 kernels (AVX-512) oneDNN has brgemm forward kernels
   // for fp32 at least (24 cases flip on an AMX Xeon, fp32 and bf16).
-  // And the strided 1x1 ones ran as stride-1 convolutions of the pixels they read (three shapes,
-  // with and without the folded ReLU) in bf16.
+  // All three passes of those ran as GEMMs where x and y were both channels-last (the CPU
+  // fusions are on here). And the larger strided 1x1 ones ran as stride-1 convolutions of the
+  // pixels they read (two shapes) in bf16.
   if (be.device() == Device::kCpu && bf16_cases > 0) {
     EXPECT_GE(unfolded, 6);
+    EXPECT_GE(gemm, 6);
     EXPECT_GT(flipped, 0);
-    EXPECT_EQ(subsampled, 3);
+    EXPECT_EQ(subsampled, 2);
   }
 }
 

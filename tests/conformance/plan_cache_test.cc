@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/backend.h"
+#include "core/cpu/cpu_backend.h"
 #include "core/error.h"
 #include "tests/testing/backends.h"
 
@@ -123,6 +124,39 @@ TEST_P(PlanCacheTest, ASharedPlanStagesEachHoldersInput) {
   EXPECT_EQ(a->held_bytes, one + x_bf16) << "a third holder while planning for CUDA";
   c.reset();
 
+  const Shape xs{d.n, d.c, d.h, d.w}, ws{d.k, d.c, d.r, d.s}, ys{d.n, d.k, d.out_h(), d.out_w()};
+  Tensor xa = ToDevice(be, RandomUniform(xs.numel(), 1), xs);
+  Tensor xb = ToDevice(be, RandomUniform(xs.numel(), 2), xs);
+  Tensor w = ToDevice(be, RandomUniform(ws.numel(), 3), ws),
+         bias = be.Zeros({d.k}, DType::kF32, "b");
+  Tensor dy = ToDevice(be, RandomUniform(ys.numel(), 4), ys);
+  Tensor y = be.Empty(ys, DType::kF32, "y"), dx = be.Empty(xs, DType::kF32, "dx");
+  Tensor dw = be.Empty(ws, DType::kF32, "dw"), db = be.Empty({d.k}, DType::kF32, "db");
+  const auto grads = [&](bool other_between) {
+    be.Conv2dForward(*a, xa, w, &bias, &y);
+    if (other_between) be.Conv2dForward(*b, xb, w, &bias, &y);
+    be.Conv2dBackward(*a, xa, dy, w, &dx, &dw, &db, false);
+    return std::vector<std::vector<float>>{ToHost(be, dx), ToHost(be, dw), ToHost(be, db)};
+  };
+  EXPECT_EQ(grads(true), grads(false));
+}
+
+// The same for a plan whose three passes are GEMMs over its input unfolded (the CPU backend's
+// bf16 channels-last convolutions with at most 16 output pixels, ConvPlan::gemm): one buffer of
+// columns per plan, so the backward unfolds its own input again when another layer's forward
+// unfolded the other's since, and reuses the forward's columns when not.
+TEST_P(PlanCacheTest, ASharedGemmPlanUnfoldsEachHoldersInput) {
+  Backend& be = backend();
+  Conv2dDesc d = SomeConv();
+  d.n = 3, d.c = 5, d.h = 4, d.w = 3, d.k = 4, d.precision = Precision::kBF16;
+  d.x_nhwc = d.y_nhwc = true;
+  if (be.device() != Device::kCpu || !be.Supports(d)) {
+    GTEST_SKIP() << be.name() << ": no bf16 channels-last convolution as GEMMs on the host";
+  }
+  be.ReleasePlans();
+  const std::shared_ptr<OpPlan> a = be.PrepareConv2d(d), b = be.PrepareConv2d(d);
+  ASSERT_EQ(a.get(), b.get());
+  ASSERT_TRUE(cpu::CpuBackend::PlannedGemm(*a)) << d.ToString();
   const Shape xs{d.n, d.c, d.h, d.w}, ws{d.k, d.c, d.r, d.s}, ys{d.n, d.k, d.out_h(), d.out_w()};
   Tensor xa = ToDevice(be, RandomUniform(xs.numel(), 1), xs);
   Tensor xb = ToDevice(be, RandomUniform(xs.numel(), 2), xs);
