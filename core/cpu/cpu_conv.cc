@@ -25,7 +25,7 @@ std::shared_ptr<OpPlan> CpuBackend::PrepareConv2d(const Conv2dDesc& desc) {
   p->d = desc;
   p->bias = desc.bias;
   p->unfold = UnfoldsWeightGradient(desc);
-  p->gemm = p->unfold && fusions_;
+  p->gemm = p->unfold && fusions_ && desc.out_h() * desc.out_w() <= 16;
   p->subsample = !p->gemm && fusions_ && SubsamplesInput(desc);
   // The convolution the primitives run: with `subsample`, the stride-1 1x1 one over x's every
   // stride-th pixel of every stride-th row (the staging of x picks them out, ConvPlan).
@@ -313,8 +313,11 @@ void Spread(const ConvPlan& p, const Tensor& dx) {
 }
 
 bool CpuBackend::UnfoldsWeightGradient(const Conv2dDesc& d) {
+  const int64_t pixels = d.out_h() * d.out_w(),
+                cols_bytes = 2 * d.n * pixels * d.weight_numel() / d.k;
+  const bool strided = d.stride > 1 && d.weight_numel() >= 16384 && cols_bytes <= (16 << 20);
   return d.precision == Precision::kBF16 && d.x_nhwc && d.y_nhwc && d.groups == 1 &&
-         d.out_h() * d.out_w() <= 16 && PrecisionOk(d.precision);
+         (pixels <= 16 || strided) && PrecisionOk(d.precision);
 }
 
 namespace {

@@ -66,7 +66,8 @@ std::vector<Conv2dDesc> Cases(Precision p) {
       MakeConv(1, 1, 9, 9, 16, 8, 8, 1, 3, true, p),     // kernel 8, pad 3
       // small outputs: the CPU's bf16 channels-last weight gradient as a GEMM over the input
       // unfolded (CpuBackend::UnfoldsWeightGradient)
-      MakeConv(2, 32, 4, 4, 16, 3, 3, 1, 1, false, p),                 // ResNet-18's last stage
+      MakeConv(2, 32, 4, 4, 16, 3, 3, 1, 1, false, p),   // ResNet-18's last stage
+      MakeConv(2, 32, 12, 12, 64, 3, 3, 2, 1, true, p),  // strided, 64 x 288 weights: unfolded too
       WithGroups(MakeConv(2, 3, 7, 7, 4, 3, 3, 2, 2, true, p), 1, 2),  // dilated, stride 2
       // depthwise (MobileNet): groups = C = K, stride 1 and 2, with and without bias
       WithGroups(MakeConv(2, 6, 7, 7, 6, 3, 3, 1, 1, false, p), 6),
