@@ -59,10 +59,10 @@ class CpuBackend final : public Backend {
   // most 16 output pixels per image (ResNet-18's last stage at 32x32 input, 4x4). There oneDNN
   // 2.6's bf16 weight-gradient kernel runs at a third of the machine's bf16 rate and gains
   // nothing from a second thread; the GEMM runs at 80% (cpu_conv.cc). With the CPU fusions on,
-  // the forward and the input gradient are GEMMs over the same columns too (ConvPlan::gemm).
-  // Also a strided convolution whose weight has at least 16,384 entries and whose columns take
-  // at most 16 MiB: oneDNN's strided bf16 weight-gradient kernels ran at 290-530 GFLOP/s here
-  // (smaller weights leave the GEMM too few blocks for its threads).
+  // the forward and the input gradient of those (at most 16 output pixels) are GEMMs over the
+  // same columns too (ConvPlan::gemm). Also a strided convolution whose weight has at least 16,384
+  // entries and whose columns take at most 16 MiB: oneDNN's strided bf16 weight-gradient kernels
+  // ran at 290-530 GFLOP/s here (smaller weights leave the GEMM too few blocks for its threads).
   static bool UnfoldsWeightGradient(const Conv2dDesc& d);
   // Whether a conv2d plan runs its forward and input gradient as GEMMs over the unfolded input
   // too (ConvPlan::gemm: those convolutions, when the CPU fusions are on). For tests.

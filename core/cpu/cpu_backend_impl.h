@@ -14,6 +14,7 @@
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "core/cpu/cpu_backend.h"
@@ -214,7 +215,8 @@ struct ConvPlan final : WeightedPlan {
   bool subsample = false;  // a strided 1x1 convolution run as a stride-1 one
   memory::desc cols_md;    // (N * OH * OW, R * S * C) bf16, row-major
   Tensor cols;
-  mutable const void* cols_x = nullptr;  // the tensor Unfold last filled cols from
+  // `gemm`: the tensor the plan's last forward unfolded into cols (null once anything else did)
+  mutable const void* cols_x = nullptr;
   // `gemm`: dcols (cols_md's dims, f32), and dy and the staged OHWI weight as the data GEMM reads
   // them: (N * OH * OW, K) and (K, R * S * C).
   memory::desc dcols_md, data_dy_view, data_w_view;
@@ -294,8 +296,13 @@ struct CpuBackend::Impl {
   // A cached conv2d / linear plan handed to one more layer: while the cache and the layers
   // holding it (slot.use_count(), the caller not yet among them) outnumber its staged copies of
   // x, one more, so that every layer's backward finds the input its forward staged.
+  // Not for a convolution whose weight gradient reads its unfolded input instead (ConvPlan::
+  // unfold): its backward reads no staged x.
   template <class P>
   std::shared_ptr<P> Shared(CpuBackend& be, const std::shared_ptr<P>& slot) {
+    if constexpr (std::is_same_v<P, ConvPlan>) {
+      if (slot->unfold) return slot;
+    }
     while (static_cast<long>(slot->f_x.copies.size()) < slot.use_count()) {
       const size_t added = slot->f_x.AddCopy(be);
       if (added == 0) break;
@@ -394,8 +401,12 @@ struct CpuBackend::Impl {
   memory WeightsX(const WeightedPlan& p, const Tensor& x, bool from_forward) {
     const auto* conv = dynamic_cast<const ConvPlan*>(&p);
     if (conv != nullptr && conv->unfold) {
-      // the forward's columns when it unfolded this very tensor last (FromForward's promise)
-      if (!from_forward || conv->cols_x != x.raw()) Unfold(*conv, x);
+      // the forward's columns when the plan's last forward unfolded this very tensor
+      // (FromForward's promise); only a `gemm` plan's forward unfolds
+      if (!from_forward || conv->cols_x != x.raw()) {
+        conv->cols_x = nullptr;
+        Unfold(*conv, x);
+      }
       return memory(conv->cols_md, engine, conv->cols.raw());
     }
     return from_forward ? FromForward(p.f_x, p.w_x, x) : p.w_x.In(engine, stream, x);

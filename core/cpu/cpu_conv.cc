@@ -371,7 +371,6 @@ void Unfold(const ConvPlan& p, const Tensor& x) {
   const float* in = d.x_bf16 ? nullptr : x.data<float>();
   const auto* in16 = d.x_bf16 ? static_cast<const uint16_t*>(x.raw()) : nullptr;
   auto* cols = static_cast<uint16_t*>(p.cols.raw());
-  p.cols_x = x.raw();
   const int64_t oh = d.out_h(), ow = d.out_w(), rows = d.n * oh * ow, taps = d.r * d.s * d.c;
 #pragma omp parallel for if (rows * taps > kParallelMin)
   for (int64_t row = 0; row < rows; ++row) {

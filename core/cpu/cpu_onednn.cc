@@ -161,7 +161,9 @@ void CpuBackend::Impl::Forward(const WeightedPlan& p, const Tensor& x, const Ten
   const auto* conv = dynamic_cast<const ConvPlan*>(&p);
   memory x_in;
   if (conv != nullptr && conv->gemm) {
+    conv->cols_x = nullptr;  // until unfolded: a failure leaves nothing to reuse
     Unfold(*conv, x);
+    conv->cols_x = x.raw();
     x_in = memory(conv->cols_md, engine, conv->cols.raw());
   } else {
     x_in = p.f_x.In(engine, stream, x);
