@@ -321,9 +321,11 @@ PY
   echo "convolution targets met: $conv_met of $conv_rows"
 fi
 
-echo
-echo "== per-step time breakdown (ref_cnn, 2 ranks x 1 thread, batch 64, fp32; dptrain's summary)"
-grep '^done:' "$work/last-ref_cnn-2-1-64-fp32.log" || true
+if [ -f "$work/last-ref_cnn-2-1-64-fp32.log" ]; then  # not when BENCH_MODELS leaves ref_cnn out
+  echo
+  echo "== per-step time breakdown (ref_cnn, 2 ranks x 1 thread, batch 64, fp32; dptrain's summary)"
+  grep '^done:' "$work/last-ref_cnn-2-1-64-fp32.log" || true
+fi
 
 echo
 echo "== gradient allreduce: reducer vs bare MPI_Allreduce (2 ranks)"
