@@ -151,30 +151,34 @@ std::shared_ptr<OpPlan> CpuBackend::PrepareConv2d(const Conv2dDesc& desc) {
     }
     auto& [fwd, data, weights] = planned;
     p->winograd = wino;
-    data_pass = Pass::Data(data);
     if (!wino && fusions_ && FlipsBackwardData(d)) {
       // dx = dy convolved (stride 1) with w transposed and rotated, padded by R - 1 - pad: the
       // output is H x W again. oneDNN 2.6 on an AVX-512 Xeon, batch 64, 2 threads, against its
       // backward-data kernels: ref_cnn's conv2 (32 -> 64, 14x14) 1.24 -> 1.03 ms in fp32, ResNet
       // 3x3 stages 1.03-1.18x faster in fp32 and 1.02-1.38x in bf16, 1x1 convolutions 1.01-1.05x
       // in fp32 and 1.2-2.1x in bf16; at 4x4 in fp32 (512 channels) 0.62x, hence fp32 only where
-      // dx is wider than 4.
+      // dx is wider than 4. A descriptor oneDNN refuses leaves the backward-data kernel.
       const memory::desc dy_in(ys, ct, Tag::nhwc), dx_out(xs, Dt::f32, Tag::nhwc),
           wt_any({d.c, d.k, d.r, d.s}, ct, Tag::any);
       const memory::dims flip_pad{d.r - 1 - d.pad, d.s - 1 - d.pad};
-      auto flipped = DPT_DNNL(dnnl::convolution_forward::primitive_desc(
-          dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, direct, dy_in, wt_any,
-                                          dx_out, {1, 1}, {0, 0}, flip_pad, flip_pad),
-          attr, eng));
-      if (std::string(flipped.impl_info_str()).rfind("brgconv", 0) == 0) {
-        data_pass = Pass::Forward(flipped);
-        data_pass.b_user = memory::desc({d.c, d.k, d.r, d.s}, Dt::f32, Tag::oihw);
-        p->data_flip = true;
-        p->w_flip = Empty(Shape{d.c, d.k, d.r, d.s}, DType::kF32, "conv2d flipped weight");
+      try {
+        auto flipped = DPT_DNNL(dnnl::convolution_forward::primitive_desc(
+            dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, direct, dy_in,
+                                            wt_any, dx_out, {1, 1}, {0, 0}, flip_pad, flip_pad),
+            attr, eng));
+        if (std::string(flipped.impl_info_str()).rfind("brgconv", 0) == 0) {
+          data_pass = Pass::Forward(flipped);
+          data_pass.b_user = memory::desc({d.c, d.k, d.r, d.s}, Dt::f32, Tag::oihw);
+          p->data_flip = true;
+          p->w_flip = Empty(Shape{d.c, d.k, d.r, d.s}, DType::kF32, "conv2d flipped weight");
+        }
+      } catch (const DnnlError&) {
       }
     }
+    // Only the primitives that run are made (each is a JIT-compiled kernel).
+    if (!p->data_flip) data_pass = Pass::Data(data);
     fwd_pass = Pass::Forward(fwd);
-    weights_pass = Pass::Weights(weights);
+    if (!p->unfold) weights_pass = Pass::Weights(weights);
   }
   if (p->unfold) {
     // dW (K, R*S*C) = dy^T (K, N*OH*OW) x cols (N*OH*OW, R*S*C) on oneDNN's matmul, dy staged
