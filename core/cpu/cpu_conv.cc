@@ -144,8 +144,9 @@ std::shared_ptr<OpPlan> CpuBackend::PrepareConv2d(const Conv2dDesc& desc) {
     }
     if (!wino) {
       planned = plan(direct, act, nhwc && d.out_w() <= 4 ? Tag::any : act);
+      // (an unfolded weight gradient runs on a GEMM: its convolution kernel does not count)
       if (is_ref(std::get<0>(planned)) || is_ref(std::get<1>(planned)) ||
-          is_ref(std::get<2>(planned))) {
+          (!p->unfold && is_ref(std::get<2>(planned)))) {
         planned = plan(direct, Tag::any, Tag::any);
       }
     }

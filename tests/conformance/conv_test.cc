@@ -198,7 +198,10 @@ TEST_P(ConvTest, PlanReuseIsStateless) {
 // of the values it holds then, not of the values an earlier step left staged or unfolded (the
 // CPU backend's unfolded weight gradient reuses the forward's columns only when that forward
 // unfolded them, ConvPlan::gemm), in bf16 channels-last: a small output (all three passes GEMMs
-// with the fusions on, the weight gradient alone without) and a strided one with a large weight.
+// with the fusions on, the weight gradient alone without) and a strided one with a large weight
+// (its weight gradient alone). The steps catch a backward that reuses its own earlier unfolding
+// (plans whose forward does not unfold); the backward alone at the end catches one that reuses
+// another tensor's columns.
 TEST_P(ConvTest, RefilledInputGivesItsOwnGradients) {
   Backend& be = backend();
   int ran = 0;
@@ -211,6 +214,10 @@ TEST_P(ConvTest, RefilledInputGivesItsOwnGradients) {
       ++ran;
       ScopedCpuFusions scoped(be, fusions);
       auto plan = be.PrepareConv2d(d);
+      if (be.device() == Device::kCpu) {  // the paths this test is for
+        ASSERT_TRUE(cpu::CpuBackend::UnfoldsWeightGradient(d));
+        EXPECT_EQ(cpu::CpuBackend::PlannedGemm(*plan), fusions && d.out_h() * d.out_w() <= 16);
+      }
       const Shape xs = XShape(d), ws = WShape(d), ys = YShape(d);
       Tensor w = ToDevice(be, RandomUniform(static_cast<size_t>(ws.numel()), 1), ws);
       Tensor b = ToDevice(be, RandomUniform(static_cast<size_t>(d.k), 2), {d.k});
@@ -232,14 +239,15 @@ TEST_P(ConvTest, RefilledInputGivesItsOwnGradients) {
       EXPECT_EQ(second,
                 (std::vector<std::vector<float>>{ToHost(be, y), ToHost(be, dx), ToHost(be, dw)}));
       EXPECT_NE(first[2], second[2]) << "the weight gradient did not follow the input";
-      // a backward alone, its input refilled since the plan's last forward (which read another
-      // tensor), reads the refilled values too
+      // a backward alone, its input refilled since the plan's last forward and backward (which
+      // read another tensor, with other values), reads the refilled values
       const std::vector<float> v = RandomUniform(static_cast<size_t>(xs.numel()), 12);
       Tensor other = ToDevice(be, v, xs);
       be.Conv2dForward(*plan, other, w, d.bias ? &b : nullptr, &y);
       be.Conv2dBackward(*plan, other, dy, w, &dx, &dw, d.bias ? &db : nullptr, false);
       const std::vector<float> expected = ToHost(be, dw);
       be.Conv2dForward(*plan, fresh, w, d.bias ? &b : nullptr, &y);
+      be.Conv2dBackward(*plan, fresh, dy, w, &dx, &dw, d.bias ? &db : nullptr, false);
       be.CopyFromHost(v.data(), &x);
       be.Conv2dBackward(*plan, x, dy, w, &dx, &dw, d.bias ? &db : nullptr, false);
       EXPECT_EQ(ToHost(be, dw), expected) << "weight gradient after a refill without a forward";
