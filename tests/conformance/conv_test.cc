@@ -225,31 +225,32 @@ TEST_P(ConvTest, RefilledInputGivesItsOwnGradients) {
       Tensor x = be.Empty(xs, DType::kF32, "x"), y = be.Empty(ys, DType::kF32, "y");
       Tensor dx = be.Empty(xs, DType::kF32, "dx"), dw = be.Empty(ws, DType::kF32, "dw"),
              db = be.Empty({d.k}, DType::kF32, "db");
-      const auto step = [&](uint32_t seed) {
-        const std::vector<float> v = RandomUniform(static_cast<size_t>(xs.numel()), seed);
-        be.CopyFromHost(v.data(), &x);
-        be.Conv2dForward(*plan, x, w, d.bias ? &b : nullptr, &y);
-        be.Conv2dBackward(*plan, x, dy, w, &dx, &dw, d.bias ? &db : nullptr, false);
+      const auto backward = [&](const Tensor& in) {
+        be.Conv2dBackward(*plan, in, dy, w, &dx, &dw, d.bias ? &db : nullptr, false);
+      };
+      const auto pass = [&](const Tensor& in) {  // forward and backward: y, dx, dw
+        be.Conv2dForward(*plan, in, w, d.bias ? &b : nullptr, &y);
+        backward(in);
         return std::vector<std::vector<float>>{ToHost(be, y), ToHost(be, dx), ToHost(be, dw)};
       };
+      const auto values = [&](uint32_t seed) {
+        return RandomUniform(static_cast<size_t>(xs.numel()), seed);
+      };
+      const auto step = [&](uint32_t seed) {
+        be.CopyFromHost(values(seed).data(), &x);
+        return pass(x);
+      };
       const auto first = step(10), second = step(11);
-      Tensor fresh = ToDevice(be, RandomUniform(static_cast<size_t>(xs.numel()), 11), xs);
-      be.Conv2dForward(*plan, fresh, w, d.bias ? &b : nullptr, &y);
-      be.Conv2dBackward(*plan, fresh, dy, w, &dx, &dw, d.bias ? &db : nullptr, false);
-      EXPECT_EQ(second,
-                (std::vector<std::vector<float>>{ToHost(be, y), ToHost(be, dx), ToHost(be, dw)}));
+      Tensor fresh = ToDevice(be, values(11), xs);
+      EXPECT_EQ(second, pass(fresh));
       EXPECT_NE(first[2], second[2]) << "the weight gradient did not follow the input";
       // a backward alone, its input refilled since the plan's last forward and backward (which
       // read another tensor, with other values), reads the refilled values
-      const std::vector<float> v = RandomUniform(static_cast<size_t>(xs.numel()), 12);
-      Tensor other = ToDevice(be, v, xs);
-      be.Conv2dForward(*plan, other, w, d.bias ? &b : nullptr, &y);
-      be.Conv2dBackward(*plan, other, dy, w, &dx, &dw, d.bias ? &db : nullptr, false);
-      const std::vector<float> expected = ToHost(be, dw);
-      be.Conv2dForward(*plan, fresh, w, d.bias ? &b : nullptr, &y);
-      be.Conv2dBackward(*plan, fresh, dy, w, &dx, &dw, d.bias ? &db : nullptr, false);
+      const std::vector<float> v = values(12);
+      const std::vector<float> expected = pass(ToDevice(be, v, xs))[2];
+      pass(fresh);
       be.CopyFromHost(v.data(), &x);
-      be.Conv2dBackward(*plan, x, dy, w, &dx, &dw, d.bias ? &db : nullptr, false);
+      backward(x);
       EXPECT_EQ(ToHost(be, dw), expected) << "weight gradient after a refill without a forward";
     }
   }

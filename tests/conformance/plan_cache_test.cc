@@ -96,6 +96,26 @@ TEST_P(PlanCacheTest, Pool) {
   }
 }
 
+// Two holders `a` and `b` of one conv2d plan: a's backward after b's forward (of another input)
+// gives the gradients a's backward gives right after its own forward.
+void ExpectOwnGradients(Backend& be, const Conv2dDesc& d, const OpPlan& a, const OpPlan& b) {
+  const Shape xs{d.n, d.c, d.h, d.w}, ws{d.k, d.c, d.r, d.s}, ys{d.n, d.k, d.out_h(), d.out_w()};
+  Tensor xa = ToDevice(be, RandomUniform(xs.numel(), 1), xs);
+  Tensor xb = ToDevice(be, RandomUniform(xs.numel(), 2), xs);
+  Tensor w = ToDevice(be, RandomUniform(ws.numel(), 3), ws),
+         bias = be.Zeros({d.k}, DType::kF32, "b");
+  Tensor dy = ToDevice(be, RandomUniform(ys.numel(), 4), ys);
+  Tensor y = be.Empty(ys, DType::kF32, "y"), dx = be.Empty(xs, DType::kF32, "dx");
+  Tensor dw = be.Empty(ws, DType::kF32, "dw"), db = be.Empty({d.k}, DType::kF32, "db");
+  const auto grads = [&](bool other_between) {
+    be.Conv2dForward(a, xa, w, &bias, &y);
+    if (other_between) be.Conv2dForward(b, xb, w, &bias, &y);
+    be.Conv2dBackward(a, xa, dy, w, &dx, &dw, &db, false);
+    return std::vector<std::vector<float>>{ToHost(be, dx), ToHost(be, dw), ToHost(be, db)};
+  };
+  EXPECT_EQ(grads(true), grads(false));
+}
+
 // A plan two layers share (two same-shaped convolutions) stages x once per layer that holds it:
 // the first layer's backward finds its own input staged by its forward, not the second layer's
 // (the CPU backend's bf16 staging; one copy more per holder, none for a holder preparing again),
@@ -124,21 +144,7 @@ TEST_P(PlanCacheTest, ASharedPlanStagesEachHoldersInput) {
   EXPECT_EQ(a->held_bytes, one + x_bf16) << "a third holder while planning for CUDA";
   c.reset();
 
-  const Shape xs{d.n, d.c, d.h, d.w}, ws{d.k, d.c, d.r, d.s}, ys{d.n, d.k, d.out_h(), d.out_w()};
-  Tensor xa = ToDevice(be, RandomUniform(xs.numel(), 1), xs);
-  Tensor xb = ToDevice(be, RandomUniform(xs.numel(), 2), xs);
-  Tensor w = ToDevice(be, RandomUniform(ws.numel(), 3), ws),
-         bias = be.Zeros({d.k}, DType::kF32, "b");
-  Tensor dy = ToDevice(be, RandomUniform(ys.numel(), 4), ys);
-  Tensor y = be.Empty(ys, DType::kF32, "y"), dx = be.Empty(xs, DType::kF32, "dx");
-  Tensor dw = be.Empty(ws, DType::kF32, "dw"), db = be.Empty({d.k}, DType::kF32, "db");
-  const auto grads = [&](bool other_between) {
-    be.Conv2dForward(*a, xa, w, &bias, &y);
-    if (other_between) be.Conv2dForward(*b, xb, w, &bias, &y);
-    be.Conv2dBackward(*a, xa, dy, w, &dx, &dw, &db, false);
-    return std::vector<std::vector<float>>{ToHost(be, dx), ToHost(be, dw), ToHost(be, db)};
-  };
-  EXPECT_EQ(grads(true), grads(false));
+  ExpectOwnGradients(be, d, *a, *b);
 }
 
 // The same for a plan whose three passes are GEMMs over its input unfolded (the CPU backend's
@@ -157,21 +163,7 @@ TEST_P(PlanCacheTest, ASharedGemmPlanUnfoldsEachHoldersInput) {
   const std::shared_ptr<OpPlan> a = be.PrepareConv2d(d), b = be.PrepareConv2d(d);
   ASSERT_EQ(a.get(), b.get());
   ASSERT_TRUE(cpu::CpuBackend::PlannedGemm(*a)) << d.ToString();
-  const Shape xs{d.n, d.c, d.h, d.w}, ws{d.k, d.c, d.r, d.s}, ys{d.n, d.k, d.out_h(), d.out_w()};
-  Tensor xa = ToDevice(be, RandomUniform(xs.numel(), 1), xs);
-  Tensor xb = ToDevice(be, RandomUniform(xs.numel(), 2), xs);
-  Tensor w = ToDevice(be, RandomUniform(ws.numel(), 3), ws),
-         bias = be.Zeros({d.k}, DType::kF32, "b");
-  Tensor dy = ToDevice(be, RandomUniform(ys.numel(), 4), ys);
-  Tensor y = be.Empty(ys, DType::kF32, "y"), dx = be.Empty(xs, DType::kF32, "dx");
-  Tensor dw = be.Empty(ws, DType::kF32, "dw"), db = be.Empty({d.k}, DType::kF32, "db");
-  const auto grads = [&](bool other_between) {
-    be.Conv2dForward(*a, xa, w, &bias, &y);
-    if (other_between) be.Conv2dForward(*b, xb, w, &bias, &y);
-    be.Conv2dBackward(*a, xa, dy, w, &dx, &dw, &db, false);
-    return std::vector<std::vector<float>>{ToHost(be, dx), ToHost(be, dw), ToHost(be, db)};
-  };
-  EXPECT_EQ(grads(true), grads(false));
+  ExpectOwnGradients(be, d, *a, *b);
 }
 
 // Supports answers honestly: empty or impossible shapes are refused (and Prepare* throws
