@@ -4,6 +4,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -12,6 +13,11 @@
 #include "core/error.h"
 
 namespace dptrain {
+namespace {
+
+constexpr int kAttempts = 100;
+
+}  // namespace
 
 RunDirLock::~RunDirLock() {
   if (fd_ >= 0) ::close(fd_);
@@ -24,26 +30,44 @@ bool RunDirLock::Acquire(const std::string& dir, const std::string& note, std::s
     return true;
   }
   // Create it, or open the one an earlier run left: only a file this call created is removed
-  // by Abandon.
-  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  const bool created = fd >= 0;
-  if (fd < 0 && errno == EEXIST) fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
-  if (fd < 0 || ::flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    const int err = errno;  // the file stays: the holder has it open
-    if (fd >= 0 && err == EWOULDBLOCK) {
-      char holder[256];
-      const ssize_t n = ::pread(fd, holder, sizeof holder, 0);
-      ::close(fd);
-      std::string who = n > 0 ? std::string(holder, static_cast<size_t>(n)) : "";
-      while (!who.empty() && who.back() == '\n') who.pop_back();
-      DPT_THROW(ConfigError) << "run_dir '" << dir << "' is in use by another dptrain run"
-                             << (who.empty() ? "" : " (" + who + ")")
-                             << "; give this run its own run_dir, or wait for that one to end";
+  // by Abandon. A run abandoning its setup removes its file while holding it, so the file this
+  // call opened may be gone by the time it is opened or locked: then start again on the new one
+  // (a lock on a removed file keeps out nobody). Each retry means another run removed a file.
+  int fd = -1;
+  bool created = false;
+  for (int attempt = 0;; ++attempt) {
+    fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    created = fd >= 0;
+    if (fd < 0 && errno == EEXIST) fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+    if (fd < 0 && errno == ENOENT && attempt < kAttempts) continue;  // removed in between
+    if (fd < 0 || ::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;  // the file stays: the holder has it open
+      if (fd >= 0 && err == EWOULDBLOCK) {
+        char holder[256];
+        const ssize_t n = ::pread(fd, holder, sizeof holder, 0);
+        ::close(fd);
+        std::string who = n > 0 ? std::string(holder, static_cast<size_t>(n)) : "";
+        while (!who.empty() && who.back() == '\n') who.pop_back();
+        DPT_THROW(ConfigError) << "run_dir '" << dir << "' is in use by another dptrain run"
+                               << (who.empty() ? "" : " (" + who + ")")
+                               << "; give this run its own run_dir, or wait for that one to end";
+      }
+      if (fd >= 0) ::close(fd);
+      if (created) ::unlink(path.c_str());  // no lock on this file system: leave nothing behind
+      if (why != nullptr) *why = path + ": " + std::strerror(err);
+      return false;
     }
-    if (fd >= 0) ::close(fd);
-    if (created) ::unlink(path.c_str());  // no lock on this file system: leave nothing behind
-    if (why != nullptr) *why = path + ": " + std::strerror(err);
-    return false;
+    struct stat locked {};
+    struct stat named {};
+    if (::fstat(fd, &locked) == 0 && ::stat(path.c_str(), &named) == 0 &&
+        locked.st_dev == named.st_dev && locked.st_ino == named.st_ino) {
+      break;  // locked, and still the file the path names
+    }
+    ::close(fd);  // removed (or replaced) before the lock: never this call's to remove
+    if (attempt >= kAttempts) {
+      if (why != nullptr) *why = path + ": removed again and again while being locked";
+      return false;
+    }
   }
   fd_ = fd;
   path_ = path;

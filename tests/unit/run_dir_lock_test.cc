@@ -6,9 +6,12 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "core/error.h"
 #include "tests/testing/temp_dir.h"
@@ -92,6 +95,42 @@ TEST(RunDirLockTest, AMissingDirectoryIsNotLockedAndSaysWhy) {
   EXPECT_FALSE(lock.Acquire(dir.File("absent"), "pid 8 on h", &why));
   EXPECT_FALSE(lock.held());
   EXPECT_THAT(why, HasSubstr(dir.File("absent") + "/.dptrain.lock: No such file"));
+}
+
+// Two runs starting while a third abandons its setup: a run that opened the file just before the
+// abandoning one removed it must not end up holding the removed file while a later run locks a
+// new one, nor take the file's disappearance for a file system that cannot lock.
+TEST(RunDirLockTest, AFileRemovedWhileAnotherRunLocksItIsNotHeldTwice) {
+  testing::TempDir dir;
+  std::atomic<int> holders{0};
+  std::atomic<int> twice{0};
+  std::atomic<int> unlocked{0};
+  std::atomic<int> held{0};
+  auto run = [&] {
+    for (int i = 0; i < 20000; ++i) {
+      RunDirLock lock;
+      std::string why;
+      try {
+        if (!lock.Acquire(dir.path(), "stress", &why)) {
+          ++unlocked;
+          continue;
+        }
+      } catch (const ConfigError&) {
+        continue;  // the other thread holds it: refused, as it should be
+      }
+      ++held;
+      if (holders.fetch_add(1) != 0) ++twice;
+      std::this_thread::yield();
+      holders.fetch_sub(1);
+      lock.Abandon();
+    }
+  };
+  std::vector<std::thread> threads(3);
+  for (auto& t : threads) t = std::thread(run);
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(twice.load(), 0) << "two holders at once";
+  EXPECT_EQ(unlocked.load(), 0) << "a removed file taken for a file system without locks";
+  EXPECT_GT(held.load(), 0);
 }
 
 }  // namespace
