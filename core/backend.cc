@@ -56,6 +56,20 @@ void Backend::ConvPoolBackward(const ConvPoolDesc& d, const Tensor& /*x*/, const
   DPT_THROW(InternalError) << name() << ": no fused " << d.ToString();
 }
 
+void Backend::ReluBackwardSum(const Tensor& /*y*/, const Tensor& /*dy_a*/, const Tensor& /*dy_b*/,
+                              Tensor* /*dx*/) {
+  DPT_THROW(InternalError) << name() << ": no ReLU backward of a gradient in two parts";
+}
+
+void Backend::BatchNormBackwardSum(const BatchNormArgs& /*a*/, const Tensor& /*x*/,
+                                   const Tensor& /*dy_a*/, const Tensor& /*dy_b*/,
+                                   const Tensor* /*relu_y*/, const Tensor& /*gamma*/,
+                                   const Tensor& /*beta*/, const Tensor& /*save_mean*/,
+                                   const Tensor& /*save_invstd*/, Tensor* /*dx*/,
+                                   Tensor* /*dgamma*/, Tensor* /*dbeta*/, bool /*accumulate*/) {
+  DPT_THROW(InternalError) << name() << ": no batch norm backward of a gradient in two parts";
+}
+
 namespace {
 int64_t NowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(

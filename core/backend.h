@@ -387,6 +387,22 @@ class Backend {
                                  const Tensor& save_mean, const Tensor& save_invstd, Tensor* dx,
                                  Tensor* dgamma, Tensor* dbeta, bool accumulate) = 0;
 
+  // ---- a gradient in two parts, where TakesGradientParts says so ----
+  // An output read by two nodes (a ResNet block's input) gets the sum of their gradients. Where
+  // its backward starts with one of these ops, the graph hands the op both parts instead of
+  // summing them into a buffer of their own first: one pass over memory and one buffer less.
+  // Each adds dy_a + dy_b elementwise in f32 as it reads them, in that order: the same bits as
+  // Add(dy_a, dy_b) then the one-part op. Backends without them answer no (the graph sums).
+  virtual bool TakesGradientParts() const { return false; }
+  // ReluBackward of dy_a + dy_b. dx may be y (written in place).
+  virtual void ReluBackwardSum(const Tensor& y, const Tensor& dy_a, const Tensor& dy_b, Tensor* dx);
+  // BatchNormBackward of dy_a + dy_b; channels-last (BatchNormArgs::nhwc) only.
+  virtual void BatchNormBackwardSum(const BatchNormArgs& a, const Tensor& x, const Tensor& dy_a,
+                                    const Tensor& dy_b, const Tensor* relu_y, const Tensor& gamma,
+                                    const Tensor& beta, const Tensor& save_mean,
+                                    const Tensor& save_invstd, Tensor* dx, Tensor* dgamma,
+                                    Tensor* dbeta, bool accumulate);
+
   // ---- losses: sums over the batch (the caller divides), written to 1-element f32 tensors ----
   // logits (N, K), labels i32 (N); probs (N, K) kept for backward; correct = argmax hits.
   // A label outside [0, K) is a DataError: the CPU backend throws here; a device backend does

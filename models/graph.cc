@@ -233,13 +233,25 @@ void Graph::SetupNodes(const Shape& in, const SetupOptions& opts, size_t* failed
     *failed = i;
     n.shape = n.layer->SetupInputs(shapes, o);
     n.grad_sum = Tensor();
-    n.grad_sum_shared = n.readers > 1 && share_input_grads_;
+    n.sums_parts = n.readers == 2 && i + 1 < nodes_.size() && SumsPartsFrom(i);
+    n.grad_sum_shared = n.readers > 1 && !n.sums_parts && share_input_grads_;
     if (n.grad_sum_shared) {  // placed with the input gradients
       n.grad_sum = UnboundTensor(n.shape, DType::kF32, what + " gradient sum");
-    } else if (n.readers > 1) {
+    } else if (n.readers > 1 && !n.sums_parts) {
       n.grad_sum = backend_.Empty(n.shape, DType::kF32, what + " gradient sum");
     }
   }
+}
+
+bool Graph::SumsPartsFrom(size_t i) const {
+  size_t k = i;
+  while (nodes_[k].layer->PassesGradientAsIs()) {
+    const std::vector<int>& in = nodes_[k].inputs;
+    if (in.size() != 1 || in[0] == kInput) return false;
+    k = static_cast<size_t>(in[0]);
+    if (nodes_[k].readers != 1) return false;
+  }
+  return nodes_[k].layer->SumsGradientParts();
 }
 
 void Graph::PlaceInputGrads(int64_t batch) {
@@ -502,15 +514,27 @@ void Graph::Recompute(size_t last) {
 }
 
 void Graph::StartBackward(const Tensor& dy) {
-  for (auto& n : nodes_) n.grad = nullptr;
+  for (auto& n : nodes_) n.grad = n.grad2 = nullptr;
   nodes_.back().grad = &dy;
 }
 
 void Graph::BackwardNode(size_t i, bool accumulate) {
   Node& n = nodes_[i];
   DPT_CHECK(n.grad != nullptr) << "graph node " << i << " has no gradient";
+  if (n.grad2 != nullptr && n.layer->PassesGradientAsIs()) {
+    // Both parts go on as they are to the one input (SumsPartsFrom), its only reader this node.
+    Node& p = nodes_[static_cast<size_t>(n.inputs[0])];
+    DPT_CHECK(p.grad == nullptr) << "graph node " << i << " hands on a gradient in two parts";
+    p.grad = n.grad;
+    p.grad2 = n.grad2;
+    return;
+  }
   backend_.SetProfileNode(&n.label);
-  n.layer->BackwardInputs(*n.grad, accumulate, &dxs_);
+  if (n.grad2 != nullptr) {
+    n.layer->BackwardInputsSum(*n.grad, *n.grad2, accumulate, &dxs_);
+  } else {
+    n.layer->BackwardInputs(*n.grad, accumulate, &dxs_);
+  }
   DPT_CHECK(dxs_.size() == n.inputs.size())
       << "layer '" << n.layer->label() << "' returned " << dxs_.size() << " gradients for "
       << n.inputs.size() << " inputs";
@@ -543,6 +567,11 @@ void Graph::AddGradient(int j, const Tensor& g) {
   Node& n = nodes_[static_cast<size_t>(j)];
   if (n.grad == nullptr) {  // the first (often the only) reader: use its tensor as it is
     n.grad = &g;
+    return;
+  }
+  if (n.sums_parts) {  // the second of two: summed by the backward that reads them
+    DPT_CHECK(n.grad2 == nullptr) << "graph node " << j << ": a third gradient part";
+    n.grad2 = &g;
     return;
   }
   // Readers run last to first, so the sum is taken in that order (fixed: bitwise reproducible).

@@ -94,7 +94,8 @@ class Graph {
   const Tensor& Forward(const Tensor& x, const ForwardContext& ctx);
   // Backward in reverse node order from d(loss)/d(output). `before(i)` runs before node i's
   // backward, `after(i)` once it is done (node i's parameter gradients are final). A node
-  // output read by several nodes gets the sum of their gradients (in a buffer set up for it).
+  // output read by several nodes gets the sum of their gradients (in a buffer set up for it, or,
+  // read by two, added by the backward that reads it: Layer::SumsGradientParts).
   template <class B, class F>
   void BackwardEach(const Tensor& dy, bool accumulate, B before, F after) {
     StartBackward(dy);
@@ -138,13 +139,18 @@ class Graph {
     std::string name;
     std::string label;  // name, or "<type> #<index>" when unnamed (profiles)
     Shape shape;
-    int readers = 0;                // nodes reading this output (+1 for the graph output)
-    bool nhwc = false;              // the output is channels-last (planned at Setup)
-    Tensor grad_sum;                // (max N, ...) when readers > 1
-    bool grad_sum_shared = false;   // placed with the input gradients
-    const Tensor* out = nullptr;    // the last Forward's output
-    const Tensor* grad = nullptr;   // d(loss)/d(out) in the running backward
-    Tensor grad_view;               // grad_sum for the current batch
+    int readers = 0;               // nodes reading this output (+1 for the graph output)
+    bool nhwc = false;             // the output is channels-last (planned at Setup)
+    Tensor grad_sum;               // (max N, ...) when readers > 1
+    bool grad_sum_shared = false;  // placed with the input gradients
+    const Tensor* out = nullptr;   // the last Forward's output
+    const Tensor* grad = nullptr;  // d(loss)/d(out) in the running backward
+    Tensor grad_view;              // grad_sum for the current batch
+    // Two readers, and the backward that first reads the gradient (this node's, or an input's
+    // through layers that pass it as it is) takes it in two parts (Layer::SumsGradientParts):
+    // no grad_sum; the second reader's gradient waits in grad2 instead.
+    bool sums_parts = false;
+    const Tensor* grad2 = nullptr;
     int64_t shared_grad_bytes = 0;  // of its input gradients, in the shared buffer (max batch)
     std::vector<const Buffer*> input_slots;  // the shared buffer planned per input, or null
     int64_t shared_out_bytes = 0;      // of its output and saved buffers, in the recompute buffer
@@ -167,6 +173,9 @@ class Graph {
   void PlanLayouts(std::vector<char>* refused);
   // Sets up every node (after folding and planning); throws NhwcRefused with *failed = the node.
   void SetupNodes(const Shape& in, const SetupOptions& opts, size_t* failed);
+  // Whether the gradient of node i's output may stay in two parts (Node::sums_parts): the first
+  // layer from node i down through layers that pass a gradient as it is sums them as it reads.
+  bool SumsPartsFrom(size_t i) const;
   // Places the input-gradient buffers asked for at Setup in one allocation (batch: the largest).
   void PlaceInputGrads(int64_t batch);
   // Cuts the graph into recompute segments and places the outputs and saved buffers asked for at

@@ -171,6 +171,20 @@ class Layer {
   // gradient (a folded ReLU, a flatten that is a view, a residual sum): the graph then keeps the
   // buffer holding dy until that input's producer is done with it. Graph::BackwardNode checks it.
   virtual bool PassesGradient() const { return false; }
+  // Whether Backward returns dy itself, untouched, as its input's gradient (a folded ReLU, a ReLU
+  // whose gate a max pool took): the graph may then hand the input a gradient in two parts.
+  virtual bool PassesGradientAsIs() const { return false; }
+  // A gradient in two parts (Backend::TakesGradientParts): whether the backward can take its
+  // output's gradient as two tensors and add them as it reads them (BackwardInputsSum); valid
+  // after Setup. The graph then hands it the two gradients of an output that two nodes read
+  // (through layers that pass a gradient as it is) instead of summing them into a buffer first.
+  virtual bool SumsGradientParts() const { return false; }
+  // BackwardInputs with dy = dy_a + dy_b, the same bits as Backend::Add(dy_a, dy_b) then
+  // BackwardInputs. Only where SumsGradientParts says so.
+  virtual void BackwardInputsSum(const Tensor& /*dy_a*/, const Tensor& /*dy_b*/,
+                                 bool /*accumulate*/, std::vector<const Tensor*>* /*dx*/) {
+    DPT_THROW(InternalError) << "layer '" << label() << "' takes no gradient in two parts";
+  }
   // Whether Forward may return its input (or a view of it) as its output (a folded ReLU, a flatten
   // or reshape that is a view, a convolution that leaves its work to the pool fused with it): the
   // graph then keeps the input's buffer for this layer's readers too (Graph::set_recompute), and

@@ -120,6 +120,9 @@ class CpuBackend final : public Backend {
 
   void ReluForward(const Tensor& x, Tensor* y) override;
   void ReluBackward(const Tensor& y, const Tensor& dy, Tensor* dx) override;
+  bool TakesGradientParts() const override { return fusions_; }
+  void ReluBackwardSum(const Tensor& y, const Tensor& dy_a, const Tensor& dy_b,
+                       Tensor* dx) override;
   void ActivationForward(const ew::Activation& f, const Tensor& x, Tensor* y) override;
   void ActivationBackward(const ew::Activation& f, const Tensor& x, const Tensor& y,
                           const Tensor& dy, Tensor* dx) override;
@@ -146,6 +149,10 @@ class CpuBackend final : public Backend {
                          const Tensor* relu_y, const Tensor& gamma, const Tensor& beta,
                          const Tensor& save_mean, const Tensor& save_invstd, Tensor* dx,
                          Tensor* dgamma, Tensor* dbeta, bool accumulate) override;
+  void BatchNormBackwardSum(const BatchNormArgs& a, const Tensor& x, const Tensor& dy_a,
+                            const Tensor& dy_b, const Tensor* relu_y, const Tensor& gamma,
+                            const Tensor& beta, const Tensor& save_mean, const Tensor& save_invstd,
+                            Tensor* dx, Tensor* dgamma, Tensor* dbeta, bool accumulate) override;
 
   void SoftmaxCrossEntropy(const Tensor& logits, const Tensor& labels, float label_smoothing,
                            Tensor* probs, Tensor* loss_sum, Tensor* correct) override;
@@ -168,6 +175,11 @@ class CpuBackend final : public Backend {
   void WeightedBackward(const OpPlan& plan, double flops, const char* weights_op,
                         const char* data_op, const Tensor& x, const Tensor& dy, const Tensor& w,
                         Tensor* dx, Tensor* dw, Tensor* db, bool accumulate);
+  // BatchNormBackward of dy, or of dy + *dy2 (BatchNormBackwardSum).
+  void BatchNormGrad(const BatchNormArgs& a, const Tensor& x, const Tensor& dy, const Tensor* dy2,
+                     const Tensor* relu_y, const Tensor& gamma, const Tensor& beta,
+                     const Tensor& save_mean, const Tensor& save_invstd, Tensor* dx, Tensor* dgamma,
+                     Tensor* dbeta, bool accumulate);
   std::unique_ptr<Impl> impl_;
   bool fusions_ = true;  // SetCpuFusions
 };

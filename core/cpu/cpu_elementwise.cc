@@ -40,6 +40,13 @@ DPT_SIMD_CLONES void ReluGradLoop(const float* y, const float* dy, float* dx, in
   for (int64_t i = 0; i < n; ++i) dx[i] = ew::ReluGrad(y[i], dy[i]);
 }
 
+// ReluGradLoop of the gradient a + b (summed as AddLoop does).
+DPT_SIMD_CLONES void ReluGradSumLoop(const float* y, const float* a, const float* b, float* dx,
+                                     int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) dx[i] = ew::ReluGrad(y[i], a[i] + b[i]);
+}
+
 // y = a + b, or max(a + b, 0) when relu.
 DPT_SIMD_CLONES void AddLoop(const float* a, const float* b, float* y, int64_t n, bool relu) {
   if (relu) {
@@ -70,6 +77,20 @@ void CpuBackend::ReluBackward(const Tensor& y, const Tensor& dy, Tensor* dx) {
   const float* g = dy.data<float>();
   float* out = dx->data<float>();
   ForBlocks(y.numel(), [&](int64_t b, int64_t e) { ReluGradLoop(yy + b, g + b, out + b, e - b); });
+}
+
+void CpuBackend::ReluBackwardSum(const Tensor& y, const Tensor& dy_a, const Tensor& dy_b,
+                                 Tensor* dx) {
+  OpScope scope(this, "relu_bwd");
+  CheckSame(y, dy_a, "relu backward");
+  CheckSame(y, dy_b, "relu backward");
+  CheckSame(y, *dx, "relu backward");
+  const float* yy = y.data<float>();
+  const float* ga = dy_a.data<float>();
+  const float* gb = dy_b.data<float>();
+  float* out = dx->data<float>();
+  ForBlocks(y.numel(),
+            [&](int64_t b, int64_t e) { ReluGradSumLoop(yy + b, ga + b, gb + b, out + b, e - b); });
 }
 
 void CpuBackend::ActivationForward(const ew::Activation& f, const Tensor& x, Tensor* y) {

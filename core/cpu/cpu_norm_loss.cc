@@ -257,43 +257,54 @@ RowTerms View(const NhwcGradTerms& t) {
   return {t.mean.data(), t.a.data(), t.b.data(), t.c.data(), t.scale.data(), t.shift.data()};
 }
 
-// dy of element j of a row as the batch norm's own output sees it (gated by the folded ReLU).
-template <bool kGated>
-DPT_CLONE_INLINE float RowDy(const float* g, const float* x, const RowTerms& t, int64_t j) {
-  return kGated ? ReluGate(ew::BnApply(x[j], {t.scale[j], t.shift[j]}), g[j]) : g[j];
+// dy of element j of a row as the batch norm's own output sees it (gated by the folded ReLU): g[j],
+// or g[j] + g2[j] when the gradient comes in two parts (kSum; Backend::BatchNormBackwardSum), the
+// sum Backend::Add would have written.
+template <bool kGated, bool kSum>
+DPT_CLONE_INLINE float RowDy(const float* g, const float* g2, const float* x, const RowTerms& t,
+                             int64_t j) {
+  const float gj = kSum ? g[j] + g2[j] : g[j];
+  return kGated ? ReluGate(ew::BnApply(x[j], {t.scale[j], t.shift[j]}), gj) : gj;
 }
 
-template <bool kGated>
-DPT_CLONE_INLINE void RowGradSums(const float* g, const float* x, int64_t c, const RowTerms& t,
-                                  double* __restrict s, double* __restrict sx) {
+template <bool kGated, bool kSum>
+DPT_CLONE_INLINE void RowGradSums(const float* g, const float* g2, const float* x, int64_t c,
+                                  const RowTerms& t, double* __restrict s, double* __restrict sx) {
 #pragma omp simd
   for (int64_t j = 0; j < c; ++j) {
-    const float gj = RowDy<kGated>(g, x, t, j);
+    const float gj = RowDy<kGated, kSum>(g, g2, x, t, j);
     s[j] += gj;
     sx[j] += ew::BnDyXc(gj, x[j], t.mean[j]);
   }
 }
 
-template <bool kGated, class T>
-DPT_CLONE_INLINE void RowGradInput(const float* g, const float* x, T* dx, int64_t c,
-                                   const RowTerms& t) {
+template <bool kGated, bool kSum, class T>
+DPT_CLONE_INLINE void RowGradInput(const float* g, const float* g2, const float* x, T* dx,
+                                   int64_t c, const RowTerms& t) {
   const auto dx_at = [&](int64_t j) __attribute__((always_inline)) {
-    return ew::BnDx(RowDy<kGated>(g, x, t, j), x[j], t.mean[j], {t.a[j], t.b[j], t.c[j]});
+    return ew::BnDx(RowDy<kGated, kSum>(g, g2, x, t, j), x[j], t.mean[j], {t.a[j], t.b[j], t.c[j]});
   };
   Store(dx, c, dx_at);
 }
 
+// The gradient's rows: g, and g2 for its second part (kSum; else unused).
+struct GradRows {
+  const float* g;
+  const float* g2;
+};
+
 // Both backward passes over rows [r0, r1) of c channels: the sums into s, sx (pass 0) or dx
 // (pass 1). Inlined into the vectorised entry points below, one per case.
-template <bool kGated, class T>
-DPT_CLONE_INLINE void RowsGrad(int pass, const float* g, const float* x, T* dx, int64_t r0,
-                               int64_t r1, int64_t c, const RowTerms& t, double* s, double* sx) {
+template <bool kGated, bool kSum, class T>
+DPT_CLONE_INLINE void RowsGrad(int pass, GradRows g, const float* x, T* dx, int64_t r0, int64_t r1,
+                               int64_t c, const RowTerms& t, double* s, double* sx) {
   for (int64_t r = r0; r < r1; ++r) {
     const int64_t o = r * c;
+    const float* g2 = kSum ? g.g2 + o : nullptr;
     if (pass == 0) {
-      RowGradSums<kGated>(g + o, x + o, c, t, s, sx);
+      RowGradSums<kGated, kSum>(g.g + o, g2, x + o, c, t, s, sx);
     } else {
-      RowGradInput<kGated>(g + o, x + o, dx + o, c, t);
+      RowGradInput<kGated, kSum>(g.g + o, g2, x + o, dx + o, c, t);
     }
   }
 }
@@ -306,8 +317,8 @@ DPT_CLONE_INLINE void RowsGrad(int pass, const float* g, const float* x, T* dx, 
 // through RowsGrad. resnet18_cifar (batch 64, bf16, 2 threads), a 64-channel backward: 2.9 ms
 // with the folded ReLU and 1.7 without through RowsGrad, 2.1-2.2 and 0.8 this way; at 256 and 512
 // channels this way was slower (0.24 -> 0.28 ms, 0.16 -> 0.21), at 128 the same.
-template <bool kGated, int kC, class T>
-DPT_CLONE_INLINE void RowsGradFixed(int pass, const float* g, const float* x, T* dx, int64_t r0,
+template <bool kGated, bool kSum, int kC, class T>
+DPT_CLONE_INLINE void RowsGradFixed(int pass, GradRows g, const float* x, T* dx, int64_t r0,
                                     int64_t r1, const RowTerms& t, double* s, double* sx) {
   double s_local[kC], sx_local[kC];
   float mean[kC], a[kC] = {}, b[kC] = {}, c[kC] = {}, scale[kC] = {}, shift[kC] = {};
@@ -323,43 +334,53 @@ DPT_CLONE_INLINE void RowsGradFixed(int pass, const float* g, const float* x, T*
   const RowTerms local{mean, a, b, c, scale, shift};
   if (pass == 0) {
     for (int64_t r = r0; r < r1; ++r) {
-      RowGradSums<kGated>(g + r * kC, x + r * kC, kC, local, s_local, sx_local);
+      const float* g2 = kSum ? g.g2 + r * kC : nullptr;
+      RowGradSums<kGated, kSum>(g.g + r * kC, g2, x + r * kC, kC, local, s_local, sx_local);
     }
     for (int j = 0; j < kC; ++j) s[j] = s_local[j], sx[j] = sx_local[j];
     return;
   }
   for (int64_t r = r0; r < r1; ++r) {
-    RowGradInput<kGated>(g + r * kC, x + r * kC, dx + r * kC, kC, local);
+    const float* g2 = kSum ? g.g2 + r * kC : nullptr;
+    RowGradInput<kGated, kSum>(g.g + r * kC, g2, x + r * kC, dx + r * kC, kC, local);
   }
 }
 
+template <bool kGated, bool kSum, class T>
+DPT_CLONE_INLINE void RowsGradCase(int pass, GradRows g, const float* x, T* dx, int64_t r0,
+                                   int64_t r1, int64_t c, const NhwcGradTerms& t, double* s,
+                                   double* sx) {
+  const RowTerms terms = View(t);
+  if (c == 16) return RowsGradFixed<kGated, kSum, 16>(pass, g, x, dx, r0, r1, terms, s, sx);
+  if (c == 32) return RowsGradFixed<kGated, kSum, 32>(pass, g, x, dx, r0, r1, terms, s, sx);
+  if (c == 64) return RowsGradFixed<kGated, kSum, 64>(pass, g, x, dx, r0, r1, terms, s, sx);
+  RowsGrad<kGated, kSum>(pass, g, x, dx, r0, r1, c, terms, s, sx);
+}
+// The gradient in one part (g.g2 null) or two.
 template <bool kGated, class T>
-DPT_CLONE_INLINE void RowsGradAny(int pass, const float* g, const float* x, T* dx, int64_t r0,
+DPT_CLONE_INLINE void RowsGradAny(int pass, GradRows g, const float* x, T* dx, int64_t r0,
                                   int64_t r1, int64_t c, const NhwcGradTerms& t, double* s,
                                   double* sx) {
-  const RowTerms terms = View(t);
-  if (c == 16) return RowsGradFixed<kGated, 16>(pass, g, x, dx, r0, r1, terms, s, sx);
-  if (c == 32) return RowsGradFixed<kGated, 32>(pass, g, x, dx, r0, r1, terms, s, sx);
-  if (c == 64) return RowsGradFixed<kGated, 64>(pass, g, x, dx, r0, r1, terms, s, sx);
-  RowsGrad<kGated>(pass, g, x, dx, r0, r1, c, terms, s, sx);
+  if (g.g2 != nullptr) return RowsGradCase<kGated, true>(pass, g, x, dx, r0, r1, c, t, s, sx);
+  RowsGradCase<kGated, false>(pass, g, x, dx, r0, r1, c, t, s, sx);
 }
-DPT_SIMD_CLONES void RowsGradPlain(int pass, const float* g, const float* x, float* dx, int64_t r0,
+DPT_SIMD_CLONES void RowsGradPlain(int pass, GradRows g, const float* x, float* dx, int64_t r0,
                                    int64_t r1, int64_t c, const NhwcGradTerms& t, double* s,
                                    double* sx) {
   RowsGradAny<false>(pass, g, x, dx, r0, r1, c, t, s, sx);
 }
-DPT_SIMD_CLONES void RowsGradGated(int pass, const float* g, const float* x, float* dx, int64_t r0,
+DPT_SIMD_CLONES void RowsGradGated(int pass, GradRows g, const float* x, float* dx, int64_t r0,
                                    int64_t r1, int64_t c, const NhwcGradTerms& t, double* s,
                                    double* sx) {
   RowsGradAny<true>(pass, g, x, dx, r0, r1, c, t, s, sx);
 }
 // The input-gradient pass (1) writing dx in bf16.
-DPT_SIMD_CLONES void RowsGradPlain(const float* g, const float* x, uint16_t* dx, int64_t r0,
-                                   int64_t r1, int64_t c, const NhwcGradTerms& t) {
+DPT_SIMD_CLONES void RowsGradPlain(GradRows g, const float* x, uint16_t* dx, int64_t r0, int64_t r1,
+                                   int64_t c, const NhwcGradTerms& t) {
   RowsGradAny<false>(1, g, x, dx, r0, r1, c, t, nullptr, nullptr);
 }
-DPT_SIMD_CLONES void RowsGradGated(const float* g, const float* x, uint16_t* dx, int64_t r0,
-                                   int64_t r1, int64_t c, const NhwcGradTerms& t) {
+DPT_SIMD_CLONES void RowsGradGated(GradRows g, const float* x, uint16_t* dx, int64_t r0, int64_t r1,
+                                   int64_t c, const NhwcGradTerms& t) {
   RowsGradAny<true>(1, g, x, dx, r0, r1, c, t, nullptr, nullptr);
 }
 
@@ -422,8 +443,8 @@ void BatchNormInferenceNhwc(const BatchNormArgs& a, int64_t m, int64_t c, const 
 }
 
 // gated: the forward folded a ReLU (its gate recomputed from x, gamma, beta and the statistics).
-// dx in f32, or dx16 in bf16 (the other null).
-void BatchNormBackwardNhwc(int64_t m, int64_t c, const float* x, const float* g, bool gated,
+// g: the gradient, in one part or two (GradRows::g2). dx in f32, or dx16 in bf16 (the other null).
+void BatchNormBackwardNhwc(int64_t m, int64_t c, const float* x, GradRows g, bool gated,
                            const float* gamma, const float* beta, const float* save_mean,
                            const float* save_invstd, float* dx, uint16_t* dx16, float* dgamma,
                            float* dbeta, bool accumulate) {
@@ -581,6 +602,27 @@ void CpuBackend::BatchNormBackward(const BatchNormArgs& a, const Tensor& x, cons
                                    const Tensor& save_mean, const Tensor& save_invstd, Tensor* dx,
                                    Tensor* dgamma, Tensor* dbeta, bool accumulate) {
   OpScope scope(this, "batchnorm_bwd");
+  BatchNormGrad(a, x, dy, nullptr, relu_y, gamma, beta, save_mean, save_invstd, dx, dgamma, dbeta,
+                accumulate);
+}
+
+void CpuBackend::BatchNormBackwardSum(const BatchNormArgs& a, const Tensor& x, const Tensor& dy_a,
+                                      const Tensor& dy_b, const Tensor* relu_y, const Tensor& gamma,
+                                      const Tensor& beta, const Tensor& save_mean,
+                                      const Tensor& save_invstd, Tensor* dx, Tensor* dgamma,
+                                      Tensor* dbeta, bool accumulate) {
+  OpScope scope(this, "batchnorm_bwd");
+  DPT_CHECK(a.nhwc) << "batch norm backward of a gradient in two parts: channels-last only";
+  CheckSame(dy_a, dy_b, "batch norm backward (gradient parts)");
+  BatchNormGrad(a, x, dy_a, &dy_b, relu_y, gamma, beta, save_mean, save_invstd, dx, dgamma, dbeta,
+                accumulate);
+}
+
+void CpuBackend::BatchNormGrad(const BatchNormArgs& a, const Tensor& x, const Tensor& dy,
+                               const Tensor* dy2, const Tensor* relu_y, const Tensor& gamma,
+                               const Tensor& beta, const Tensor& save_mean,
+                               const Tensor& save_invstd, Tensor* dx, Tensor* dgamma, Tensor* dbeta,
+                               bool accumulate) {
   const BatchNormDims d = BatchNormShape(x.shape());
   // With the folded ReLU, relu_y's values are not read: the gate comes from x (see RunGatedGrad*).
   const bool gated = relu_y != nullptr;
@@ -596,10 +638,12 @@ void CpuBackend::BatchNormBackward(const BatchNormArgs& a, const Tensor& x, cons
   float* out = a.dx_bf16 ? nullptr : dx->data<float>();
   auto* out16 = a.dx_bf16 ? static_cast<uint16_t*>(dx->raw()) : nullptr;
   if (a.nhwc) {
-    BatchNormBackwardNhwc(d.n * d.hw, d.c, in, g, gated, gm, bt, sm, si, out, out16,
+    const GradRows rows{g, dy2 != nullptr ? dy2->data<float>() : nullptr};
+    BatchNormBackwardNhwc(d.n * d.hw, d.c, in, rows, gated, gm, bt, sm, si, out, out16,
                           dgamma->data<float>(), dbeta->data<float>(), accumulate);
     return;
   }
+  DPT_CHECK(dy2 == nullptr) << "batch norm backward of a gradient in two parts: NCHW";
   const double m = static_cast<double>(d.n * d.hw);
 #pragma omp parallel for if (d.n * d.c * d.hw > kParallelMin)
   for (int64_t c = 0; c < d.c; ++c) {

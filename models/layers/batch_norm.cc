@@ -85,12 +85,27 @@ const Tensor& BatchNorm::Forward(const Tensor& x, const ForwardContext& ctx) {
 }
 
 const Tensor& BatchNorm::Backward(const Tensor& dy, bool accumulate) {
+  return Grad(dy, nullptr, accumulate);
+}
+
+void BatchNorm::BackwardInputsSum(const Tensor& dy_a, const Tensor& dy_b, bool accumulate,
+                                  std::vector<const Tensor*>* dx) {
+  dx->assign(1, &Grad(dy_a, &dy_b, accumulate));
+}
+
+const Tensor& BatchNorm::Grad(const Tensor& dy, const Tensor* dy2, bool accumulate) {
   // The backend computes dx together with the parameter gradients; without need_dx it writes
   // into the output buffer, which is no longer needed once backward has reached this layer.
   dx_ = need_dx_ ? dx_buf_.Batch(dy.shape()[0]) : out_.Batch(dy.shape()[0]);
   // With a folded ReLU, y_ gates dy; written over by dx_ when dx_ is the output buffer.
-  backend_.BatchNormBackward(args_, x_, dy, args_.relu && !gate_handed_ ? &y_ : nullptr, gamma_,
-                             beta_, save_mean_, save_invstd_, &dx_, &ggamma_, &gbeta_, accumulate);
+  const Tensor* gate = args_.relu && !gate_handed_ ? &y_ : nullptr;
+  if (dy2 != nullptr) {
+    backend_.BatchNormBackwardSum(args_, x_, dy, *dy2, gate, gamma_, beta_, save_mean_,
+                                  save_invstd_, &dx_, &ggamma_, &gbeta_, accumulate);
+  } else {
+    backend_.BatchNormBackward(args_, x_, dy, gate, gamma_, beta_, save_mean_, save_invstd_, &dx_,
+                               &ggamma_, &gbeta_, accumulate);
+  }
   if (!need_dx_) dx_ = Tensor();
   return dx_;
 }

@@ -39,6 +39,10 @@ class BatchNorm final : public Layer {
     return args_.relu;
   }
   bool TakesNhwc() const override { return true; }
+  // Channels-last on a backend that takes it (Backend::BatchNormBackwardSum).
+  bool SumsGradientParts() const override { return args_.nhwc && backend_.TakesGradientParts(); }
+  void BackwardInputsSum(const Tensor& dy_a, const Tensor& dy_b, bool accumulate,
+                         std::vector<const Tensor*>* dx) override;
 
  private:
   int64_t channels_ = 0, per_sample_ = 0;
@@ -51,6 +55,9 @@ class BatchNorm final : public Layer {
   Tensor save_mean_, save_invstd_;
   Tensor discard_mean_, discard_var_;  // the running update of a recomputed forward
   Tensor out_, dx_buf_, x_, y_, dx_;
+
+  // Backward of dy, or of dy + *dy2.
+  const Tensor& Grad(const Tensor& dy, const Tensor* dy2, bool accumulate);
 };
 
 }  // namespace dptrain

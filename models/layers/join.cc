@@ -91,6 +91,13 @@ void Add::BackwardInputs(const Tensor& dy, bool /*accumulate*/, std::vector<cons
   }
 }
 
+void Add::BackwardInputsSum(const Tensor& dy_a, const Tensor& dy_b, bool /*accumulate*/,
+                            std::vector<const Tensor*>* dx) {
+  DPT_CHECK(relu_ && !broadcast_) << label() << ": a gradient in two parts without a folded ReLU";
+  backend_.ReluBackwardSum(y_, dy_a, dy_b, &y_);  // as BackwardInputs, of the sum
+  dx->assign(inputs_, &y_);
+}
+
 Shape Mul::SetupInputs(const std::vector<Shape>& in, const SetupOptions& opts) {
   if (in.size() < 2) NeedsInputs(*this);
   DPT_CHECK_AS(ConfigError, in.size() == 2)

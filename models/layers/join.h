@@ -33,6 +33,13 @@ class Add final : public Join {
   // An input of the output's shape gets dy itself (no copy); a broadcast one, dy's channel sums.
   // With a folded ReLU, dy gated by the output, written over it.
   void BackwardInputs(const Tensor& dy, bool accumulate, std::vector<const Tensor*>* dx) override;
+  // With a folded ReLU on equal shapes, the gate takes a gradient in two parts (a block's output
+  // read by the next block's convolution and shortcut).
+  bool SumsGradientParts() const override {
+    return relu_ && !broadcast_ && backend_.TakesGradientParts();
+  }
+  void BackwardInputsSum(const Tensor& dy_a, const Tensor& dy_b, bool accumulate,
+                         std::vector<const Tensor*>* dx) override;
   bool PassesGradient() const override { return !relu_; }
   bool GradientInOutput() const override { return relu_; }
   int64_t ActivationBytesPerSample() const override {

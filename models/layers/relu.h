@@ -34,6 +34,7 @@ class Relu final : public Layer {
   bool TakesNhwc() const override { return true; }  // elementwise: any layout
   bool folded() const { return folded_; }
   bool PassesGradient() const override { return folded_ || gate_handed_; }
+  bool PassesGradientAsIs() const override { return folded_ || gate_handed_; }
   bool ForwardPassesInput() const override { return folded_; }
   Layer* folded_into() const { return producer_; }  // the layer applying it, when folded
 

@@ -429,6 +429,53 @@ TEST_P(BatchNormTest, Bf16InputGradientIsTheF32OneRounded) {
   });
 }
 
+// A gradient in two parts (Backend::TakesGradientParts; channels-last): BatchNormBackwardSum
+// gives the bits of Add then BatchNormBackward, dx and the parameter gradients, with and without
+// the folded ReLU, dx in f32 and (where the backend writes it) bf16, over the unrolled channel
+// counts and the others.
+TEST_P(BatchNormTest, GradientInTwoPartsIsTheirSums) {
+  Backend& be = backend();
+  if (!be.TakesGradientParts()) GTEST_SKIP() << be.name() << ": sums gradient parts first";
+  ForEachBf16Variant(be, 8100, [&](const BnCase& bc, uint32_t seed) {
+    if (!bc.args.nhwc) return;
+    const int64_t c = bc.shape[1];
+    const std::vector<float> x = RandomUniform(static_cast<size_t>(bc.shape.numel()), seed);
+    Tensor x_t = ToDevice(be, x, bc.shape);
+    Tensor a_t = ToDevice(be, RandomUniform(x.size(), seed + 1), bc.shape);
+    Tensor b_t = ToDevice(be, RandomUniform(x.size(), seed + 4), bc.shape);
+    Tensor g_t = ToDevice(be, RandomUniform(static_cast<size_t>(c), seed + 2, 0.5f, 1.5f), {c});
+    Tensor beta = ToDevice(be, RandomUniform(static_cast<size_t>(c), seed + 3), {c});
+    Tensor rm = be.Zeros({c}, DType::kF32, "running mean"), rv = be.Zeros({c}, DType::kF32, "rv");
+    Tensor y = be.Empty(bc.shape, DType::kF32, "y");
+    Tensor sm = be.Empty({c}, DType::kF32, "save mean"), si = be.Empty({c}, DType::kF32, "si");
+    be.BatchNormForwardTraining(bc.args, x_t, g_t, beta, &rm, &rv, &y, &sm, &si);
+    Tensor sum = be.Empty(bc.shape, DType::kF32, "sum");
+    be.Add(a_t, b_t, &sum);
+    const Tensor* gate = bc.args.relu ? &y : nullptr;
+    for (const bool bf16 : {false, true}) {
+      BatchNormArgs args = bc.args;
+      args.dx_bf16 = bf16;
+      if (!be.Supports(args)) continue;
+      SCOPED_TRACE(bf16 ? "dx bf16" : "dx f32");
+      const DType t = bf16 ? DType::kBF16 : DType::kF32;
+      Tensor want = be.Empty(bc.shape, t, "dx"), got = be.Empty(bc.shape, t, "dx");
+      Tensor dg = be.Zeros({c}, DType::kF32, "dgamma"), db = be.Zeros({c}, DType::kF32, "dbeta");
+      Tensor dg2 = be.Zeros({c}, DType::kF32, "dgamma"), db2 = be.Zeros({c}, DType::kF32, "db");
+      be.BatchNormBackward(args, x_t, sum, gate, g_t, beta, sm, si, &want, &dg, &db, false);
+      be.BatchNormBackwardSum(args, x_t, a_t, b_t, gate, g_t, beta, sm, si, &got, &dg2, &db2,
+                              false);
+      const auto bytes = [&](const Tensor& v) {
+        std::vector<uint8_t> out(v.bytes());
+        be.CopyToHost(v, out.data());
+        return out;
+      };
+      EXPECT_EQ(bytes(got), bytes(want)) << "dx";
+      EXPECT_EQ(ToHost(be, dg2), ToHost(be, dg)) << "dgamma";
+      EXPECT_EQ(ToHost(be, db2), ToHost(be, db)) << "dbeta";
+    }
+  });
+}
+
 // BatchNormArgs::y_bf16 (where the backend runs it): y written in bf16 is the f32 y rounded
 // (ew::FloatToBf16), bit for bit, in training (the saved and running statistics unchanged) and
 // in inference; as above, on images (the output a convolution reads), tails of fewer than 16

@@ -48,6 +48,30 @@ TEST_P(ElementwiseTest, ReluForwardBackward) {
   }
 }
 
+// A gradient in two parts (Backend::TakesGradientParts): ReluBackwardSum gives the bits of Add
+// then ReluBackward, into another tensor and over y (as a residual sum's folded ReLU writes it).
+TEST_P(ElementwiseTest, ReluBackwardOfAGradientInTwoPartsIsOfTheirSum) {
+  Backend& be = backend();
+  if (!be.TakesGradientParts()) GTEST_SKIP() << be.name() << ": sums gradient parts first";
+  for (int64_t n : kSizes) {
+    SCOPED_TRACE("n=" + std::to_string(n));
+    std::vector<float> y = RandomUniform(static_cast<size_t>(n), 16);
+    for (size_t i = 0; i < y.size(); i += 3) y[i] = 0.f;  // ReLU outputs: zeros among them
+    for (float& v : y) v = std::max(v, 0.f);
+    const std::vector<float> a = RandomUniform(static_cast<size_t>(n), 17);
+    const std::vector<float> b = RandomUniform(static_cast<size_t>(n), 18);
+    Tensor y_t = ToDevice(be, y, {n}), a_t = ToDevice(be, a, {n}), b_t = ToDevice(be, b, {n});
+    Tensor sum = be.Empty({n}, DType::kF32, "sum"), want = be.Empty({n}, DType::kF32, "want");
+    be.Add(a_t, b_t, &sum);
+    be.ReluBackward(y_t, sum, &want);
+    Tensor dx = be.Empty({n}, DType::kF32, "dx");
+    be.ReluBackwardSum(y_t, a_t, b_t, &dx);
+    EXPECT_EQ(ToHost(be, dx), ToHost(be, want));
+    be.ReluBackwardSum(y_t, a_t, b_t, &y_t);
+    EXPECT_EQ(ToHost(be, y_t), ToHost(be, want)) << "over y";
+  }
+}
+
 // Every activation, forward and backward, against the double reference (PyTorch's definitions)
 // on inputs spread over [-8, 8]: both sides of each kink, and saturated sigmoid/tanh.
 TEST_P(ElementwiseTest, ActivationsForwardBackward) {
