@@ -233,7 +233,8 @@ void Graph::SetupNodes(const Shape& in, const SetupOptions& opts, size_t* failed
     *failed = i;
     n.shape = n.layer->SetupInputs(shapes, o);
     n.grad_sum = Tensor();
-    n.sums_parts = n.readers == 2 && i + 1 < nodes_.size() && SumsPartsFrom(i);
+    n.sums_parts =
+        sum_gradient_parts_ && n.readers == 2 && i + 1 < nodes_.size() && SumsPartsFrom(i);
     n.grad_sum_shared = n.readers > 1 && !n.sums_parts && share_input_grads_;
     if (n.grad_sum_shared) {  // placed with the input gradients
       n.grad_sum = UnboundTensor(n.shape, DType::kF32, what + " gradient sum");
@@ -246,6 +247,9 @@ void Graph::SetupNodes(const Shape& in, const SetupOptions& opts, size_t* failed
 bool Graph::SumsPartsFrom(size_t i) const {
   size_t k = i;
   while (nodes_[k].layer->PassesGradientAsIs()) {
+    // The memory plans keep a passed gradient alive through the layers that say PassesGradient.
+    DPT_CHECK(nodes_[k].layer->PassesGradient())
+        << "layer '" << nodes_[k].label << "' passes its gradient as it is, but not PassesGradient";
     const std::vector<int>& in = nodes_[k].inputs;
     if (in.size() != 1 || in[0] == kInput) return false;
     k = static_cast<size_t>(in[0]);

@@ -52,6 +52,10 @@ class Graph {
   // fuse them (SetupOptions::fuse_conv_pool; with folding on, which the fusion builds on). The
   // fused op sums in another order: the tests that prove folding changes no number turn it off.
   void set_fuse_conv_pool(bool on) { fuse_conv_pool_ = on; }
+  // Off: an output's two gradients are summed into a buffer of their own at the next Setup even
+  // where the layer reading the sum could add them as it reads (Layer::SumsGradientParts; the
+  // tests that prove taking them in parts changes no number).
+  void set_sum_gradient_parts(bool on) { sum_gradient_parts_ = on; }
   // Channels-last activations, on a backend that prefers them (Backend::PrefersChannelsLast):
   // Setup plans which outputs are NHWC. A node's output is NHWC when the node chooses its
   // output's layout (a convolution) and every reader takes NHWC inputs, or when the node takes
@@ -197,6 +201,7 @@ class Graph {
   std::string origin_;
   bool fold_ = true;
   bool fuse_conv_pool_ = true;
+  bool sum_gradient_parts_ = true;
   bool channels_last_ = true;
   bool share_input_grads_ = true;
   bool recompute_ = false;

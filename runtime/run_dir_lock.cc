@@ -33,13 +33,25 @@ bool RunDirLock::Acquire(const std::string& dir, const std::string& note, std::s
   // by Abandon. A run abandoning its setup removes its file while holding it, so the file this
   // call opened may be gone by the time it is opened or locked: then start again on the new one
   // (a lock on a removed file keeps out nobody). Each retry means another run removed a file.
+  // Another run that keeps making and removing it holds it as good as: never trained unprotected.
+  const auto removed_again = [&](int attempt) {
+    DPT_CHECK_AS(ConfigError, attempt < kAttempts)
+        << "run_dir '" << dir << "' is in use by another dptrain run (its lock file was removed "
+        << "and made again " << kAttempts << " times while this run locked it)"
+        << "; give this run its own run_dir, or wait for that one to end";
+  };
   int fd = -1;
   bool created = false;
   for (int attempt = 0;; ++attempt) {
     fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     created = fd >= 0;
-    if (fd < 0 && errno == EEXIST) fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
-    if (fd < 0 && errno == ENOENT && attempt < kAttempts) continue;  // removed in between
+    if (fd < 0 && errno == EEXIST) {
+      fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+      if (fd < 0 && errno == ENOENT) {  // removed in between
+        removed_again(attempt);
+        continue;
+      }
+    }
     if (fd < 0 || ::flock(fd, LOCK_EX | LOCK_NB) != 0) {
       const int err = errno;  // the file stays: the holder has it open
       if (fd >= 0 && err == EWOULDBLOCK) {
@@ -64,10 +76,7 @@ bool RunDirLock::Acquire(const std::string& dir, const std::string& note, std::s
       break;  // locked, and still the file the path names
     }
     ::close(fd);  // removed (or replaced) before the lock: never this call's to remove
-    if (attempt >= kAttempts) {
-      if (why != nullptr) *why = path + ": removed again and again while being locked";
-      return false;
-    }
+    removed_again(attempt);
   }
   fd_ = fd;
   path_ = path;

@@ -19,7 +19,8 @@ class RunDirLock {
 
   // Locks DIR/.dptrain.lock (DIR exists) and writes `note` (who holds it) into it. Another
   // holder, in this process or any other on a file system that shares locks: ConfigError
-  // naming `dir` and that holder's note. A file system that cannot lock (some network mounts):
+  // naming `dir` and that holder's note (also when other runs remove and make the file again
+  // and again while this one locks it). A file system that cannot lock (some network mounts):
   // returns false with the reason in *why (and removes the file if it created it), and the run
   // goes on unprotected. Holding DIR's lock already: true; another directory's: an internal error.
   bool Acquire(const std::string& dir, const std::string& note, std::string* why);

@@ -430,9 +430,9 @@ TEST_P(BatchNormTest, Bf16InputGradientIsTheF32OneRounded) {
 }
 
 // A gradient in two parts (Backend::TakesGradientParts; channels-last): BatchNormBackwardSum
-// gives the bits of Add then BatchNormBackward, dx and the parameter gradients, with and without
-// the folded ReLU, dx in f32 and (where the backend writes it) bf16, over the unrolled channel
-// counts and the others.
+// gives the bits of Add then BatchNormBackward, dx and the parameter gradients (written, and
+// added to), with and without the folded ReLU, dx in f32 and (where the backend writes it) bf16,
+// over the unrolled channel counts and the others.
 TEST_P(BatchNormTest, GradientInTwoPartsIsTheirSums) {
   Backend& be = backend();
   if (!be.TakesGradientParts()) GTEST_SKIP() << be.name() << ": sums gradient parts first";
@@ -472,6 +472,10 @@ TEST_P(BatchNormTest, GradientInTwoPartsIsTheirSums) {
       EXPECT_EQ(bytes(got), bytes(want)) << "dx";
       EXPECT_EQ(ToHost(be, dg2), ToHost(be, dg)) << "dgamma";
       EXPECT_EQ(ToHost(be, db2), ToHost(be, db)) << "dbeta";
+      be.BatchNormBackward(args, x_t, sum, gate, g_t, beta, sm, si, &want, &dg, &db, true);
+      be.BatchNormBackwardSum(args, x_t, a_t, b_t, gate, g_t, beta, sm, si, &got, &dg2, &db2, true);
+      EXPECT_EQ(ToHost(be, dg2), ToHost(be, dg)) << "dgamma, accumulated";
+      EXPECT_EQ(ToHost(be, db2), ToHost(be, db)) << "dbeta, accumulated";
     }
   });
 }

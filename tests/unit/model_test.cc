@@ -597,6 +597,82 @@ std::unique_ptr<Graph> BuildAddReluChain(Backend& be) {
   return g;
 }
 
+// Outputs read by two layers whose gradient the reading layer takes in two parts
+// (Layer::SumsGradientParts): a batch norm's folded ReLU read by a convolution and by a sum that
+// passes its gradient on (that part is the sum's own gradient sum, read by a convolution too),
+// and a residual sum's folded ReLU read by a convolution and the next residual sum (that part in
+// the sum's output buffer), the next sum's folded ReLU read by the pool alone.
+std::unique_ptr<Graph> BuildGradientParts(Backend& be) {
+  auto g = std::make_unique<Graph>(be);
+  g->Add(std::make_unique<Conv2d>(be, "a", 8, 3, 1, 1, false));       // 0
+  g->Add(std::make_unique<BatchNorm>(be, "bn"));                      // 1
+  g->Add(std::make_unique<Relu>(be, "r1"));                           // 2 (folded): read by 3, 5
+  g->Add(std::make_unique<Conv2d>(be, "b", 8, 3, 1, 1, false), {2});  // 3
+  g->Add(std::make_unique<BatchNorm>(be, "bn_b"));                    // 4
+  g->Add(std::make_unique<Add>(be, "s1"), {4, 2});                    // 5: read by 6, 7
+  g->Add(std::make_unique<Conv2d>(be, "c", 8, 3, 1, 1, true), {5});   // 6
+  g->Add(std::make_unique<Add>(be, "s2"), {5, 6});                    // 7
+  g->Add(std::make_unique<Relu>(be, "r2"));                           // 8 (folded): read by 9, 10
+  g->Add(std::make_unique<Conv2d>(be, "d", 8, 3, 1, 1, true), {8});   // 9
+  g->Add(std::make_unique<Add>(be, "s3"), {9, 8});                    // 10
+  g->Add(std::make_unique<Relu>(be, "r3"));                           // 11 (folded)
+  g->Add(std::make_unique<Pool2d>(be, "gap", PoolKind::kAvg, 0, 0, 0));
+  g->Add(std::make_unique<Flatten>(be, "flat"));
+  g->Add(std::make_unique<Linear>(be, "fc", 10, true));
+  return g;
+}
+
+// An output's two gradients taken in parts by the layer that reads their sum change no number
+// against summing them first (Graph::set_sum_gradient_parts), with input gradients shared or not
+// and with activation recompute cut every one, two, three nodes or not at all, on resnet8 and on
+// the graphs above; and the graph holds the sums' bytes less.
+TEST(GradientPartsTest, ChangeNoNumberAndHoldLess) {
+  Backend& be = GetBackend("cpu");
+  const std::vector<std::pair<std::string, Shape>> models = {{"resnet8", Shape{3, 32, 32}},
+                                                             {"gradient_parts", Shape{3, 8, 8}},
+                                                             {"add_relu_chain", Shape{3, 8, 8}}};
+  for (const Precision prec : {Precision::kF32, Precision::kBF16}) {
+    if (!be.Supports(Conv2dDesc{1, 1, 1, 1, 1, 1, 1, 1, 0, true, prec})) continue;
+    for (const auto& model : models) {
+      const std::string& name = model.first;
+      const Shape& sample = model.second;
+      std::vector<int64_t> dims{4};
+      dims.insert(dims.end(), sample.dims().begin(), sample.dims().end());
+      for (const bool share : {true, false}) {
+        for (const size_t every : {0, 1, 2, 3}) {
+          SCOPED_TRACE(::testing::Message()
+                       << name << " " << PrecisionName(prec) << (share ? " shared" : " own")
+                       << " cut every " << every << " nodes");
+          const auto train = [&](bool parts, int64_t* sum_bytes) {
+            auto net = name == "gradient_parts"   ? BuildGradientParts(be)
+                       : name == "add_relu_chain" ? BuildAddReluChain(be)
+                                                  : BuildZooModel(be, name, 10);
+            net->set_sum_gradient_parts(parts);
+            net->set_share_input_grads(share);
+            net->set_recompute(every > 0, every);
+            Model m(be, std::move(net), sample);
+            m.Setup(6, prec);  // a micro-batch below the Setup batch
+            m.InitParams(5);
+            *sum_bytes = 0;
+            for (size_t i = 0; i < m.net().size(); ++i) {
+              *sum_bytes += m.net().GradSumBytesPerSample(i);
+            }
+            return TwoStepsAndEval(be, m, Shape(dims));
+          };
+          int64_t summed = 0, in_parts = 0;
+          const auto want = train(false, &summed);
+          const auto got = train(true, &in_parts);
+          ASSERT_EQ(got.size(), want.size());
+          for (size_t t = 0; t < want.size(); ++t) EXPECT_EQ(got[t], want[t]) << "tensor " << t;
+          if (!share && name != "add_relu_chain") {
+            EXPECT_LT(in_parts, summed);
+          }
+        }
+      }
+    }
+  }
+}
+
 // Input gradients in one shared buffer (Graph::set_share_input_grads) change no number, on the
 // zoo's plain and residual networks and on every join; and the graph holds fewer bytes.
 TEST(InputGradSharingTest, ChangesNoNumberAndHoldsLess) {
