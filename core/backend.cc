@@ -70,6 +70,25 @@ void Backend::BatchNormBackwardSum(const BatchNormArgs& /*a*/, const Tensor& /*x
   DPT_THROW(InternalError) << name() << ": no batch norm backward of a gradient in two parts";
 }
 
+void Backend::BatchNormAffineTraining(const BatchNormArgs& /*a*/, const Tensor& /*x*/,
+                                      const Tensor& /*gamma*/, const Tensor& /*beta*/,
+                                      Tensor* /*running_mean*/, Tensor* /*running_var*/,
+                                      Tensor* /*affine*/, Tensor* /*save_mean*/,
+                                      Tensor* /*save_invstd*/) {
+  DPT_THROW(InternalError) << name() << ": no batch norm applied by its reader";
+}
+
+void Backend::BatchNormAffineInference(const BatchNormArgs& /*a*/, const Tensor& /*gamma*/,
+                                       const Tensor& /*beta*/, const Tensor& /*running_mean*/,
+                                       const Tensor& /*running_var*/, Tensor* /*affine*/) {
+  DPT_THROW(InternalError) << name() << ": no batch norm applied by its reader";
+}
+
+void Backend::AffineAdd(const Tensor& /*x0*/, const Tensor* /*affine0*/, const Tensor& /*x1*/,
+                        const Tensor* /*affine1*/, bool /*relu*/, Tensor* /*y*/) {
+  DPT_THROW(InternalError) << name() << ": no batch norm applied by its reader";
+}
+
 namespace {
 int64_t NowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(

@@ -387,6 +387,30 @@ class Backend {
                                  const Tensor& save_mean, const Tensor& save_invstd, Tensor* dx,
                                  Tensor* dgamma, Tensor* dbeta, bool accumulate) = 0;
 
+  // ---- a batch norm applied by the sum that alone reads it, where DefersBatchNormApply says so --
+  // A ResNet block's residual sum reads the batch norm that ends its main path, and the block's
+  // input or the shortcut's batch norm. Each such batch norm computes its statistics and its
+  // per-channel scale and shift (`affine`: 2 x C f32, scale then shift, as ew::BnFold gives
+  // them) and writes no output; the sum applies them as it adds (AffineAdd): one pass over memory
+  // for both normalisations, the sum and its folded ReLU, and no batch-norm outputs held. The
+  // same bits as the batch norms' forward then Add or AddRelu. Channels-last (BatchNormArgs::nhwc)
+  // only; backends without it answer no.
+  virtual bool DefersBatchNormApply() const { return false; }
+  // BatchNormForwardTraining without y: the saved and running statistics, and `affine`.
+  virtual void BatchNormAffineTraining(const BatchNormArgs& a, const Tensor& x, const Tensor& gamma,
+                                       const Tensor& beta, Tensor* running_mean,
+                                       Tensor* running_var, Tensor* affine, Tensor* save_mean,
+                                       Tensor* save_invstd);
+  // The scale and shift BatchNormForwardInference applies.
+  virtual void BatchNormAffineInference(const BatchNormArgs& a, const Tensor& gamma,
+                                        const Tensor& beta, const Tensor& running_mean,
+                                        const Tensor& running_var, Tensor* affine);
+  // y = f0(x0) + f1(x1), then max(., 0) with `relu`: f_k(x) = x * scale + shift per channel
+  // (ew::BnApply) where affine_k is given, x itself where it is null. x0, x1, y: f32 (N, C, H, W)
+  // channels-last; y must alias neither.
+  virtual void AffineAdd(const Tensor& x0, const Tensor* affine0, const Tensor& x1,
+                         const Tensor* affine1, bool relu, Tensor* y);
+
   // ---- a gradient in two parts, where TakesGradientParts says so ----
   // An output read by two nodes (a ResNet block's input) gets the sum of their gradients. Where
   // its backward starts with one of these ops, the graph hands the op both parts instead of

@@ -119,6 +119,14 @@ Shape Graph::Setup(const Shape& in, const SetupOptions& opts) {
     Node& producer = nodes_[static_cast<size_t>(n.inputs[0])];
     if (producer.readers == 1) n.layer->FoldIntoInput(*producer.layer);
   }
+  for (auto& n : nodes_) {
+    if (!fold_ || n.inputs.size() != 2) continue;
+    for (size_t k = 0; k < 2; ++k) {
+      const int j = n.inputs[k];
+      if (j != kInput && nodes_[static_cast<size_t>(j)].readers == 1)
+        n.layer->FoldIntoInputs(k, *nodes_[static_cast<size_t>(j)].layer);
+    }
+  }
   std::vector<char> refused(nodes_.size(), 0);
   grad_arena_ = out_arena_ = Tensor();
   slot_buffers_.clear();

@@ -143,6 +143,9 @@ class Layer {
   // norm, a convolution and a residual sum do) and then passes its input and gradient through,
   // holding no buffers.
   virtual void FoldIntoInput(Layer& /*producer*/) {}
+  // The same offer to a layer that reads two node outputs: input k's producer, which only it
+  // reads (a residual sum applies a batch norm before it: Add, BatchNorm::OfferDeferredApply).
+  virtual void FoldIntoInputs(size_t /*k*/, Layer& /*producer*/) {}
   virtual bool FoldRelu() { return false; }
   // A max pool offered a ReLU's output (a ReLU layer's, or a producer's with the ReLU folded in)
   // takes over the ReLU's backward gate: it gates its pooled gradient by its own output (> 0)

@@ -121,6 +121,9 @@ class CpuBackend final : public Backend {
   void ReluForward(const Tensor& x, Tensor* y) override;
   void ReluBackward(const Tensor& y, const Tensor& dy, Tensor* dx) override;
   bool TakesGradientParts() const override { return fusions_; }
+  bool DefersBatchNormApply() const override { return fusions_; }
+  void AffineAdd(const Tensor& x0, const Tensor* affine0, const Tensor& x1, const Tensor* affine1,
+                 bool relu, Tensor* y) override;
   void ReluBackwardSum(const Tensor& y, const Tensor& dy_a, const Tensor& dy_b,
                        Tensor* dx) override;
   void ActivationForward(const ew::Activation& f, const Tensor& x, Tensor* y) override;
@@ -149,6 +152,12 @@ class CpuBackend final : public Backend {
                          const Tensor* relu_y, const Tensor& gamma, const Tensor& beta,
                          const Tensor& save_mean, const Tensor& save_invstd, Tensor* dx,
                          Tensor* dgamma, Tensor* dbeta, bool accumulate) override;
+  void BatchNormAffineTraining(const BatchNormArgs& a, const Tensor& x, const Tensor& gamma,
+                               const Tensor& beta, Tensor* running_mean, Tensor* running_var,
+                               Tensor* affine, Tensor* save_mean, Tensor* save_invstd) override;
+  void BatchNormAffineInference(const BatchNormArgs& a, const Tensor& gamma, const Tensor& beta,
+                                const Tensor& running_mean, const Tensor& running_var,
+                                Tensor* affine) override;
   void BatchNormBackwardSum(const BatchNormArgs& a, const Tensor& x, const Tensor& dy_a,
                             const Tensor& dy_b, const Tensor* relu_y, const Tensor& gamma,
                             const Tensor& beta, const Tensor& save_mean, const Tensor& save_invstd,

@@ -235,6 +235,43 @@ DPT_SIMD_CLONES void RowsAffine(const float* x, uint16_t* y, int64_t r0, int64_t
   AffineRows(x, y, r0, r1, c, scale, shift, relu);
 }
 
+// rows [r0, r1) of y = f0(x0) + f1(x1) (then ReLU), f_k(x) = x * s_k + t_k per channel where kA_k,
+// x itself where not (Backend::AffineAdd): each term rounded as the batch norm's output was, then
+// summed as AddLoop sums.
+template <bool kA0, bool kA1>
+DPT_CLONE_INLINE void AffineAddRows(const float* x0, const float* __restrict s0,
+                                    const float* __restrict t0, const float* x1,
+                                    const float* __restrict s1, const float* __restrict t1,
+                                    float* y, int64_t r0, int64_t r1, int64_t c, bool relu) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* p = x0 + r * c;
+    const float* q = x1 + r * c;
+    float* o = y + r * c;
+    const auto term = [&](int64_t j) __attribute__((always_inline)) {
+      const float a = kA0 ? ew::BnApply(p[j], {s0[j], t0[j]}) : p[j];
+      const float b = kA1 ? ew::BnApply(q[j], {s1[j], t1[j]}) : q[j];
+      return a + b;
+    };
+    if (relu) {
+#pragma omp simd
+      for (int64_t j = 0; j < c; ++j) o[j] = ew::Relu(term(j));
+    } else {
+#pragma omp simd
+      for (int64_t j = 0; j < c; ++j) o[j] = term(j);
+    }
+  }
+}
+DPT_SIMD_CLONES void RowsAffineAdd(const float* x0, const float* s0, const float* t0,
+                                   const float* x1, const float* s1, const float* t1, float* y,
+                                   int64_t r0, int64_t r1, int64_t c, bool relu) {
+  if (s0 != nullptr && s1 != nullptr) {
+    return AffineAddRows<true, true>(x0, s0, t0, x1, s1, t1, y, r0, r1, c, relu);
+  }
+  if (s0 != nullptr) return AffineAddRows<true, false>(x0, s0, t0, x1, s1, t1, y, r0, r1, c, relu);
+  if (s1 != nullptr) return AffineAddRows<false, true>(x0, s0, t0, x1, s1, t1, y, r0, r1, c, relu);
+  AffineAddRows<false, false>(x0, s0, t0, x1, s1, t1, y, r0, r1, c, relu);
+}
+
 // Per-channel backward terms of the NHWC loops: the saved mean, the dx terms (ew::BnDxTerms, one
 // array per field) and, with the folded ReLU, the forward's scale and shift for its gate.
 struct NhwcGradTerms {
@@ -384,11 +421,12 @@ DPT_SIMD_CLONES void RowsGradGated(GradRows g, const float* x, uint16_t* dx, int
   RowsGradAny<true>(1, g, x, dx, r0, r1, c, t, nullptr, nullptr);
 }
 
-// out: float, or uint16_t for bf16 (BatchNormArgs::y_bf16).
-template <class T>
-void BatchNormTrainingNhwc(const BatchNormArgs& a, int64_t m, int64_t c, const float* in,
-                           const float* gamma, const float* beta, float* running_mean,
-                           float* running_var, T* out, float* save_mean, float* save_invstd) {
+// The statistics of m rows of c channels: the saved mean and 1/std, the running update, and the
+// scale and offset the output applies (ew::BnFold).
+void TrainingAffineNhwc(const BatchNormArgs& a, int64_t m, int64_t c, const float* in,
+                        const float* gamma, const float* beta, float* running_mean,
+                        float* running_var, float* save_mean, float* save_invstd, float* scale,
+                        float* offset) {
   const RowBlocks b = SplitRows(m, c);
   std::vector<double> part(static_cast<size_t>(2 * b.count * c), 0.0);
   const std::vector<double> shift(in, in + c);  // row 0
@@ -397,7 +435,6 @@ void BatchNormTrainingNhwc(const BatchNormArgs& a, int64_t m, int64_t c, const f
     double* s1 = part.data() + 2 * k * c;
     RowsMoments(in, shift.data(), k * b.rows, std::min(m, (k + 1) * b.rows), c, s1, s1 + c);
   }
-  std::vector<float> scale(static_cast<size_t>(c)), offset(static_cast<size_t>(c));
   const double dm = static_cast<double>(m);
   for (int64_t j = 0; j < c; ++j) {
     double s1 = 0, s2 = 0;
@@ -409,18 +446,47 @@ void BatchNormTrainingNhwc(const BatchNormArgs& a, int64_t m, int64_t c, const f
     const double var = std::max(0.0, (s2 - s1 * s1 / dm) / dm);
     const double invstd = ew::BnInvStd(var, a.eps);
     const ew::BnAffine affine = ew::BnFold(gamma[j], beta[j], static_cast<float>(mean), invstd);
-    scale[static_cast<size_t>(j)] = affine.scale;
-    offset[static_cast<size_t>(j)] = affine.shift;
+    scale[j] = affine.scale;
+    offset[j] = affine.shift;
     save_mean[j] = static_cast<float>(mean);
     save_invstd[j] = static_cast<float>(invstd);
     running_mean[j] = ew::BnRunning(running_mean[j], mean, a.momentum);
     running_var[j] = ew::BnRunning(running_var[j], ew::BnUnbiasedVar(var, m), a.momentum);
   }
+}
+
+// The scale and offset of inference: the running statistics folded (ew::BnFold).
+void InferenceAffine(const BatchNormArgs& a, int64_t c, const float* gamma, const float* beta,
+                     const float* running_mean, const float* running_var, float* scale,
+                     float* offset) {
+  for (int64_t j = 0; j < c; ++j) {
+    const ew::BnAffine affine =
+        ew::BnFold(gamma[j], beta[j], running_mean[j], ew::BnInvStd(running_var[j], a.eps));
+    scale[j] = affine.scale;
+    offset[j] = affine.shift;
+  }
+}
+
+// y of m rows of c channels = x * scale + offset (then ReLU), in f32 or bf16.
+template <class T>
+void ApplyNhwc(const BatchNormArgs& a, int64_t m, int64_t c, const float* in, const float* scale,
+               const float* offset, T* out) {
+  const RowBlocks b = SplitRows(m, c);
 #pragma omp parallel for if (m * c > kParallelMin)
   for (int64_t k = 0; k < b.count; ++k) {
-    RowsAffine(in, out, k * b.rows, std::min(m, (k + 1) * b.rows), c, scale.data(), offset.data(),
-               a.relu);
+    RowsAffine(in, out, k * b.rows, std::min(m, (k + 1) * b.rows), c, scale, offset, a.relu);
   }
+}
+
+// out: float, or uint16_t for bf16 (BatchNormArgs::y_bf16).
+template <class T>
+void BatchNormTrainingNhwc(const BatchNormArgs& a, int64_t m, int64_t c, const float* in,
+                           const float* gamma, const float* beta, float* running_mean,
+                           float* running_var, T* out, float* save_mean, float* save_invstd) {
+  std::vector<float> scale(static_cast<size_t>(c)), offset(static_cast<size_t>(c));
+  TrainingAffineNhwc(a, m, c, in, gamma, beta, running_mean, running_var, save_mean, save_invstd,
+                     scale.data(), offset.data());
+  ApplyNhwc(a, m, c, in, scale.data(), offset.data(), out);
 }
 
 template <class T>
@@ -428,18 +494,8 @@ void BatchNormInferenceNhwc(const BatchNormArgs& a, int64_t m, int64_t c, const 
                             const float* gamma, const float* beta, const float* running_mean,
                             const float* running_var, T* out) {
   std::vector<float> scale(static_cast<size_t>(c)), offset(static_cast<size_t>(c));
-  for (int64_t j = 0; j < c; ++j) {
-    const ew::BnAffine affine =
-        ew::BnFold(gamma[j], beta[j], running_mean[j], ew::BnInvStd(running_var[j], a.eps));
-    scale[static_cast<size_t>(j)] = affine.scale;
-    offset[static_cast<size_t>(j)] = affine.shift;
-  }
-  const RowBlocks b = SplitRows(m, c);
-#pragma omp parallel for if (m * c > kParallelMin)
-  for (int64_t k = 0; k < b.count; ++k) {
-    RowsAffine(in, out, k * b.rows, std::min(m, (k + 1) * b.rows), c, scale.data(), offset.data(),
-               a.relu);
-  }
+  InferenceAffine(a, c, gamma, beta, running_mean, running_var, scale.data(), offset.data());
+  ApplyNhwc(a, m, c, in, scale.data(), offset.data(), out);
 }
 
 // gated: the forward folded a ReLU (its gate recomputed from x, gamma, beta and the statistics).
@@ -594,6 +650,66 @@ void CpuBackend::BatchNormForwardInference(const BatchNormArgs& a, const Tensor&
         RunAffine(in + off, out + off, d.hw, affine, a.relu);
       }
     }
+  }
+}
+
+namespace {
+// An affine tensor (2 x C f32: scale, then shift) for C channels.
+void CheckAffine(const Tensor& affine, int64_t c) {
+  DPT_CHECK(affine.dtype() == DType::kF32 && affine.numel() == 2 * c)
+      << "batch norm affine " << affine.shape().ToString() << " for " << c << " channels";
+}
+}  // namespace
+
+void CpuBackend::BatchNormAffineTraining(const BatchNormArgs& a, const Tensor& x,
+                                         const Tensor& gamma, const Tensor& beta,
+                                         Tensor* running_mean, Tensor* running_var, Tensor* affine,
+                                         Tensor* save_mean, Tensor* save_invstd) {
+  OpScope scope(this, "batchnorm_fwd");
+  const BatchNormDims d = BatchNormShape(x.shape());
+  DPT_CHECK(a.nhwc && !a.relu && !a.y_bf16) << "batch norm applied by its reader: channels-last";
+  CheckF32(x, "batch norm x");
+  CheckAffine(*affine, d.c);
+  float* af = affine->data<float>();
+  TrainingAffineNhwc(a, d.n * d.hw, d.c, x.data<float>(), gamma.data<float>(), beta.data<float>(),
+                     running_mean->data<float>(), running_var->data<float>(),
+                     save_mean->data<float>(), save_invstd->data<float>(), af, af + d.c);
+}
+
+void CpuBackend::BatchNormAffineInference(const BatchNormArgs& a, const Tensor& gamma,
+                                          const Tensor& beta, const Tensor& running_mean,
+                                          const Tensor& running_var, Tensor* affine) {
+  OpScope scope(this, "batchnorm_fwd");
+  const int64_t c = gamma.numel();
+  CheckAffine(*affine, c);
+  float* af = affine->data<float>();
+  InferenceAffine(a, c, gamma.data<float>(), beta.data<float>(), running_mean.data<float>(),
+                  running_var.data<float>(), af, af + c);
+}
+
+void CpuBackend::AffineAdd(const Tensor& x0, const Tensor* affine0, const Tensor& x1,
+                           const Tensor* affine1, bool relu, Tensor* y) {
+  OpScope scope(this, relu ? "bn_add_relu" : "bn_add");
+  CheckSame(x0, x1, "affine add");
+  CheckSame(x0, *y, "affine add");
+  DPT_CHECK(x0.shape().rank() == 4) << "affine add of " << x0.shape().ToString();
+  const int64_t c = x0.shape()[1], m = x0.numel() / c;
+  const auto terms = [&](const Tensor* affine) -> const float* {
+    if (affine == nullptr) return nullptr;
+    CheckAffine(*affine, c);
+    return affine->data<float>();
+  };
+  const float* s0 = terms(affine0);
+  const float* s1 = terms(affine1);
+  const float* p0 = x0.data<float>();
+  const float* p1 = x1.data<float>();
+  float* out = y->data<float>();
+  const RowBlocks b = SplitRows(m, c);
+#pragma omp parallel for if (m * c > kParallelMin)
+  for (int64_t k = 0; k < b.count; ++k) {
+    RowsAffineAdd(p0, s0, s0 != nullptr ? s0 + c : nullptr, p1, s1,
+                  s1 != nullptr ? s1 + c : nullptr, out, k * b.rows, std::min(m, (k + 1) * b.rows),
+                  c, relu);
   }
 }
 

@@ -27,8 +27,17 @@ Shape BatchNorm::Setup(const Shape& in, const SetupOptions& opts) {
   }
   save_mean_ = backend_.Empty(Shape{channels_}, DType::kF32, label() + " saved mean");
   save_invstd_ = backend_.Empty(Shape{channels_}, DType::kF32, label() + " saved invstd");
-  out_ = OutputBuffer(backend_, opts, in, args_.y_bf16 ? DType::kBF16 : DType::kF32,
-                      label() + " output");
+  // The reading sum applies it (OfferDeferredApply). Without need_dx the backward would write
+  // its dx over the output buffer, which there is not then.
+  deferred_ = defer_offered_ && !args_.relu && !args_.y_bf16 && need_dx_ && in.rank() == 4 &&
+              args_.nhwc && backend_.DefersBatchNormApply();
+  out_ = affine_ = Tensor();
+  if (deferred_) {
+    affine_ = backend_.Empty(Shape{2 * channels_}, DType::kF32, label() + " scale and shift");
+  } else {
+    out_ = OutputBuffer(backend_, opts, in, args_.y_bf16 ? DType::kBF16 : DType::kF32,
+                        label() + " output");
+  }
   // A forward run again takes its running update here, where nothing reads it.
   discard_mean_ = discard_var_ = Tensor();
   if (opts.recompute) {
@@ -68,8 +77,21 @@ void BatchNorm::ListBuffers(std::vector<ParamRef>* out) {
 }
 
 const Tensor& BatchNorm::Forward(const Tensor& x, const ForwardContext& ctx) {
-  y_ = out_.Batch(x.shape()[0]);
   x_ = x;
+  if (deferred_) {  // the statistics and the scale and shift; the reading sum applies them
+    if (!ctx.training) {
+      backend_.BatchNormAffineInference(args_, gamma_, beta_, running_mean_, running_var_,
+                                        &affine_);
+      return x_;
+    }
+    const bool again = ctx.recompute;
+    DPT_CHECK(!again || discard_mean_.defined()) << label() << ": recomputed but not set up for it";
+    backend_.BatchNormAffineTraining(
+        args_, x, gamma_, beta_, again ? &discard_mean_ : &running_mean_,
+        again ? &discard_var_ : &running_var_, &affine_, &save_mean_, &save_invstd_);
+    return x_;
+  }
+  y_ = out_.Batch(x.shape()[0]);
   if (ctx.training) {
     // Run again before the backward (activation recompute): the same batch statistics and output,
     // and the running statistics as they were.

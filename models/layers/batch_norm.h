@@ -23,7 +23,11 @@ class BatchNorm final : public Layer {
   // the output and, when one is wanted, the input gradient (each f32, or bf16 for a convolution
   // that reads it so)
   int64_t ActivationBytesPerSample() const override {
-    return ((args_.y_bf16 ? 2 : 4) + (need_dx_ ? (args_.dx_bf16 ? 2 : 4) : 0)) * per_sample_;
+    return ((deferred_      ? 0
+             : args_.y_bf16 ? 2
+                            : 4) +
+            (need_dx_ ? (args_.dx_bf16 ? 2 : 4) : 0)) *
+           per_sample_;
   }
   // The convolution that alone reads the output may read it in bf16 (Layer::OfferBf16Output).
   void OfferBf16Output(Layer& reader) override { reader_ = &reader; }
@@ -39,6 +43,13 @@ class BatchNorm final : public Layer {
     return args_.relu;
   }
   bool TakesNhwc() const override { return true; }
+  // The residual sum that alone reads the output offers to apply the normalisation itself
+  // (Backend::AffineAdd). Taken at Setup where the backend runs it (DefersBatchNormApply) on
+  // channels-last images without a folded ReLU: Forward then computes the statistics and the
+  // scale and shift (deferred_affine) and returns its input, and holds no output.
+  void OfferDeferredApply() { defer_offered_ = true; }
+  const Tensor* deferred_affine() const { return deferred_ ? &affine_ : nullptr; }
+  bool ForwardPassesInput() const override { return deferred_; }
   // Channels-last on a backend that takes it (Backend::BatchNormBackwardSum).
   bool SumsGradientParts() const override { return args_.nhwc && backend_.TakesGradientParts(); }
   void BackwardInputsSum(const Tensor& dy_a, const Tensor& dy_b, bool accumulate,
@@ -48,6 +59,7 @@ class BatchNorm final : public Layer {
   int64_t channels_ = 0, per_sample_ = 0;
   bool need_dx_ = true;
   bool gate_handed_ = false;  // the max pool after the folded ReLU gates dy (HandOverReluGate)
+  bool defer_offered_ = false, deferred_ = false;  // OfferDeferredApply, and taken at Setup
   BatchNormArgs args_;
   Conv2d* conv_ = nullptr;   // the convolution this batch norm alone reads (FoldIntoInput)
   Layer* reader_ = nullptr;  // the convolution that alone reads this output (OfferBf16Output)
@@ -55,6 +67,7 @@ class BatchNorm final : public Layer {
   Tensor save_mean_, save_invstd_;
   Tensor discard_mean_, discard_var_;  // the running update of a recomputed forward
   Tensor out_, dx_buf_, x_, y_, dx_;
+  Tensor affine_;  // deferred: (2 * C) scale, then shift
 
   // Backward of dy, or of dy + *dy2.
   const Tensor& Grad(const Tensor& dy, const Tensor* dy2, bool accumulate);

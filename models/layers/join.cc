@@ -3,6 +3,7 @@
 #include "models/layers/join.h"
 
 #include "core/error.h"
+#include "models/layers/batch_norm.h"
 
 namespace dptrain {
 namespace {
@@ -56,9 +57,23 @@ Shape Add::SetupInputs(const std::vector<Shape>& in, const SetupOptions& opts) {
   return out;
 }
 
+void Add::FoldIntoInputs(size_t k, Layer& producer) {
+  auto* bn = dynamic_cast<BatchNorm*>(&producer);
+  if (bn == nullptr || k >= 2) return;
+  bn->OfferDeferredApply();
+  applies_[k] = bn;
+}
+
 const Tensor& Add::ForwardInputs(const std::vector<const Tensor*>& x,
                                  const ForwardContext& /*ctx*/) {
   y_ = out_.Batch(x[0]->shape()[0]);
+  const Tensor* a0 = applies_[0] != nullptr ? applies_[0]->deferred_affine() : nullptr;
+  const Tensor* a1 = applies_[1] != nullptr ? applies_[1]->deferred_affine() : nullptr;
+  if (a0 != nullptr || a1 != nullptr) {  // the batch norms' outputs, summed (and the ReLU)
+    DPT_CHECK(!broadcast_ && x.size() == 2) << label() << ": a deferred batch norm's sum";
+    backend_.AffineAdd(*x[0], a0, *x[1], a1, relu_, &y_);
+    return y_;
+  }
   if (!broadcast_ && relu_ && x.size() == 2) {
     backend_.AddRelu(*x[0], *x[1], &y_);  // a residual block's sum and ReLU in one pass
     return y_;

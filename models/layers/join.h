@@ -11,6 +11,8 @@
 
 namespace dptrain {
 
+class BatchNorm;
+
 // The one-input calls of a join are a ConfigError asking for `inputs`: only the graph's
 // several-input calls run it.
 class Join : public Layer {
@@ -52,8 +54,12 @@ class Add final : public Join {
   }
   // Equal shapes are elementwise: any layout (a broadcast refuses NHWC at Setup).
   bool TakesNhwc() const override { return true; }
+  // A batch norm only this sum reads (of two inputs) may leave its normalisation to the sum
+  // (BatchNorm::OfferDeferredApply): Forward then applies it as it adds (Backend::AffineAdd).
+  void FoldIntoInputs(size_t k, Layer& producer) override;
 
  private:
+  BatchNorm* applies_[2] = {nullptr, nullptr};  // offered to (FoldIntoInputs); deferred or not
   bool relu_ = false;
   size_t inputs_ = 0;
   int64_t per_sample_ = 0;

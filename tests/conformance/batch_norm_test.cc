@@ -480,6 +480,79 @@ TEST_P(BatchNormTest, GradientInTwoPartsIsTheirSums) {
   });
 }
 
+// A batch norm applied by the residual sum that reads it (Backend::DefersBatchNormApply;
+// channels-last): BatchNormAffineTraining leaves the saved and running statistics of
+// BatchNormForwardTraining, and AffineAdd of its scale and shift gives, bit for bit, its output
+// added to the other input (another batch norm's output, or a tensor as it is) and, with the
+// ReLU, AddRelu's; in training and in inference (BatchNormAffineInference); either input, or
+// both, normalised; the unrolled channel counts and others.
+TEST_P(BatchNormTest, AppliedBySumIsItsOutputAdded) {
+  Backend& be = backend();
+  if (!be.DefersBatchNormApply()) GTEST_SKIP() << be.name() << ": batch norms write outputs";
+  uint32_t seed = 8600;
+  for (const Shape& shape : {Shape{3, 16, 5, 6}, Shape{2, 32, 4, 4}, Shape{2, 64, 3, 3},
+                             Shape{3, 13, 4, 5}, Shape{8, 5, 16, 16}}) {
+    const int64_t c = shape[1];
+    BatchNormArgs args;
+    args.nhwc = true;
+    for (const int which : {1, 2, 3}) {  // bit 0: input 0 normalised, bit 1: input 1
+      for (const bool relu : {false, true}) {
+        for (const bool training : {true, false}) {
+          seed += 10;
+          SCOPED_TRACE(::testing::Message()
+                       << shape.ToString() << " normalised " << which << (relu ? " relu" : "")
+                       << (training ? " training" : " inference"));
+          const auto rand = [&](uint32_t k, float lo = -1.f, float hi = 1.f, int64_t n = 0) {
+            return RandomUniform(static_cast<size_t>(n > 0 ? n : shape.numel()), seed + k, lo, hi);
+          };
+          Tensor x[2] = {ToDevice(be, rand(0), shape), ToDevice(be, rand(1), shape)};
+          Tensor want[2], affine[2];
+          std::vector<std::vector<float>> stats_want, stats_got;
+          for (int k = 0; k < 2; ++k) {
+            want[k] = x[k];
+            if ((which & (1 << k)) == 0) continue;
+            Tensor g = ToDevice(be, rand(2 + k, 0.5f, 1.5f, c), {c});
+            Tensor b = ToDevice(be, rand(4 + k, -1.f, 1.f, c), {c});
+            Tensor rm[2], rv[2], sm[2], si[2];
+            for (int t = 0; t < 2; ++t) {
+              rm[t] = ToDevice(be, rand(6, -0.1f, 0.1f, c), {c});
+              rv[t] = ToDevice(be, rand(7, 0.5f, 1.5f, c), {c});
+              sm[t] = be.Zeros({c}, DType::kF32, "save mean");
+              si[t] = be.Zeros({c}, DType::kF32, "save invstd");
+            }
+            want[k] = be.Empty(shape, DType::kF32, "batch norm output");
+            affine[k] = be.Empty({2 * c}, DType::kF32, "affine");
+            if (training) {
+              be.BatchNormForwardTraining(args, x[k], g, b, &rm[0], &rv[0], &want[k], &sm[0],
+                                          &si[0]);
+              be.BatchNormAffineTraining(args, x[k], g, b, &rm[1], &rv[1], &affine[k], &sm[1],
+                                         &si[1]);
+            } else {
+              be.BatchNormForwardInference(args, x[k], g, b, rm[0], rv[0], &want[k]);
+              be.BatchNormAffineInference(args, g, b, rm[0], rv[0], &affine[k]);
+            }
+            for (int t = 0; t < 2; ++t) {
+              auto& into = t == 0 ? stats_want : stats_got;
+              for (const Tensor* v : {&rm[t], &rv[t], &sm[t], &si[t]})
+                into.push_back(ToHost(be, *v));
+            }
+          }
+          EXPECT_EQ(stats_got, stats_want) << "running and saved statistics";
+          Tensor sum = be.Empty(shape, DType::kF32, "sum"), got = be.Empty(shape, DType::kF32, "y");
+          if (relu) {
+            be.AddRelu(want[0], want[1], &sum);
+          } else {
+            be.Add(want[0], want[1], &sum);
+          }
+          be.AffineAdd(x[0], (which & 1) != 0 ? &affine[0] : nullptr, x[1],
+                       (which & 2) != 0 ? &affine[1] : nullptr, relu, &got);
+          EXPECT_EQ(ToHost(be, got), ToHost(be, sum));
+        }
+      }
+    }
+  }
+}
+
 // BatchNormArgs::y_bf16 (where the backend runs it): y written in bf16 is the f32 y rounded
 // (ew::FloatToBf16), bit for bit, in training (the saved and running statistics unchanged) and
 // in inference; as above, on images (the output a convolution reads), tails of fewer than 16

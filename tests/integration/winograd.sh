@@ -89,10 +89,10 @@ map(json.loads, open(sys.argv[1])) if r.get('kind') == 'step')))" "$1/metrics.js
     test "$(cut -d' ' -f1-4 <<<"$mid")" = "$(cut -d' ' -f1-4 <<<"$wino")"
   check "all 4 steps within fp32 rounding of the direct run" within1e4 "$mid" "$direct"
 
-  CASE="train.winograd = true under a limit not even the direct run fits (memory.limit=16MiB)"
+  CASE="train.winograd = true under a limit not even the direct run fits (memory.limit=12MiB)"
   expect_fail 4 "hint: micro-batch 16 per rank does not fit even with train.winograd given up (convolutions direct); micro-batch" -- \
     "$DPTRAIN" "${RUN[@]}" --set "run_dir=$TMP/wino_oom" --set train.winograd=true \
-    --set memory.limit=16MiB
+    --set memory.limit=12MiB
   # A model with no convolution Winograd applies to (cifar_net: 3 -> 64 channels) has nothing to
   # give up: the usual report at once.
   CASE="train.winograd = true, cifar_net (no Winograd convolution), memory.limit=1MiB"
