@@ -44,7 +44,8 @@ class Graph {
   // as are shapes a layer refuses. Out-of-memory reports name the node being set up. First
   // folds a ReLU into the batch norm, convolution or residual sum whose output only it reads
   // (Layer::FoldIntoInput): the same numbers, one pass over the activation instead of two, no
-  // ReLU buffers.
+  // ReLU buffers; and offers a two-input node each producer only it reads (Layer::FoldIntoInputs:
+  // a residual sum applies the batch norm before it).
   Shape Setup(const Shape& in, const SetupOptions& opts);
   // Off: no folding at the next Setup (the tests that prove folding changes no number).
   void set_fold(bool on) { fold_ = on; }

@@ -189,7 +189,8 @@ class Layer {
     DPT_THROW(InternalError) << "layer '" << label() << "' takes no gradient in two parts";
   }
   // Whether Forward may return its input (or a view of it) as its output (a folded ReLU, a flatten
-  // or reshape that is a view, a convolution that leaves its work to the pool fused with it): the
+  // or reshape that is a view, a convolution that leaves its work to the pool fused with it, a
+  // batch norm whose reading sum applies it): the
   // graph then keeps the input's buffer for this layer's readers too (Graph::set_recompute), and
   // checks it.
   virtual bool ForwardPassesInput() const { return false; }

@@ -679,7 +679,7 @@ void CpuBackend::BatchNormAffineTraining(const BatchNormArgs& a, const Tensor& x
 void CpuBackend::BatchNormAffineInference(const BatchNormArgs& a, const Tensor& gamma,
                                           const Tensor& beta, const Tensor& running_mean,
                                           const Tensor& running_var, Tensor* affine) {
-  OpScope scope(this, "batchnorm_fwd");
+  OpScope scope(this, "batchnorm_infer");
   const int64_t c = gamma.numel();
   CheckAffine(*affine, c);
   float* af = affine->data<float>();
@@ -690,8 +690,12 @@ void CpuBackend::BatchNormAffineInference(const BatchNormArgs& a, const Tensor& 
 void CpuBackend::AffineAdd(const Tensor& x0, const Tensor* affine0, const Tensor& x1,
                            const Tensor* affine1, bool relu, Tensor* y) {
   OpScope scope(this, relu ? "bn_add_relu" : "bn_add");
+  CheckF32(x0, "affine add x0");
+  CheckF32(x1, "affine add x1");
+  CheckF32(*y, "affine add y");
   CheckSame(x0, x1, "affine add");
   CheckSame(x0, *y, "affine add");
+  DPT_CHECK(y->raw() != x0.raw() && y->raw() != x1.raw()) << "affine add: y aliases an input";
   DPT_CHECK(x0.shape().rank() == 4) << "affine add of " << x0.shape().ToString();
   const int64_t c = x0.shape()[1], m = x0.numel() / c;
   const auto terms = [&](const Tensor* affine) -> const float* {

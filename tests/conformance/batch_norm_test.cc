@@ -490,8 +490,9 @@ TEST_P(BatchNormTest, AppliedBySumIsItsOutputAdded) {
   Backend& be = backend();
   if (!be.DefersBatchNormApply()) GTEST_SKIP() << be.name() << ": batch norms write outputs";
   uint32_t seed = 8600;
-  for (const Shape& shape : {Shape{3, 16, 5, 6}, Shape{2, 32, 4, 4}, Shape{2, 64, 3, 3},
-                             Shape{3, 13, 4, 5}, Shape{8, 5, 16, 16}}) {
+  for (const Shape& shape :
+       {Shape{3, 16, 5, 6}, Shape{2, 32, 4, 4}, Shape{2, 64, 3, 3}, Shape{3, 13, 4, 5},
+        Shape{8, 5, 16, 16}, Shape{8, 16, 16, 16}}) {  // the last on several threads' blocks
     const int64_t c = shape[1];
     BatchNormArgs args;
     args.nhwc = true;

@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <ostream>
+#include <tuple>
 
 #include "core/backend_registry.h"
 #include "core/error.h"
@@ -674,6 +675,79 @@ TEST(GradientPartsTest, ChangeNoNumberAndHoldLess) {
           if (!share && name != "add_relu_chain") {
             EXPECT_LT(in_parts, summed);
           }
+        }
+      }
+    }
+  }
+}
+
+// Batch norms that only a sum reads, where the sum can and cannot apply them: one reading the
+// graph's input (no input gradient: it keeps its output), one as a sum's input 1 (applied), and
+// one summed with a per-channel tensor (a broadcast sum, which runs NCHW: it keeps its output).
+std::unique_ptr<Graph> BuildBatchNormsIntoSums(Backend& be) {
+  auto g = std::make_unique<Graph>(be);
+  g->Add(std::make_unique<BatchNorm>(be, "bn_in"), {Graph::kInput});             // 0
+  g->Add(std::make_unique<Conv2d>(be, "a", 3, 3, 1, 1, true), {Graph::kInput});  // 1
+  g->Add(std::make_unique<Add>(be, "s0"), {1, 0});                               // 2
+  g->Add(std::make_unique<Conv2d>(be, "b", 8, 3, 1, 1, false), {2});             // 3
+  g->Add(std::make_unique<BatchNorm>(be, "bn_b"));                               // 4
+  g->Add(std::make_unique<Conv2d>(be, "c", 8, 3, 1, 1, true), {2});              // 5
+  g->Add(std::make_unique<Add>(be, "s1"), {5, 4});                               // 6
+  // A convolution between: it writes NCHW for the broadcast sum and reads s1 channels-last.
+  g->Add(std::make_unique<Conv2d>(be, "d", 8, 3, 1, 1, true), {6});          // 7
+  g->Add(std::make_unique<BatchNorm>(be, "bn_c"), {7});                      // 8
+  g->Add(std::make_unique<Pool2d>(be, "se", PoolKind::kAvg, 0, 0, 0), {7});  // 9 (global)
+  g->Add(std::make_unique<Add>(be, "s2"), {8, 9});                           // 10
+  g->Add(std::make_unique<Pool2d>(be, "gap", PoolKind::kAvg, 0, 0, 0));
+  g->Add(std::make_unique<Flatten>(be, "flat"));
+  g->Add(std::make_unique<Linear>(be, "fc", 10, true));
+  return g;
+}
+
+// A batch norm applied by the sum that alone reads it (BatchNorm::OfferDeferredApply) changes no
+// number against the model without any folding, with input gradients shared or not and with
+// activation recompute cut every one or two nodes or not at all, where it applies (resnet8's
+// second batch norms and shortcuts; a batch norm as a sum's input 1) and where it does not.
+TEST(DeferredBatchNormTest, ChangesNoNumber) {
+  Backend& be = GetBackend("cpu");
+  const std::vector<std::tuple<std::string, Shape, int>> models = {
+      {"resnet8", Shape{3, 32, 32}, 5},
+      {"add_relu_chain", Shape{3, 8, 8}, 1},
+      {"bn_into_sums", Shape{3, 8, 8}, 1}};
+  for (const Precision prec : {Precision::kF32, Precision::kBF16}) {
+    if (!be.Supports(Conv2dDesc{1, 1, 1, 1, 1, 1, 1, 1, 0, true, prec})) continue;
+    for (const auto& [name, sample, applied] : models) {
+      std::vector<int64_t> dims{4};
+      dims.insert(dims.end(), sample.dims().begin(), sample.dims().end());
+      for (const bool share : {true, false}) {
+        for (const size_t every : {0, 1, 2}) {
+          SCOPED_TRACE(::testing::Message()
+                       << name << " " << PrecisionName(prec) << (share ? " shared" : " own")
+                       << " cut every " << every << " nodes");
+          const auto train = [&, &name = name, &sample = sample](bool fold, int* deferred) {
+            auto net = name == "bn_into_sums"     ? BuildBatchNormsIntoSums(be)
+                       : name == "add_relu_chain" ? BuildAddReluChain(be)
+                                                  : BuildZooModel(be, name, 10);
+            net->set_fold(fold);
+            net->set_share_input_grads(share);
+            net->set_recompute(every > 0, every);
+            Model m(be, std::move(net), sample);
+            m.Setup(6, prec);
+            m.InitParams(7);
+            *deferred = 0;
+            for (size_t i = 0; i < m.net().size(); ++i) {
+              const auto* bn = dynamic_cast<const BatchNorm*>(&m.net().layer(i));
+              *deferred += bn != nullptr && bn->deferred_affine() != nullptr;
+            }
+            return TwoStepsAndEval(be, m, Shape(dims));
+          };
+          int none = 0, deferred = 0;
+          const auto want = train(false, &none);
+          const auto got = train(true, &deferred);
+          EXPECT_EQ(none, 0);
+          EXPECT_EQ(deferred, applied);
+          ASSERT_EQ(got.size(), want.size());
+          for (size_t t = 0; t < want.size(); ++t) EXPECT_EQ(got[t], want[t]) << "tensor " << t;
         }
       }
     }
