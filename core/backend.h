@@ -406,8 +406,8 @@ class Backend {
                                         const Tensor& beta, const Tensor& running_mean,
                                         const Tensor& running_var, Tensor* affine);
   // y = f0(x0) + f1(x1), then max(., 0) with `relu`: f_k(x) = x * scale + shift per channel
-  // (ew::BnApply) where affine_k is given, x itself where it is null. x0, x1, y: f32 (N, C, H, W)
-  // channels-last; y must alias neither.
+  // (ew::BnApply) where affine_k is given, x itself where it is null (not both: that is Add).
+  // x0, x1, y: f32 (N, C, H, W) channels-last; y must alias neither.
   virtual void AffineAdd(const Tensor& x0, const Tensor* affine0, const Tensor& x1,
                          const Tensor* affine1, bool relu, Tensor* y);
 

@@ -176,6 +176,15 @@ RowBlocks SplitRows(int64_t m, int64_t c) {
   return {rows, (m + rows - 1) / rows};
 }
 
+// f(k, r0, r1) for every block k of rows [r0, r1) of m rows of c channels (SplitRows), the blocks
+// split over the threads.
+template <class F>
+void ForRowBlocks(int64_t m, int64_t c, F f) {
+  const RowBlocks b = SplitRows(m, c);
+#pragma omp parallel for if (m * c > kParallelMin)
+  for (int64_t k = 0; k < b.count; ++k) f(k, k * b.rows, std::min(m, (k + 1) * b.rows));
+}
+
 // s1[j] += x[j] - shift[j], s2[j] += (x[j] - shift[j])^2 (shift: row 0, as RunMoments).
 DPT_CLONE_INLINE void RowMoments(const float* x, const double* __restrict shift, int64_t c,
                                  double* __restrict s1, double* __restrict s2) {
@@ -268,8 +277,7 @@ DPT_SIMD_CLONES void RowsAffineAdd(const float* x0, const float* s0, const float
     return AffineAddRows<true, true>(x0, s0, t0, x1, s1, t1, y, r0, r1, c, relu);
   }
   if (s0 != nullptr) return AffineAddRows<true, false>(x0, s0, t0, x1, s1, t1, y, r0, r1, c, relu);
-  if (s1 != nullptr) return AffineAddRows<false, true>(x0, s0, t0, x1, s1, t1, y, r0, r1, c, relu);
-  AffineAddRows<false, false>(x0, s0, t0, x1, s1, t1, y, r0, r1, c, relu);
+  AffineAddRows<false, true>(x0, s0, t0, x1, s1, t1, y, r0, r1, c, relu);
 }
 
 // Per-channel backward terms of the NHWC loops: the saved mean, the dx terms (ew::BnDxTerms, one
@@ -430,11 +438,10 @@ void TrainingAffineNhwc(const BatchNormArgs& a, int64_t m, int64_t c, const floa
   const RowBlocks b = SplitRows(m, c);
   std::vector<double> part(static_cast<size_t>(2 * b.count * c), 0.0);
   const std::vector<double> shift(in, in + c);  // row 0
-#pragma omp parallel for if (m * c > kParallelMin)
-  for (int64_t k = 0; k < b.count; ++k) {
+  ForRowBlocks(m, c, [&](int64_t k, int64_t r0, int64_t r1) {
     double* s1 = part.data() + 2 * k * c;
-    RowsMoments(in, shift.data(), k * b.rows, std::min(m, (k + 1) * b.rows), c, s1, s1 + c);
-  }
+    RowsMoments(in, shift.data(), r0, r1, c, s1, s1 + c);
+  });
   const double dm = static_cast<double>(m);
   for (int64_t j = 0; j < c; ++j) {
     double s1 = 0, s2 = 0;
@@ -471,11 +478,9 @@ void InferenceAffine(const BatchNormArgs& a, int64_t c, const float* gamma, cons
 template <class T>
 void ApplyNhwc(const BatchNormArgs& a, int64_t m, int64_t c, const float* in, const float* scale,
                const float* offset, T* out) {
-  const RowBlocks b = SplitRows(m, c);
-#pragma omp parallel for if (m * c > kParallelMin)
-  for (int64_t k = 0; k < b.count; ++k) {
-    RowsAffine(in, out, k * b.rows, std::min(m, (k + 1) * b.rows), c, scale, offset, a.relu);
-  }
+  ForRowBlocks(m, c, [&](int64_t /*k*/, int64_t r0, int64_t r1) {
+    RowsAffine(in, out, r0, r1, c, scale, offset, a.relu);
+  });
 }
 
 // out: float, or uint16_t for bf16 (BatchNormArgs::y_bf16).
@@ -705,16 +710,15 @@ void CpuBackend::AffineAdd(const Tensor& x0, const Tensor* affine0, const Tensor
   };
   const float* s0 = terms(affine0);
   const float* s1 = terms(affine1);
+  DPT_CHECK(s0 != nullptr || s1 != nullptr) << "affine add without an affine: Add";
   const float* p0 = x0.data<float>();
   const float* p1 = x1.data<float>();
   float* out = y->data<float>();
-  const RowBlocks b = SplitRows(m, c);
-#pragma omp parallel for if (m * c > kParallelMin)
-  for (int64_t k = 0; k < b.count; ++k) {
-    RowsAffineAdd(p0, s0, s0 != nullptr ? s0 + c : nullptr, p1, s1,
-                  s1 != nullptr ? s1 + c : nullptr, out, k * b.rows, std::min(m, (k + 1) * b.rows),
-                  c, relu);
-  }
+  const float* t0 = s0 != nullptr ? s0 + c : nullptr;
+  const float* t1 = s1 != nullptr ? s1 + c : nullptr;
+  ForRowBlocks(m, c, [&](int64_t /*k*/, int64_t r0, int64_t r1) {
+    RowsAffineAdd(p0, s0, t0, p1, s1, t1, out, r0, r1, c, relu);
+  });
 }
 
 void CpuBackend::BatchNormBackward(const BatchNormArgs& a, const Tensor& x, const Tensor& dy,

@@ -78,31 +78,31 @@ void BatchNorm::ListBuffers(std::vector<ParamRef>* out) {
 
 const Tensor& BatchNorm::Forward(const Tensor& x, const ForwardContext& ctx) {
   x_ = x;
-  if (deferred_) {  // the statistics and the scale and shift; the reading sum applies them
-    if (!ctx.training) {
+  // deferred: the statistics and the scale and shift only; the reading sum applies them
+  if (!ctx.training) {
+    if (deferred_) {
       backend_.BatchNormAffineInference(args_, gamma_, beta_, running_mean_, running_var_,
                                         &affine_);
       return x_;
     }
-    const bool again = ctx.recompute;
-    DPT_CHECK(!again || discard_mean_.defined()) << label() << ": recomputed but not set up for it";
-    backend_.BatchNormAffineTraining(
-        args_, x, gamma_, beta_, again ? &discard_mean_ : &running_mean_,
-        again ? &discard_var_ : &running_var_, &affine_, &save_mean_, &save_invstd_);
+    y_ = out_.Batch(x.shape()[0]);
+    backend_.BatchNormForwardInference(args_, x, gamma_, beta_, running_mean_, running_var_, &y_);
+    return y_;
+  }
+  // Run again before the backward (activation recompute): the same batch statistics and output,
+  // and the running statistics as they were.
+  const bool again = ctx.recompute;
+  DPT_CHECK(!again || discard_mean_.defined()) << label() << ": recomputed but not set up for it";
+  Tensor* mean = again ? &discard_mean_ : &running_mean_;
+  Tensor* var = again ? &discard_var_ : &running_var_;
+  if (deferred_) {
+    backend_.BatchNormAffineTraining(args_, x, gamma_, beta_, mean, var, &affine_, &save_mean_,
+                                     &save_invstd_);
     return x_;
   }
   y_ = out_.Batch(x.shape()[0]);
-  if (ctx.training) {
-    // Run again before the backward (activation recompute): the same batch statistics and output,
-    // and the running statistics as they were.
-    const bool again = ctx.recompute;
-    DPT_CHECK(!again || discard_mean_.defined()) << label() << ": recomputed but not set up for it";
-    backend_.BatchNormForwardTraining(
-        args_, x, gamma_, beta_, again ? &discard_mean_ : &running_mean_,
-        again ? &discard_var_ : &running_var_, &y_, &save_mean_, &save_invstd_);
-  } else {
-    backend_.BatchNormForwardInference(args_, x, gamma_, beta_, running_mean_, running_var_, &y_);
-  }
+  backend_.BatchNormForwardTraining(args_, x, gamma_, beta_, mean, var, &y_, &save_mean_,
+                                    &save_invstd_);
   return y_;
 }
 
