@@ -7,7 +7,9 @@
 //   step_bench --benchmark_filter='Step|Prim'   (names: Step/<batch>/<bf16?>/<threads>)
 #include <benchmark/benchmark.h>
 
+#include <bit>
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <vector>
 
@@ -275,7 +277,8 @@ void PrimArgs(benchmark::internal::Benchmark* b) {
 }
 
 // Batch norm alone at resnet8's shapes (batch 64, channels-last, 32x32 x 16, 16x16 x 32, 8x8 x 64),
-// training forward or backward, with or without the folded ReLU, dx in f32 or bf16.
+// training forward or backward, with or without the folded ReLU, dx in f32 or bf16, x in f32 or
+// bf16 (a bf16 convolution's output, BatchNormArgs::x_bf16).
 void BatchNorm(benchmark::State& state) {
   const int64_t c = state.range(0), hw = 32 / (c / 16);
   const bool backward = state.range(1) != 0;
@@ -283,10 +286,19 @@ void BatchNorm(benchmark::State& state) {
   a.nhwc = true;
   a.relu = state.range(2) != 0;
   a.dx_bf16 = state.range(3) != 0;
+  a.x_bf16 = state.range(5) != 0;
   Backend& be = GetBackend("cpu");
   UseThreads(be, static_cast<int>(state.range(4)));
   const Shape s{64, c, hw, hw};
   Tensor x = Random(be, s), y = Random(be, s), dy = Random(be, s);
+  if (a.x_bf16) {  // x's values truncated to bf16
+    Tensor x16 = be.Empty(s, DType::kBF16, "x");
+    for (int64_t i = 0; i < s.numel(); ++i) {
+      static_cast<uint16_t*>(x16.raw())[i] =
+          static_cast<uint16_t>(std::bit_cast<uint32_t>(x.data<float>()[i]) >> 16);
+    }
+    x = x16;
+  }
   Tensor gamma = Random(be, Shape{c}), beta = Random(be, Shape{c}), rm = Random(be, Shape{c});
   Tensor rv = be.Empty(Shape{c}, DType::kF32, "rv"), mean = be.Empty(Shape{c}, DType::kF32, "m");
   Tensor invstd = be.Empty(Shape{c}, DType::kF32, "is");
@@ -307,12 +319,14 @@ void BatchNorm(benchmark::State& state) {
 }
 
 void BatchNormArgsList(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"c", "bwd", "relu", "dx_bf16", "threads"});
+  b->ArgNames({"c", "bwd", "relu", "dx_bf16", "threads", "x_bf16"});
   for (int64_t c : {16, 32, 64}) {
     for (int64_t threads : {1, 2}) {
-      b->Args({c, 0, 1, 0, threads});
-      for (int64_t relu : {0, 1}) {
-        for (int64_t bf16 : {0, 1}) b->Args({c, 1, relu, bf16, threads});
+      for (int64_t x16 : {0, 1}) {
+        b->Args({c, 0, 1, 0, threads, x16});
+        for (int64_t relu : {0, 1}) {
+          for (int64_t bf16 : {0, 1}) b->Args({c, 1, relu, bf16, threads, x16});
+        }
       }
     }
   }

@@ -203,6 +203,7 @@ std::string Conv2dDesc::ToString() const {
   if (x_nhwc || y_nhwc) os << " nhwc=" << (x_nhwc ? "x" : "") << (y_nhwc ? "y" : "");
   if (dy_bf16) os << " dy=bf16";
   if (x_bf16) os << " x=bf16";
+  if (y_bf16) os << " y=bf16";
   return os.str();
 }
 

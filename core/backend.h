@@ -57,6 +57,11 @@ struct Conv2dDesc {
   // whose output only this convolution reads writes it (BatchNormArgs::y_bf16): the rounding the
   // convolution applies to an f32 x anyway, without the f32 copy and the pass that rounded it.
   bool x_bf16 = false;
+  // bf16 only: the forward writes y in bf16 (its f32 accumulators rounded to nearest even), for
+  // the batch norm that alone reads it (BatchNormArgs::x_bf16), as cuDNN writes a 16-bit
+  // convolution's y and as PyTorch's autocast hands a bf16 convolution's output to its batch
+  // norm. Not with a folded ReLU. Backends that write it say so (Backend::Supports).
+  bool y_bf16 = false;
   int64_t out_h() const { return (h + 2 * pad - dilation * (r - 1) - 1) / stride + 1; }
   int64_t out_w() const { return (w + 2 * pad - dilation * (s - 1) - 1) / stride + 1; }
   int64_t group_c() const { return c / groups; }  // input channels each output channel sees
@@ -162,6 +167,10 @@ struct BatchNormArgs {
   // it (Conv2dDesc::x_bf16): the same bits that convolution would round an f32 y to. Backward
   // still reads x (the folded ReLU's gate comes from x; see CpuBackend::BatchNormBackward).
   bool y_bf16 = false;
+  // x is bf16: the output of the bf16 convolution before it (Conv2dDesc::y_bf16). The statistics,
+  // the output and the gradients are those of x widened to f32, bit for bit; half the bytes read
+  // in all four passes over x. Channels-last only.
+  bool x_bf16 = false;
 };
 
 // How batch norm sees its input x, (N, C) or (N, C, H, W): per channel c, n samples of hw
@@ -272,7 +281,9 @@ class Backend {
   virtual bool Supports(const ConvPoolDesc& /*d*/) const { return false; }
   // Batch norm runs everywhere; its options beyond that (BatchNormArgs::dx_bf16, y_bf16) where the
   // backend says so.
-  virtual bool Supports(const BatchNormArgs& a) const { return !a.dx_bf16 && !a.y_bf16; }
+  virtual bool Supports(const BatchNormArgs& a) const {
+    return !a.dx_bf16 && !a.y_bf16 && !a.x_bf16;
+  }
   // Whether the graph should keep 4-D activations channels-last (NHWC) between the ops that take
   // them (convolution, batch norm, pooling, the elementwise ops): the CPU backend's convolutions
   // run on NHWC without a reorder in and out of each. A backend that says yes supports the

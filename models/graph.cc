@@ -112,6 +112,11 @@ Shape Graph::Setup(const Shape& in, const SetupOptions& opts) {
   }
   ++nodes_.back().readers;
   for (auto& n : nodes_) {
+    if (n.inputs.size() != 1 || n.inputs[0] == kInput) continue;
+    Node& producer = nodes_[static_cast<size_t>(n.inputs[0])];
+    if (producer.readers == 1) n.layer->ReadsOnlyOutputOf(*producer.layer);
+  }
+  for (auto& n : nodes_) {
     // Not the last node: the model's output is not a folded producer's, which gates its
     // gradient over its own output (a view of one, through a flatten at the end, still is:
     // Model::Forward's output is read before Backward).

@@ -143,6 +143,12 @@ class Layer {
   // norm, a convolution and a residual sum do) and then passes its input and gradient through,
   // holding no buffers.
   virtual void FoldIntoInput(Layer& /*producer*/) {}
+  // Before Setup and before the folding, whatever the folding: the graph hands each one-input
+  // layer the layer whose output only it reads. A batch norm offers the convolution before it to
+  // write that output in bf16 (OfferBf16Output, Conv2dDesc::y_bf16): a choice of precision (the
+  // rounding cuDNN and PyTorch's autocast apply to a bf16 convolution's output), not a fusion,
+  // so a model without folding makes it too.
+  virtual void ReadsOnlyOutputOf(Layer& /*producer*/) {}
   // The same offer to a layer that reads two node outputs: input k's producer, which only it
   // reads (a residual sum applies a batch norm before it: Add, BatchNorm::OfferDeferredApply).
   virtual void FoldIntoInputs(size_t /*k*/, Layer& /*producer*/) {}
@@ -165,6 +171,8 @@ class Layer {
   // the reader's CanReadBf16Input for the shape) and tells the reader either way
   // (ReadBf16Input), before the reader's own Setup; a folded ReLU passes the offer on to the
   // layer it is folded into. The same bits, without the f32 output and the pass that rounded it.
+  // A batch norm makes the same offer to the convolution whose output only it reads
+  // (ReadsOnlyOutputOf): there the rounding is new (Conv2dDesc::y_bf16).
   virtual void OfferBf16Output(Layer& /*reader*/) {}
   virtual bool CanReadBf16Input(const Shape& /*in*/, bool /*nhwc*/, Precision /*p*/) const {
     return false;

@@ -48,7 +48,7 @@ class CpuBackend final : public Backend {
   bool Supports(const PoolDesc& d) const override;
   bool Supports(const ConvPoolDesc& d) const override;  // fp32 and bf16 (cpu_conv_pool.cc)
   bool Supports(const BatchNormArgs& a) const override {
-    return fusions_ || (!a.dx_bf16 && !a.y_bf16);
+    return (fusions_ || (!a.dx_bf16 && !a.y_bf16 && !a.x_bf16)) && (!a.x_bf16 || a.nhwc);
   }
   // Drops the cached plans when it changes: whether a convolution plan flips its input gradient,
   // runs as GEMMs, subsamples its input and keeps per-layer staged inputs depends on it (ConvKey

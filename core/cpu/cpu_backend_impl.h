@@ -267,7 +267,7 @@ struct PoolPlan final : OpPlan {
 inline auto ConvKey(const Conv2dDesc& d) {
   return std::make_tuple(d.n, d.c, d.h, d.w, d.k, d.r, d.s, d.stride, d.pad, d.bias,
                          static_cast<int>(d.precision), d.groups, d.dilation, d.relu, d.x_nhwc,
-                         d.y_nhwc, d.dy_bf16, d.x_bf16);
+                         d.y_nhwc, d.dy_bf16, d.x_bf16, d.y_bf16);
 }
 inline auto LinearKey(const LinearDesc& d) {
   return std::make_tuple(d.n, d.in, d.out, d.bias, static_cast<int>(d.precision));
@@ -341,8 +341,8 @@ struct CpuBackend::Impl {
   };
 
   // Completes a conv2d / linear plan from its three passes: the staging between the caller's
-  // layouts (x_user, f32 or bf16 for Conv2dDesc::x_bf16; dx_user, w_user, y_user, f32; dy_user,
-  // y_user's or bf16 for Conv2dDesc::dy_bf16) and
+  // layouts (x_user, f32 or bf16 for Conv2dDesc::x_bf16; y_user, f32 or bf16 for
+  // Conv2dDesc::y_bf16; dx_user, w_user, f32; dy_user, f32 or bf16 for Conv2dDesc::dy_bf16) and
   // the primitives' own, the scratchpad, the weight-gradient accumulators. `op` names the buffers
   // ("conv2d").
   void Finish(CpuBackend& be, WeightedPlan* p, const std::string& op, bool half,

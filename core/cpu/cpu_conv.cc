@@ -53,7 +53,9 @@ std::shared_ptr<OpPlan> CpuBackend::PrepareConv2d(const Conv2dDesc& desc) {
   const memory::desc x_user = x_view(Dt::f32),
                      dx_user(xs, Dt::f32, d.x_nhwc ? Tag::nhwc : Tag::nchw),
                      w_user(ws, Dt::f32, d.groups == 1 ? Tag::oihw : Tag::goihw),
-                     y_user(ys, Dt::f32, d.y_nhwc ? Tag::nhwc : Tag::nchw);
+                     y_user(ys, d.y_bf16 ? Dt::bf16 : Dt::f32, d.y_nhwc ? Tag::nhwc : Tag::nchw);
+  // The forward's y: f32, or bf16 (Conv2dDesc::y_bf16); the backward passes never read it.
+  const Dt yt = d.y_bf16 ? Dt::bf16 : Dt::f32;
   p->b_md = d.bias ? memory::desc({d.k}, Dt::f32, Tag::x) : memory::desc();
   // A folded ReLU is a post-op of the forward primitive: applied to the f32 accumulator after the
   // bias, before the output is converted or reordered (max(v, 0) rounds as v does, so this is
@@ -87,7 +89,7 @@ std::shared_ptr<OpPlan> CpuBackend::PrepareConv2d(const Conv2dDesc& desc) {
     p->cols_md = memory::desc({rows, taps}, Dt::bf16, Tag::ab);
     p->dcols_md = memory::desc({rows, taps}, Dt::f32, Tag::ab);
     p->fwd_w_view = memory::desc({taps, d.k}, Dt::bf16, Tag::ba);
-    p->fwd_y_view = memory::desc({rows, d.k}, Dt::f32, Tag::ab);
+    p->fwd_y_view = memory::desc({rows, d.k}, yt, Tag::ab);
     p->data_dy_view = memory::desc({rows, d.k}, Dt::bf16, Tag::ab);
     p->data_w_view = memory::desc({d.k, taps}, Dt::bf16, Tag::ab);
     p->b_md = d.bias ? memory::desc({1, d.k}, Dt::f32, Tag::ab) : memory::desc();
@@ -101,7 +103,7 @@ std::shared_ptr<OpPlan> CpuBackend::PrepareConv2d(const Conv2dDesc& desc) {
   } else {
     const auto plan = [&](dnnl::algorithm alg, Tag act, Tag fwd_act) {
       const memory::desc x_in(xs, ct, act), y_in(ys, ct, act), x_out(xs, Dt::f32, act),
-          y_out(ys, Dt::f32, act), x_fwd(xs, ct, fwd_act), y_fwd(ys, Dt::f32, fwd_act);
+          y_out(ys, Dt::f32, act), x_fwd(xs, ct, fwd_act), y_fwd(ys, yt, fwd_act);
       auto fwd = DPT_DNNL(dnnl::convolution_forward::primitive_desc(
           dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, alg, x_fwd, w_any,
                                           p->b_md, y_fwd, strides, dilates, pad, pad),
@@ -194,8 +196,7 @@ std::shared_ptr<OpPlan> CpuBackend::PrepareConv2d(const Conv2dDesc& desc) {
                     memory::desc(ws, Dt::f32, Tag::acdb), mm.scratchpad_desc()};
     p->cols = Empty(Shape{rows * taps}, DType::kBF16, "conv2d unfolded input");
   }
-  const memory::desc dy_user =
-      d.dy_bf16 ? memory::desc(ys, Dt::bf16, d.y_nhwc ? Tag::nhwc : Tag::nchw) : y_user;
+  const memory::desc dy_user(ys, d.dy_bf16 ? Dt::bf16 : Dt::f32, d.y_nhwc ? Tag::nhwc : Tag::nchw);
   impl_->Finish(*this, p.get(), "conv2d", d.precision == Precision::kF16, fwd_pass, data_pass,
                 weights_pass, x_given, dx_user, w_user, y_user, dy_user,
                 Shape{d.k, d.group_c(), d.r, d.s});
@@ -404,6 +405,8 @@ void CpuBackend::Conv2dForward(const OpPlan& plan, const Tensor& x, const Tensor
   scope.set_flops(p.d.flops());
   CheckX(p.d, x);
   DPT_CHECK(!p.d.bias || b != nullptr) << "conv2d with bias needs a bias tensor";
+  DPT_CHECK(y->dtype() == (p.d.y_bf16 ? DType::kBF16 : DType::kF32))
+      << "conv2d y: " << DTypeName(y->dtype()) << " for " << p.d.ToString();
   impl_->Forward(p, x, w, b, y);
 }
 

@@ -5,6 +5,8 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "core/cpu/cpu_backend.h"
@@ -185,6 +187,44 @@ void ForRowBlocks(int64_t m, int64_t c, F f) {
   for (int64_t k = 0; k < b.count; ++k) f(k, k * b.rows, std::min(m, (k + 1) * b.rows));
 }
 
+// A channels-last x in f32, or in bf16 (BatchNormArgs::x_bf16: a bf16 convolution's output). The
+// arithmetic below reads f32 rows: a bf16 row is widened (exactly) into a local array first,
+// kWide channels at a time, and the f32 row loops run on that, so every pass gives the bits of
+// the f32 tensor of the same values at half the bytes read. Not the row loops templated on x's
+// type: GCC vectorised those at the width of the 16-bit loads (256-bit vectors where the f32
+// loops run 512-bit), and the statistics ran at half speed.
+constexpr int64_t kWide = 64;
+DPT_CLONE_INLINE const float* RowF32(const float* x, float* /*xf*/, int64_t /*n*/) { return x; }
+// 16 at a time in vector registers (one 512-bit store, which the f32 loop's loads can take from
+// the store buffer; a loop left to the vectoriser stored 128-bit pieces, and every load of the
+// row after stalled), the tail one by one.
+DPT_CLONE_INLINE const float* RowF32(const uint16_t* x, float* xf, int64_t n) {
+  using U16x16 = uint16_t __attribute__((vector_size(32)));
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16) {
+    U16x16 h;
+    std::memcpy(&h, x + j, sizeof(h));
+    const U32x16 u = __builtin_convertvector(h, U32x16) << 16;
+    std::memcpy(xf + j, &u, sizeof(u));
+  }
+  for (; j < n; ++j) xf[j] = std::bit_cast<float>(static_cast<uint32_t>(x[j]) << 16);
+  return xf;
+}
+// f(x's elements [j0, j0 + n) of the row at x as f32, j0, n) over the row's c channels: the whole
+// row at once in f32, kWide at a time in bf16.
+template <class X, class F>
+DPT_CLONE_INLINE void ForRowChunks(const X* x, int64_t c, F f) {
+  if constexpr (std::is_same_v<X, float>) {
+    f(x, int64_t{0}, c);
+  } else {
+    float xf[kWide];
+    for (int64_t j0 = 0; j0 < c; j0 += kWide) {
+      const int64_t n = std::min(kWide, c - j0);
+      f(RowF32(x + j0, xf, n), j0, n);
+    }
+  }
+}
+
 // s1[j] += x[j] - shift[j], s2[j] += (x[j] - shift[j])^2 (shift: row 0, as RunMoments).
 DPT_CLONE_INLINE void RowMoments(const float* x, const double* __restrict shift, int64_t c,
                                  double* __restrict s1, double* __restrict s2) {
@@ -198,41 +238,61 @@ DPT_CLONE_INLINE void RowMoments(const float* x, const double* __restrict shift,
 
 // RowMoments over rows [r0, r1), for rows of exactly kC channels: the shift and sums in local
 // arrays kept in registers across rows (as RowsGradFixed; the same operations, so the same bits).
-template <int kC>
-DPT_CLONE_INLINE void RowsMomentsFixed(const float* x, const double* shift, int64_t r0, int64_t r1,
+template <int kC, class X>
+DPT_CLONE_INLINE void RowsMomentsFixed(const X* x, const double* shift, int64_t r0, int64_t r1,
                                        double* s1, double* s2) {
   double sh[kC], a[kC], b[kC];
+  float xf[kC];
   for (int j = 0; j < kC; ++j) sh[j] = shift[j], a[j] = s1[j], b[j] = s2[j];
-  for (int64_t r = r0; r < r1; ++r) RowMoments(x + r * kC, sh, kC, a, b);
+  for (int64_t r = r0; r < r1; ++r) RowMoments(RowF32(x + r * kC, xf, kC), sh, kC, a, b);
   for (int j = 0; j < kC; ++j) s1[j] = a[j], s2[j] = b[j];
 }
 
-DPT_SIMD_CLONES void RowsMoments(const float* x, const double* shift, int64_t r0, int64_t r1,
-                                 int64_t c, double* s1, double* s2) {
+template <class X>
+DPT_CLONE_INLINE void RowsMomentsAny(const X* x, const double* shift, int64_t r0, int64_t r1,
+                                     int64_t c, double* s1, double* s2) {
   if (c == 16) return RowsMomentsFixed<16>(x, shift, r0, r1, s1, s2);
   if (c == 32) return RowsMomentsFixed<32>(x, shift, r0, r1, s1, s2);
   if (c == 64) return RowsMomentsFixed<64>(x, shift, r0, r1, s1, s2);
-  for (int64_t r = r0; r < r1; ++r) RowMoments(x + r * c, shift, c, s1, s2);
+  for (int64_t r = r0; r < r1; ++r) {
+    ForRowChunks(x + r * c, c, [&](const float* p, int64_t j0, int64_t n) {
+      RowMoments(p, shift + j0, n, s1 + j0, s2 + j0);
+    });
+  }
+}
+DPT_SIMD_CLONES void RowsMoments(const float* x, const double* shift, int64_t r0, int64_t r1,
+                                 int64_t c, double* s1, double* s2) {
+  RowsMomentsAny(x, shift, r0, r1, c, s1, s2);
+}
+DPT_SIMD_CLONES void RowsMoments(const uint16_t* x, const double* shift, int64_t r0, int64_t r1,
+                                 int64_t c, double* s1, double* s2) {
+  RowsMomentsAny(x, shift, r0, r1, c, s1, s2);
 }
 
-// rows [r0, r1) of y = x * scale + shift (then ReLU), y in f32 or bf16 (as AffineRun).
+// One row's y = x * scale + shift (then ReLU), n channels, y in f32 or bf16 (as AffineRun).
 template <class T>
-DPT_CLONE_INLINE void AffineRows(const float* x, T* y, int64_t r0, int64_t r1, int64_t c,
+DPT_CLONE_INLINE void AffineRow(const float* p, T* q, int64_t n, const float* __restrict scale,
+                                const float* __restrict shift, bool relu) {
+  if (relu) {
+    Store(
+        q, n, [&](int64_t j) __attribute__((always_inline)) {
+          return ew::Relu(ew::BnApply(p[j], {scale[j], shift[j]}));
+        });
+  } else {
+    Store(
+        q, n, [&](int64_t j) __attribute__((always_inline)) {
+          return ew::BnApply(p[j], {scale[j], shift[j]});
+        });
+  }
+}
+// rows [r0, r1) of that, x in f32 or bf16.
+template <class X, class T>
+DPT_CLONE_INLINE void AffineRows(const X* x, T* y, int64_t r0, int64_t r1, int64_t c,
                                  const float* scale, const float* shift, bool relu) {
   for (int64_t r = r0; r < r1; ++r) {
-    const float* p = x + r * c;
-    T* q = y + r * c;
-    if (relu) {
-      Store(
-          q, c, [&](int64_t j) __attribute__((always_inline)) {
-            return ew::Relu(ew::BnApply(p[j], {scale[j], shift[j]}));
-          });
-    } else {
-      Store(
-          q, c, [&](int64_t j) __attribute__((always_inline)) {
-            return ew::BnApply(p[j], {scale[j], shift[j]});
-          });
-    }
+    ForRowChunks(x + r * c, c, [&](const float* p, int64_t j0, int64_t n) {
+      AffineRow(p, y + r * c + j0, n, scale + j0, shift + j0, relu);
+    });
   }
 }
 DPT_SIMD_CLONES void RowsAffine(const float* x, float* y, int64_t r0, int64_t r1, int64_t c,
@@ -243,41 +303,84 @@ DPT_SIMD_CLONES void RowsAffine(const float* x, uint16_t* y, int64_t r0, int64_t
                                 const float* scale, const float* shift, bool relu) {
   AffineRows(x, y, r0, r1, c, scale, shift, relu);
 }
+DPT_SIMD_CLONES void RowsAffine(const uint16_t* x, float* y, int64_t r0, int64_t r1, int64_t c,
+                                const float* scale, const float* shift, bool relu) {
+  AffineRows(x, y, r0, r1, c, scale, shift, relu);
+}
+DPT_SIMD_CLONES void RowsAffine(const uint16_t* x, uint16_t* y, int64_t r0, int64_t r1, int64_t c,
+                                const float* scale, const float* shift, bool relu) {
+  AffineRows(x, y, r0, r1, c, scale, shift, relu);
+}
 
 // rows [r0, r1) of y = f0(x0) + f1(x1) (then ReLU), f_k(x) = x * s_k + t_k per channel where kA_k,
 // x itself where not (Backend::AffineAdd): each term rounded as the batch norm's output was, then
 // summed as AddLoop sums.
 template <bool kA0, bool kA1>
-DPT_CLONE_INLINE void AffineAddRows(const float* x0, const float* __restrict s0,
-                                    const float* __restrict t0, const float* x1,
-                                    const float* __restrict s1, const float* __restrict t1,
-                                    float* y, int64_t r0, int64_t r1, int64_t c, bool relu) {
+DPT_CLONE_INLINE void AffineAddRow(const float* p, const float* __restrict s0,
+                                   const float* __restrict t0, const float* q,
+                                   const float* __restrict s1, const float* __restrict t1, float* o,
+                                   int64_t n, bool relu) {
+  const auto term = [&](int64_t j) __attribute__((always_inline)) {
+    const float a = kA0 ? ew::BnApply(p[j], {s0[j], t0[j]}) : p[j];
+    const float b = kA1 ? ew::BnApply(q[j], {s1[j], t1[j]}) : q[j];
+    return a + b;
+  };
+  if (relu) {
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) o[j] = ew::Relu(term(j));
+  } else {
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) o[j] = term(j);
+  }
+}
+// x0 and x1 in f32 or bf16 (a deferred batch norm's BatchNormArgs::x_bf16 input), each row
+// widened as ForRowChunks does where either is bf16.
+template <bool kA0, bool kA1, class X0, class X1>
+DPT_CLONE_INLINE void AffineAddRows(const X0* x0, const float* s0, const float* t0, const X1* x1,
+                                    const float* s1, const float* t1, float* y, int64_t r0,
+                                    int64_t r1, int64_t c, bool relu) {
+  constexpr bool kF32 = std::is_same_v<X0, float> && std::is_same_v<X1, float>;
+  const int64_t step = kF32 ? c : kWide;
+  float xf0[kWide], xf1[kWide];
   for (int64_t r = r0; r < r1; ++r) {
-    const float* p = x0 + r * c;
-    const float* q = x1 + r * c;
-    float* o = y + r * c;
-    const auto term = [&](int64_t j) __attribute__((always_inline)) {
-      const float a = kA0 ? ew::BnApply(p[j], {s0[j], t0[j]}) : p[j];
-      const float b = kA1 ? ew::BnApply(q[j], {s1[j], t1[j]}) : q[j];
-      return a + b;
-    };
-    if (relu) {
-#pragma omp simd
-      for (int64_t j = 0; j < c; ++j) o[j] = ew::Relu(term(j));
-    } else {
-#pragma omp simd
-      for (int64_t j = 0; j < c; ++j) o[j] = term(j);
+    for (int64_t j0 = 0; j0 < c; j0 += step) {
+      const int64_t n = std::min(step, c - j0), o = r * c + j0;
+      AffineAddRow<kA0, kA1>(RowF32(x0 + o, xf0, n), kA0 ? s0 + j0 : nullptr,
+                             kA0 ? t0 + j0 : nullptr, RowF32(x1 + o, xf1, n),
+                             kA1 ? s1 + j0 : nullptr, kA1 ? t1 + j0 : nullptr, y + o, n, relu);
     }
   }
 }
-DPT_SIMD_CLONES void RowsAffineAdd(const float* x0, const float* s0, const float* t0,
-                                   const float* x1, const float* s1, const float* t1, float* y,
-                                   int64_t r0, int64_t r1, int64_t c, bool relu) {
+template <class X0, class X1>
+DPT_CLONE_INLINE void AffineAddRowsAny(const X0* x0, const float* s0, const float* t0, const X1* x1,
+                                       const float* s1, const float* t1, float* y, int64_t r0,
+                                       int64_t r1, int64_t c, bool relu) {
   if (s0 != nullptr && s1 != nullptr) {
     return AffineAddRows<true, true>(x0, s0, t0, x1, s1, t1, y, r0, r1, c, relu);
   }
   if (s0 != nullptr) return AffineAddRows<true, false>(x0, s0, t0, x1, s1, t1, y, r0, r1, c, relu);
   AffineAddRows<false, true>(x0, s0, t0, x1, s1, t1, y, r0, r1, c, relu);
+}
+// One entry point per pair of input types.
+DPT_SIMD_CLONES void RowsAffineAdd(const float* x0, const float* s0, const float* t0,
+                                   const float* x1, const float* s1, const float* t1, float* y,
+                                   int64_t r0, int64_t r1, int64_t c, bool relu) {
+  AffineAddRowsAny(x0, s0, t0, x1, s1, t1, y, r0, r1, c, relu);
+}
+DPT_SIMD_CLONES void RowsAffineAdd(const float* x0, const float* s0, const float* t0,
+                                   const uint16_t* x1, const float* s1, const float* t1, float* y,
+                                   int64_t r0, int64_t r1, int64_t c, bool relu) {
+  AffineAddRowsAny(x0, s0, t0, x1, s1, t1, y, r0, r1, c, relu);
+}
+DPT_SIMD_CLONES void RowsAffineAdd(const uint16_t* x0, const float* s0, const float* t0,
+                                   const float* x1, const float* s1, const float* t1, float* y,
+                                   int64_t r0, int64_t r1, int64_t c, bool relu) {
+  AffineAddRowsAny(x0, s0, t0, x1, s1, t1, y, r0, r1, c, relu);
+}
+DPT_SIMD_CLONES void RowsAffineAdd(const uint16_t* x0, const float* s0, const float* t0,
+                                   const uint16_t* x1, const float* s1, const float* t1, float* y,
+                                   int64_t r0, int64_t r1, int64_t c, bool relu) {
+  AffineAddRowsAny(x0, s0, t0, x1, s1, t1, y, r0, r1, c, relu);
 }
 
 // Per-channel backward terms of the NHWC loops: the saved mean, the dx terms (ew::BnDxTerms, one
@@ -340,17 +443,20 @@ struct GradRows {
 
 // Both backward passes over rows [r0, r1) of c channels: the sums into s, sx (pass 0) or dx
 // (pass 1). Inlined into the vectorised entry points below, one per case.
-template <bool kGated, bool kSum, class T>
-DPT_CLONE_INLINE void RowsGrad(int pass, GradRows g, const float* x, T* dx, int64_t r0, int64_t r1,
+template <bool kGated, bool kSum, class X, class T>
+DPT_CLONE_INLINE void RowsGrad(int pass, GradRows g, const X* x, T* dx, int64_t r0, int64_t r1,
                                int64_t c, const RowTerms& t, double* s, double* sx) {
   for (int64_t r = r0; r < r1; ++r) {
-    const int64_t o = r * c;
-    const float* g2 = kSum ? g.g2 + o : nullptr;
-    if (pass == 0) {
-      RowGradSums<kGated, kSum>(g.g + o, g2, x + o, c, t, s, sx);
-    } else {
-      RowGradInput<kGated, kSum>(g.g + o, g2, x + o, dx + o, c, t);
-    }
+    ForRowChunks(x + r * c, c, [&](const float* p, int64_t j0, int64_t n) {
+      const int64_t o = r * c + j0;
+      const float* g2 = kSum ? g.g2 + o : nullptr;
+      const RowTerms tj{t.mean + j0, t.a + j0, t.b + j0, t.c + j0, t.scale + j0, t.shift + j0};
+      if (pass == 0) {
+        RowGradSums<kGated, kSum>(g.g + o, g2, p, n, tj, s + j0, sx + j0);
+      } else {
+        RowGradInput<kGated, kSum>(g.g + o, g2, p, dx + o, n, tj);
+      }
+    });
   }
 }
 
@@ -362,9 +468,10 @@ DPT_CLONE_INLINE void RowsGrad(int pass, GradRows g, const float* x, T* dx, int6
 // through RowsGrad. resnet18_cifar (batch 64, bf16, 2 threads), a 64-channel backward: 2.9 ms
 // with the folded ReLU and 1.7 without through RowsGrad, 2.1-2.2 and 0.8 this way; at 256 and 512
 // channels this way was slower (0.24 -> 0.28 ms, 0.16 -> 0.21), at 128 the same.
-template <bool kGated, bool kSum, int kC, class T>
-DPT_CLONE_INLINE void RowsGradFixed(int pass, GradRows g, const float* x, T* dx, int64_t r0,
-                                    int64_t r1, const RowTerms& t, double* s, double* sx) {
+template <bool kGated, bool kSum, int kC, class X, class T>
+DPT_CLONE_INLINE void RowsGradFixed(int pass, GradRows g, const X* x, T* dx, int64_t r0, int64_t r1,
+                                    const RowTerms& t, double* s, double* sx) {
+  float xf[kC];  // a bf16 row widened (RowF32)
   double s_local[kC], sx_local[kC];
   float mean[kC], a[kC] = {}, b[kC] = {}, c[kC] = {}, scale[kC] = {}, shift[kC] = {};
   for (int j = 0; j < kC; ++j) {
@@ -380,21 +487,22 @@ DPT_CLONE_INLINE void RowsGradFixed(int pass, GradRows g, const float* x, T* dx,
   if (pass == 0) {
     for (int64_t r = r0; r < r1; ++r) {
       const float* g2 = kSum ? g.g2 + r * kC : nullptr;
-      RowGradSums<kGated, kSum>(g.g + r * kC, g2, x + r * kC, kC, local, s_local, sx_local);
+      RowGradSums<kGated, kSum>(g.g + r * kC, g2, RowF32(x + r * kC, xf, kC), kC, local, s_local,
+                                sx_local);
     }
     for (int j = 0; j < kC; ++j) s[j] = s_local[j], sx[j] = sx_local[j];
     return;
   }
   for (int64_t r = r0; r < r1; ++r) {
     const float* g2 = kSum ? g.g2 + r * kC : nullptr;
-    RowGradInput<kGated, kSum>(g.g + r * kC, g2, x + r * kC, dx + r * kC, kC, local);
+    RowGradInput<kGated, kSum>(g.g + r * kC, g2, RowF32(x + r * kC, xf, kC), dx + r * kC, kC,
+                               local);
   }
 }
 
-template <bool kGated, bool kSum, class T>
-DPT_CLONE_INLINE void RowsGradCase(int pass, GradRows g, const float* x, T* dx, int64_t r0,
-                                   int64_t r1, int64_t c, const NhwcGradTerms& t, double* s,
-                                   double* sx) {
+template <bool kGated, bool kSum, class X, class T>
+DPT_CLONE_INLINE void RowsGradCase(int pass, GradRows g, const X* x, T* dx, int64_t r0, int64_t r1,
+                                   int64_t c, const NhwcGradTerms& t, double* s, double* sx) {
   const RowTerms terms = View(t);
   if (c == 16) return RowsGradFixed<kGated, kSum, 16>(pass, g, x, dx, r0, r1, terms, s, sx);
   if (c == 32) return RowsGradFixed<kGated, kSum, 32>(pass, g, x, dx, r0, r1, terms, s, sx);
@@ -402,42 +510,64 @@ DPT_CLONE_INLINE void RowsGradCase(int pass, GradRows g, const float* x, T* dx, 
   RowsGrad<kGated, kSum>(pass, g, x, dx, r0, r1, c, terms, s, sx);
 }
 // The gradient in one part (g.g2 null) or two.
-template <bool kGated, class T>
-DPT_CLONE_INLINE void RowsGradAny(int pass, GradRows g, const float* x, T* dx, int64_t r0,
-                                  int64_t r1, int64_t c, const NhwcGradTerms& t, double* s,
-                                  double* sx) {
+template <bool kGated, class X, class T>
+DPT_CLONE_INLINE void RowsGradAny(int pass, GradRows g, const X* x, T* dx, int64_t r0, int64_t r1,
+                                  int64_t c, const NhwcGradTerms& t, double* s, double* sx) {
   if (g.g2 != nullptr) return RowsGradCase<kGated, true>(pass, g, x, dx, r0, r1, c, t, s, sx);
   RowsGradCase<kGated, false>(pass, g, x, dx, r0, r1, c, t, s, sx);
 }
+// The entry points, per type of x (f32, or bf16: BatchNormArgs::x_bf16): both passes with dx in
+// f32, and the input-gradient pass (1) writing dx in bf16.
 DPT_SIMD_CLONES void RowsGradPlain(int pass, GradRows g, const float* x, float* dx, int64_t r0,
                                    int64_t r1, int64_t c, const NhwcGradTerms& t, double* s,
                                    double* sx) {
   RowsGradAny<false>(pass, g, x, dx, r0, r1, c, t, s, sx);
+}
+DPT_SIMD_CLONES void RowsGradPlain(GradRows g, const float* x, uint16_t* dx, int64_t r0, int64_t r1,
+                                   int64_t c, const NhwcGradTerms& t) {
+  RowsGradAny<false>(1, g, x, dx, r0, r1, c, t, nullptr, nullptr);
 }
 DPT_SIMD_CLONES void RowsGradGated(int pass, GradRows g, const float* x, float* dx, int64_t r0,
                                    int64_t r1, int64_t c, const NhwcGradTerms& t, double* s,
                                    double* sx) {
   RowsGradAny<true>(pass, g, x, dx, r0, r1, c, t, s, sx);
 }
-// The input-gradient pass (1) writing dx in bf16.
-DPT_SIMD_CLONES void RowsGradPlain(GradRows g, const float* x, uint16_t* dx, int64_t r0, int64_t r1,
-                                   int64_t c, const NhwcGradTerms& t) {
-  RowsGradAny<false>(1, g, x, dx, r0, r1, c, t, nullptr, nullptr);
-}
 DPT_SIMD_CLONES void RowsGradGated(GradRows g, const float* x, uint16_t* dx, int64_t r0, int64_t r1,
                                    int64_t c, const NhwcGradTerms& t) {
+  RowsGradAny<true>(1, g, x, dx, r0, r1, c, t, nullptr, nullptr);
+}
+DPT_SIMD_CLONES void RowsGradPlain(int pass, GradRows g, const uint16_t* x, float* dx, int64_t r0,
+                                   int64_t r1, int64_t c, const NhwcGradTerms& t, double* s,
+                                   double* sx) {
+  RowsGradAny<false>(pass, g, x, dx, r0, r1, c, t, s, sx);
+}
+DPT_SIMD_CLONES void RowsGradPlain(GradRows g, const uint16_t* x, uint16_t* dx, int64_t r0,
+                                   int64_t r1, int64_t c, const NhwcGradTerms& t) {
+  RowsGradAny<false>(1, g, x, dx, r0, r1, c, t, nullptr, nullptr);
+}
+DPT_SIMD_CLONES void RowsGradGated(int pass, GradRows g, const uint16_t* x, float* dx, int64_t r0,
+                                   int64_t r1, int64_t c, const NhwcGradTerms& t, double* s,
+                                   double* sx) {
+  RowsGradAny<true>(pass, g, x, dx, r0, r1, c, t, s, sx);
+}
+DPT_SIMD_CLONES void RowsGradGated(GradRows g, const uint16_t* x, uint16_t* dx, int64_t r0,
+                                   int64_t r1, int64_t c, const NhwcGradTerms& t) {
   RowsGradAny<true>(1, g, x, dx, r0, r1, c, t, nullptr, nullptr);
 }
 
 // The statistics of m rows of c channels: the saved mean and 1/std, the running update, and the
 // scale and offset the output applies (ew::BnFold).
-void TrainingAffineNhwc(const BatchNormArgs& a, int64_t m, int64_t c, const float* in,
+template <class X>
+void TrainingAffineNhwc(const BatchNormArgs& a, int64_t m, int64_t c, const X* in,
                         const float* gamma, const float* beta, float* running_mean,
                         float* running_var, float* save_mean, float* save_invstd, float* scale,
                         float* offset) {
   const RowBlocks b = SplitRows(m, c);
   std::vector<double> part(static_cast<size_t>(2 * b.count * c), 0.0);
-  const std::vector<double> shift(in, in + c);  // row 0
+  std::vector<double> shift(static_cast<size_t>(c));  // row 0
+  ForRowChunks(in, c, [&](const float* p, int64_t j0, int64_t n) {
+    for (int64_t j = 0; j < n; ++j) shift[static_cast<size_t>(j0 + j)] = p[j];
+  });
   ForRowBlocks(m, c, [&](int64_t k, int64_t r0, int64_t r1) {
     double* s1 = part.data() + 2 * k * c;
     RowsMoments(in, shift.data(), r0, r1, c, s1, s1 + c);
@@ -475,17 +605,17 @@ void InferenceAffine(const BatchNormArgs& a, int64_t c, const float* gamma, cons
 }
 
 // y of m rows of c channels = x * scale + offset (then ReLU), in f32 or bf16.
-template <class T>
-void ApplyNhwc(const BatchNormArgs& a, int64_t m, int64_t c, const float* in, const float* scale,
+template <class X, class T>
+void ApplyNhwc(const BatchNormArgs& a, int64_t m, int64_t c, const X* in, const float* scale,
                const float* offset, T* out) {
   ForRowBlocks(m, c, [&](int64_t /*k*/, int64_t r0, int64_t r1) {
     RowsAffine(in, out, r0, r1, c, scale, offset, a.relu);
   });
 }
 
-// out: float, or uint16_t for bf16 (BatchNormArgs::y_bf16).
-template <class T>
-void BatchNormTrainingNhwc(const BatchNormArgs& a, int64_t m, int64_t c, const float* in,
+// in: float, or uint16_t for bf16 (BatchNormArgs::x_bf16); out: the same for y_bf16.
+template <class X, class T>
+void BatchNormTrainingNhwc(const BatchNormArgs& a, int64_t m, int64_t c, const X* in,
                            const float* gamma, const float* beta, float* running_mean,
                            float* running_var, T* out, float* save_mean, float* save_invstd) {
   std::vector<float> scale(static_cast<size_t>(c)), offset(static_cast<size_t>(c));
@@ -494,8 +624,8 @@ void BatchNormTrainingNhwc(const BatchNormArgs& a, int64_t m, int64_t c, const f
   ApplyNhwc(a, m, c, in, scale.data(), offset.data(), out);
 }
 
-template <class T>
-void BatchNormInferenceNhwc(const BatchNormArgs& a, int64_t m, int64_t c, const float* in,
+template <class X, class T>
+void BatchNormInferenceNhwc(const BatchNormArgs& a, int64_t m, int64_t c, const X* in,
                             const float* gamma, const float* beta, const float* running_mean,
                             const float* running_var, T* out) {
   std::vector<float> scale(static_cast<size_t>(c)), offset(static_cast<size_t>(c));
@@ -505,16 +635,21 @@ void BatchNormInferenceNhwc(const BatchNormArgs& a, int64_t m, int64_t c, const 
 
 // gated: the forward folded a ReLU (its gate recomputed from x, gamma, beta and the statistics).
 // g: the gradient, in one part or two (GradRows::g2). dx in f32, or dx16 in bf16 (the other null).
-void BatchNormBackwardNhwc(int64_t m, int64_t c, const float* x, GradRows g, bool gated,
+template <class X>
+void BatchNormBackwardNhwc(int64_t m, int64_t c, const X* x, GradRows g, bool gated,
                            const float* gamma, const float* beta, const float* save_mean,
                            const float* save_invstd, float* dx, uint16_t* dx16, float* dgamma,
                            float* dbeta, bool accumulate) {
   const RowBlocks b = SplitRows(m, c);
   NhwcGradTerms t;
   t.mean.assign(save_mean, save_mean + c);
+  // every array sized (RowsGrad offsets them all, used or not, for a row's chunks)
+  t.a.resize(static_cast<size_t>(c));
+  t.b.resize(static_cast<size_t>(c));
+  t.c.resize(static_cast<size_t>(c));
+  t.scale.resize(static_cast<size_t>(c));
+  t.shift.resize(static_cast<size_t>(c));
   if (gated) {
-    t.scale.resize(static_cast<size_t>(c));
-    t.shift.resize(static_cast<size_t>(c));
     for (int64_t j = 0; j < c; ++j) {
       const ew::BnAffine affine = ew::BnFold(gamma[j], beta[j], save_mean[j], save_invstd[j]);
       t.scale[static_cast<size_t>(j)] = affine.scale;
@@ -540,9 +675,6 @@ void BatchNormBackwardNhwc(int64_t m, int64_t c, const float* x, GradRows g, boo
       }
     }
     if (pass == 1) break;
-    t.a.resize(static_cast<size_t>(c));
-    t.b.resize(static_cast<size_t>(c));
-    t.c.resize(static_cast<size_t>(c));
     for (int64_t j = 0; j < c; ++j) {
       const auto u = static_cast<size_t>(j);
       double sum_dy = 0, sum_dy_xc = 0;
@@ -566,6 +698,36 @@ void CheckY(const BatchNormArgs& a, const Tensor& x, const Tensor& y) {
   CheckSame(x, y, "batch norm y");
 }
 
+// x's dtype: f32, or bf16 for BatchNormArgs::x_bf16 (channels-last only).
+void CheckX(const BatchNormArgs& a, const Tensor& x) {
+  DPT_CHECK(x.dtype() == (a.x_bf16 ? DType::kBF16 : DType::kF32))
+      << "batch norm x: " << DTypeName(x.dtype()) << (a.x_bf16 ? ", bf16 wanted" : "");
+  DPT_CHECK(!a.x_bf16 || a.nhwc) << "batch norm of a bf16 x: channels-last only";
+}
+
+// f(x's elements) with x's pointer type: float, or uint16_t for bf16 (its dtype, as
+// BatchNormArgs::x_bf16 or AffineAdd's inputs say).
+template <class F>
+void WithX(const Tensor& x, F f) {
+  if (x.dtype() == DType::kBF16) {
+    f(static_cast<const uint16_t*>(x.raw()));
+  } else {
+    f(x.data<float>());
+  }
+}
+
+// run(x's elements, y's elements) with the pointer types BatchNormArgs::x_bf16 and y_bf16 say.
+template <class F>
+void Dispatch(const BatchNormArgs& a, const Tensor& x, Tensor* y, F run) {
+  WithX(x, [&](const auto* i) {
+    if (a.y_bf16) {
+      run(i, static_cast<uint16_t*>(y->raw()));
+    } else {
+      run(i, y->data<float>());
+    }
+  });
+}
+
 }  // namespace
 
 void CpuBackend::BatchNormForwardTraining(const BatchNormArgs& a, const Tensor& x,
@@ -574,24 +736,21 @@ void CpuBackend::BatchNormForwardTraining(const BatchNormArgs& a, const Tensor& 
                                           Tensor* save_mean, Tensor* save_invstd) {
   OpScope scope(this, "batchnorm_fwd");
   const BatchNormDims d = BatchNormShape(x.shape());
-  const float* in = x.data<float>();
+  CheckX(a, x);
   CheckY(a, x, *y);
-  float* out = a.y_bf16 ? nullptr : y->data<float>();
-  auto* out16 = a.y_bf16 ? static_cast<uint16_t*>(y->raw()) : nullptr;
   const int64_t m = d.n * d.hw;
   if (a.nhwc) {
-    const auto run = [&](auto* o) {
-      BatchNormTrainingNhwc(a, m, d.c, in, gamma.data<float>(), beta.data<float>(),
+    const auto run = [&](const auto* i, auto* o) {
+      BatchNormTrainingNhwc(a, m, d.c, i, gamma.data<float>(), beta.data<float>(),
                             running_mean->data<float>(), running_var->data<float>(), o,
                             save_mean->data<float>(), save_invstd->data<float>());
     };
-    if (a.y_bf16) {
-      run(out16);
-    } else {
-      run(out);
-    }
+    Dispatch(a, x, y, run);
     return;
   }
+  const float* in = x.data<float>();
+  float* out = a.y_bf16 ? nullptr : y->data<float>();
+  auto* out16 = a.y_bf16 ? static_cast<uint16_t*>(y->raw()) : nullptr;
 #pragma omp parallel for if (m * d.c > kParallelMin)
   for (int64_t c = 0; c < d.c; ++c) {
     const double shift = in[c * d.hw];
@@ -626,22 +785,19 @@ void CpuBackend::BatchNormForwardInference(const BatchNormArgs& a, const Tensor&
                                            Tensor* y) {
   OpScope scope(this, "batchnorm_infer");
   const BatchNormDims d = BatchNormShape(x.shape());
-  const float* in = x.data<float>();
+  CheckX(a, x);
   CheckY(a, x, *y);
-  float* out = a.y_bf16 ? nullptr : y->data<float>();
-  auto* out16 = a.y_bf16 ? static_cast<uint16_t*>(y->raw()) : nullptr;
   if (a.nhwc) {
-    const auto run = [&](auto* o) {
-      BatchNormInferenceNhwc(a, d.n * d.hw, d.c, in, gamma.data<float>(), beta.data<float>(),
+    const auto run = [&](const auto* i, auto* o) {
+      BatchNormInferenceNhwc(a, d.n * d.hw, d.c, i, gamma.data<float>(), beta.data<float>(),
                              running_mean.data<float>(), running_var.data<float>(), o);
     };
-    if (a.y_bf16) {
-      run(out16);
-    } else {
-      run(out);
-    }
+    Dispatch(a, x, y, run);
     return;
   }
+  const float* in = x.data<float>();
+  float* out = a.y_bf16 ? nullptr : y->data<float>();
+  auto* out16 = a.y_bf16 ? static_cast<uint16_t*>(y->raw()) : nullptr;
 #pragma omp parallel for if (d.n * d.c * d.hw > kParallelMin)
   for (int64_t c = 0; c < d.c; ++c) {
     const double invstd = ew::BnInvStd(running_var.data<float>()[c], a.eps);
@@ -673,12 +829,14 @@ void CpuBackend::BatchNormAffineTraining(const BatchNormArgs& a, const Tensor& x
   OpScope scope(this, "batchnorm_fwd");
   const BatchNormDims d = BatchNormShape(x.shape());
   DPT_CHECK(a.nhwc && !a.relu && !a.y_bf16) << "batch norm applied by its reader: channels-last";
-  CheckF32(x, "batch norm x");
+  CheckX(a, x);
   CheckAffine(*affine, d.c);
   float* af = affine->data<float>();
-  TrainingAffineNhwc(a, d.n * d.hw, d.c, x.data<float>(), gamma.data<float>(), beta.data<float>(),
-                     running_mean->data<float>(), running_var->data<float>(),
-                     save_mean->data<float>(), save_invstd->data<float>(), af, af + d.c);
+  WithX(x, [&](const auto* in) {
+    TrainingAffineNhwc(a, d.n * d.hw, d.c, in, gamma.data<float>(), beta.data<float>(),
+                       running_mean->data<float>(), running_var->data<float>(),
+                       save_mean->data<float>(), save_invstd->data<float>(), af, af + d.c);
+  });
 }
 
 void CpuBackend::BatchNormAffineInference(const BatchNormArgs& a, const Tensor& gamma,
@@ -695,8 +853,13 @@ void CpuBackend::BatchNormAffineInference(const BatchNormArgs& a, const Tensor& 
 void CpuBackend::AffineAdd(const Tensor& x0, const Tensor* affine0, const Tensor& x1,
                            const Tensor* affine1, bool relu, Tensor* y) {
   OpScope scope(this, relu ? "bn_add_relu" : "bn_add");
-  CheckF32(x0, "affine add x0");
-  CheckF32(x1, "affine add x1");
+  // x0 and x1: f32, or bf16 where that input's batch norm reads a bf16 x (BatchNormArgs::x_bf16)
+  const auto check_x = [](const Tensor& x, const Tensor* affine, const char* what) {
+    DPT_CHECK(x.dtype() == DType::kF32 || (affine != nullptr && x.dtype() == DType::kBF16))
+        << what << ": " << DTypeName(x.dtype()) << (affine != nullptr ? "" : " without an affine");
+  };
+  check_x(x0, affine0, "affine add x0");
+  check_x(x1, affine1, "affine add x1");
   CheckF32(*y, "affine add y");
   CheckSame(x0, x1, "affine add");
   CheckSame(x0, *y, "affine add");
@@ -711,13 +874,15 @@ void CpuBackend::AffineAdd(const Tensor& x0, const Tensor* affine0, const Tensor
   const float* s0 = terms(affine0);
   const float* s1 = terms(affine1);
   DPT_CHECK(s0 != nullptr || s1 != nullptr) << "affine add without an affine: Add";
-  const float* p0 = x0.data<float>();
-  const float* p1 = x1.data<float>();
   float* out = y->data<float>();
   const float* t0 = s0 != nullptr ? s0 + c : nullptr;
   const float* t1 = s1 != nullptr ? s1 + c : nullptr;
-  ForRowBlocks(m, c, [&](int64_t /*k*/, int64_t r0, int64_t r1) {
-    RowsAffineAdd(p0, s0, t0, p1, s1, t1, out, r0, r1, c, relu);
+  WithX(x0, [&](const auto* p0) {
+    WithX(x1, [&](const auto* p1) {
+      ForRowBlocks(m, c, [&](int64_t /*k*/, int64_t r0, int64_t r1) {
+        RowsAffineAdd(p0, s0, t0, p1, s1, t1, out, r0, r1, c, relu);
+      });
+    });
   });
 }
 
@@ -751,7 +916,7 @@ void CpuBackend::BatchNormGrad(const BatchNormArgs& a, const Tensor& x, const Te
   // With the folded ReLU, relu_y's values are not read: the gate comes from x (see RunGatedGrad*).
   const bool gated = relu_y != nullptr;
   if (gated) CheckSame(x, *relu_y, "batch norm backward (relu output)");
-  const float* in = x.data<float>();
+  CheckX(a, x);
   const float* g = dy.data<float>();
   const float* gm = gamma.data<float>();
   const float* bt = beta.data<float>();
@@ -763,10 +928,13 @@ void CpuBackend::BatchNormGrad(const BatchNormArgs& a, const Tensor& x, const Te
   auto* out16 = a.dx_bf16 ? static_cast<uint16_t*>(dx->raw()) : nullptr;
   if (a.nhwc) {
     const GradRows rows{g, dy2 != nullptr ? dy2->data<float>() : nullptr};
-    BatchNormBackwardNhwc(d.n * d.hw, d.c, in, rows, gated, gm, bt, sm, si, out, out16,
-                          dgamma->data<float>(), dbeta->data<float>(), accumulate);
+    WithX(x, [&](const auto* in) {
+      BatchNormBackwardNhwc(d.n * d.hw, d.c, in, rows, gated, gm, bt, sm, si, out, out16,
+                            dgamma->data<float>(), dbeta->data<float>(), accumulate);
+    });
     return;
   }
+  const float* in = x.data<float>();
   DPT_CHECK(dy2 == nullptr) << "batch norm backward of a gradient in two parts: NCHW";
   const double m = static_cast<double>(d.n * d.hw);
 #pragma omp parallel for if (d.n * d.c * d.hw > kParallelMin)

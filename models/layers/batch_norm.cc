@@ -59,6 +59,17 @@ void BatchNorm::FoldIntoInput(Layer& producer) {
   if (conv_ != nullptr) conv_->OfferBf16Dy(this);
 }
 
+void BatchNorm::ReadsOnlyOutputOf(Layer& producer) {
+  if (auto* conv = dynamic_cast<Conv2d*>(&producer)) conv->OfferBf16Output(*this);
+}
+
+bool BatchNorm::CanReadBf16Input(const Shape& in, bool nhwc, Precision p) const {
+  BatchNormArgs a = args_;
+  a.nhwc = nhwc;
+  a.x_bf16 = true;
+  return p == Precision::kBF16 && nhwc && in.rank() == 4 && backend_.Supports(a);
+}
+
 bool BatchNorm::CanWriteBf16Dx(const Shape& in, bool nhwc) const {
   BatchNormArgs a = args_;
   a.nhwc = nhwc && in.rank() == 4;

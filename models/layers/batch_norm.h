@@ -34,6 +34,11 @@ class BatchNorm final : public Layer {
   // A convolution's batch norm offers to write its gradient in bf16 (Conv2d::OfferBf16Dy).
   void FoldIntoInput(Layer& producer) override;
   bool CanWriteBf16Dx(const Shape& in, bool nhwc) const override;
+  // In bf16 the convolution before it may write its output in bf16 (Conv2dDesc::y_bf16), which
+  // this batch norm then reads (BatchNormArgs::x_bf16): offered whatever the folding.
+  void ReadsOnlyOutputOf(Layer& producer) override;
+  bool CanReadBf16Input(const Shape& in, bool nhwc, Precision p) const override;
+  void ReadBf16Input(bool bf16) override { args_.x_bf16 = bf16; }
   bool FoldRelu() override {
     args_.relu = true;
     return true;

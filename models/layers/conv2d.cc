@@ -64,9 +64,19 @@ Shape Conv2d::Setup(const Shape& in, const SetupOptions& opts) {
     d.dy_bf16 = true;
     desc_.dy_bf16 = backend_.Supports(d) && dy_writer_->CanWriteBf16Dx(out, desc_.y_nhwc);
   }
+  // y in bf16 for the batch norm that alone reads it (OfferBf16Output), told before its Setup.
+  desc_.y_bf16 = false;
+  if (y_reader_ != nullptr && desc_.precision == Precision::kBF16) {
+    Conv2dDesc d = desc_;
+    d.y_bf16 = true;
+    desc_.y_bf16 =
+        backend_.Supports(d) && y_reader_->CanReadBf16Input(out, desc_.y_nhwc, desc_.precision);
+  }
+  if (y_reader_ != nullptr) y_reader_->ReadBf16Input(desc_.y_bf16);
   plan_.reset();  // a cached plan counts the layers holding it (one staged input each)
   plan_ = backend_.PrepareConv2d(desc_);
-  out_ = OutputBuffer(backend_, opts, out, DType::kF32, label() + " output");
+  out_ = OutputBuffer(backend_, opts, out, desc_.y_bf16 ? DType::kBF16 : DType::kF32,
+                      label() + " output");
   if (need_dx_)
     dx_buf_ = InputGradBuffer(backend_, opts, 0, in, DType::kF32, label() + " input gradient");
   return out;
@@ -128,7 +138,7 @@ int64_t Conv2d::ActivationBytesPerSample() const {
   if (pool_fused_) return 0;  // the pool holds the output (pooled) and nothing else is kept
   const int64_t out = out_channels_ * desc_.out_h() * desc_.out_w();
   const int64_t in = desc_.c * desc_.h * desc_.w;
-  return 4 * (out + (need_dx_ ? in : 0));
+  return (desc_.y_bf16 ? 2 : 4) * out + (need_dx_ ? 4 * in : 0);
 }
 
 }  // namespace dptrain

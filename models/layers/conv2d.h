@@ -62,6 +62,12 @@ class Conv2d final : public Layer {
   void FoldIntoInput(Layer& producer) override { producer.OfferBf16Output(*this); }
   bool CanReadBf16Input(const Shape& in, bool nhwc, Precision p) const override;
   void ReadBf16Input(bool bf16) override { x_bf16_ = bf16; }
+  // Writing y in bf16 (Conv2dDesc::y_bf16): offered by the batch norm that alone reads it
+  // (BatchNorm::ReadsOnlyOutputOf), whatever the folding. Setup takes the offer in bf16 where the
+  // backend writes it and the batch norm reads it (CanReadBf16Input), and tells the batch norm
+  // either way (ReadBf16Input) before its Setup.
+  void OfferBf16Output(Layer& reader) override { y_reader_ = &reader; }
+  bool writes_bf16_output() const { return desc_.y_bf16; }  // after Setup
   // What the pool's fused calls read: the input of the last forward, the parameters, gradients.
   const Tensor& input() const { return x_; }
   const Tensor& weight() const { return w_; }
@@ -81,6 +87,7 @@ class Conv2d final : public Layer {
   bool x_bf16_ = false;  // ReadBf16Input
   PoolDesc pool_offer_;
   const Layer* dy_writer_ = nullptr;  // OfferBf16Dy
+  Layer* y_reader_ = nullptr;         // OfferBf16Output
   ConvPoolDesc fused_;
   Conv2dDesc desc_;
   std::shared_ptr<OpPlan> plan_;

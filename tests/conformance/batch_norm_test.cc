@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/backend.h"
+#include "core/elementwise.h"
 #include "tests/testing/backends.h"
 #include "tests/testing/reference_ops.h"
 #include "tests/testing/tolerances.h"
@@ -372,13 +373,15 @@ TEST_P(BatchNormTest, FoldedReluIsBatchNormThenRelu) {
   }
 }
 
-// The bf16 variants' cases: Cases() and one image per unrolled channel count (16, 32, 64), each
-// NCHW and (on a backend that prefers it) channels-last, with and without the folded ReLU:
-// f(bc, seed) with bc.args set so and a seed of its own, under a trace naming the variant.
+// The bf16 variants' cases: Cases() and one image per unrolled channel count (16, 32, 64) and
+// with 80 and 130 channels, each NCHW and (on a backend that prefers it) channels-last, with and
+// without the folded ReLU: f(bc, seed) with bc.args set so and a seed of its own, under a trace
+// naming the variant.
 template <class F>
 void ForEachBf16Variant(Backend& be, uint32_t seed, F f) {
   std::vector<BnCase> cases = Cases();
-  for (const int64_t c : {16, 32, 64}) cases.push_back({{3, c, 5, 6}, {}});
+  // the unrolled channel counts; and more than 64, which the bf16-x loops widen 64 at a time
+  for (const int64_t c : {16, 32, 64, 80, 130}) cases.push_back({{3, c, 5, 6}, {}});
   for (BnCase bc : cases) {
     for (const bool nhwc : {false, true}) {
       if (nhwc && (bc.shape.rank() != 4 || !be.PrefersChannelsLast())) continue;
@@ -591,6 +594,104 @@ TEST_P(BatchNormTest, Bf16OutputIsTheF32OneRounded) {
     be.BatchNormForwardInference(bc.args, x_t, g_t, b_t, rm, rv, &y);
     be.BatchNormForwardInference(half, x_t, g_t, b_t, rm, rv, &y16);
     EXPECT_EQ(CountNotRounded(be, y16, y), 0) << "inference";
+  });
+}
+
+// BatchNormArgs::x_bf16 (where the backend runs it; channels-last): every pass over a bf16 x
+// gives the bits of the same pass over its values widened to f32: the training forward (output in
+// f32 and bf16, saved and running statistics), inference, the backward (dx in f32 and bf16, in
+// one part or two, with and without the folded ReLU), and a batch norm applied by its sum
+// (BatchNormAffineTraining, AffineAdd with either input or both in bf16).
+TEST_P(BatchNormTest, Bf16InputIsItsValuesWidened) {
+  Backend& be = backend();
+  BatchNormArgs probe;
+  probe.nhwc = true;
+  probe.x_bf16 = true;
+  if (!be.Supports(probe)) GTEST_SKIP() << be.name() << ": no bf16 batch-norm input";
+  const auto bytes = [&](const Tensor& v) {
+    std::vector<uint8_t> out(v.bytes());
+    be.CopyToHost(v, out.data());
+    return out;
+  };
+  ForEachBf16Variant(be, 9100, [&](const BnCase& bc, uint32_t seed) {
+    if (!bc.args.nhwc) return;
+    const int64_t c = bc.shape[1];
+    const std::vector<float> x = RandomUniform(static_cast<size_t>(bc.shape.numel()), seed);
+    Tensor x16 = ToDeviceBf16(be, x, bc.shape);
+    Tensor xw = be.Empty(bc.shape, DType::kF32, "x widened");  // the same values in f32
+    {
+      std::vector<uint16_t> bits(x.size());
+      be.CopyToHost(x16, bits.data());
+      std::vector<float> wide(x.size());
+      for (size_t i = 0; i < x.size(); ++i) wide[i] = ew::Bf16ToFloat(bits[i]);
+      xw = ToDevice(be, wide, bc.shape);
+    }
+    Tensor g_t = ToDevice(be, RandomUniform(static_cast<size_t>(c), seed + 2, 0.5f, 1.5f), {c});
+    Tensor b_t = ToDevice(be, RandomUniform(static_cast<size_t>(c), seed + 3), {c});
+    Tensor dy_a = ToDevice(be, RandomUniform(x.size(), seed + 4), bc.shape);
+    Tensor dy_b = ToDevice(be, RandomUniform(x.size(), seed + 5), bc.shape);
+    BatchNormArgs half = bc.args;
+    half.x_bf16 = true;
+    for (const bool y16 : {false, true}) {
+      BatchNormArgs f = bc.args, h = half;
+      f.y_bf16 = h.y_bf16 = y16;
+      if (!be.Supports(h)) continue;
+      SCOPED_TRACE(y16 ? "y bf16" : "y f32");
+      const DType yt = y16 ? DType::kBF16 : DType::kF32;
+      std::vector<std::vector<uint8_t>> got, want;
+      for (const bool bf16 : {false, true}) {
+        const BatchNormArgs& a = bf16 ? h : f;
+        const Tensor& in = bf16 ? x16 : xw;
+        auto& out = bf16 ? got : want;
+        Tensor rm = be.Zeros({c}, DType::kF32, "rm"), rv = be.Zeros({c}, DType::kF32, "rv");
+        Tensor sm = be.Empty({c}, DType::kF32, "sm"), si = be.Empty({c}, DType::kF32, "si");
+        Tensor y = be.Empty(bc.shape, yt, "y");
+        be.BatchNormForwardTraining(a, in, g_t, b_t, &rm, &rv, &y, &sm, &si);
+        for (const Tensor* t : {&y, &rm, &rv, &sm, &si}) out.push_back(bytes(*t));
+        if (!y16) {  // the backward: y is the folded ReLU's gate operand, f32
+          for (const bool dx16 : {false, true}) {
+            BatchNormArgs b = a;
+            b.dx_bf16 = dx16;
+            if (!be.Supports(b)) continue;
+            const DType dt = dx16 ? DType::kBF16 : DType::kF32;
+            Tensor dx = be.Empty(bc.shape, dt, "dx"), dx2 = be.Empty(bc.shape, dt, "dx");
+            Tensor dg = be.Zeros({c}, DType::kF32, "dg"), db = be.Zeros({c}, DType::kF32, "db");
+            const Tensor* gate = a.relu ? &y : nullptr;
+            be.BatchNormBackward(b, in, dy_a, gate, g_t, b_t, sm, si, &dx, &dg, &db, false);
+            be.BatchNormBackwardSum(b, in, dy_a, dy_b, gate, g_t, b_t, sm, si, &dx2, &dg, &db,
+                                    true);
+            for (const Tensor* t : {&dx, &dx2, &dg, &db}) out.push_back(bytes(*t));
+          }
+        }
+        Tensor ry = be.Empty(bc.shape, yt, "y");
+        be.BatchNormForwardInference(a, in, g_t, b_t, rm, rv, &ry);
+        out.push_back(bytes(ry));
+      }
+      ASSERT_EQ(got.size(), want.size());
+      for (size_t t = 0; t < want.size(); ++t) EXPECT_EQ(got[t], want[t]) << "tensor " << t;
+    }
+    if (!be.DefersBatchNormApply() || bc.args.relu) return;
+    // Applied by a sum: x16 normalised as input 0, input 1 or both (the other f32 or bf16).
+    Tensor aff[2] = {be.Empty({2 * c}, DType::kF32, "affine"),
+                     be.Empty({2 * c}, DType::kF32, "affine")};
+    for (int k = 0; k < 2; ++k) {
+      Tensor rm = be.Zeros({c}, DType::kF32, "rm"), rv = be.Zeros({c}, DType::kF32, "rv");
+      Tensor sm = be.Empty({c}, DType::kF32, "sm"), si = be.Empty({c}, DType::kF32, "si");
+      be.BatchNormAffineTraining(k == 0 ? bc.args : half, k == 0 ? xw : x16, g_t, b_t, &rm, &rv,
+                                 &aff[k], &sm, &si);
+    }
+    EXPECT_EQ(ToHost(be, aff[1]), ToHost(be, aff[0])) << "scale and shift";
+    for (const bool relu : {false, true}) {
+      for (const int which : {1, 2, 3}) {
+        Tensor want = be.Empty(bc.shape, DType::kF32, "y"),
+               got = be.Empty(bc.shape, DType::kF32, "y");
+        const Tensor* a0 = (which & 1) != 0 ? &aff[0] : nullptr;
+        const Tensor* a1 = (which & 2) != 0 ? &aff[0] : nullptr;
+        be.AffineAdd(xw, a0, (which & 2) != 0 ? xw : dy_a, a1, relu, &want);
+        be.AffineAdd(a0 != nullptr ? x16 : xw, a0, (which & 2) != 0 ? x16 : dy_a, a1, relu, &got);
+        EXPECT_EQ(bytes(got), bytes(want)) << "normalised " << which << (relu ? " relu" : "");
+      }
+    }
   });
 }
 

@@ -593,6 +593,40 @@ TEST_P(ConvTest, Bf16XChangesNoBit) {
   if (ran == 0) GTEST_SKIP() << be.name() << ": no bf16 x";
 }
 
+// Conv2dDesc::y_bf16 (bf16, channels-last, where the backend runs it): y written in bf16 is the
+// f32 y rounded (ew::FloatToBf16), bit for bit, on every case's plan (the GEMM, subsampled and
+// direct kernels, blocked-layout forwards of small outputs), with x in f32 and in bf16.
+TEST_P(ConvTest, Bf16YIsTheF32OneRounded) {
+  Backend& be = backend();
+  int ran = 0;
+  uint32_t seed = 9700;
+  for (Conv2dDesc d : Cases(Precision::kBF16)) {
+    for (const bool x16 : {false, true}) {
+      d.x_nhwc = d.y_nhwc = true;
+      d.relu = false;
+      d.x_bf16 = x16;
+      d.y_bf16 = true;
+      seed += 10;
+      if (!be.Supports(d)) continue;
+      SCOPED_TRACE(d.ToString());
+      ++ran;
+      Conv2dDesc f32 = d;
+      f32.y_bf16 = false;
+      const std::vector<float> x = ToNhwc(RandomUniform(XShape(d).numel(), seed), XShape(d)),
+                               w = RandomUniform(WShape(d).numel(), seed + 1);
+      Tensor x_t = x16 ? ToDeviceBf16(be, x, XShape(d)) : ToDevice(be, x, XShape(d));
+      Tensor w_t = ToDevice(be, w, WShape(d)),
+             b_t = ToDevice(be, RandomUniform(static_cast<size_t>(d.k), seed + 3), Shape{d.k});
+      Tensor y = be.Empty(YShape(d), DType::kF32, "y"),
+             y16 = be.Empty(YShape(d), DType::kBF16, "y");
+      be.Conv2dForward(*be.PrepareConv2d(f32), x_t, w_t, d.bias ? &b_t : nullptr, &y);
+      be.Conv2dForward(*be.PrepareConv2d(d), x_t, w_t, d.bias ? &b_t : nullptr, &y16);
+      EXPECT_EQ(CountNotRounded(be, y16, y), 0);
+    }
+  }
+  if (ran == 0) GTEST_SKIP() << be.name() << ": no bf16 y";
+}
+
 INSTANTIATE_TEST_SUITE_P(All, ConvTest, ::testing::ValuesIn(TestBackends()), BackendParamName);
 
 // train.winograd on the CPU: the 3x3 stride-1 fp32 convolutions with >= 32 channels run by

@@ -754,6 +754,45 @@ TEST(DeferredBatchNormTest, ChangesNoNumber) {
   }
 }
 
+// In bf16 every convolution whose output only a batch norm reads writes it in bf16
+// (Conv2dDesc::y_bf16; resnet8: all nine), with folding or without (a precision, not a fusion),
+// channels-last only; and the evaluation after two steps stays within bf16's reach of fp32's.
+TEST(Bf16ConvOutputTest, ResNetConvolutionsHandTheirBatchNormsBf16) {
+  Backend& be = GetBackend("cpu");
+  if (!be.Supports(Conv2dDesc{1, 1, 1, 1, 1, 1, 1, 1, 0, true, Precision::kBF16})) {
+    GTEST_SKIP() << "no bf16 on this CPU";
+  }
+  const Shape sample{3, 32, 32};
+  const auto run = [&](Precision prec, bool fold, bool channels_last, int* bf16_outputs) {
+    auto net = BuildZooModel(be, "resnet8", 10);
+    net->set_fold(fold);
+    net->set_channels_last(channels_last);
+    Model m(be, std::move(net), sample);
+    m.Setup(4, prec);
+    m.InitParams(3);
+    *bf16_outputs = 0;
+    for (size_t i = 0; i < m.net().size(); ++i) {
+      const auto* conv = dynamic_cast<const Conv2d*>(&m.net().layer(i));
+      *bf16_outputs += conv != nullptr && conv->writes_bf16_output();
+    }
+    return TwoStepsAndEval(be, m, Shape{4, 3, 32, 32});
+  };
+  int count = 0;
+  for (const bool fold : {true, false}) {
+    run(Precision::kBF16, fold, true, &count);
+    EXPECT_EQ(count, 9) << (fold ? "folded" : "unfolded");
+  }
+  run(Precision::kBF16, true, false, &count);
+  EXPECT_EQ(count, 0) << "NCHW";
+  const auto f32 = run(Precision::kF32, true, true, &count);
+  EXPECT_EQ(count, 0) << "fp32";
+  const auto bf16 = run(Precision::kBF16, true, true, &count);
+  ASSERT_EQ(bf16.size(), f32.size());
+  // the last tensor: the evaluation's logits after two steps
+  std::vector<double> ref(f32.back().begin(), f32.back().end());
+  EXPECT_TRUE(testing::AllClose(bf16.back(), ref, 0.1, 0.05));
+}
+
 // Input gradients in one shared buffer (Graph::set_share_input_grads) change no number, on the
 // zoo's plain and residual networks and on every join; and the graph holds fewer bytes.
 TEST(InputGradSharingTest, ChangesNoNumberAndHoldsLess) {
