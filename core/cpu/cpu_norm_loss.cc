@@ -285,10 +285,23 @@ DPT_CLONE_INLINE void AffineRow(const float* p, T* q, int64_t n, const float* __
         });
   }
 }
-// rows [r0, r1) of that, x in f32 or bf16.
+// rows [r0, r1) of that, x in f32 or bf16 (a bf16 row of 16, 32 or 64 channels widened whole,
+// at a count the compiler sees).
 template <class X, class T>
 DPT_CLONE_INLINE void AffineRows(const X* x, T* y, int64_t r0, int64_t r1, int64_t c,
                                  const float* scale, const float* shift, bool relu) {
+  if constexpr (!std::is_same_v<X, float>) {
+    const auto fixed = [&](auto kc) __attribute__((always_inline)) {
+      constexpr int64_t kC = decltype(kc)::value;
+      float xf[kC];
+      for (int64_t r = r0; r < r1; ++r) {
+        AffineRow(RowF32(x + r * kC, xf, kC), y + r * kC, kC, scale, shift, relu);
+      }
+    };
+    if (c == 16) return fixed(std::integral_constant<int64_t, 16>{});
+    if (c == 32) return fixed(std::integral_constant<int64_t, 32>{});
+    if (c == 64) return fixed(std::integral_constant<int64_t, 64>{});
+  }
   for (int64_t r = r0; r < r1; ++r) {
     ForRowChunks(x + r * c, c, [&](const float* p, int64_t j0, int64_t n) {
       AffineRow(p, y + r * c + j0, n, scale + j0, shift + j0, relu);
@@ -339,9 +352,21 @@ template <bool kA0, bool kA1, class X0, class X1>
 DPT_CLONE_INLINE void AffineAddRows(const X0* x0, const float* s0, const float* t0, const X1* x1,
                                     const float* s1, const float* t1, float* y, int64_t r0,
                                     int64_t r1, int64_t c, bool relu) {
-  constexpr bool kF32 = std::is_same_v<X0, float> && std::is_same_v<X1, float>;
-  const int64_t step = kF32 ? c : kWide;
   float xf0[kWide], xf1[kWide];
+  if constexpr (!std::is_same_v<X0, float> || !std::is_same_v<X1, float>) {
+    // rows of 16, 32 or 64 channels widened whole, at a count the compiler sees
+    const auto fixed = [&](auto kc) __attribute__((always_inline)) {
+      constexpr int64_t kC = decltype(kc)::value;
+      for (int64_t r = r0; r < r1; ++r) {
+        AffineAddRow<kA0, kA1>(RowF32(x0 + r * kC, xf0, kC), s0, t0, RowF32(x1 + r * kC, xf1, kC),
+                               s1, t1, y + r * kC, kC, relu);
+      }
+    };
+    if (c == 16) return fixed(std::integral_constant<int64_t, 16>{});
+    if (c == 32) return fixed(std::integral_constant<int64_t, 32>{});
+    if (c == 64) return fixed(std::integral_constant<int64_t, 64>{});
+  }
+  const int64_t step = std::is_same_v<X0, float> && std::is_same_v<X1, float> ? c : kWide;
   for (int64_t r = r0; r < r1; ++r) {
     for (int64_t j0 = 0; j0 < c; j0 += step) {
       const int64_t n = std::min(step, c - j0), o = r * c + j0;
