@@ -418,9 +418,15 @@ class Backend {
                                         const Tensor& running_var, Tensor* affine);
   // y = f0(x0) + f1(x1), then max(., 0) with `relu`: f_k(x) = x * scale + shift per channel
   // (ew::BnApply) where affine_k is given, x itself where it is null (not both: that is Add).
-  // x0, x1, y: f32 (N, C, H, W) channels-last; y must alias neither.
+  // x0, x1, y: f32 (N, C, H, W) channels-last; y must alias neither. An x_k with an affine may be
+  // bf16 (BatchNormArgs::x_bf16), and y may be bf16 where WritesBf16Sums says so (the f32 y
+  // rounded to nearest even).
   virtual void AffineAdd(const Tensor& x0, const Tensor* affine0, const Tensor& x1,
                          const Tensor* affine1, bool relu, Tensor* y);
+  // Whether AffineAdd writes a bf16 y, and ReluBackward and ReluBackwardSum gate by a bf16 y: for
+  // a residual sum that only bf16 convolutions read (a ResNet block's output, read by the next
+  // block's convolution and shortcut), which then read it without rounding it themselves.
+  virtual bool WritesBf16Sums() const { return false; }
 
   // ---- a gradient in two parts, where TakesGradientParts says so ----
   // An output read by two nodes (a ResNet block's input) gets the sum of their gradients. Where
@@ -429,7 +435,8 @@ class Backend {
   // Each adds dy_a + dy_b elementwise in f32 as it reads them, in that order: the same bits as
   // Add(dy_a, dy_b) then the one-part op. Backends without them answer no (the graph sums).
   virtual bool TakesGradientParts() const { return false; }
-  // ReluBackward of dy_a + dy_b. dx may be y (written in place).
+  // ReluBackward of dy_a + dy_b. dx may be y (written in place). y may be bf16 where
+  // WritesBf16Sums says so, for both (dx then f32, not y).
   virtual void ReluBackwardSum(const Tensor& y, const Tensor& dy_a, const Tensor& dy_b, Tensor* dx);
   // BatchNormBackward of dy_a + dy_b; channels-last (BatchNormArgs::nhwc) only.
   virtual void BatchNormBackwardSum(const BatchNormArgs& a, const Tensor& x, const Tensor& dy_a,

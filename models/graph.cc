@@ -132,6 +132,20 @@ Shape Graph::Setup(const Shape& in, const SetupOptions& opts) {
         n.layer->FoldIntoInputs(k, *nodes_[static_cast<size_t>(j)].layer);
     }
   }
+  // An output that several layers read, each of which would read it in bf16 (Layer::
+  // OfferBf16OutputToAll).
+  for (size_t j = 0; fold_ && j + 1 < nodes_.size(); ++j) {
+    if (nodes_[j].readers < 2) continue;
+    std::vector<Layer*> readers;
+    for (const Node& n : nodes_) {
+      if (n.inputs.size() == 1 && n.inputs[0] == static_cast<int>(j))
+        readers.push_back(n.layer.get());
+    }
+    const bool all = static_cast<int>(readers.size()) == nodes_[j].readers &&
+                     std::all_of(readers.begin(), readers.end(),
+                                 [](const Layer* r) { return r->WantsBf16Input(); });
+    if (all) nodes_[j].layer->OfferBf16OutputToAll(readers);
+  }
   std::vector<char> refused(nodes_.size(), 0);
   grad_arena_ = out_arena_ = Tensor();
   slot_buffers_.clear();

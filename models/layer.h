@@ -174,6 +174,14 @@ class Layer {
   // A batch norm makes the same offer to the convolution whose output only it reads
   // (ReadsOnlyOutputOf): there the rounding is new (Conv2dDesc::y_bf16).
   virtual void OfferBf16Output(Layer& /*reader*/) {}
+  // The same offer for an output that several layers read, every one of them one that would read
+  // its input in bf16 (WantsBf16Input: a ResNet block's output, read by the next block's
+  // convolution and shortcut), made by the graph with all the readers, before Setup and with the
+  // folding. A residual sum takes it at its Setup where every reader CanReadBf16Input and the
+  // backend writes it (Backend::WritesBf16Sums), and tells each reader either way
+  // (ReadBf16Input); a folded ReLU passes it on to the layer it is folded into.
+  virtual void OfferBf16OutputToAll(const std::vector<Layer*>& /*readers*/) {}
+  virtual bool WantsBf16Input() const { return false; }
   virtual bool CanReadBf16Input(const Shape& /*in*/, bool /*nhwc*/, Precision /*p*/) const {
     return false;
   }

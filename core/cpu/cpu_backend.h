@@ -122,6 +122,7 @@ class CpuBackend final : public Backend {
   void ReluBackward(const Tensor& y, const Tensor& dy, Tensor* dx) override;
   bool TakesGradientParts() const override { return fusions_; }
   bool DefersBatchNormApply() const override { return fusions_; }
+  bool WritesBf16Sums() const override { return fusions_; }
   void AffineAdd(const Tensor& x0, const Tensor* affine0, const Tensor& x1, const Tensor* affine1,
                  bool relu, Tensor* y) override;
   void ReluBackwardSum(const Tensor& y, const Tensor& dy_a, const Tensor& dy_b,

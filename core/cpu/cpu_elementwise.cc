@@ -47,6 +47,19 @@ DPT_SIMD_CLONES void ReluGradSumLoop(const float* y, const float* a, const float
   for (int64_t i = 0; i < n; ++i) dx[i] = ew::ReluGrad(y[i], a[i] + b[i]);
 }
 
+// The same gated by a bf16 y (Backend::WritesBf16Sums): its sign and zeros are the f32 y's, but
+// for an f32 y below 2^-133 that rounds to 0. b null: one part.
+DPT_SIMD_CLONES void ReluGradLoop(const uint16_t* y, const float* a, const float* b, float* dx,
+                                  int64_t n) {
+  if (b == nullptr) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) dx[i] = ew::ReluGrad(ew::Bf16ToFloat(y[i]), a[i]);
+  } else {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) dx[i] = ew::ReluGrad(ew::Bf16ToFloat(y[i]), a[i] + b[i]);
+  }
+}
+
 // y = a + b, or max(a + b, 0) when relu.
 DPT_SIMD_CLONES void AddLoop(const float* a, const float* b, float* y, int64_t n, bool relu) {
   if (relu) {
@@ -56,6 +69,20 @@ DPT_SIMD_CLONES void AddLoop(const float* a, const float* b, float* y, int64_t n
 #pragma omp simd
     for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
   }
+}
+
+// ReluBackward (b null) or ReluBackwardSum of a bf16 y: dx in f32, not over y.
+void ReluGradBf16(const Tensor& y, const Tensor& a, const Tensor* b, Tensor* dx) {
+  CheckSame(y, *dx, "relu backward");
+  DPT_CHECK(dx->dtype() == DType::kF32 && dx->raw() != y.raw())
+      << "relu backward of a bf16 y: dx in f32, apart from y";
+  const auto* yy = static_cast<const uint16_t*>(y.raw());
+  const float* ga = a.data<float>();
+  const float* gb = b != nullptr ? b->data<float>() : nullptr;
+  float* out = dx->data<float>();
+  ForBlocks(y.numel(), [&](int64_t lo, int64_t hi) {
+    ReluGradLoop(yy + lo, ga + lo, gb != nullptr ? gb + lo : nullptr, out + lo, hi - lo);
+  });
 }
 
 }  // namespace
@@ -73,6 +100,7 @@ void CpuBackend::ReluForward(const Tensor& x, Tensor* y) {
 void CpuBackend::ReluBackward(const Tensor& y, const Tensor& dy, Tensor* dx) {
   OpScope scope(this, "relu_bwd");
   CheckSame(y, dy, "relu backward");
+  if (y.dtype() == DType::kBF16) return ReluGradBf16(y, dy, nullptr, dx);
   const float* yy = y.data<float>();
   const float* g = dy.data<float>();
   float* out = dx->data<float>();
@@ -85,6 +113,7 @@ void CpuBackend::ReluBackwardSum(const Tensor& y, const Tensor& dy_a, const Tens
   CheckSame(y, dy_a, "relu backward");
   CheckSame(y, dy_b, "relu backward");
   CheckSame(y, *dx, "relu backward");
+  if (y.dtype() == DType::kBF16) return ReluGradBf16(y, dy_a, &dy_b, dx);
   const float* yy = y.data<float>();
   const float* ga = dy_a.data<float>();
   const float* gb = dy_b.data<float>();

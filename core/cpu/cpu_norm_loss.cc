@@ -328,10 +328,11 @@ DPT_SIMD_CLONES void RowsAffine(const uint16_t* x, uint16_t* y, int64_t r0, int6
 // rows [r0, r1) of y = f0(x0) + f1(x1) (then ReLU), f_k(x) = x * s_k + t_k per channel where kA_k,
 // x itself where not (Backend::AffineAdd): each term rounded as the batch norm's output was, then
 // summed as AddLoop sums.
-template <bool kA0, bool kA1>
+// y in f32, or rounded to bf16 (Backend::WritesBf16Sums) as Store rounds.
+template <bool kA0, bool kA1, class T>
 DPT_CLONE_INLINE void AffineAddRow(const float* p, const float* __restrict s0,
                                    const float* __restrict t0, const float* q,
-                                   const float* __restrict s1, const float* __restrict t1, float* o,
+                                   const float* __restrict s1, const float* __restrict t1, T* o,
                                    int64_t n, bool relu) {
   const auto term = [&](int64_t j) __attribute__((always_inline)) {
     const float a = kA0 ? ew::BnApply(p[j], {s0[j], t0[j]}) : p[j];
@@ -339,19 +340,18 @@ DPT_CLONE_INLINE void AffineAddRow(const float* p, const float* __restrict s0,
     return a + b;
   };
   if (relu) {
-#pragma omp simd
-    for (int64_t j = 0; j < n; ++j) o[j] = ew::Relu(term(j));
+    Store(
+        o, n, [&](int64_t j) __attribute__((always_inline)) { return ew::Relu(term(j)); });
   } else {
-#pragma omp simd
-    for (int64_t j = 0; j < n; ++j) o[j] = term(j);
+    Store(o, n, term);
   }
 }
 // x0 and x1 in f32 or bf16 (a deferred batch norm's BatchNormArgs::x_bf16 input), each row
 // widened as ForRowChunks does where either is bf16.
-template <bool kA0, bool kA1, class X0, class X1>
+template <bool kA0, bool kA1, class X0, class X1, class T>
 DPT_CLONE_INLINE void AffineAddRows(const X0* x0, const float* s0, const float* t0, const X1* x1,
-                                    const float* s1, const float* t1, float* y, int64_t r0,
-                                    int64_t r1, int64_t c, bool relu) {
+                                    const float* s1, const float* t1, T* y, int64_t r0, int64_t r1,
+                                    int64_t c, bool relu) {
   float xf0[kWide], xf1[kWide];
   if constexpr (!std::is_same_v<X0, float> || !std::is_same_v<X1, float>) {
     // rows of 16, 32 or 64 channels widened whole, at a count the compiler sees
@@ -376,9 +376,9 @@ DPT_CLONE_INLINE void AffineAddRows(const X0* x0, const float* s0, const float* 
     }
   }
 }
-template <class X0, class X1>
+template <class X0, class X1, class T>
 DPT_CLONE_INLINE void AffineAddRowsAny(const X0* x0, const float* s0, const float* t0, const X1* x1,
-                                       const float* s1, const float* t1, float* y, int64_t r0,
+                                       const float* s1, const float* t1, T* y, int64_t r0,
                                        int64_t r1, int64_t c, bool relu) {
   if (s0 != nullptr && s1 != nullptr) {
     return AffineAddRows<true, true>(x0, s0, t0, x1, s1, t1, y, r0, r1, c, relu);
@@ -386,7 +386,7 @@ DPT_CLONE_INLINE void AffineAddRowsAny(const X0* x0, const float* s0, const floa
   if (s0 != nullptr) return AffineAddRows<true, false>(x0, s0, t0, x1, s1, t1, y, r0, r1, c, relu);
   AffineAddRows<false, true>(x0, s0, t0, x1, s1, t1, y, r0, r1, c, relu);
 }
-// One entry point per pair of input types.
+// One entry point per pair of input types and output type.
 DPT_SIMD_CLONES void RowsAffineAdd(const float* x0, const float* s0, const float* t0,
                                    const float* x1, const float* s1, const float* t1, float* y,
                                    int64_t r0, int64_t r1, int64_t c, bool relu) {
@@ -405,6 +405,26 @@ DPT_SIMD_CLONES void RowsAffineAdd(const uint16_t* x0, const float* s0, const fl
 DPT_SIMD_CLONES void RowsAffineAdd(const uint16_t* x0, const float* s0, const float* t0,
                                    const uint16_t* x1, const float* s1, const float* t1, float* y,
                                    int64_t r0, int64_t r1, int64_t c, bool relu) {
+  AffineAddRowsAny(x0, s0, t0, x1, s1, t1, y, r0, r1, c, relu);
+}
+DPT_SIMD_CLONES void RowsAffineAdd(const float* x0, const float* s0, const float* t0,
+                                   const float* x1, const float* s1, const float* t1, uint16_t* y,
+                                   int64_t r0, int64_t r1, int64_t c, bool relu) {
+  AffineAddRowsAny(x0, s0, t0, x1, s1, t1, y, r0, r1, c, relu);
+}
+DPT_SIMD_CLONES void RowsAffineAdd(const float* x0, const float* s0, const float* t0,
+                                   const uint16_t* x1, const float* s1, const float* t1,
+                                   uint16_t* y, int64_t r0, int64_t r1, int64_t c, bool relu) {
+  AffineAddRowsAny(x0, s0, t0, x1, s1, t1, y, r0, r1, c, relu);
+}
+DPT_SIMD_CLONES void RowsAffineAdd(const uint16_t* x0, const float* s0, const float* t0,
+                                   const float* x1, const float* s1, const float* t1, uint16_t* y,
+                                   int64_t r0, int64_t r1, int64_t c, bool relu) {
+  AffineAddRowsAny(x0, s0, t0, x1, s1, t1, y, r0, r1, c, relu);
+}
+DPT_SIMD_CLONES void RowsAffineAdd(const uint16_t* x0, const float* s0, const float* t0,
+                                   const uint16_t* x1, const float* s1, const float* t1,
+                                   uint16_t* y, int64_t r0, int64_t r1, int64_t c, bool relu) {
   AffineAddRowsAny(x0, s0, t0, x1, s1, t1, y, r0, r1, c, relu);
 }
 
@@ -885,7 +905,8 @@ void CpuBackend::AffineAdd(const Tensor& x0, const Tensor* affine0, const Tensor
   };
   check_x(x0, affine0, "affine add x0");
   check_x(x1, affine1, "affine add x1");
-  CheckF32(*y, "affine add y");
+  DPT_CHECK(y->dtype() == DType::kF32 || y->dtype() == DType::kBF16)
+      << "affine add y: " << DTypeName(y->dtype());
   CheckSame(x0, x1, "affine add");
   CheckSame(x0, *y, "affine add");
   DPT_CHECK(y->raw() != x0.raw() && y->raw() != x1.raw()) << "affine add: y aliases an input";
@@ -899,16 +920,22 @@ void CpuBackend::AffineAdd(const Tensor& x0, const Tensor* affine0, const Tensor
   const float* s0 = terms(affine0);
   const float* s1 = terms(affine1);
   DPT_CHECK(s0 != nullptr || s1 != nullptr) << "affine add without an affine: Add";
-  float* out = y->data<float>();
   const float* t0 = s0 != nullptr ? s0 + c : nullptr;
   const float* t1 = s1 != nullptr ? s1 + c : nullptr;
-  WithX(x0, [&](const auto* p0) {
-    WithX(x1, [&](const auto* p1) {
-      ForRowBlocks(m, c, [&](int64_t /*k*/, int64_t r0, int64_t r1) {
-        RowsAffineAdd(p0, s0, t0, p1, s1, t1, out, r0, r1, c, relu);
+  const auto run = [&](auto* out) {
+    WithX(x0, [&](const auto* p0) {
+      WithX(x1, [&](const auto* p1) {
+        ForRowBlocks(m, c, [&](int64_t /*k*/, int64_t r0, int64_t r1) {
+          RowsAffineAdd(p0, s0, t0, p1, s1, t1, out, r0, r1, c, relu);
+        });
       });
     });
-  });
+  };
+  if (y->dtype() == DType::kBF16) {
+    run(static_cast<uint16_t*>(y->raw()));
+  } else {
+    run(y->data<float>());
+  }
 }
 
 void CpuBackend::BatchNormBackward(const BatchNormArgs& a, const Tensor& x, const Tensor& dy,

@@ -60,6 +60,7 @@ class Conv2d final : public Layer {
   // Reading x in bf16 (Layer::OfferBf16Output): offered to the layer whose output only this one
   // reads, which answers before this layer's Setup.
   void FoldIntoInput(Layer& producer) override { producer.OfferBf16Output(*this); }
+  bool WantsBf16Input() const override { return !pool_offered_; }
   bool CanReadBf16Input(const Shape& in, bool nhwc, Precision p) const override;
   void ReadBf16Input(bool bf16) override { x_bf16_ = bf16; }
   // Writing y in bf16 (Conv2dDesc::y_bf16): offered by the batch norm that alone reads it

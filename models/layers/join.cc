@@ -49,7 +49,22 @@ Shape Add::SetupInputs(const std::vector<Shape>& in, const SetupOptions& opts) {
   const Shape& out = in[wide_];
   per_sample_ = out.numel() / out[0];
   rows_ = broadcast_ ? in[1 - wide_].numel() / in[1 - wide_][0] : 0;
-  out_ = OutputBuffer(backend_, opts, out, DType::kF32, label() + " output");
+  // A bf16 output for the bf16 convolutions that alone read it (OfferBf16OutputToAll): where a
+  // batch norm it applies was deferred to it (AffineAdd writes it).
+  y_bf16_ = false;
+  if (!readers_.empty()) {
+    const bool applies = (applies_[0] != nullptr && applies_[0]->deferred_affine() != nullptr) ||
+                         (applies_[1] != nullptr && applies_[1]->deferred_affine() != nullptr);
+    y_bf16_ = applies && relu_ && !broadcast_ && inputs_ == 2 && need_dx_ && opts.nhwc_in &&
+              opts.precision == Precision::kBF16 && backend_.WritesBf16Sums();
+    for (Layer* r : readers_) {
+      y_bf16_ = y_bf16_ && r->CanReadBf16Input(out, opts.nhwc_in, opts.precision);
+    }
+    for (Layer* r : readers_) r->ReadBf16Input(y_bf16_);
+  }
+  out_ =
+      OutputBuffer(backend_, opts, out, y_bf16_ ? DType::kBF16 : DType::kF32, label() + " output");
+  grad_buf_ = y_bf16_ ? backend_.Empty(out, DType::kF32, label() + " output gradient") : Tensor();
   if (broadcast_ && need_dx_) {
     narrow_buf_ = InputGradBuffer(backend_, opts, 1 - wide_, in[1 - wide_], DType::kF32,
                                   label() + " input gradient");
@@ -74,6 +89,7 @@ const Tensor& Add::ForwardInputs(const std::vector<const Tensor*>& x,
     backend_.AffineAdd(*x[0], a0, *x[1], a1, relu_, &y_);
     return y_;
   }
+  DPT_CHECK(!y_bf16_) << label() << ": a bf16 output without a batch norm to apply";
   if (!broadcast_ && relu_ && x.size() == 2) {
     backend_.AddRelu(*x[0], *x[1], &y_);  // a residual block's sum and ReLU in one pass
     return y_;
@@ -93,8 +109,9 @@ void Add::BackwardInputs(const Tensor& dy, bool /*accumulate*/, std::vector<cons
   // backward, and the inputs' gradients may be that tensor itself until the next forward.
   const Tensor* g = &dy;
   if (relu_) {
-    backend_.ReluBackward(y_, dy, &y_);
-    g = &y_;
+    Tensor* gated = GateInto();
+    backend_.ReluBackward(y_, dy, gated);
+    g = gated;
   }
   dx->assign(inputs_, g);
   if (broadcast_) {
@@ -109,8 +126,15 @@ void Add::BackwardInputs(const Tensor& dy, bool /*accumulate*/, std::vector<cons
 void Add::BackwardInputsSum(const Tensor& dy_a, const Tensor& dy_b, bool /*accumulate*/,
                             std::vector<const Tensor*>* dx) {
   DPT_CHECK(relu_ && !broadcast_) << label() << ": a gradient in two parts without a folded ReLU";
-  backend_.ReluBackwardSum(y_, dy_a, dy_b, &y_);  // as BackwardInputs, of the sum
-  dx->assign(inputs_, &y_);
+  Tensor* gated = GateInto();
+  backend_.ReluBackwardSum(y_, dy_a, dy_b, gated);  // as BackwardInputs, of the sum
+  dx->assign(inputs_, gated);
+}
+
+Tensor* Add::GateInto() {
+  if (!y_bf16_) return &y_;  // over the output
+  grad_ = grad_buf_.Batch(y_.shape()[0]);
+  return &grad_;
 }
 
 Shape Mul::SetupInputs(const std::vector<Shape>& in, const SetupOptions& opts) {

@@ -43,10 +43,19 @@ class Add final : public Join {
   void BackwardInputsSum(const Tensor& dy_a, const Tensor& dy_b, bool accumulate,
                          std::vector<const Tensor*>* dx) override;
   bool PassesGradient() const override { return !relu_; }
-  bool GradientInOutput() const override { return relu_; }
+  // With a bf16 output its gradient has a buffer of its own.
+  bool GradientInOutput() const override { return relu_ && !y_bf16_; }
   int64_t ActivationBytesPerSample() const override {
-    return 4 * (per_sample_ + (broadcast_ && need_dx_ ? rows_ : 0));
+    return (y_bf16_ ? 2 + 4 : 4) * per_sample_ + 4 * (broadcast_ && need_dx_ ? rows_ : 0);
   }
+  // In bf16, the sum of a block whose output only bf16 convolutions read (the next block's
+  // convolution and shortcut, through the folded ReLU) writes it in bf16 for them, where it
+  // applies a batch norm as it adds (AffineAdd, Backend::WritesBf16Sums): the values they would
+  // round it to, without the f32 output and their own staging passes. The ReLU's backward gate
+  // then reads the bf16 output (the same sign and zeros, but for an f32 sum below 2^-133, which
+  // rounds to 0), and writes the gradient into a buffer of its own.
+  void OfferBf16OutputToAll(const std::vector<Layer*>& readers) override { readers_ = readers; }
+  bool writes_bf16_output() const { return y_bf16_; }  // after Setup
   // The ReLU that alone reads a residual sum (each ResNet block's last): one pass for both.
   bool FoldRelu() override {
     relu_ = true;
@@ -59,7 +68,11 @@ class Add final : public Join {
   void FoldIntoInputs(size_t k, Layer& producer) override;
 
  private:
+  // Where the folded ReLU's gated gradient goes: over the output, or grad_ (y_bf16_).
+  Tensor* GateInto();
   BatchNorm* applies_[2] = {nullptr, nullptr};  // offered to (FoldIntoInputs); deferred or not
+  std::vector<Layer*> readers_;                 // OfferBf16OutputToAll
+  bool y_bf16_ = false;                         // taken at Setup
   bool relu_ = false;
   size_t inputs_ = 0;
   int64_t per_sample_ = 0;
@@ -68,6 +81,7 @@ class Add final : public Join {
   int64_t rows_ = 0;  // floats per sample of the broadcast input
   bool need_dx_ = true;
   Tensor out_, y_, narrow_buf_, narrow_dx_;
+  Tensor grad_buf_, grad_;  // y_bf16_: the gradient (f32), not over the output
 };
 
 // The product of two inputs: of equal shapes, or one (N, C, H, W) and the other (N, C, 1, 1)

@@ -20,6 +20,9 @@ class Relu final : public Layer {
   void OfferBf16Output(Layer& reader) override {
     if (folded_) producer_->OfferBf16Output(reader);
   }
+  void OfferBf16OutputToAll(const std::vector<Layer*>& readers) override {
+    if (folded_) producer_->OfferBf16OutputToAll(readers);
+  }
   void FoldIntoInput(Layer& producer) override {
     folded_ = folded_ || producer.FoldRelu();
     if (folded_) producer_ = &producer;

@@ -488,7 +488,8 @@ TEST_P(BatchNormTest, GradientInTwoPartsIsTheirSums) {
 // BatchNormForwardTraining, and AffineAdd of its scale and shift gives, bit for bit, its output
 // added to the other input (another batch norm's output, or a tensor as it is) and, with the
 // ReLU, AddRelu's; in training and in inference (BatchNormAffineInference); either input, or
-// both, normalised; the unrolled channel counts and others.
+// both, normalised; the unrolled channel counts and others; and, where the backend writes it
+// (Backend::WritesBf16Sums), a bf16 y that is that sum rounded.
 TEST_P(BatchNormTest, AppliedBySumIsItsOutputAdded) {
   Backend& be = backend();
   if (!be.DefersBatchNormApply()) GTEST_SKIP() << be.name() << ": batch norms write outputs";
@@ -551,6 +552,12 @@ TEST_P(BatchNormTest, AppliedBySumIsItsOutputAdded) {
           be.AffineAdd(x[0], (which & 1) != 0 ? &affine[0] : nullptr, x[1],
                        (which & 2) != 0 ? &affine[1] : nullptr, relu, &got);
           EXPECT_EQ(ToHost(be, got), ToHost(be, sum));
+          if (be.WritesBf16Sums()) {  // y in bf16: the f32 sum rounded
+            Tensor got16 = be.Empty(shape, DType::kBF16, "y");
+            be.AffineAdd(x[0], (which & 1) != 0 ? &affine[0] : nullptr, x[1],
+                         (which & 2) != 0 ? &affine[1] : nullptr, relu, &got16);
+            EXPECT_EQ(CountNotRounded(be, got16, sum), 0) << "bf16 y";
+          }
         }
       }
     }
@@ -690,6 +697,13 @@ TEST_P(BatchNormTest, Bf16InputIsItsValuesWidened) {
         be.AffineAdd(xw, a0, (which & 2) != 0 ? xw : dy_a, a1, relu, &want);
         be.AffineAdd(a0 != nullptr ? x16 : xw, a0, (which & 2) != 0 ? x16 : dy_a, a1, relu, &got);
         EXPECT_EQ(bytes(got), bytes(want)) << "normalised " << which << (relu ? " relu" : "");
+        if (be.WritesBf16Sums()) {  // y in bf16: the f32 y rounded
+          Tensor got16 = be.Empty(bc.shape, DType::kBF16, "y");
+          be.AffineAdd(a0 != nullptr ? x16 : xw, a0, (which & 2) != 0 ? x16 : dy_a, a1, relu,
+                       &got16);
+          EXPECT_EQ(CountNotRounded(be, got16, want), 0)
+              << "bf16 y, normalised " << which << (relu ? " relu" : "");
+        }
       }
     }
   });

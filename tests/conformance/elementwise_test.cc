@@ -5,6 +5,8 @@
 // NHWC layout changes, and inverted
 // dropout (p = 0 is the identity, the mask matches the shared stateless hash, keep-rate
 // statistics).
+#include "core/elementwise.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -69,6 +71,35 @@ TEST_P(ElementwiseTest, ReluBackwardOfAGradientInTwoPartsIsOfTheirSum) {
     EXPECT_EQ(ToHost(be, dx), ToHost(be, want));
     be.ReluBackwardSum(y_t, a_t, b_t, &y_t);
     EXPECT_EQ(ToHost(be, y_t), ToHost(be, want)) << "over y";
+  }
+}
+
+// A bf16 y (Backend::WritesBf16Sums: a residual sum that only bf16 convolutions read): the ReLU's
+// backward, in one part and two, gives the bits of the same op on the rounded y widened to f32,
+// whose zeros are the f32 y's.
+TEST_P(ElementwiseTest, ReluBackwardOfABf16OutputIsOfItsValues) {
+  Backend& be = backend();
+  if (!be.WritesBf16Sums()) GTEST_SKIP() << be.name() << ": writes no bf16 sums";
+  for (int64_t n : kSizes) {
+    SCOPED_TRACE("n=" + std::to_string(n));
+    std::vector<float> y = RandomUniform(static_cast<size_t>(n), 26);
+    for (size_t i = 0; i < y.size(); i += 3) y[i] = 0.f;
+    for (float& v : y) v = std::max(v, 0.f);
+    Tensor y16 = ToDeviceBf16(be, y, {n});
+    std::vector<uint16_t> bits(y.size());
+    be.CopyToHost(y16, bits.data());
+    std::vector<float> wide(y.size());
+    for (size_t i = 0; i < y.size(); ++i) wide[i] = ew::Bf16ToFloat(bits[i]);
+    Tensor yw = ToDevice(be, wide, {n});
+    Tensor a_t = ToDevice(be, RandomUniform(static_cast<size_t>(n), 27), {n});
+    Tensor b_t = ToDevice(be, RandomUniform(static_cast<size_t>(n), 28), {n});
+    Tensor want = be.Empty({n}, DType::kF32, "want"), got = be.Empty({n}, DType::kF32, "got");
+    be.ReluBackward(yw, a_t, &want);
+    be.ReluBackward(y16, a_t, &got);
+    EXPECT_EQ(ToHost(be, got), ToHost(be, want)) << "one part";
+    be.ReluBackwardSum(yw, a_t, b_t, &want);
+    be.ReluBackwardSum(y16, a_t, b_t, &got);
+    EXPECT_EQ(ToHost(be, got), ToHost(be, want)) << "two parts";
   }
 }
 

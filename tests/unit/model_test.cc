@@ -207,6 +207,9 @@ struct FoldCase {
   // elements of the batch norms' outputs that a residual sum alone reads: the sum applies them
   // (BatchNorm::OfferDeferredApply), no output held
   int64_t applied_by_sums_per_sample = 0;
+  // elements of the residual sums' outputs that only bf16 convolutions read: in bf16 written so,
+  // with their gradient in a buffer of its own (Add::OfferBf16OutputToAll): 2 bytes more each
+  int64_t bf16_sums_per_sample = 0;
 };
 void PrintTo(const FoldCase& c, std::ostream* os) { *os << c.model; }
 
@@ -269,12 +272,13 @@ TEST_P(FoldingTest, FoldingReluChangesNoNumber) {
     EXPECT_EQ(unfolded, 0);
     EXPECT_EQ(folded, fc.folded);
     EXPECT_EQ(got, want);
-    EXPECT_EQ(bytes_unfolded - bytes_folded,
-              4 * (2 * fc.floats_saved_per_sample + fc.sums_in_parts_per_sample +
-                   fc.applied_by_sums_per_sample) +
-                  (prec == Precision::kBF16
-                       ? 2 * (fc.bf16_gradients_per_sample + fc.bf16_outputs_per_sample)
-                       : 0));
+    EXPECT_EQ(
+        bytes_unfolded - bytes_folded,
+        4 * (2 * fc.floats_saved_per_sample + fc.sums_in_parts_per_sample +
+             fc.applied_by_sums_per_sample) +
+            (prec == Precision::kBF16 ? 2 * (fc.bf16_gradients_per_sample +
+                                             fc.bf16_outputs_per_sample - fc.bf16_sums_per_sample)
+                                      : 0));
   }
 }
 
@@ -291,7 +295,9 @@ INSTANTIATE_TEST_SUITE_P(
                                // the pool reads)
                                16 * 32 * 32 + 16 * 32 * 32 + 32 * 16 * 16,
                                // each block's second batch norm, and the shortcuts'
-                               16 * 32 * 32 + 2 * (32 * 16 * 16 + 64 * 8 * 8)},
+                               16 * 32 * 32 + 2 * (32 * 16 * 16 + 64 * 8 * 8),
+                               // the sums of the first two blocks
+                               16 * 32 * 32 + 32 * 16 * 16},
                       FoldCase{"ref_cnn", Shape{1, 28, 28}, 2, 32 * 28 * 28 + 64 * 14 * 14,
                                32 * 28 * 28 + 64 * 14 * 14}),
     [](const ::testing::TestParamInfo<FoldCase>& p) { return std::string(p.param.model); });
@@ -791,6 +797,35 @@ TEST(Bf16ConvOutputTest, ResNetConvolutionsHandTheirBatchNormsBf16) {
   // the last tensor: the evaluation's logits after two steps
   std::vector<double> ref(f32.back().begin(), f32.back().end());
   EXPECT_TRUE(testing::AllClose(bf16.back(), ref, 0.1, 0.05));
+}
+
+// In bf16 a residual sum whose output only bf16 convolutions read writes it in bf16 (resnet8:
+// the first two blocks' sums, read by the next block's convolution and shortcut; not the last,
+// which the pool reads), where it applies a deferred batch norm: channels-last, with folding (the
+// ReLU after the sum is folded into it), and not in fp32. FoldingTest, RecomputeTest and
+// GradientPartsTest check that the numbers are those of the model without it.
+TEST(Bf16SumOutputTest, BlockOutputsReadByConvolutionsAreBf16) {
+  Backend& be = GetBackend("cpu");
+  if (!be.Supports(Conv2dDesc{1, 1, 1, 1, 1, 1, 1, 1, 0, true, Precision::kBF16})) {
+    GTEST_SKIP() << "no bf16 on this CPU";
+  }
+  const auto count = [&](Precision prec, bool fold, bool channels_last) {
+    auto net = BuildZooModel(be, "resnet8", 10);
+    net->set_fold(fold);
+    net->set_channels_last(channels_last);
+    Model m(be, std::move(net), Shape{3, 32, 32});
+    m.Setup(4, prec);
+    int sums = 0;
+    for (size_t i = 0; i < m.net().size(); ++i) {
+      const auto* add = dynamic_cast<const Add*>(&m.net().layer(i));
+      sums += add != nullptr && add->writes_bf16_output();
+    }
+    return sums;
+  };
+  EXPECT_EQ(count(Precision::kBF16, true, true), 2);
+  EXPECT_EQ(count(Precision::kBF16, false, true), 0) << "unfolded";
+  EXPECT_EQ(count(Precision::kBF16, true, false), 0) << "NCHW";
+  EXPECT_EQ(count(Precision::kF32, true, true), 0) << "fp32";
 }
 
 // Input gradients in one shared buffer (Graph::set_share_input_grads) change no number, on the
