@@ -311,13 +311,19 @@ void Graph::PlaceInputGrads(int64_t batch) {
   for (const GradSlot& g : grad_slots_) {
     auto b = g.buffer.lock();
     if (b == nullptr || b->bytes() == 0) continue;
-    const int j = nodes_[g.node].inputs[g.input];
     // Written by node g.node's backward; an input gradient of the graph input is never read, but
-    // is written, so it lives through that step only.
+    // is written, so it lives through that step only. One for every input (kEveryInput) lives
+    // until each input's producer is done with it.
     const size_t begin = count - 1 - g.node;
-    placed.push_back({b, begin, j == kInput ? begin : last[static_cast<size_t>(j)], 0});
+    size_t end = begin;
+    const std::vector<int>& inputs = nodes_[g.node].inputs;
+    for (size_t k = 0; k < inputs.size(); ++k) {
+      if (g.input != kEveryInput && k != g.input) continue;
+      if (inputs[k] != kInput) end = std::max(end, last[static_cast<size_t>(inputs[k])]);
+      nodes_[g.node].input_slots[k] = b.get();
+    }
+    placed.push_back({b, begin, end, 0});
     nodes_[g.node].shared_grad_bytes += static_cast<int64_t>(b->bytes());
-    nodes_[g.node].input_slots[g.input] = b.get();
   }
   // A gradient sum is written from the backward of the output's last reader (the first to run)
   // and read until the output's gradient is: last[j].

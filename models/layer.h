@@ -48,6 +48,7 @@ struct SetupOptions {
   // Where the buffer for the gradient of input `input` comes from (InputGradBuffer): set by the
   // graph, which places every layer's input gradients in one buffer shared by those whose
   // lifetimes in backward do not overlap (Graph::set_share_input_grads). Unset: the layer's own.
+  // `input` kEveryInput: one gradient that every input gets (a residual sum's gated gradient).
   std::function<Tensor(size_t input, const Shape& shape, DType dtype, const std::string& label)>
       input_grad;
   // Where the layer's output buffer, and the buffers only its own backward reads that its forward
@@ -59,6 +60,9 @@ struct SetupOptions {
   // The graph may run this layer's forward again (ForwardContext::recompute) before its backward.
   bool recompute = false;
 };
+
+// SetupOptions::input_grad's `input` for the gradient every input of the layer gets.
+inline constexpr size_t kEveryInput = static_cast<size_t>(-1);
 
 // A layer's buffer (of the largest batch) for the gradient of its input `input`, allocated at
 // Setup. What it holds is read only until the backward of the layer that produced that input

@@ -64,7 +64,10 @@ Shape Add::SetupInputs(const std::vector<Shape>& in, const SetupOptions& opts) {
   }
   out_ =
       OutputBuffer(backend_, opts, out, y_bf16_ ? DType::kBF16 : DType::kF32, label() + " output");
-  grad_buf_ = y_bf16_ ? backend_.Empty(out, DType::kF32, label() + " output gradient") : Tensor();
+  // the gated gradient, which both inputs get (placed with the other input gradients)
+  grad_buf_ = y_bf16_ ? InputGradBuffer(backend_, opts, kEveryInput, out, DType::kF32,
+                                        label() + " input gradient")
+                      : Tensor();
   if (broadcast_ && need_dx_) {
     narrow_buf_ = InputGradBuffer(backend_, opts, 1 - wide_, in[1 - wide_], DType::kF32,
                                   label() + " input gradient");

@@ -43,7 +43,7 @@ class Add final : public Join {
   void BackwardInputsSum(const Tensor& dy_a, const Tensor& dy_b, bool accumulate,
                          std::vector<const Tensor*>* dx) override;
   bool PassesGradient() const override { return !relu_; }
-  // With a bf16 output its gradient has a buffer of its own.
+  // With a bf16 output its gradient has a buffer of its own (an input gradient: GateInto).
   bool GradientInOutput() const override { return relu_ && !y_bf16_; }
   int64_t ActivationBytesPerSample() const override {
     return (y_bf16_ ? 2 + 4 : 4) * per_sample_ + 4 * (broadcast_ && need_dx_ ? rows_ : 0);
@@ -53,7 +53,8 @@ class Add final : public Join {
   // applies a batch norm as it adds (AffineAdd, Backend::WritesBf16Sums): the values they would
   // round it to, without the f32 output and their own staging passes. The ReLU's backward gate
   // then reads the bf16 output (the same sign and zeros, but for an f32 sum below 2^-133, which
-  // rounds to 0), and writes the gradient into a buffer of its own.
+  // rounds to 0), and writes the gradient into a buffer of its own: the one input gradient that
+  // both inputs get, which the graph places with the other input gradients (kEveryInput).
   void OfferBf16OutputToAll(const std::vector<Layer*>& readers) override { readers_ = readers; }
   bool writes_bf16_output() const { return y_bf16_; }  // after Setup
   // The ReLU that alone reads a residual sum (each ResNet block's last): one pass for both.
@@ -81,7 +82,7 @@ class Add final : public Join {
   int64_t rows_ = 0;  // floats per sample of the broadcast input
   bool need_dx_ = true;
   Tensor out_, y_, narrow_buf_, narrow_dx_;
-  Tensor grad_buf_, grad_;  // y_bf16_: the gradient (f32), not over the output
+  Tensor grad_buf_, grad_;  // y_bf16_: the gated gradient (f32), not over the output
 };
 
 // The product of two inputs: of equal shapes, or one (N, C, H, W) and the other (N, C, 1, 1)

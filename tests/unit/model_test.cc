@@ -818,7 +818,12 @@ TEST(Bf16SumOutputTest, BlockOutputsReadByConvolutionsAreBf16) {
     int sums = 0;
     for (size_t i = 0; i < m.net().size(); ++i) {
       const auto* add = dynamic_cast<const Add*>(&m.net().layer(i));
-      sums += add != nullptr && add->writes_bf16_output();
+      if (add == nullptr || !add->writes_bf16_output()) continue;
+      ++sums;
+      // its gated gradient (f32), which both inputs get, lies in the shared input-gradient buffer
+      const Shape& out = m.net().output_shape(i);
+      EXPECT_EQ(m.net().SharedInputGradBytesPerSample(i), 4 * out.numel() / out[0])
+          << m.net().layer(i).label();
     }
     return sums;
   };
