@@ -42,7 +42,8 @@ CpuBackend::CpuBackend()
 CpuBackend::~CpuBackend() = default;
 
 size_t CpuBackend::SharedWorkspaceBytes() const {
-  return impl_->scratchpad.defined() ? impl_->scratchpad.bytes() : 0;
+  return (impl_->scratchpad.defined() ? impl_->scratchpad.bytes() : 0) +
+         (impl_->transient.defined() ? impl_->transient.bytes() : 0);
 }
 
 void CpuBackend::ReleasePlans() {
@@ -51,6 +52,7 @@ void CpuBackend::ReleasePlans() {
   impl_->linear.clear();
   impl_->pool.clear();
   impl_->scratchpad = Tensor();
+  impl_->transient = Tensor();
 }
 
 void CpuBackend::SetCpuFusions(bool on) {

@@ -214,21 +214,23 @@ struct ConvPlan final : WeightedPlan {
   bool winograd = false;   // planned with convolution_winograd (train.winograd)
   bool subsample = false;  // a strided 1x1 convolution run as a stride-1 one
   memory::desc cols_md;    // (N * OH * OW, R * S * C) bf16, row-major
-  Tensor cols;
+  Tensor cols;             // `gemm` (else the weight gradient unfolds into Impl::transient)
   // `gemm`: the tensor the plan's last forward unfolded into cols (null once anything else did)
   mutable const void* cols_x = nullptr;
-  // `gemm`: dcols (cols_md's dims, f32), and dy and the staged OHWI weight as the data GEMM reads
-  // them: (N * OH * OW, K) and (K, R * S * C).
+  // `gemm`: dcols (cols_md's dims, f32, in Impl::transient), and dy and the staged OHWI weight as
+  // the data GEMM reads them: (N * OH * OW, K) and (K, R * S * C).
   memory::desc dcols_md, data_dy_view, data_w_view;
-  Tensor dcols;
-  Tensor dx_sub;  // `subsample`: the input gradient at the pixels the convolution reads (NHWC)
+  // `subsample`: the input gradient at the pixels the convolution reads (NHWC, f32, in
+  // Impl::transient)
+  Shape dx_sub;
 };
-// dx (N, H, W, C, f32) = p.dx_sub at every stride-th pixel of every stride-th row, 0 elsewhere.
-void Spread(const ConvPlan& p, const Tensor& dx);
-// Fills p.cols from x (f32, NHWC).
-void Unfold(const ConvPlan& p, const Tensor& x);
-// dx (N, H, W, C, f32) = the sum of p.dcols' entries of each input pixel: Unfold's transpose.
-void Col2Im(const ConvPlan& p, const Tensor& dx);
+// dx (N, H, W, C, f32) = dx_sub (ConvPlan::dx_sub) at every stride-th pixel of every stride-th
+// row, 0 elsewhere.
+void Spread(const ConvPlan& p, const Tensor& dx_sub, const Tensor& dx);
+// Fills cols (ConvPlan::cols_md) from x (f32 or bf16, NHWC).
+void Unfold(const ConvPlan& p, const Tensor& x, const Tensor& cols);
+// dx (N, H, W, C, f32) = the sum of dcols' entries of each input pixel: Unfold's transpose.
+void Col2Im(const ConvPlan& p, const Tensor& dcols, const Tensor& dx);
 // out (C, K, R, S) = w (K, C, R, S) with K and C swapped and each R x S kernel rotated 180 degrees:
 // the kernel whose forward convolution of dy is w's input gradient (WeightedPlan::data_flip).
 void FlipKernel(const Tensor& w, const Tensor& out);
@@ -288,11 +290,19 @@ struct CpuBackend::Impl {
   // it when they are made; ReleasePlans drops it while layers may still hold plans, so running a
   // primitive reserves it again if it is gone (or too small).
   Tensor scratchpad;
+  // One buffer for what a convolution writes and reads within one pass and never after (ConvPlan:
+  // a strided convolution's unfolded input in its weight gradient, dcols, dx_sub), shared by all
+  // plans and reserved as the scratchpad is: the memory stays warm from one layer to the next
+  // instead of a cold buffer per plan.
+  Tensor transient;
   CpuBackend* owner = nullptr;
   bool winograd = false;          // train.winograd (guarded by mu)
   bool winograd_planned = false;  // a convolution planned by Winograd since it was set (mu)
 
   void Reserve(CpuBackend& be, const memory::desc& md);
+  void ReserveTransient(CpuBackend& be, size_t bytes);
+  // The transient buffer's first bytes as a tensor (reserved again if gone or too small).
+  Tensor Transient(const Shape& shape, DType dtype);
   // A cached conv2d / linear plan handed to one more layer: while the cache and the layers
   // holding it (slot.use_count(), the caller not yet among them) outnumber its staged copies of
   // x, one more, so that every layer's backward finds the input its forward staged.
@@ -403,9 +413,15 @@ struct CpuBackend::Impl {
     if (conv != nullptr && conv->unfold) {
       // the forward's columns when the plan's last forward unfolded this very tensor
       // (FromForward's promise); only a `gemm` plan's forward unfolds
+      if (!conv->gemm) {  // unfolded here, read by the weight-gradient GEMM alone
+        const Tensor cols =
+            Transient(Shape{static_cast<int64_t>(conv->cols_md.get_size() / 2)}, DType::kBF16);
+        Unfold(*conv, x, cols);
+        return memory(conv->cols_md, engine, cols.raw());
+      }
       if (!from_forward || conv->cols_x != x.raw()) {
         conv->cols_x = nullptr;
-        Unfold(*conv, x);
+        Unfold(*conv, x, conv->cols);
       }
       return memory(conv->cols_md, engine, conv->cols.raw());
     }

@@ -99,7 +99,7 @@ std::shared_ptr<OpPlan> CpuBackend::PrepareConv2d(const Conv2dDesc& desc) {
         dnnl::matmul::desc(p->data_dy_view, p->data_w_view, p->dcols_md), attr, eng));
     fwd_pass = {dnnl::primitive(fwd), x_given, w_ohwi, y_user, fwd.scratchpad_desc()};
     data_pass = {dnnl::primitive(data), dy_nhwc, w_ohwi, dx_user, data.scratchpad_desc()};
-    p->dcols = Empty(Shape{rows * taps}, DType::kF32, "conv2d input-gradient columns");
+    impl_->ReserveTransient(*this, p->dcols_md.get_size());
   } else {
     const auto plan = [&](dnnl::algorithm alg, Tag act, Tag fwd_act) {
       const memory::desc x_in(xs, ct, act), y_in(ys, ct, act), x_out(xs, Dt::f32, act),
@@ -194,16 +194,21 @@ std::shared_ptr<OpPlan> CpuBackend::PrepareConv2d(const Conv2dDesc& desc) {
         dnnl::matmul::desc(p->w_dy_view, p->cols_md, p->w_dw_view), attr, eng));
     weights_pass = {dnnl::primitive(mm), x_given, memory::desc(ys, Dt::bf16, Tag::bacd),
                     memory::desc(ws, Dt::f32, Tag::acdb), mm.scratchpad_desc()};
-    p->cols = Empty(Shape{rows * taps}, DType::kBF16, "conv2d unfolded input");
+    if (p->gemm) {  // the forward's columns, read again by the weight gradient
+      p->cols = Empty(Shape{rows * taps}, DType::kBF16, "conv2d unfolded input");
+    } else {
+      impl_->ReserveTransient(*this, p->cols_md.get_size());
+    }
   }
   const memory::desc dy_user(ys, d.dy_bf16 ? Dt::bf16 : Dt::f32, d.y_nhwc ? Tag::nhwc : Tag::nchw);
   impl_->Finish(*this, p.get(), "conv2d", d.precision == Precision::kF16, fwd_pass, data_pass,
                 weights_pass, x_given, dx_user, w_user, y_user, dy_user,
                 Shape{d.k, d.group_c(), d.r, d.s});
-  if (p->subsample) p->dx_sub = Empty(Shape{d.n, d.c, d.h, d.w}, DType::kF32, "conv2d strided dx");
-  p->held_bytes += (p->cols.defined() ? p->cols.bytes() : 0) +
-                   (p->dx_sub.defined() ? p->dx_sub.bytes() : 0) +
-                   (p->dcols.defined() ? p->dcols.bytes() : 0);
+  if (p->subsample) {
+    p->dx_sub = Shape{d.n, d.c, d.h, d.w};
+    impl_->ReserveTransient(*this, static_cast<size_t>(p->dx_sub.numel()) * sizeof(float));
+  }
+  p->held_bytes += p->cols.defined() ? p->cols.bytes() : 0;
   slot = p;
   return p;
 }
@@ -292,12 +297,14 @@ bool CpuBackend::PlannedSubsample(const OpPlan& plan) {
   return p != nullptr && p->subsample;
 }
 
-void Spread(const ConvPlan& p, const Tensor& dx) {
+void Spread(const ConvPlan& p, const Tensor& dx_sub, const Tensor& dx) {
   const Conv2dDesc& d = p.d;
   DPT_CHECK(dx.dtype() == DType::kF32 && dx.numel() == d.n * d.c * d.h * d.w)
       << "conv2d dx " << dx.shape().ToString() << " for " << d.ToString();
   const int64_t s = d.stride, oh = d.out_h(), ow = d.out_w(), c = d.c;
-  const float* in = p.dx_sub.data<float>();
+  DPT_CHECK(dx_sub.dtype() == DType::kF32 && dx_sub.numel() == d.n * oh * ow * c)
+      << "conv2d strided dx for " << d.ToString();
+  const float* in = dx_sub.data<float>();
   float* out = dx.data<float>();
 #pragma omp parallel for if (dx.numel() > kParallelMin)
   for (int64_t row = 0; row < d.n * d.h; ++row) {
@@ -339,12 +346,14 @@ void CheckX(const Conv2dDesc& d, const Tensor& x) {
 }
 }  // namespace
 
-void Col2Im(const ConvPlan& p, const Tensor& dx) {
+void Col2Im(const ConvPlan& p, const Tensor& dcols, const Tensor& dx) {
   const Conv2dDesc& d = p.d;
   DPT_CHECK(d.x_nhwc && dx.dtype() == DType::kF32 && dx.numel() == d.n * d.c * d.h * d.w)
       << "conv2d dx " << dx.shape().ToString() << " for " << d.ToString();
   const int64_t oh = d.out_h(), ow = d.out_w(), c = d.c, taps = d.r * d.s * d.c;
-  const float* cols = p.dcols.data<float>();
+  DPT_CHECK(dcols.dtype() == DType::kF32 && dcols.numel() == d.n * oh * ow * taps)
+      << "conv2d input-gradient columns for " << d.ToString();
+  const float* cols = dcols.data<float>();
   float* out = dx.data<float>();
   // Each input pixel gathers the entries of the windows holding it, in (r, s) order: the same
   // sum on any thread count.
@@ -370,14 +379,16 @@ void Col2Im(const ConvPlan& p, const Tensor& dx) {
   }
 }
 
-void Unfold(const ConvPlan& p, const Tensor& x) {
+void Unfold(const ConvPlan& p, const Tensor& x, const Tensor& cols_t) {
   const Conv2dDesc& d = p.d;
   CheckX(d, x);
   DPT_CHECK(d.x_nhwc) << "unfolded " << d.ToString();
   const float* in = d.x_bf16 ? nullptr : x.data<float>();
   const auto* in16 = d.x_bf16 ? static_cast<const uint16_t*>(x.raw()) : nullptr;
-  auto* cols = static_cast<uint16_t*>(p.cols.raw());
   const int64_t oh = d.out_h(), ow = d.out_w(), rows = d.n * oh * ow, taps = d.r * d.s * d.c;
+  DPT_CHECK(cols_t.dtype() == DType::kBF16 && cols_t.numel() == rows * taps)
+      << "conv2d unfolded input for " << d.ToString();
+  auto* cols = static_cast<uint16_t*>(cols_t.raw());
 #pragma omp parallel for if (rows * taps > kParallelMin)
   for (int64_t row = 0; row < rows; ++row) {
     const int64_t n = row / (oh * ow), i = row / ow % oh, j = row % ow;

@@ -152,6 +152,18 @@ void CpuBackend::Impl::Reserve(CpuBackend& be, const memory::desc& md) {
   }
 }
 
+void CpuBackend::Impl::ReserveTransient(CpuBackend& be, size_t bytes) {
+  if (!transient.defined() || transient.bytes() < bytes) {
+    transient = be.Empty(Shape{static_cast<int64_t>(std::max<size_t>(bytes, 1))}, DType::kU8,
+                         "conv2d transient buffer");
+  }
+}
+
+Tensor CpuBackend::Impl::Transient(const Shape& shape, DType dtype) {
+  ReserveTransient(*owner, static_cast<size_t>(shape.numel()) * SizeOf(dtype));
+  return transient.View(shape, dtype, 0);
+}
+
 void CpuBackend::Impl::Forward(const WeightedPlan& p, const Tensor& x, const Tensor& w,
                                const Tensor* b, Tensor* y) {
   memory w_in = p.f_w.In(engine, stream, w);
@@ -162,7 +174,7 @@ void CpuBackend::Impl::Forward(const WeightedPlan& p, const Tensor& x, const Ten
   memory x_in;
   if (conv != nullptr && conv->gemm) {
     conv->cols_x = nullptr;  // until unfolded: a failure leaves nothing to reuse
-    Unfold(*conv, x);
+    Unfold(*conv, x, conv->cols);
     conv->cols_x = x.raw();
     x_in = memory(conv->cols_md, engine, conv->cols.raw());
   } else {
@@ -184,23 +196,25 @@ void CpuBackend::Impl::BackwardData(const WeightedPlan& p, const memory& dy_in, 
   const bool forward = p.matmul || p.data_flip;
   const auto* conv = dynamic_cast<const ConvPlan*>(&p);
   if (conv != nullptr && conv->gemm) {  // dcols = dy W, then summed into dx
+    const Tensor dcols =
+        Transient(Shape{static_cast<int64_t>(conv->dcols_md.get_size() / 4)}, DType::kF32);
     DPT_DNNL(p.bwd_data.execute(
         stream, {{DNNL_ARG_SRC, memory(conv->data_dy_view, engine, dy_in.get_data_handle())},
                  {DNNL_ARG_WEIGHTS, memory(conv->data_w_view, engine, w_in.get_data_handle())},
-                 {DNNL_ARG_DST, memory(conv->dcols_md, engine, conv->dcols.raw())},
+                 {DNNL_ARG_DST, memory(conv->dcols_md, engine, dcols.raw())},
                  {DNNL_ARG_SCRATCHPAD, Scratch(p.data_scratch)}}));
-    Col2Im(*conv, *dx);
+    Col2Im(*conv, dcols, *dx);
     return;
   }
   const bool sub = conv != nullptr && conv->subsample;
-  const Tensor& out = sub ? conv->dx_sub : *dx;
+  const Tensor out = sub ? Transient(conv->dx_sub, DType::kF32) : *dx;
   DPT_DNNL(p.bwd_data.execute(
       stream, {{forward ? DNNL_ARG_SRC : DNNL_ARG_DIFF_DST, dy_in},
                {DNNL_ARG_WEIGHTS, w_in},
                {forward ? DNNL_ARG_DST : DNNL_ARG_DIFF_SRC, p.d_dx.OutMem(engine, out)},
                {DNNL_ARG_SCRATCHPAD, Scratch(p.data_scratch)}}));
   p.d_dx.Out(engine, stream, out);
-  if (sub) Spread(*conv, *dx);
+  if (sub) Spread(*conv, out, *dx);
 }
 
 namespace {

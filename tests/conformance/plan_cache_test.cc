@@ -168,6 +168,79 @@ TEST_P(PlanCacheTest, ASharedGemmPlanUnfoldsEachHoldersInput) {
 
 // Supports answers honestly: empty or impossible shapes are refused (and Prepare* throws
 // UnsupportedError for them rather than handing a broken plan to a layer).
+// What a CPU convolution writes and reads within one pass only (a strided convolution's unfolded
+// input in its weight gradient, the GEMM plans' input-gradient columns, the subsampled plans'
+// strided dx) lives in one buffer all plans share: another plan's whole step between a plan's
+// forward and backward leaves that backward's gradients as they are without it.
+TEST_P(PlanCacheTest, PlansShareTheirOnePassBuffers) {
+  Backend& be = backend();
+  Conv2dDesc strided = SomeConv();  // unfolded weight gradient (64 x 288 weights), not a GEMM plan
+  strided.n = 2, strided.c = 32, strided.h = strided.w = 12, strided.k = 64, strided.stride = 2;
+  Conv2dDesc gemm = SomeConv();  // at most 16 output pixels: all three passes GEMMs
+  gemm.n = 3, gemm.c = 5, gemm.h = 4, gemm.w = 3, gemm.k = 4;
+  Conv2dDesc sub = SomeConv();  // 1x1 stride 2: run on the pixels it reads
+  sub.n = 2, sub.c = 16, sub.h = sub.w = 12, sub.k = 24, sub.r = sub.s = 1, sub.stride = 2;
+  sub.pad = 0;
+  std::vector<Conv2dDesc> descs{strided, gemm, sub};
+  for (Conv2dDesc& d : descs) {
+    d.precision = Precision::kBF16;
+    d.x_nhwc = d.y_nhwc = true;
+    if (be.device() != Device::kCpu || !be.Supports(d)) {
+      GTEST_SKIP() << be.name() << ": no bf16 channels-last convolution on the host";
+    }
+  }
+  ASSERT_TRUE(cpu::CpuBackend::UnfoldsWeightGradient(descs[0]));
+  be.ReleasePlans();
+  std::vector<std::shared_ptr<OpPlan>> plans(descs.size());
+  for (size_t j = 0; j < descs.size(); ++j) plans[j] = be.PrepareConv2d(descs[j]);
+  ASSERT_FALSE(cpu::CpuBackend::PlannedGemm(*plans[0]));
+  ASSERT_TRUE(cpu::CpuBackend::PlannedGemm(*plans[1]));
+  ASSERT_TRUE(cpu::CpuBackend::PlannedSubsample(*plans[2]));
+  // Each plan's operands (fixed random values) and results.
+  struct Operands {
+    Tensor x, w, dy, bias, y, dx, dw, db;
+  };
+  std::vector<Operands> ops;
+  ops.reserve(descs.size());
+  for (size_t j = 0; j < descs.size(); ++j) {
+    const Conv2dDesc& d = descs[j];
+    const Shape xs{d.n, d.c, d.h, d.w}, ws{d.k, d.c, d.r, d.s}, ys{d.n, d.k, d.out_h(), d.out_w()};
+    const auto seed = static_cast<uint32_t>(10 * j);
+    ops.push_back({ToDevice(be, RandomUniform(xs.numel(), seed + 1), xs),
+                   ToDevice(be, RandomUniform(ws.numel(), seed + 2), ws),
+                   ToDevice(be, RandomUniform(ys.numel(), seed + 3), ys),
+                   be.Zeros({d.k}, DType::kF32, "b"), be.Empty(ys, DType::kF32, "y"),
+                   be.Empty(xs, DType::kF32, "dx"), be.Empty(ws, DType::kF32, "dw"),
+                   be.Empty({d.k}, DType::kF32, "db")});
+  }
+  const auto forward = [&](size_t j) {
+    Operands& o = ops[j];
+    be.Conv2dForward(*plans[j], o.x, o.w, &o.bias, &o.y);
+  };
+  const auto backward = [&](size_t j) {
+    Operands& o = ops[j];
+    be.Conv2dBackward(*plans[j], o.x, o.dy, o.w, &o.dx, &o.dw, &o.db, false);
+  };
+  // plan i's forward, then (with `between`) every other plan's forward and backward, then plan
+  // i's backward: plan i's output and gradients
+  const auto step = [&](size_t i, bool between) {
+    forward(i);
+    for (size_t j = 0; between && j < descs.size(); ++j) {
+      if (j == i) continue;
+      forward(j);
+      backward(j);
+    }
+    backward(i);
+    const Operands& o = ops[i];
+    return std::vector<std::vector<float>>{ToHost(be, o.y), ToHost(be, o.dx), ToHost(be, o.dw),
+                                           ToHost(be, o.db)};
+  };
+  for (size_t i = 0; i < descs.size(); ++i) {
+    SCOPED_TRACE(descs[i].ToString());
+    EXPECT_EQ(step(i, true), step(i, false));
+  }
+}
+
 TEST_P(PlanCacheTest, RefusesImpossibleShapes) {
   Backend& be = backend();
   Conv2dDesc conv = SomeConv();
