@@ -166,8 +166,6 @@ TEST_P(PlanCacheTest, ASharedGemmPlanUnfoldsEachHoldersInput) {
   ExpectOwnGradients(be, d, *a, *b);
 }
 
-// Supports answers honestly: empty or impossible shapes are refused (and Prepare* throws
-// UnsupportedError for them rather than handing a broken plan to a layer).
 // What a CPU convolution writes and reads within one pass only (a strided convolution's unfolded
 // input in its weight gradient, the GEMM plans' input-gradient columns, the subsampled plans'
 // strided dx) lives in one buffer all plans share: another plan's whole step between a plan's
@@ -241,6 +239,8 @@ TEST_P(PlanCacheTest, PlansShareTheirOnePassBuffers) {
   }
 }
 
+// Supports answers honestly: empty or impossible shapes are refused (and Prepare* throws
+// UnsupportedError for them rather than handing a broken plan to a layer).
 TEST_P(PlanCacheTest, RefusesImpossibleShapes) {
   Backend& be = backend();
   Conv2dDesc conv = SomeConv();
