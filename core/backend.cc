@@ -57,7 +57,7 @@ void Backend::ConvPoolBackward(const ConvPoolDesc& d, const Tensor& /*x*/, const
 }
 
 void Backend::ReluBackwardSum(const Tensor& /*y*/, const Tensor& /*dy_a*/, const Tensor& /*dy_b*/,
-                              Tensor* /*dx*/) {
+                              int64_t /*b_stride*/, Tensor* /*dx*/) {
   DPT_THROW(InternalError) << name() << ": no ReLU backward of a gradient in two parts";
 }
 
@@ -204,6 +204,7 @@ std::string Conv2dDesc::ToString() const {
   if (dy_bf16) os << " dy=bf16";
   if (x_bf16) os << " x=bf16";
   if (y_bf16) os << " y=bf16";
+  if (dx_sub) os << " dx=sampled";
   return os.str();
 }
 

@@ -62,6 +62,12 @@ struct Conv2dDesc {
   // convolution's y and as PyTorch's autocast hands a bf16 convolution's output to its batch
   // norm. Not with a folded ReLU. Backends that write it say so (Backend::Supports).
   bool y_bf16 = false;
+  // The backward writes dx at the pixels a 1x1 convolution with stride above 1 reads only: dx is
+  // (N, C, out_h, out_w), channels-last, and the input gradient is that at every stride-th pixel
+  // of every stride-th row, zero elsewhere. For the residual sum that adds it as it reads it
+  // (ReluBackwardSum's b_stride), so neither writes nor reads the zeros: a ResNet's strided
+  // shortcut. Backends that write it say so (Backend::Supports).
+  bool dx_sub = false;
   int64_t out_h() const { return (h + 2 * pad - dilation * (r - 1) - 1) / stride + 1; }
   int64_t out_w() const { return (w + 2 * pad - dilation * (s - 1) - 1) / stride + 1; }
   int64_t group_c() const { return c / groups; }  // input channels each output channel sees
@@ -436,8 +442,12 @@ class Backend {
   // Add(dy_a, dy_b) then the one-part op. Backends without them answer no (the graph sums).
   virtual bool TakesGradientParts() const { return false; }
   // ReluBackward of dy_a + dy_b. dx may be y (written in place). y may be bf16 where
-  // WritesBf16Sums says so, for both (dx then f32, not y).
-  virtual void ReluBackwardSum(const Tensor& y, const Tensor& dy_a, const Tensor& dy_b, Tensor* dx);
+  // WritesBf16Sums says so, for both (dx then f32, not y). With b_stride above 1, y and dy_a are
+  // channels-last and dy_b is a strided 1x1 convolution's input gradient at the pixels it reads
+  // (Conv2dDesc::dx_sub): (N, C, H / b_stride, W / b_stride), zero everywhere else, where dy_a
+  // is still added to that 0 (the same bits as summing the whole gradient).
+  virtual void ReluBackwardSum(const Tensor& y, const Tensor& dy_a, const Tensor& dy_b,
+                               int64_t b_stride, Tensor* dx);
   // BatchNormBackward of dy_a + dy_b; channels-last (BatchNormArgs::nhwc) only.
   virtual void BatchNormBackwardSum(const BatchNormArgs& a, const Tensor& x, const Tensor& dy_a,
                                     const Tensor& dy_b, const Tensor* relu_y, const Tensor& gamma,

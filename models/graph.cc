@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <utility>
 
 #include "core/error.h"
 #include "core/memory/caching_allocator.h"
@@ -255,13 +256,30 @@ void Graph::SetupNodes(const Shape& in, const SetupOptions& opts, size_t* failed
         return t;
       };
     }
+    // A strided shortcut may hand its input gradient sampled to the sum that adds it as it reads
+    // it (one reader of the input's two).
+    Node* from = n.inputs.size() == 1 && n.inputs[0] != kInput
+                     ? &nodes_[static_cast<size_t>(n.inputs[0])]
+                     : nullptr;
+    o.sampled_input_grad = from != nullptr && from->sums_sampled && from->sampled_reader == kNoNode;
     // Out-of-memory reports name the node whose buffers were being allocated.
     const AllocationScope scope(what);
     *failed = i;
     n.shape = n.layer->SetupInputs(shapes, o);
     n.grad_sum = Tensor();
-    n.sums_parts =
-        sum_gradient_parts_ && n.readers == 2 && i + 1 < nodes_.size() && SumsPartsFrom(i);
+    size_t summed_at = 0;
+    n.sums_parts = sum_gradient_parts_ && n.readers == 2 && i + 1 < nodes_.size() &&
+                   SumsPartsFrom(i, &summed_at);
+    n.sums_sampled = n.sums_parts && nodes_[summed_at].layer->SumsSampledPart();
+    n.sampled_reader = kNoNode;  // its readers, set up next, may take it
+    n.sampled_stride = 1;
+    const int64_t stride = n.layer->InputGradStride();
+    if (stride != 1) {
+      DPT_CHECK(o.sampled_input_grad)
+          << "layer '" << what << "' hands its input gradient sampled without the graph's offer";
+      from->sampled_reader = i;
+      from->sampled_stride = stride;
+    }
     n.grad_sum_shared = n.readers > 1 && !n.sums_parts && share_input_grads_;
     if (n.grad_sum_shared) {  // placed with the input gradients
       n.grad_sum = UnboundTensor(n.shape, DType::kF32, what + " gradient sum");
@@ -271,7 +289,7 @@ void Graph::SetupNodes(const Shape& in, const SetupOptions& opts, size_t* failed
   }
 }
 
-bool Graph::SumsPartsFrom(size_t i) const {
+bool Graph::SumsPartsFrom(size_t i, size_t* at) const {
   size_t k = i;
   while (nodes_[k].layer->PassesGradientAsIs()) {
     // The memory plans keep a passed gradient alive through the layers that say PassesGradient.
@@ -282,6 +300,7 @@ bool Graph::SumsPartsFrom(size_t i) const {
     k = static_cast<size_t>(in[0]);
     if (nodes_[k].readers != 1) return false;
   }
+  *at = k;
   return nodes_[k].layer->SumsGradientParts();
 }
 
@@ -551,24 +570,29 @@ void Graph::Recompute(size_t last) {
 }
 
 void Graph::StartBackward(const Tensor& dy) {
-  for (auto& n : nodes_) n.grad = n.grad2 = nullptr;
+  for (auto& n : nodes_) {
+    n.grad = n.grad2 = nullptr;
+    n.grad_stride = n.grad2_stride = 1;
+  }
   nodes_.back().grad = &dy;
 }
 
 void Graph::BackwardNode(size_t i, bool accumulate) {
   Node& n = nodes_[i];
   DPT_CHECK(n.grad != nullptr) << "graph node " << i << " has no gradient";
+  DPT_CHECK(n.grad_stride == 1) << "graph node " << i << " has only a sampled gradient part";
   if (n.grad2 != nullptr && n.layer->PassesGradientAsIs()) {
     // Both parts go on as they are to the one input (SumsPartsFrom), its only reader this node.
     Node& p = nodes_[static_cast<size_t>(n.inputs[0])];
     DPT_CHECK(p.grad == nullptr) << "graph node " << i << " hands on a gradient in two parts";
     p.grad = n.grad;
     p.grad2 = n.grad2;
+    p.grad2_stride = n.grad2_stride;
     return;
   }
   backend_.SetProfileNode(&n.label);
   if (n.grad2 != nullptr) {
-    n.layer->BackwardInputsSum(*n.grad, *n.grad2, accumulate, &dxs_);
+    n.layer->BackwardInputsSum(*n.grad, *n.grad2, n.grad2_stride, accumulate, &dxs_);
   } else {
     n.layer->BackwardInputs(*n.grad, accumulate, &dxs_);
   }
@@ -595,22 +619,32 @@ void Graph::BackwardNode(size_t i, bool accumulate) {
                                << " in an activation buffer not planned for it ('" << b->label()
                                << "')";
     }
-    AddGradient(n.inputs[k], *dxs_[k]);
+    const size_t j = static_cast<size_t>(n.inputs[k]);
+    AddGradient(n.inputs[k], *dxs_[k],
+                nodes_[j].sampled_reader == i ? nodes_[j].sampled_stride : 1);
   }
   backend_.SetProfileNode(nullptr);
 }
 
-void Graph::AddGradient(int j, const Tensor& g) {
+void Graph::AddGradient(int j, const Tensor& g, int64_t stride) {
   Node& n = nodes_[static_cast<size_t>(j)];
   if (n.grad == nullptr) {  // the first (often the only) reader: use its tensor as it is
     n.grad = &g;
+    n.grad_stride = stride;
     return;
   }
   if (n.sums_parts) {  // the second of two: summed by the backward that reads them
     DPT_CHECK(n.grad2 == nullptr) << "graph node " << j << ": a third gradient part";
+    DPT_CHECK(stride == 1 || n.grad_stride == 1) << "graph node " << j << ": two sampled parts";
     n.grad2 = &g;
+    n.grad2_stride = stride;
+    if (n.grad_stride != 1) {  // the sampled part second (a sum of two floats is either way)
+      std::swap(n.grad, n.grad2);
+      std::swap(n.grad_stride, n.grad2_stride);
+    }
     return;
   }
+  DPT_CHECK(stride == 1) << "graph node " << j << ": a sampled gradient to sum into a buffer";
   // Readers run last to first, so the sum is taken in that order (fixed: bitwise reproducible).
   if (n.grad != &n.grad_view) {
     n.grad_view = n.grad_sum.Batch(g.shape()[0]);

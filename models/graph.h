@@ -156,6 +156,14 @@ class Graph {
     // no grad_sum; the second reader's gradient waits in grad2 instead.
     bool sums_parts = false;
     const Tensor* grad2 = nullptr;
+    // With sums_parts, where the backward that sums the parts takes a sampled one
+    // (Layer::SumsSampledPart): the reader that hands its gradient so (Layer::InputGradStride),
+    // or kNoNode, and its stride. In a running backward, each part's stride (1: the whole
+    // gradient); once both are in, the sampled one is grad2.
+    bool sums_sampled = false;
+    size_t sampled_reader = kNoNode;
+    int64_t sampled_stride = 1;
+    int64_t grad_stride = 1, grad2_stride = 1;
     int64_t shared_grad_bytes = 0;  // of its input gradients, in the shared buffer (max batch)
     std::vector<const Buffer*> input_slots;  // the shared buffer planned per input, or null
     int64_t shared_out_bytes = 0;      // of its output and saved buffers, in the recompute buffer
@@ -168,6 +176,7 @@ class Graph {
     std::weak_ptr<Buffer> buffer;
   };
   static constexpr size_t kNoRecompute = static_cast<size_t>(-1);
+  static constexpr size_t kNoNode = static_cast<size_t>(-1);
   // An input-gradient buffer asked for at Setup (SetupOptions::input_grad), placed once all are
   // known. Weak: a buffer its layer let go of takes no room.
   struct GradSlot {
@@ -180,7 +189,8 @@ class Graph {
   void SetupNodes(const Shape& in, const SetupOptions& opts, size_t* failed);
   // Whether the gradient of node i's output may stay in two parts (Node::sums_parts): the first
   // layer from node i down through layers that pass a gradient as it is sums them as it reads.
-  bool SumsPartsFrom(size_t i) const;
+  // *at: that layer's node.
+  bool SumsPartsFrom(size_t i, size_t* at) const;
   // Places the input-gradient buffers asked for at Setup in one allocation (batch: the largest).
   void PlaceInputGrads(int64_t batch);
   // Cuts the graph into recompute segments and places the outputs and saved buffers asked for at
@@ -194,7 +204,8 @@ class Graph {
   void StartBackward(const Tensor& dy);
   void BackwardNode(size_t i, bool accumulate);
   // Adds `g` to the gradient of node j's output (the first contribution is used as it is).
-  void AddGradient(int j, const Tensor& g);
+  // stride: g's when it is a sampled part (Node::sampled_reader's), else 1.
+  void AddGradient(int j, const Tensor& g, int64_t stride);
 
   Backend& backend_;
   std::vector<Node> nodes_;

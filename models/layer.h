@@ -59,6 +59,9 @@ struct SetupOptions {
       forward_buffer;
   // The graph may run this layer's forward again (ForwardContext::recompute) before its backward.
   bool recompute = false;
+  // The gradient of input 0 may be returned sampled (Layer::InputGradStride): the backward that
+  // sums it with the input's other reader's gradient takes it so (Layer::SumsSampledPart).
+  bool sampled_input_grad = false;
 };
 
 // SetupOptions::input_grad's `input` for the gradient every input of the layer gets.
@@ -202,10 +205,21 @@ class Layer {
   // after Setup. The graph then hands it the two gradients of an output that two nodes read
   // (through layers that pass a gradient as it is) instead of summing them into a buffer first.
   virtual bool SumsGradientParts() const { return false; }
+  // Whether BackwardInputsSum also takes, as its second part, an input gradient sampled at a
+  // stride (InputGradStride): the graph then offers the part's layer to hand it so
+  // (SetupOptions::sampled_input_grad).
+  virtual bool SumsSampledPart() const { return false; }
+  // Valid after Setup: s above 1 when the gradient of input 0 that Backward returns holds only
+  // every s-th pixel of every s-th row of that input, channels-last, (N, C, H / s, W / s), the
+  // rest being zero (a strided 1x1 convolution's: Conv2dDesc::dx_sub). Only where the graph
+  // offered it (SetupOptions::sampled_input_grad); else 1.
+  virtual int64_t InputGradStride() const { return 1; }
   // BackwardInputs with dy = dy_a + dy_b, the same bits as Backend::Add(dy_a, dy_b) then
   // BackwardInputs. Only where SumsGradientParts says so.
+  // dy_b may be sampled at b_stride above 1 where SumsSampledPart says so.
   virtual void BackwardInputsSum(const Tensor& /*dy_a*/, const Tensor& /*dy_b*/,
-                                 bool /*accumulate*/, std::vector<const Tensor*>* /*dx*/) {
+                                 int64_t /*b_stride*/, bool /*accumulate*/,
+                                 std::vector<const Tensor*>* /*dx*/) {
     DPT_THROW(InternalError) << "layer '" << label() << "' takes no gradient in two parts";
   }
   // Whether Forward may return its input (or a view of it) as its output (a folded ReLU, a flatten

@@ -117,7 +117,7 @@ bool CpuBackend::Supports(const Conv2dDesc& d) const {
   return d.Valid() && PrecisionOk(d.precision) &&
          ((!d.dy_bf16 && !d.x_bf16 && !d.y_bf16) ||
           (d.precision == Precision::kBF16 && fusions_)) &&
-         (!d.y_bf16 || (!d.relu && d.y_nhwc));
+         (!d.y_bf16 || (!d.relu && d.y_nhwc)) && (!d.dx_sub || PlansSubsample(d));
 }
 bool CpuBackend::Supports(const LinearDesc& d) const {
   return d.n > 0 && d.in > 0 && d.out > 0 && PrecisionOk(d.precision);

@@ -125,7 +125,7 @@ class CpuBackend final : public Backend {
   bool WritesBf16Sums() const override { return fusions_; }
   void AffineAdd(const Tensor& x0, const Tensor* affine0, const Tensor& x1, const Tensor* affine1,
                  bool relu, Tensor* y) override;
-  void ReluBackwardSum(const Tensor& y, const Tensor& dy_a, const Tensor& dy_b,
+  void ReluBackwardSum(const Tensor& y, const Tensor& dy_a, const Tensor& dy_b, int64_t b_stride,
                        Tensor* dx) override;
   void ActivationForward(const ew::Activation& f, const Tensor& x, Tensor* y) override;
   void ActivationBackward(const ew::Activation& f, const Tensor& x, const Tensor& y,
@@ -180,6 +180,11 @@ class CpuBackend final : public Backend {
 
  private:
   struct Impl;  // oneDNN engine, stream and the plan caches
+  // Whether PrepareConv2d plans d as a GEMM over the unfolded input (ConvPlan::gemm), and as the
+  // stride-1 convolution of the subsampled input (ConvPlan::subsample), the one way it writes a
+  // sampled input gradient (Conv2dDesc::dx_sub).
+  bool PlansGemm(const Conv2dDesc& d) const;
+  bool PlansSubsample(const Conv2dDesc& d) const;
   // Conv2dBackward and LinearBackward: both passes of a conv2d / linear plan, timed as the ops
   // `weights_op` and `data_op` (the profile's rows) with `flops` each.
   void WeightedBackward(const OpPlan& plan, double flops, const char* weights_op,

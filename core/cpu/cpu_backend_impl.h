@@ -269,7 +269,7 @@ struct PoolPlan final : OpPlan {
 inline auto ConvKey(const Conv2dDesc& d) {
   return std::make_tuple(d.n, d.c, d.h, d.w, d.k, d.r, d.s, d.stride, d.pad, d.bias,
                          static_cast<int>(d.precision), d.groups, d.dilation, d.relu, d.x_nhwc,
-                         d.y_nhwc, d.dy_bf16, d.x_bf16, d.y_bf16);
+                         d.y_nhwc, d.dy_bf16, d.x_bf16, d.y_bf16, d.dx_sub);
 }
 inline auto LinearKey(const LinearDesc& d) {
   return std::make_tuple(d.n, d.in, d.out, d.bias, static_cast<int>(d.precision));

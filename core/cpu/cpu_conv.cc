@@ -25,8 +25,8 @@ std::shared_ptr<OpPlan> CpuBackend::PrepareConv2d(const Conv2dDesc& desc) {
   p->d = desc;
   p->bias = desc.bias;
   p->unfold = UnfoldsWeightGradient(desc);
-  p->gemm = p->unfold && fusions_ && desc.out_h() * desc.out_w() <= 16;
-  p->subsample = !p->gemm && fusions_ && SubsamplesInput(desc);
+  p->gemm = PlansGemm(desc);
+  p->subsample = PlansSubsample(desc);
   // The convolution the primitives run: with `subsample`, the stride-1 1x1 one over x's every
   // stride-th pixel of every stride-th row (the staging of x picks them out, ConvPlan).
   Conv2dDesc d = desc;
@@ -204,7 +204,7 @@ std::shared_ptr<OpPlan> CpuBackend::PrepareConv2d(const Conv2dDesc& desc) {
   impl_->Finish(*this, p.get(), "conv2d", d.precision == Precision::kF16, fwd_pass, data_pass,
                 weights_pass, x_given, dx_user, w_user, y_user, dy_user,
                 Shape{d.k, d.group_c(), d.r, d.s});
-  if (p->subsample) {
+  if (p->subsample && !desc.dx_sub) {  // else the caller's dx is dx_sub
     p->dx_sub = Shape{d.n, d.c, d.h, d.w};
     impl_->ReserveTransient(*this, static_cast<size_t>(p->dx_sub.numel()) * sizeof(float));
   }
@@ -285,6 +285,14 @@ bool CpuBackend::SubsamplesInput(const Conv2dDesc& d) {
   // would run past the image (it checks OH * stride rows against the image's stride).
   return d.precision == Precision::kBF16 && d.r == 1 && d.s == 1 && d.pad == 0 && d.stride > 1 &&
          d.h % d.stride == 0 && d.w % d.stride == 0 && d.x_nhwc && d.y_nhwc;
+}
+
+bool CpuBackend::PlansGemm(const Conv2dDesc& d) const {
+  return fusions_ && UnfoldsWeightGradient(d) && d.out_h() * d.out_w() <= 16;
+}
+
+bool CpuBackend::PlansSubsample(const Conv2dDesc& d) const {
+  return fusions_ && !PlansGemm(d) && SubsamplesInput(d);
 }
 
 bool CpuBackend::PlannedGemm(const OpPlan& plan) {
@@ -426,6 +434,14 @@ void CheckDy(const Conv2dDesc& d, const Tensor& dy) {
   DPT_CHECK(dy.dtype() == (d.dy_bf16 ? DType::kBF16 : DType::kF32))
       << "conv2d dy: " << DTypeName(dy.dtype()) << " for " << d.ToString();
 }
+// dx: f32, (N, C, H, W), or (N, C, OH, OW) with Conv2dDesc::dx_sub; null for no input gradient.
+void CheckDx(const Conv2dDesc& d, const Tensor* dx) {
+  if (dx == nullptr) return;
+  const int64_t pixels = d.dx_sub ? d.out_h() * d.out_w() : d.h * d.w;
+  DPT_CHECK(dx->dtype() == DType::kF32 && dx->numel() == d.n * d.c * pixels)
+      << "conv2d dx: " << DTypeName(dx->dtype()) << " " << dx->shape().ToString() << " for "
+      << d.ToString();
+}
 }  // namespace
 
 void CpuBackend::Conv2dBackwardData(const OpPlan& plan, const Tensor& dy, const Tensor& w,
@@ -433,6 +449,7 @@ void CpuBackend::Conv2dBackwardData(const OpPlan& plan, const Tensor& dy, const 
   OpScope scope(this, "conv2d_bwd_data");
   const auto& p = static_cast<const ConvPlan&>(plan);
   CheckDy(p.d, dy);
+  CheckDx(p.d, dx);
   scope.set_flops(p.d.flops());
   impl_->BackwardData(p, dy, w, dx);
 }
@@ -453,6 +470,7 @@ void CpuBackend::Conv2dBackward(const OpPlan& plan, const Tensor& x, const Tenso
   const auto& p = static_cast<const ConvPlan&>(plan);
   CheckX(p.d, x);
   CheckDy(p.d, dy);
+  CheckDx(p.d, dx);
   WeightedBackward(plan, p.d.flops(), "conv2d_bwd_weights", "conv2d_bwd_data", x, dy, w, dx, dw, db,
                    accumulate);
 }

@@ -60,6 +60,69 @@ DPT_SIMD_CLONES void ReluGradLoop(const uint16_t* y, const float* a, const float
   }
 }
 
+DPT_CLONE_INLINE float GateValue(float y) { return y; }
+DPT_CLONE_INLINE float GateValue(uint16_t y) { return ew::Bf16ToFloat(y); }
+
+// One channels-last image row (w pixels of c channels) of ReluBackwardSum with b sampled at
+// stride s (Conv2dDesc::dx_sub): b holds the row's every s-th pixel, or is null for a row between
+// sampled ones. Where b holds nothing, a is added to 0, as to the zeros of the whole gradient.
+template <class Y>
+DPT_CLONE_INLINE void ReluGradSampledRowBody(const Y* y, const float* a, const float* b, float* dx,
+                                             int64_t w, int64_t c, int64_t s) {
+  if (b == nullptr) {
+#pragma omp simd
+    for (int64_t i = 0; i < w * c; ++i) dx[i] = ew::ReluGrad(GateValue(y[i]), a[i] + 0.f);
+    return;
+  }
+  for (int64_t p = 0; p < w; ++p, y += c, a += c, dx += c) {
+    if (p % s == 0) {
+      const float* bp = b + p / s * c;
+#pragma omp simd
+      for (int64_t i = 0; i < c; ++i) dx[i] = ew::ReluGrad(GateValue(y[i]), a[i] + bp[i]);
+    } else {
+#pragma omp simd
+      for (int64_t i = 0; i < c; ++i) dx[i] = ew::ReluGrad(GateValue(y[i]), a[i] + 0.f);
+    }
+  }
+}
+DPT_SIMD_CLONES void ReluGradSampledRow(const float* y, const float* a, const float* b, float* dx,
+                                        int64_t w, int64_t c, int64_t s) {
+  ReluGradSampledRowBody(y, a, b, dx, w, c, s);
+}
+DPT_SIMD_CLONES void ReluGradSampledRow(const uint16_t* y, const float* a, const float* b,
+                                        float* dx, int64_t w, int64_t c, int64_t s) {
+  ReluGradSampledRowBody(y, a, b, dx, w, c, s);
+}
+
+// ReluBackwardSum of channels-last y and a with b sampled at stride s: row by image row.
+void ReluGradSampled(const Tensor& y, const Tensor& a, const Tensor& b, int64_t s, Tensor* dx) {
+  const Shape& sh = y.shape();
+  DPT_CHECK(sh.rank() == 4 && s > 1 && sh[2] % s == 0 && sh[3] % s == 0)
+      << "relu backward with a part sampled at stride " << s << ": y " << sh.ToString();
+  const int64_t n = sh[0], c = sh[1], h = sh[2], w = sh[3];
+  DPT_CHECK(b.dtype() == DType::kF32 && (b.shape() == Shape{n, c, h / s, w / s}))
+      << "relu backward: a part sampled at stride " << s << " of " << sh.ToString() << " is "
+      << b.shape().ToString();
+  DPT_CHECK(a.dtype() == DType::kF32 && dx->dtype() == DType::kF32 &&
+            (y.dtype() == DType::kF32 || dx->raw() != y.raw()))
+      << "relu backward: f32 gradients, dx apart from a bf16 y";
+  const bool y16 = y.dtype() == DType::kBF16;
+  const float* ga = a.data<float>();
+  const float* gb = b.data<float>();
+  float* out = dx->data<float>();
+#pragma omp parallel for if (y.numel() > kParallelMin)
+  for (int64_t r = 0; r < n * h; ++r) {
+    const int64_t row = r % h, at = r * w * c;
+    const float* br = row % s == 0 ? gb + ((r / h) * (h / s) + row / s) * (w / s) * c : nullptr;
+    if (y16) {
+      ReluGradSampledRow(static_cast<const uint16_t*>(y.raw()) + at, ga + at, br, out + at, w, c,
+                         s);
+    } else {
+      ReluGradSampledRow(y.data<float>() + at, ga + at, br, out + at, w, c, s);
+    }
+  }
+}
+
 // y = a + b, or max(a + b, 0) when relu.
 DPT_SIMD_CLONES void AddLoop(const float* a, const float* b, float* y, int64_t n, bool relu) {
   if (relu) {
@@ -108,11 +171,12 @@ void CpuBackend::ReluBackward(const Tensor& y, const Tensor& dy, Tensor* dx) {
 }
 
 void CpuBackend::ReluBackwardSum(const Tensor& y, const Tensor& dy_a, const Tensor& dy_b,
-                                 Tensor* dx) {
+                                 int64_t b_stride, Tensor* dx) {
   OpScope scope(this, "relu_bwd");
   CheckSame(y, dy_a, "relu backward");
-  CheckSame(y, dy_b, "relu backward");
   CheckSame(y, *dx, "relu backward");
+  if (b_stride != 1) return ReluGradSampled(y, dy_a, dy_b, b_stride, dx);
+  CheckSame(y, dy_b, "relu backward");
   if (y.dtype() == DType::kBF16) return ReluGradBf16(y, dy_a, &dy_b, dx);
   const float* yy = y.data<float>();
   const float* ga = dy_a.data<float>();

@@ -206,7 +206,8 @@ void CpuBackend::Impl::BackwardData(const WeightedPlan& p, const memory& dy_in, 
     Col2Im(*conv, dcols, *dx);
     return;
   }
-  const bool sub = conv != nullptr && conv->subsample;
+  // A subsampled plan's dx_sub, spread into dx, unless the caller takes dx_sub as dx itself.
+  const bool sub = conv != nullptr && conv->subsample && !conv->d.dx_sub;
   const Tensor out = sub ? Transient(conv->dx_sub, DType::kF32) : *dx;
   DPT_DNNL(p.bwd_data.execute(
       stream, {{forward ? DNNL_ARG_SRC : DNNL_ARG_DIFF_DST, dy_in},

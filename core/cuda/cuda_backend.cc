@@ -391,7 +391,7 @@ void CudaBackend::FlushDeviceTimers() {
 // is false: 16-bit convolutions go channels-last inside the op, cuda_conv.cc).
 bool CudaBackend::Supports(const Conv2dDesc& d) const {
   return ConvFitsLegacyDescriptors(d) && !d.x_nhwc && !d.y_nhwc && !d.dy_bf16 && !d.x_bf16 &&
-         !d.y_bf16 && (d.precision != Precision::kBF16 || identity_.cc_major >= 8);
+         !d.y_bf16 && !d.dx_sub && (d.precision != Precision::kBF16 || identity_.cc_major >= 8);
 }
 
 bool CudaBackend::Supports(const LinearDesc& d) const {

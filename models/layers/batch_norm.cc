@@ -121,8 +121,9 @@ const Tensor& BatchNorm::Backward(const Tensor& dy, bool accumulate) {
   return Grad(dy, nullptr, accumulate);
 }
 
-void BatchNorm::BackwardInputsSum(const Tensor& dy_a, const Tensor& dy_b, bool accumulate,
-                                  std::vector<const Tensor*>* dx) {
+void BatchNorm::BackwardInputsSum(const Tensor& dy_a, const Tensor& dy_b, int64_t b_stride,
+                                  bool accumulate, std::vector<const Tensor*>* dx) {
+  DPT_CHECK(b_stride == 1) << label() << ": a sampled gradient part (SumsSampledPart says no)";
   dx->assign(1, &Grad(dy_a, &dy_b, accumulate));
 }
 

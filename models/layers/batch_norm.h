@@ -57,7 +57,7 @@ class BatchNorm final : public Layer {
   bool ForwardPassesInput() const override { return deferred_; }
   // Channels-last on a backend that takes it (Backend::BatchNormBackwardSum).
   bool SumsGradientParts() const override { return args_.nhwc && backend_.TakesGradientParts(); }
-  void BackwardInputsSum(const Tensor& dy_a, const Tensor& dy_b, bool accumulate,
+  void BackwardInputsSum(const Tensor& dy_a, const Tensor& dy_b, int64_t b_stride, bool accumulate,
                          std::vector<const Tensor*>* dx) override;
 
  private:

@@ -73,12 +73,19 @@ Shape Conv2d::Setup(const Shape& in, const SetupOptions& opts) {
         backend_.Supports(d) && y_reader_->CanReadBf16Input(out, desc_.y_nhwc, desc_.precision);
   }
   if (y_reader_ != nullptr) y_reader_->ReadBf16Input(desc_.y_bf16);
+  if (opts.sampled_input_grad && need_dx_) {
+    Conv2dDesc d = desc_;
+    d.dx_sub = true;
+    desc_.dx_sub = backend_.Supports(d);
+  }
   plan_.reset();  // a cached plan counts the layers holding it (one staged input each)
   plan_ = backend_.PrepareConv2d(desc_);
   out_ = OutputBuffer(backend_, opts, out, desc_.y_bf16 ? DType::kBF16 : DType::kF32,
                       label() + " output");
-  if (need_dx_)
-    dx_buf_ = InputGradBuffer(backend_, opts, 0, in, DType::kF32, label() + " input gradient");
+  if (need_dx_) {
+    const Shape dx = desc_.dx_sub ? Shape{in[0], in[1], desc_.out_h(), desc_.out_w()} : in;
+    dx_buf_ = InputGradBuffer(backend_, opts, 0, dx, DType::kF32, label() + " input gradient");
+  }
   return out;
 }
 
@@ -137,8 +144,8 @@ const Tensor& Conv2d::Backward(const Tensor& dy, bool accumulate) {
 int64_t Conv2d::ActivationBytesPerSample() const {
   if (pool_fused_) return 0;  // the pool holds the output (pooled) and nothing else is kept
   const int64_t out = out_channels_ * desc_.out_h() * desc_.out_w();
-  const int64_t in = desc_.c * desc_.h * desc_.w;
-  return (desc_.y_bf16 ? 2 : 4) * out + (need_dx_ ? 4 * in : 0);
+  const int64_t dx = desc_.c * (desc_.dx_sub ? desc_.out_h() * desc_.out_w() : desc_.h * desc_.w);
+  return (desc_.y_bf16 ? 2 : 4) * out + (need_dx_ ? 4 * dx : 0);
 }
 
 }  // namespace dptrain

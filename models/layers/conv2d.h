@@ -20,6 +20,9 @@ class Conv2d final : public Layer {
   const Tensor& Forward(const Tensor& x, const ForwardContext& ctx) override;
   const Tensor& Backward(const Tensor& dy, bool accumulate) override;
   int64_t ActivationBytesPerSample() const override;
+  // A strided 1x1 convolution offered to hand its input gradient sampled does so where the
+  // backend writes it (Conv2dDesc::dx_sub).
+  int64_t InputGradStride() const override { return desc_.dx_sub ? stride_ : 1; }
   void ListPlans(std::vector<const OpPlan*>* out) const override {
     if (plan_ != nullptr) out->push_back(plan_.get());
   }

@@ -46,6 +46,7 @@ Shape Add::SetupInputs(const std::vector<Shape>& in, const SetupOptions& opts) {
   if (broadcast_ && opts.nhwc_in) throw NhwcRefused{};
   inputs_ = in.size();
   need_dx_ = opts.need_dx;
+  nhwc_ = opts.nhwc_in;
   const Shape& out = in[wide_];
   per_sample_ = out.numel() / out[0];
   rows_ = broadcast_ ? in[1 - wide_].numel() / in[1 - wide_][0] : 0;
@@ -126,11 +127,12 @@ void Add::BackwardInputs(const Tensor& dy, bool /*accumulate*/, std::vector<cons
   }
 }
 
-void Add::BackwardInputsSum(const Tensor& dy_a, const Tensor& dy_b, bool /*accumulate*/,
-                            std::vector<const Tensor*>* dx) {
+void Add::BackwardInputsSum(const Tensor& dy_a, const Tensor& dy_b, int64_t b_stride,
+                            bool /*accumulate*/, std::vector<const Tensor*>* dx) {
   DPT_CHECK(relu_ && !broadcast_) << label() << ": a gradient in two parts without a folded ReLU";
+  DPT_CHECK(b_stride == 1 || nhwc_) << label() << ": a sampled gradient part of an NCHW sum";
   Tensor* gated = GateInto();
-  backend_.ReluBackwardSum(y_, dy_a, dy_b, gated);  // as BackwardInputs, of the sum
+  backend_.ReluBackwardSum(y_, dy_a, dy_b, b_stride, gated);  // as BackwardInputs, of the sum
   dx->assign(inputs_, gated);
 }
 

@@ -40,7 +40,9 @@ class Add final : public Join {
   bool SumsGradientParts() const override {
     return relu_ && !broadcast_ && backend_.TakesGradientParts();
   }
-  void BackwardInputsSum(const Tensor& dy_a, const Tensor& dy_b, bool accumulate,
+  // Channels-last, the second part may be a strided shortcut's sampled input gradient.
+  bool SumsSampledPart() const override { return SumsGradientParts() && nhwc_; }
+  void BackwardInputsSum(const Tensor& dy_a, const Tensor& dy_b, int64_t b_stride, bool accumulate,
                          std::vector<const Tensor*>* dx) override;
   bool PassesGradient() const override { return !relu_; }
   // With a bf16 output its gradient has a buffer of its own (an input gradient: GateInto).
@@ -74,6 +76,7 @@ class Add final : public Join {
   BatchNorm* applies_[2] = {nullptr, nullptr};  // offered to (FoldIntoInputs); deferred or not
   std::vector<Layer*> readers_;                 // OfferBf16OutputToAll
   bool y_bf16_ = false;                         // taken at Setup
+  bool nhwc_ = false;                           // channels-last (SetupOptions::nhwc_in)
   bool relu_ = false;
   size_t inputs_ = 0;
   int64_t per_sample_ = 0;

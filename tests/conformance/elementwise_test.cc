@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
@@ -67,9 +68,9 @@ TEST_P(ElementwiseTest, ReluBackwardOfAGradientInTwoPartsIsOfTheirSum) {
     be.Add(a_t, b_t, &sum);
     be.ReluBackward(y_t, sum, &want);
     Tensor dx = be.Empty({n}, DType::kF32, "dx");
-    be.ReluBackwardSum(y_t, a_t, b_t, &dx);
+    be.ReluBackwardSum(y_t, a_t, b_t, 1, &dx);
     EXPECT_EQ(ToHost(be, dx), ToHost(be, want));
-    be.ReluBackwardSum(y_t, a_t, b_t, &y_t);
+    be.ReluBackwardSum(y_t, a_t, b_t, 1, &y_t);
     EXPECT_EQ(ToHost(be, y_t), ToHost(be, want)) << "over y";
   }
 }
@@ -97,9 +98,67 @@ TEST_P(ElementwiseTest, ReluBackwardOfABf16OutputIsOfItsValues) {
     be.ReluBackward(yw, a_t, &want);
     be.ReluBackward(y16, a_t, &got);
     EXPECT_EQ(ToHost(be, got), ToHost(be, want)) << "one part";
-    be.ReluBackwardSum(yw, a_t, b_t, &want);
-    be.ReluBackwardSum(y16, a_t, b_t, &got);
+    be.ReluBackwardSum(yw, a_t, b_t, 1, &want);
+    be.ReluBackwardSum(y16, a_t, b_t, 1, &got);
     EXPECT_EQ(ToHost(be, got), ToHost(be, want)) << "two parts";
+  }
+}
+
+// A strided shortcut's sampled input gradient as the second part (Conv2dDesc::dx_sub; b_stride):
+// the bits of that part spread over the whole gradient with zeros between, channels-last, into
+// another tensor and over an f32 y, and by a bf16 y. A -0 in the first part where the second holds
+// nothing sums to +0, as it does with the zeros.
+TEST_P(ElementwiseTest, ReluBackwardOfASampledPartIsOfItSpread) {
+  Backend& be = backend();
+  if (!be.TakesGradientParts()) GTEST_SKIP() << be.name() << ": sums gradient parts first";
+  struct Case {
+    int64_t n, c, h, w, s;
+  };
+  const auto bits = [](const std::vector<float>& v) {
+    std::vector<uint32_t> out(v.size());
+    std::memcpy(out.data(), v.data(), v.size() * sizeof(float));
+    return out;
+  };
+  uint32_t seed = 40;
+  for (const Case& k : {Case{2, 16, 8, 8, 2}, Case{3, 3, 12, 6, 3}, Case{4, 32, 32, 32, 2}}) {
+    SCOPED_TRACE("stride " + std::to_string(k.s) + ", c " + std::to_string(k.c));
+    const Shape whole{k.n, k.c, k.h, k.w}, sampled{k.n, k.c, k.h / k.s, k.w / k.s};
+    std::vector<float> y = RandomUniform(static_cast<size_t>(whole.numel()), ++seed);
+    for (size_t i = 0; i < y.size(); i += 3) y[i] = 0.f;
+    for (float& v : y) v = std::max(v, 0.f);
+    std::vector<float> a = RandomUniform(static_cast<size_t>(whole.numel()), ++seed);
+    const auto unsampled = static_cast<size_t>(k.c + 1);  // pixel (0, 0, 1): between samples
+    a[unsampled] = -0.f;
+    y[unsampled] = 1.f;
+    const std::vector<float> b = RandomUniform(static_cast<size_t>(sampled.numel()), ++seed);
+    std::vector<float> spread(a.size(), 0.f);  // channels-last
+    for (int64_t n = 0; n < k.n; ++n) {
+      for (int64_t i = 0; i < k.h / k.s; ++i) {
+        for (int64_t j = 0; j < k.w / k.s; ++j) {
+          for (int64_t c = 0; c < k.c; ++c) {
+            spread[static_cast<size_t>(((n * k.h + i * k.s) * k.w + j * k.s) * k.c + c)] =
+                b[static_cast<size_t>(((n * (k.h / k.s) + i) * (k.w / k.s) + j) * k.c + c)];
+          }
+        }
+      }
+    }
+    Tensor a_t = ToDevice(be, a, whole), b_t = ToDevice(be, b, sampled),
+           spread_t = ToDevice(be, spread, whole);
+    for (const bool bf16 : {false, true}) {
+      if (bf16 && !be.WritesBf16Sums()) continue;
+      SCOPED_TRACE(bf16 ? "bf16 y" : "f32 y");
+      Tensor y_t = bf16 ? ToDeviceBf16(be, y, whole) : ToDevice(be, y, whole);
+      Tensor want = be.Empty(whole, DType::kF32, "want"), got = be.Empty(whole, DType::kF32, "got");
+      be.ReluBackwardSum(y_t, a_t, spread_t, 1, &want);
+      be.ReluBackwardSum(y_t, a_t, b_t, k.s, &got);
+      const std::vector<float> w = ToHost(be, want);
+      EXPECT_EQ(bits(ToHost(be, got)), bits(w));
+      EXPECT_EQ(bits({w[unsampled]}), bits({0.f})) << "-0 + 0";
+      if (!bf16) {
+        be.ReluBackwardSum(y_t, a_t, b_t, k.s, &y_t);
+        EXPECT_EQ(bits(ToHost(be, y_t)), bits(w)) << "over y";
+      }
+    }
   }
 }
 

@@ -210,6 +210,9 @@ struct FoldCase {
   // elements of the residual sums' outputs that only bf16 convolutions read: in bf16 written so,
   // with their gradient in a buffer of its own (Add::OfferBf16OutputToAll): 2 bytes more each
   int64_t bf16_sums_per_sample = 0;
+  // elements of the strided shortcuts' input gradients that, in bf16, they hand the sum that
+  // reads them sampled (Conv2dDesc::dx_sub): not held
+  int64_t sampled_grads_per_sample = 0;
 };
 void PrintTo(const FoldCase& c, std::ostream* os) { *os << c.model; }
 
@@ -277,7 +280,8 @@ TEST_P(FoldingTest, FoldingReluChangesNoNumber) {
         4 * (2 * fc.floats_saved_per_sample + fc.sums_in_parts_per_sample +
              fc.applied_by_sums_per_sample) +
             (prec == Precision::kBF16 ? 2 * (fc.bf16_gradients_per_sample +
-                                             fc.bf16_outputs_per_sample - fc.bf16_sums_per_sample)
+                                             fc.bf16_outputs_per_sample - fc.bf16_sums_per_sample) +
+                                            4 * fc.sampled_grads_per_sample
                                       : 0));
   }
 }
@@ -297,7 +301,9 @@ INSTANTIATE_TEST_SUITE_P(
                                // each block's second batch norm, and the shortcuts'
                                16 * 32 * 32 + 2 * (32 * 16 * 16 + 64 * 8 * 8),
                                // the sums of the first two blocks
-                               16 * 32 * 32 + 32 * 16 * 16},
+                               16 * 32 * 32 + 32 * 16 * 16,
+                               // the two shortcuts' input gradients but every fourth pixel
+                               (16 * 32 * 32 + 32 * 16 * 16) * 3 / 4},
                       FoldCase{"ref_cnn", Shape{1, 28, 28}, 2, 32 * 28 * 28 + 64 * 14 * 14,
                                32 * 28 * 28 + 64 * 14 * 14}),
     [](const ::testing::TestParamInfo<FoldCase>& p) { return std::string(p.param.model); });
@@ -685,6 +691,43 @@ TEST(GradientPartsTest, ChangeNoNumberAndHoldLess) {
       }
     }
   }
+}
+
+// resnet8's strided shortcuts (bf16, channels-last) hand their input gradient sampled to the
+// residual sum that adds it as it reads it (Layer::InputGradStride, Conv2dDesc::dx_sub): a
+// quarter of the bytes. Not with the parts summed first, nor in fp32 or NCHW. The numbers are
+// those of summing first (ChangeNoNumberAndHoldLess).
+TEST(GradientPartsTest, StridedShortcutsHandTheirGradientSampled) {
+  Backend& be = GetBackend("cpu");
+  if (!be.Supports(Conv2dDesc{1, 1, 1, 1, 1, 1, 1, 1, 0, true, Precision::kBF16})) {
+    GTEST_SKIP() << "no bf16 on this CPU";
+  }
+  const auto sampled = [&](Precision prec, bool parts, bool channels_last, int64_t* bytes) {
+    auto net = BuildZooModel(be, "resnet8", 10);
+    net->set_sum_gradient_parts(parts);
+    net->set_channels_last(channels_last);
+    net->set_share_input_grads(false);
+    Model m(be, std::move(net), Shape{3, 32, 32});
+    m.Setup(4, prec);
+    std::vector<std::string> labels;
+    *bytes = 0;  // the shortcuts' own
+    for (size_t i = 0; i < m.net().size(); ++i) {
+      const Layer& l = m.net().layer(i);
+      if (l.InputGradStride() != 1)
+        labels.push_back(l.label() + "/" + std::to_string(l.InputGradStride()));
+      if (l.label().find(".shortcut.0") != std::string::npos)
+        *bytes += l.ActivationBytesPerSample();
+    }
+    return labels;
+  };
+  int64_t with = 0, without = 0, unused = 0;
+  EXPECT_EQ(sampled(Precision::kBF16, true, true, &with),
+            (std::vector<std::string>{"layer2.0.shortcut.0/2", "layer3.0.shortcut.0/2"}));
+  EXPECT_TRUE(sampled(Precision::kBF16, false, true, &without).empty()) << "summed first";
+  // the two shortcuts' input gradients, f32: (16, 32, 32) and (32, 16, 16), 3/4 of each
+  EXPECT_EQ(without - with, 4 * 3 * (16 * 32 * 32 + 32 * 16 * 16) / 4);
+  EXPECT_TRUE(sampled(Precision::kF32, true, true, &unused).empty()) << "fp32";
+  EXPECT_TRUE(sampled(Precision::kBF16, true, false, &unused).empty()) << "NCHW";
 }
 
 // Batch norms that only a sum reads, where the sum can and cannot apply them: one reading the
