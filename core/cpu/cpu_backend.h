@@ -71,7 +71,9 @@ class CpuBackend final : public Backend {
   // stride-th row, when the CPU fusions are on (ConvPlan::subsample): bf16, 1x1, stride above 1,
   // no padding, H and W multiples of the stride, channels-last on both sides (ResNet's
   // downsampling shortcuts). oneDNN 2.6's strided 1x1 bf16 kernels ran at 55-110 GFLOP/s here,
-  // slower than its fp32 ones; in fp32 the staging costs what the dense kernel gains.
+  // slower than its fp32 ones. In fp32 the staging costs what the dense kernel gains, so only
+  // where the input gradient is handed over sampled (Conv2dDesc::dx_sub), which spares writing a
+  // whole dx three quarters zeros.
   static bool SubsamplesInput(const Conv2dDesc& d);
   // Whether a conv2d plan runs so. For tests.
   static bool PlannedSubsample(const OpPlan& plan);

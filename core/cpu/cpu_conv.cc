@@ -283,8 +283,9 @@ void FlipKernel(const Tensor& w, const Tensor& out) {
 bool CpuBackend::SubsamplesInput(const Conv2dDesc& d) {
   // H and W multiples of the stride: oneDNN refuses a strided view whose rows, stride apart,
   // would run past the image (it checks OH * stride rows against the image's stride).
-  return d.precision == Precision::kBF16 && d.r == 1 && d.s == 1 && d.pad == 0 && d.stride > 1 &&
-         d.h % d.stride == 0 && d.w % d.stride == 0 && d.x_nhwc && d.y_nhwc;
+  return (d.precision == Precision::kBF16 || (d.precision == Precision::kF32 && d.dx_sub)) &&
+         d.r == 1 && d.s == 1 && d.pad == 0 && d.stride > 1 && d.h % d.stride == 0 &&
+         d.w % d.stride == 0 && d.x_nhwc && d.y_nhwc;
 }
 
 bool CpuBackend::PlansGemm(const Conv2dDesc& d) const {

@@ -210,8 +210,8 @@ struct FoldCase {
   // elements of the residual sums' outputs that only bf16 convolutions read: in bf16 written so,
   // with their gradient in a buffer of its own (Add::OfferBf16OutputToAll): 2 bytes more each
   int64_t bf16_sums_per_sample = 0;
-  // elements of the strided shortcuts' input gradients that, in bf16, they hand the sum that
-  // reads them sampled (Conv2dDesc::dx_sub): not held
+  // elements of the strided shortcuts' input gradients that they hand the sum that reads them
+  // sampled (Conv2dDesc::dx_sub): not held
   int64_t sampled_grads_per_sample = 0;
 };
 void PrintTo(const FoldCase& c, std::ostream* os) { *os << c.model; }
@@ -279,9 +279,9 @@ TEST_P(FoldingTest, FoldingReluChangesNoNumber) {
         bytes_unfolded - bytes_folded,
         4 * (2 * fc.floats_saved_per_sample + fc.sums_in_parts_per_sample +
              fc.applied_by_sums_per_sample) +
+            4 * fc.sampled_grads_per_sample +
             (prec == Precision::kBF16 ? 2 * (fc.bf16_gradients_per_sample +
-                                             fc.bf16_outputs_per_sample - fc.bf16_sums_per_sample) +
-                                            4 * fc.sampled_grads_per_sample
+                                             fc.bf16_outputs_per_sample - fc.bf16_sums_per_sample)
                                       : 0));
   }
 }
@@ -693,10 +693,10 @@ TEST(GradientPartsTest, ChangeNoNumberAndHoldLess) {
   }
 }
 
-// resnet8's strided shortcuts (bf16, channels-last) hand their input gradient sampled to the
-// residual sum that adds it as it reads it (Layer::InputGradStride, Conv2dDesc::dx_sub): a
-// quarter of the bytes. Not with the parts summed first, nor in fp32 or NCHW. The numbers are
-// those of summing first (ChangeNoNumberAndHoldLess).
+// resnet8's strided shortcuts (channels-last, fp32 and bf16) hand their input gradient sampled to
+// the residual sum that adds it as it reads it (Layer::InputGradStride, Conv2dDesc::dx_sub): a
+// quarter of the bytes. Not with the parts summed first, nor NCHW. The numbers are those of
+// summing first (ChangeNoNumberAndHoldLess).
 TEST(GradientPartsTest, StridedShortcutsHandTheirGradientSampled) {
   Backend& be = GetBackend("cpu");
   if (!be.Supports(Conv2dDesc{1, 1, 1, 1, 1, 1, 1, 1, 0, true, Precision::kBF16})) {
@@ -720,14 +720,16 @@ TEST(GradientPartsTest, StridedShortcutsHandTheirGradientSampled) {
     }
     return labels;
   };
-  int64_t with = 0, without = 0, unused = 0;
-  EXPECT_EQ(sampled(Precision::kBF16, true, true, &with),
-            (std::vector<std::string>{"layer2.0.shortcut.0/2", "layer3.0.shortcut.0/2"}));
-  EXPECT_TRUE(sampled(Precision::kBF16, false, true, &without).empty()) << "summed first";
-  // the two shortcuts' input gradients, f32: (16, 32, 32) and (32, 16, 16), 3/4 of each
-  EXPECT_EQ(without - with, 4 * 3 * (16 * 32 * 32 + 32 * 16 * 16) / 4);
-  EXPECT_TRUE(sampled(Precision::kF32, true, true, &unused).empty()) << "fp32";
-  EXPECT_TRUE(sampled(Precision::kBF16, true, false, &unused).empty()) << "NCHW";
+  for (const Precision prec : {Precision::kF32, Precision::kBF16}) {
+    SCOPED_TRACE(PrecisionName(prec));
+    int64_t with = 0, without = 0, unused = 0;
+    EXPECT_EQ(sampled(prec, true, true, &with),
+              (std::vector<std::string>{"layer2.0.shortcut.0/2", "layer3.0.shortcut.0/2"}));
+    EXPECT_TRUE(sampled(prec, false, true, &without).empty()) << "summed first";
+    // the two shortcuts' input gradients, f32: (16, 32, 32) and (32, 16, 16), 3/4 of each
+    EXPECT_EQ(without - with, 4 * 3 * (16 * 32 * 32 + 32 * 16 * 16) / 4);
+    EXPECT_TRUE(sampled(prec, true, false, &unused).empty()) << "NCHW";
+  }
 }
 
 // Batch norms that only a sum reads, where the sum can and cannot apply them: one reading the
