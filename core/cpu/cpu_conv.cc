@@ -404,16 +404,28 @@ void Unfold(const ConvPlan& p, const Tensor& x, const Tensor& cols_t) {
     uint16_t* out = cols + row * taps;
     for (int64_t r = 0; r < d.r; ++r) {
       const int64_t ih = i * d.stride - d.pad + r * d.dilation;
-      for (int64_t s = 0; s < d.s; ++s, out += d.c) {
-        const int64_t iw = j * d.stride - d.pad + s * d.dilation;
-        if (ih < 0 || ih >= d.h || iw < 0 || iw >= d.w) {
-          std::fill_n(out, d.c, uint16_t{0});
-        } else if (in16 != nullptr) {
-          std::copy_n(in16 + ((n * d.h + ih) * d.w + iw) * d.c, d.c, out);
+      const int64_t iw0 = j * d.stride - d.pad;  // tap s reads column iw0 + s * dilation
+      // Undilated, the row's taps in the image read adjacent pixels: one run of C channels each,
+      // contiguous in x as in cols (a 3x3's three taps of a row: one copy instead of three).
+      int64_t lo = 0, hi = d.s;  // the taps in the image: [lo, hi)
+      if (ih < 0 || ih >= d.h) {
+        hi = 0;
+      } else {
+        while (lo < d.s && iw0 + lo * d.dilation < 0) ++lo;
+        while (hi > lo && iw0 + (hi - 1) * d.dilation >= d.w) --hi;
+      }
+      std::fill_n(out, lo * d.c, uint16_t{0});
+      for (int64_t s = lo; s < hi; s += d.dilation == 1 ? hi - lo : 1) {
+        const int64_t run = (d.dilation == 1 ? hi - lo : 1) * d.c;
+        const int64_t at = ((n * d.h + ih) * d.w + iw0 + s * d.dilation) * d.c;
+        if (in16 != nullptr) {
+          std::copy_n(in16 + at, run, out + s * d.c);
         } else {
-          ToBf16(in + ((n * d.h + ih) * d.w + iw) * d.c, out, d.c);
+          ToBf16(in + at, out + s * d.c, run);
         }
       }
+      std::fill_n(out + hi * d.c, (d.s - hi) * d.c, uint16_t{0});
+      out += d.s * d.c;
     }
   }
 }
