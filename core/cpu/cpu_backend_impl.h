@@ -223,7 +223,25 @@ struct ConvPlan final : WeightedPlan {
   // `subsample`: the input gradient at the pixels the convolution reads (NHWC, f32, in
   // Impl::transient)
   Shape dx_sub;
+  // CpuBackend::PhasesBackwardData: dx's phase (pi, pj), its rows 2m + pi and columns 2q + pj,
+  // is the stride-1 forward convolution of dy (N, K, OH, OW) with the taps of w that reach it,
+  // transposed (C <-> K): for an even row the middle row of taps, for an odd one the last then
+  // the first (dx[2m + 1] = dy[m] w[2] + dy[m + 1] w[0]), padded by one after the end; columns
+  // the same. Four such (1x1, 1x2, 2x1, 2x2) write (N, C, OH, OW) each into Impl::transient, two
+  // at a time (dx's even rows, then its odd ones), and Interleave puts those into dx. The same
+  // products, summed in another order.
+  struct Phase {
+    dnnl::primitive prim;
+    memory::desc w_user, w_md, out_md, scratch;  // w_user: the f32 (C, K, R', S') taps
+    dnnl::reorder w_reorder;                     // w_user -> w_md (bf16, the kernel's layout)
+    Tensor w;                                    // in w_md
+  };
+  std::vector<Phase> phases;  // none, or (0, 0), (0, 1), (1, 0), (1, 1)
+  Tensor phase_taps;          // the f32 taps of one phase (C * K * 4)
 };
+// dx's rows of parity pi (N, H, W, C, f32) from phases (pi, 0) and (pi, 1) (ConvPlan::phases),
+// one after the other in `parts`.
+void Interleave(const ConvPlan& p, const Tensor& parts, int64_t pi, const Tensor& dx);
 // dx (N, H, W, C, f32) = dx_sub (ConvPlan::dx_sub) at every stride-th pixel of every stride-th
 // row, 0 elsewhere.
 void Spread(const ConvPlan& p, const Tensor& dx_sub, const Tensor& dx);

@@ -80,6 +80,7 @@ std::shared_ptr<OpPlan> CpuBackend::PrepareConv2d(const Conv2dDesc& desc) {
   // x as the caller hands it (Conv2dDesc::x_bf16); dx is f32 either way.
   const memory::desc x_given = d.x_bf16 ? x_view(Dt::bf16) : x_user;
   const int64_t rows = d.n * d.out_h() * d.out_w(), taps = d.r * d.s * d.c;
+  size_t transient = 0;  // the bytes of Impl::transient the passes use
   Pass fwd_pass, data_pass, weights_pass;
   if (p->gemm) {
     // y (rows, K) = cols (rows, taps) W^T (+ b, ReLU) and dcols (rows, taps) = dy (rows, K) W on
@@ -99,7 +100,7 @@ std::shared_ptr<OpPlan> CpuBackend::PrepareConv2d(const Conv2dDesc& desc) {
         dnnl::matmul::desc(p->data_dy_view, p->data_w_view, p->dcols_md), attr, eng));
     fwd_pass = {dnnl::primitive(fwd), x_given, w_ohwi, y_user, fwd.scratchpad_desc()};
     data_pass = {dnnl::primitive(data), dy_nhwc, w_ohwi, dx_user, data.scratchpad_desc()};
-    impl_->ReserveTransient(*this, p->dcols_md.get_size());
+    transient = p->dcols_md.get_size();
   } else {
     const auto plan = [&](dnnl::algorithm alg, Tag act, Tag fwd_act) {
       const memory::desc x_in(xs, ct, act), y_in(ys, ct, act), x_out(xs, Dt::f32, act),
@@ -178,8 +179,54 @@ std::shared_ptr<OpPlan> CpuBackend::PrepareConv2d(const Conv2dDesc& desc) {
       } catch (const DnnlError&) {
       }
     }
+    if (!wino && fusions_ && PhasesBackwardData(d)) {
+      // dx by phases (ConvPlan::phases): four brgemm forward convolutions, else oneDNN's
+      // backward-data kernel.
+      try {
+        for (int64_t pi = 0; pi < 2; ++pi) {
+          for (int64_t pj = 0; pj < 2; ++pj) {
+            const memory::dims phase_dims{d.c, d.k, pi + 1, pj + 1};
+            const memory::desc dy_in(ys, Dt::bf16, Tag::nhwc),
+                out({d.n, d.c, d.out_h(), d.out_w()}, Dt::f32, Tag::nhwc),
+                w_phase(phase_dims, Dt::bf16, Tag::any);
+            auto pd = DPT_DNNL(dnnl::convolution_forward::primitive_desc(
+                dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, direct, dy_in,
+                                                w_phase, out, {1, 1}, {0, 0}, {pi, pj}),
+                attr, eng));
+            if (std::string(pd.impl_info_str()).rfind("brgconv", 0) != 0) {
+              p->phases.clear();
+              break;
+            }
+            ConvPlan::Phase ph;
+            ph.prim = dnnl::primitive(pd);
+            ph.w_user = memory::desc(phase_dims, Dt::f32, Tag::oihw);
+            ph.w_md = pd.weights_desc();
+            ph.out_md = out;
+            ph.scratch = pd.scratchpad_desc();
+            ph.w_reorder =
+                dnnl::reorder(memory(ph.w_user, eng, nullptr), memory(ph.w_md, eng, nullptr));
+            p->phases.push_back(std::move(ph));
+          }
+          if (p->phases.empty()) break;
+        }
+      } catch (const DnnlError&) {
+        p->phases.clear();
+      }
+      if (!p->phases.empty()) {
+        for (auto& ph : p->phases) {
+          ph.w = Empty(Shape{static_cast<int64_t>(ph.w_md.get_size())}, DType::kU8,
+                       "conv2d phase weight");
+          impl_->Reserve(*this, ph.scratch);
+        }
+        p->phase_taps = Empty(Shape{d.c * d.k * 4}, DType::kF32, "conv2d phase taps");
+        transient = static_cast<size_t>(d.n * d.c * d.h * d.w / 2) * sizeof(float);
+        // the pass as Finish stages for it: dy in bf16 channels-last, w and dx as the caller's
+        data_pass = {p->phases[0].prim, memory::desc(ys, Dt::bf16, Tag::nhwc), w_user, dx_user,
+                     memory::desc()};
+      }
+    }
     // Only the primitives that run are made (each is a JIT-compiled kernel).
-    if (!p->data_flip) data_pass = Pass::Data(data);
+    if (!p->data_flip && p->phases.empty()) data_pass = Pass::Data(data);
     fwd_pass = Pass::Forward(fwd);
     if (!p->unfold) weights_pass = Pass::Weights(weights);
   }
@@ -197,7 +244,7 @@ std::shared_ptr<OpPlan> CpuBackend::PrepareConv2d(const Conv2dDesc& desc) {
     if (p->gemm) {  // the forward's columns, read again by the weight gradient
       p->cols = Empty(Shape{rows * taps}, DType::kBF16, "conv2d unfolded input");
     } else {
-      impl_->ReserveTransient(*this, p->cols_md.get_size());
+      transient = std::max(transient, p->cols_md.get_size());
     }
   }
   const memory::desc dy_user(ys, d.dy_bf16 ? Dt::bf16 : Dt::f32, d.y_nhwc ? Tag::nhwc : Tag::nchw);
@@ -206,9 +253,13 @@ std::shared_ptr<OpPlan> CpuBackend::PrepareConv2d(const Conv2dDesc& desc) {
                 Shape{d.k, d.group_c(), d.r, d.s});
   if (p->subsample && !desc.dx_sub) {  // else the caller's dx is dx_sub
     p->dx_sub = Shape{d.n, d.c, d.h, d.w};
-    impl_->ReserveTransient(*this, static_cast<size_t>(p->dx_sub.numel()) * sizeof(float));
+    transient = std::max(transient, static_cast<size_t>(p->dx_sub.numel()) * sizeof(float));
   }
+  // once, at the largest of its uses (a smaller buffer first would be held next to the larger)
+  if (transient > 0) impl_->ReserveTransient(*this, transient);
   p->held_bytes += p->cols.defined() ? p->cols.bytes() : 0;
+  for (const auto& ph : p->phases) p->held_bytes += ph.w.bytes();
+  p->held_bytes += p->phase_taps.defined() ? p->phase_taps.bytes() : 0;
   slot = p;
   return p;
 }
@@ -277,6 +328,47 @@ void FlipKernel(const Tensor& w, const Tensor& out) {
       float* dst = o + (ci * k + ki) * taps;
       for (int64_t t = 0; t < taps; ++t) dst[t] = src[taps - 1 - t];
     }
+  }
+}
+
+bool CpuBackend::PhasesBackwardData(const Conv2dDesc& d) {
+  return d.precision == Precision::kBF16 && d.groups == 1 && d.dilation == 1 && d.r == 3 &&
+         d.s == 3 && d.stride == 2 && d.pad == 1 && d.h % 2 == 0 && d.w % 2 == 0 && d.c >= 32 &&
+         d.x_nhwc && d.y_nhwc;
+}
+
+bool CpuBackend::PlannedPhases(const OpPlan& plan) {
+  const auto* p = dynamic_cast<const ConvPlan*>(&plan);
+  return p != nullptr && !p->phases.empty();
+}
+
+namespace {
+// One row of dx (w pixels of c channels) from the rows of its two phases: even columns from a,
+// odd ones from b.
+DPT_SIMD_CLONES void InterleaveRow(const float* a, const float* b, float* dx, int64_t w,
+                                   int64_t c) {
+  for (int64_t q = 0; q < w / 2; ++q, a += c, b += c, dx += 2 * c) {
+#pragma omp simd
+    for (int64_t i = 0; i < c; ++i) dx[i] = a[i];
+#pragma omp simd
+    for (int64_t i = 0; i < c; ++i) dx[c + i] = b[i];
+  }
+}
+}  // namespace
+
+void Interleave(const ConvPlan& p, const Tensor& parts, int64_t pi, const Tensor& dx) {
+  const Conv2dDesc& d = p.d;
+  const int64_t oh = d.h / 2, ow = d.w / 2, part = d.n * oh * ow * d.c;
+  DPT_CHECK(dx.dtype() == DType::kF32 && dx.numel() == d.n * d.c * d.h * d.w &&
+            parts.numel() >= 2 * part)
+      << "conv2d dx by phases for " << d.ToString();
+  const float* in = parts.data<float>();
+  float* out = dx.data<float>();
+#pragma omp parallel for if (dx.numel() > kParallelMin)
+  for (int64_t r = 0; r < d.n * oh; ++r) {  // dx's row 2m + pi of image n, r = n * oh + m
+    const int64_t n = r / oh, m = r % oh;
+    InterleaveRow(in + r * ow * d.c, in + part + r * ow * d.c,
+                  out + (n * d.h + 2 * m + pi) * d.w * d.c, d.w, d.c);
   }
 }
 

@@ -147,6 +147,7 @@ size_t HeldBytes(std::initializer_list<const Staged*> staged,
 void CpuBackend::Impl::Reserve(CpuBackend& be, const memory::desc& md) {
   const size_t need = md.get_size();
   if (!scratchpad.defined() || scratchpad.bytes() < need) {
+    scratchpad = Tensor();  // the smaller one goes first: never both held at once
     scratchpad = be.Empty(Shape{static_cast<int64_t>(std::max<size_t>(need, 1))}, DType::kU8,
                           "onednn scratchpad");
   }
@@ -154,6 +155,7 @@ void CpuBackend::Impl::Reserve(CpuBackend& be, const memory::desc& md) {
 
 void CpuBackend::Impl::ReserveTransient(CpuBackend& be, size_t bytes) {
   if (!transient.defined() || transient.bytes() < bytes) {
+    transient = Tensor();  // as Reserve
     transient = be.Empty(Shape{static_cast<int64_t>(std::max<size_t>(bytes, 1))}, DType::kU8,
                          "conv2d transient buffer");
   }
@@ -204,6 +206,38 @@ void CpuBackend::Impl::BackwardData(const WeightedPlan& p, const memory& dy_in, 
                  {DNNL_ARG_DST, memory(conv->dcols_md, engine, dcols.raw())},
                  {DNNL_ARG_SCRATCHPAD, Scratch(p.data_scratch)}}));
     Col2Im(*conv, dcols, *dx);
+    return;
+  }
+  if (conv != nullptr && !conv->phases.empty()) {  // dx by phases, w_in the caller's f32 w
+    const Conv2dDesc& d = conv->d;
+    const auto* w = static_cast<const float*>(w_in.get_data_handle());
+    float* taps = conv->phase_taps.data<float>();
+    const int64_t part = d.n * d.c * d.out_h() * d.out_w();
+    const Tensor parts = Transient(Shape{2 * part}, DType::kF32);
+    for (size_t k = 0; k < 4; ++k) {
+      const ConvPlan::Phase& ph = conv->phases[k];
+      // (c, k, th, tw) = w (k, c, kh, kw): an even phase's tap 1, an odd one's taps 2 then 0
+      const int64_t rows = 1 + static_cast<int64_t>(k / 2), cols = 1 + static_cast<int64_t>(k % 2);
+      const auto tap = [](int64_t odd, int64_t t) { return odd == 0 ? 1 : 2 - 2 * t; };
+      for (int64_t c = 0; c < d.c; ++c) {
+        for (int64_t o = 0; o < d.k; ++o) {
+          for (int64_t th = 0; th < rows; ++th) {
+            for (int64_t tw = 0; tw < cols; ++tw) {
+              taps[((c * d.k + o) * rows + th) * cols + tw] =
+                  w[((o * d.c + c) * 3 + tap(rows - 1, th)) * 3 + tap(cols - 1, tw)];
+            }
+          }
+        }
+      }
+      memory src(ph.w_user, engine, taps), dst(ph.w_md, engine, ph.w.raw());
+      DPT_DNNL(ph.w_reorder.execute(stream, src, dst));
+      DPT_DNNL(ph.prim.execute(
+          stream, {{DNNL_ARG_SRC, dy_in},
+                   {DNNL_ARG_WEIGHTS, dst},
+                   {DNNL_ARG_DST, memory(ph.out_md, engine, parts.data<float>() + k % 2 * part)},
+                   {DNNL_ARG_SCRATCHPAD, Scratch(ph.scratch)}}));
+      if (k % 2 == 1) Interleave(*conv, parts, static_cast<int64_t>(k / 2), *dx);
+    }
     return;
   }
   // A subsampled plan's dx_sub, spread into dx, unless the caller takes dx_sub as dx itself.

@@ -395,7 +395,7 @@ TEST_P(ConvTest, ChannelsLastMatchesReference) {
   Backend& be = backend();
   if (!be.PrefersChannelsLast()) GTEST_SKIP() << be.name() << ": activations are NCHW only";
   uint32_t seed = 7000;
-  int unfolded = 0, bf16_cases = 0, flipped = 0, subsampled = 0, gemm = 0;
+  int unfolded = 0, bf16_cases = 0, flipped = 0, subsampled = 0, gemm = 0, phased = 0;
   for (const Precision p : {Precision::kF32, Precision::kBF16}) {
     for (Conv2dDesc d : Cases(p)) {
       if (!be.Supports(d)) continue;            // bf16 without oneDNN's bf16 kernels
@@ -440,10 +440,12 @@ TEST_P(ConvTest, ChannelsLastMatchesReference) {
                              ForReduction(p, d.k / d.groups * d.r * d.s)))
             << "backward data";
         const bool flip = be.device() == Device::kCpu && cpu::CpuBackend::PlannedFlip(*plan);
-        if (flip || as_gemm) {
+        const bool phases = be.device() == Device::kCpu && cpu::CpuBackend::PlannedPhases(*plan);
+        if (flip || as_gemm || phases) {
           // the input gradient as a forward convolution with the flipped kernel, or as a GEMM
-          // and its columns summed back, also alone
+          // and its columns summed back, or by phases, also alone
           flipped += flip;
+          phased += phases;
           Tensor dx_alone = be.Empty(XShape(d), DType::kF32, "dx alone");
           be.Conv2dBackwardData(*plan, dy_t, w_t, &dx_alone);
           EXPECT_TRUE(AllClose(ToHostNchw(be, dx_alone, d.x_nhwc), ref_dx,
@@ -482,12 +484,15 @@ TEST_P(ConvTest, ChannelsLastMatchesReference) {
   // for fp32 at least (24 cases flip on an AMX Xeon, fp32 and bf16).
   // All three passes of those ran as GEMMs where x and y were both channels-last (the CPU
   // fusions are on here). And the larger strided 1x1 ones ran as stride-1 convolutions of the
-  // pixels they read (three shapes, with and without the folded ReLU) in bf16.
+  // pixels they read (three shapes, with and without the folded ReLU) in bf16, and the strided
+  // 3x3 of 32 channels its input gradient by phases (CpuBackend::PhasesBackwardData; with and
+  // without the ReLU), where oneDNN has brgemm kernels for them (AVX-512).
   if (be.device() == Device::kCpu && bf16_cases > 0) {
     EXPECT_GE(unfolded, 6);
     EXPECT_GE(gemm, 6);
     EXPECT_GT(flipped, 0);
     EXPECT_EQ(subsampled, 6);
+    EXPECT_EQ(phased, 2);
   }
 }
 
