@@ -309,7 +309,8 @@ struct CpuBackend::Impl {
   // primitive reserves it again if it is gone (or too small).
   Tensor scratchpad;
   // One buffer for what a convolution writes and reads within one pass and never after (ConvPlan:
-  // a strided convolution's unfolded input in its weight gradient, dcols, dx_sub), shared by all
+  // a strided convolution's unfolded input in its weight gradient, dcols, dx_sub, the input
+  // gradient's phases), shared by all
   // plans and reserved as the scratchpad is: the memory stays warm from one layer to the next
   // instead of a cold buffer per plan.
   Tensor transient;
