@@ -272,13 +272,10 @@ void Graph::SetupNodes(const Shape& in, const SetupOptions& opts, size_t* failed
                    SumsPartsFrom(i, &summed_at);
     n.sums_sampled = n.sums_parts && nodes_[summed_at].layer->SumsSampledPart();
     n.sampled_reader = kNoNode;  // its readers, set up next, may take it
-    n.sampled_stride = 1;
-    const int64_t stride = n.layer->InputGradStride();
-    if (stride != 1) {
+    if (n.layer->InputGradStride() != 1) {
       DPT_CHECK(o.sampled_input_grad)
           << "layer '" << what << "' hands its input gradient sampled without the graph's offer";
       from->sampled_reader = i;
-      from->sampled_stride = stride;
     }
     n.grad_sum_shared = n.readers > 1 && !n.sums_parts && share_input_grads_;
     if (n.grad_sum_shared) {  // placed with the input gradients
@@ -621,7 +618,7 @@ void Graph::BackwardNode(size_t i, bool accumulate) {
     }
     const size_t j = static_cast<size_t>(n.inputs[k]);
     AddGradient(n.inputs[k], *dxs_[k],
-                nodes_[j].sampled_reader == i ? nodes_[j].sampled_stride : 1);
+                nodes_[j].sampled_reader == i ? n.layer->InputGradStride() : 1);
   }
   backend_.SetProfileNode(nullptr);
 }

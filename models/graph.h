@@ -158,11 +158,10 @@ class Graph {
     const Tensor* grad2 = nullptr;
     // With sums_parts, where the backward that sums the parts takes a sampled one
     // (Layer::SumsSampledPart): the reader that hands its gradient so (Layer::InputGradStride),
-    // or kNoNode, and its stride. In a running backward, each part's stride (1: the whole
-    // gradient); once both are in, the sampled one is grad2.
+    // or kNoNode. In a running backward, each part's stride (1: the whole gradient); once both
+    // are in, the sampled one is grad2.
     bool sums_sampled = false;
     size_t sampled_reader = kNoNode;
-    int64_t sampled_stride = 1;
     int64_t grad_stride = 1, grad2_stride = 1;
     int64_t shared_grad_bytes = 0;  // of its input gradients, in the shared buffer (max batch)
     std::vector<const Buffer*> input_slots;  // the shared buffer planned per input, or null

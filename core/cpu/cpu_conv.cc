@@ -180,39 +180,36 @@ std::shared_ptr<OpPlan> CpuBackend::PrepareConv2d(const Conv2dDesc& desc) {
       }
     }
     if (!wino && fusions_ && PhasesBackwardData(d)) {
-      // dx by phases (ConvPlan::phases): four brgemm forward convolutions, else oneDNN's
+      // dx by phases (ConvPlan::phases) where oneDNN runs all four on brgemm kernels, else its
       // backward-data kernel.
+      std::vector<ConvPlan::Phase> phases;
       try {
-        for (int64_t pi = 0; pi < 2; ++pi) {
-          for (int64_t pj = 0; pj < 2; ++pj) {
-            const memory::dims phase_dims{d.c, d.k, pi + 1, pj + 1};
-            const memory::desc dy_in(ys, Dt::bf16, Tag::nhwc),
-                out({d.n, d.c, d.out_h(), d.out_w()}, Dt::f32, Tag::nhwc),
-                w_phase(phase_dims, Dt::bf16, Tag::any);
-            auto pd = DPT_DNNL(dnnl::convolution_forward::primitive_desc(
-                dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, direct, dy_in,
-                                                w_phase, out, {1, 1}, {0, 0}, {pi, pj}),
-                attr, eng));
-            if (std::string(pd.impl_info_str()).rfind("brgconv", 0) != 0) {
-              p->phases.clear();
-              break;
-            }
-            ConvPlan::Phase ph;
-            ph.prim = dnnl::primitive(pd);
-            ph.w_user = memory::desc(phase_dims, Dt::f32, Tag::oihw);
-            ph.w_md = pd.weights_desc();
-            ph.out_md = out;
-            ph.scratch = pd.scratchpad_desc();
-            ph.w_reorder =
-                dnnl::reorder(memory(ph.w_user, eng, nullptr), memory(ph.w_md, eng, nullptr));
-            p->phases.push_back(std::move(ph));
-          }
-          if (p->phases.empty()) break;
+        for (int64_t k = 0; k < 4; ++k) {
+          const int64_t pi = k / 2, pj = k % 2;
+          const memory::dims phase_dims{d.c, d.k, pi + 1, pj + 1};
+          const memory::desc dy_in(ys, Dt::bf16, Tag::nhwc),
+              out({d.n, d.c, d.out_h(), d.out_w()}, Dt::f32, Tag::nhwc);
+          auto pd = DPT_DNNL(dnnl::convolution_forward::primitive_desc(
+              dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, direct, dy_in,
+                                              memory::desc(phase_dims, Dt::bf16, Tag::any), out,
+                                              {1, 1}, {0, 0}, {pi, pj}),
+              attr, eng));
+          if (std::string(pd.impl_info_str()).rfind("brgconv", 0) != 0) break;
+          ConvPlan::Phase ph;
+          ph.prim = dnnl::primitive(pd);
+          ph.w_user = memory::desc(phase_dims, Dt::f32, Tag::oihw);
+          ph.w_md = pd.weights_desc();
+          ph.out_md = out;
+          ph.scratch = pd.scratchpad_desc();
+          ph.w_reorder =
+              dnnl::reorder(memory(ph.w_user, eng, nullptr), memory(ph.w_md, eng, nullptr));
+          phases.push_back(std::move(ph));
         }
       } catch (const DnnlError&) {
-        p->phases.clear();
+        phases.clear();
       }
-      if (!p->phases.empty()) {
+      if (phases.size() == 4) {
+        p->phases = std::move(phases);
         for (auto& ph : p->phases) {
           ph.w = Empty(Shape{static_cast<int64_t>(ph.w_md.get_size())}, DType::kU8,
                        "conv2d phase weight");

@@ -144,21 +144,22 @@ size_t HeldBytes(std::initializer_list<const Staged*> staged,
   return n;
 }
 
+namespace {
+// *buf of at least `bytes` (at least 1): kept when large enough, else replaced, the smaller one
+// let go first so that the two are never held at once.
+void Grow(CpuBackend& be, Tensor* buf, size_t bytes, const char* label) {
+  if (buf->defined() && buf->bytes() >= bytes) return;
+  *buf = Tensor();
+  *buf = be.Empty(Shape{static_cast<int64_t>(std::max<size_t>(bytes, 1))}, DType::kU8, label);
+}
+}  // namespace
+
 void CpuBackend::Impl::Reserve(CpuBackend& be, const memory::desc& md) {
-  const size_t need = md.get_size();
-  if (!scratchpad.defined() || scratchpad.bytes() < need) {
-    scratchpad = Tensor();  // the smaller one goes first: never both held at once
-    scratchpad = be.Empty(Shape{static_cast<int64_t>(std::max<size_t>(need, 1))}, DType::kU8,
-                          "onednn scratchpad");
-  }
+  Grow(be, &scratchpad, md.get_size(), "onednn scratchpad");
 }
 
 void CpuBackend::Impl::ReserveTransient(CpuBackend& be, size_t bytes) {
-  if (!transient.defined() || transient.bytes() < bytes) {
-    transient = Tensor();  // as Reserve
-    transient = be.Empty(Shape{static_cast<int64_t>(std::max<size_t>(bytes, 1))}, DType::kU8,
-                         "conv2d transient buffer");
-  }
+  Grow(be, &transient, bytes, "conv2d transient buffer");
 }
 
 Tensor CpuBackend::Impl::Transient(const Shape& shape, DType dtype) {
