@@ -238,6 +238,10 @@ struct ConvPlan final : WeightedPlan {
   };
   std::vector<Phase> phases;  // none, or (0, 0), (0, 1), (1, 0), (1, 1)
   Tensor phase_taps;          // the f32 taps of one phase (C * K * 4)
+  // CpuBackend::TilesWeightGradient: the weight gradient by TileWeightGradient, reading the
+  // caller's x and dy, with up to tile_threads threads (its scratch in Impl::transient).
+  bool tiles = false;
+  int tile_threads = 0;
 };
 // dx's rows of parity pi (N, H, W, C, f32) from phases (pi, 0) and (pi, 1) (ConvPlan::phases),
 // one after the other in `parts`.
@@ -249,6 +253,18 @@ void Spread(const ConvPlan& p, const Tensor& dx_sub, const Tensor& dx);
 void Unfold(const ConvPlan& p, const Tensor& x, const Tensor& cols);
 // dx (N, H, W, C, f32) = the sum of dcols' entries of each input pixel: Unfold's transpose.
 void Col2Im(const ConvPlan& p, const Tensor& dcols, const Tensor& dx);
+// AMX with bf16 tiles on this CPU, as oneDNN sees it (DNNL_MAX_CPU_ISA included), and Linux's
+// permission for the tile state (asked for once).
+bool TilesAvailable();
+// The scratch bytes TileWeightGradient needs for `d` on up to `threads` threads.
+size_t TileScratchBytes(const Conv2dDesc& d, int threads);
+// dw (K, C, R, S) and db (K; null: no bias), f32, = or += (accumulate) the weight gradient of
+// conv2d `d` (CpuBackend::TilesWeightGradient) from x (N, H, W, C) and dy (N, OH, OW, K), each
+// bf16 or f32 as d.x_bf16 and d.dy_bf16 say (f32 rounded to bf16 as the staging rounds it), on up
+// to `threads` threads in `scratch` (TileScratchBytes). Images are summed in at most 8 fixed
+// blocks, the blocks in double in order: the same bits on any thread count.
+void TileWeightGradient(const Conv2dDesc& d, const void* x, const void* dy, const Tensor& scratch,
+                        int threads, float* dw, float* db, bool accumulate);
 // out (C, K, R, S) = w (K, C, R, S) with K and C swapped and each R x S kernel rotated 180 degrees:
 // the kernel whose forward convolution of dy is w's input gradient (WeightedPlan::data_flip).
 void FlipKernel(const Tensor& w, const Tensor& out);
@@ -326,11 +342,11 @@ struct CpuBackend::Impl {
   // holding it (slot.use_count(), the caller not yet among them) outnumber its staged copies of
   // x, one more, so that every layer's backward finds the input its forward staged.
   // Not for a convolution whose weight gradient reads its unfolded input instead (ConvPlan::
-  // unfold): its backward reads no staged x.
+  // unfold) or the caller's x (ConvPlan::tiles): its backward reads no staged x.
   template <class P>
   std::shared_ptr<P> Shared(CpuBackend& be, const std::shared_ptr<P>& slot) {
     if constexpr (std::is_same_v<P, ConvPlan>) {
-      if (slot->unfold) return slot;
+      if (slot->unfold || slot->tiles) return slot;
     }
     while (static_cast<long>(slot->f_x.copies.size()) < slot.use_count()) {
       const size_t added = slot->f_x.AddCopy(be);

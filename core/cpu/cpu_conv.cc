@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // CPU backend: conv2d on oneDNN convolution primitives (forward, backward data, backward
 // weights), planned once per shape and precision and cached.
+#include <omp.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -24,9 +26,11 @@ std::shared_ptr<OpPlan> CpuBackend::PrepareConv2d(const Conv2dDesc& desc) {
   auto p = std::make_shared<ConvPlan>();
   p->d = desc;
   p->bias = desc.bias;
-  p->unfold = UnfoldsWeightGradient(desc);
   p->gemm = PlansGemm(desc);
   p->subsample = PlansSubsample(desc);
+  // the weight gradient on AMX tiles where it runs so, else unfolded where it unfolds
+  p->tiles = fusions_ && !p->gemm && !p->subsample && TilesWeightGradient(desc);
+  p->unfold = UnfoldsWeightGradient(desc) && !p->tiles;
   // The convolution the primitives run: with `subsample`, the stride-1 1x1 one over x's every
   // stride-th pixel of every stride-th row (the staging of x picks them out, ConvPlan).
   Conv2dDesc d = desc;
@@ -79,6 +83,7 @@ std::shared_ptr<OpPlan> CpuBackend::PrepareConv2d(const Conv2dDesc& desc) {
   using Pass = Impl::PassPrimitive;
   // x as the caller hands it (Conv2dDesc::x_bf16); dx is f32 either way.
   const memory::desc x_given = d.x_bf16 ? x_view(Dt::bf16) : x_user;
+  const memory::desc dy_user(ys, d.dy_bf16 ? Dt::bf16 : Dt::f32, d.y_nhwc ? Tag::nhwc : Tag::nchw);
   const int64_t rows = d.n * d.out_h() * d.out_w(), taps = d.r * d.s * d.c;
   size_t transient = 0;  // the bytes of Impl::transient the passes use
   Pass fwd_pass, data_pass, weights_pass;
@@ -149,7 +154,7 @@ std::shared_ptr<OpPlan> CpuBackend::PrepareConv2d(const Conv2dDesc& desc) {
       planned = plan(direct, act, nhwc && d.out_w() <= 4 ? Tag::any : act);
       // (an unfolded weight gradient runs on a GEMM: its convolution kernel does not count)
       if (is_ref(std::get<0>(planned)) || is_ref(std::get<1>(planned)) ||
-          (!p->unfold && is_ref(std::get<2>(planned)))) {
+          (!p->unfold && !p->tiles && is_ref(std::get<2>(planned)))) {
         planned = plan(direct, Tag::any, Tag::any);
       }
     }
@@ -225,7 +230,14 @@ std::shared_ptr<OpPlan> CpuBackend::PrepareConv2d(const Conv2dDesc& desc) {
     // Only the primitives that run are made (each is a JIT-compiled kernel).
     if (!p->data_flip && p->phases.empty()) data_pass = Pass::Data(data);
     fwd_pass = Pass::Forward(fwd);
-    if (!p->unfold) weights_pass = Pass::Weights(weights);
+    if (p->tiles) {
+      // TileWeightGradient reads the caller's x and dy: nothing is staged for it
+      weights_pass = {dnnl::primitive(), x_given, dy_user, w_user, memory::desc()};
+      p->tile_threads = omp_get_max_threads();
+      transient = std::max(transient, TileScratchBytes(d, p->tile_threads));
+    } else if (!p->unfold) {
+      weights_pass = Pass::Weights(weights);
+    }
   }
   if (p->unfold) {
     // dW (K, R*S*C) = dy^T (K, N*OH*OW) x cols (N*OH*OW, R*S*C) on oneDNN's matmul, dy staged
@@ -244,7 +256,6 @@ std::shared_ptr<OpPlan> CpuBackend::PrepareConv2d(const Conv2dDesc& desc) {
       transient = std::max(transient, p->cols_md.get_size());
     }
   }
-  const memory::desc dy_user(ys, d.dy_bf16 ? Dt::bf16 : Dt::f32, d.y_nhwc ? Tag::nhwc : Tag::nchw);
   impl_->Finish(*this, p.get(), "conv2d", d.precision == Precision::kF16, fwd_pass, data_pass,
                 weights_pass, x_given, dx_user, w_user, y_user, dy_user,
                 Shape{d.k, d.group_c(), d.r, d.s});

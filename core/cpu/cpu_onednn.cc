@@ -2,6 +2,8 @@
 // The CPU backend's oneDNN plumbing shared by conv2d and linear: staging operands between the
 // caller's f32 layouts and a primitive's own (with fp16 emulation), the shared scratchpad, the
 // three primitives' execution, and the bf16 support probe.
+#include <omp.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <dnnl.hpp>
@@ -278,6 +280,15 @@ void RowSumsBf16(const uint16_t* a, int64_t rows, int64_t cols, float* out) {
 void CpuBackend::Impl::BackwardWeights(const WeightedPlan& p, const memory& x_in,
                                        const memory& dy_in, const Tensor& dy, Tensor* dw,
                                        Tensor* db, bool accumulate) {
+  const auto* conv = dynamic_cast<const ConvPlan*>(&p);
+  if (conv != nullptr && conv->tiles) {  // the caller's x and dy (x_in, dy_in), into dw itself
+    const Tensor scratch = Transient(
+        Shape{static_cast<int64_t>(TileScratchBytes(conv->d, conv->tile_threads))}, DType::kU8);
+    TileWeightGradient(conv->d, x_in.get_data_handle(), dy_in.get_data_handle(), scratch,
+                       std::min(conv->tile_threads, omp_get_max_threads()), dw->data<float>(),
+                       p.bias ? db->data<float>() : nullptr, accumulate);
+    return;
+  }
   Tensor w_out = accumulate ? p.acc_w : *dw;
   Tensor b_out = accumulate ? p.acc_b : (p.bias ? *db : Tensor());
   std::unordered_map<int, memory> args{{DNNL_ARG_SCRATCHPAD, Scratch(p.weights_scratch)}};

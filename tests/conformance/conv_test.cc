@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <iostream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -69,7 +70,16 @@ std::vector<Conv2dDesc> Cases(Precision p) {
       // small outputs: the CPU's bf16 channels-last weight gradient as a GEMM over the input
       // unfolded (CpuBackend::UnfoldsWeightGradient)
       MakeConv(2, 32, 4, 4, 16, 3, 3, 1, 1, false, p),   // ResNet-18's last stage
-      MakeConv(2, 32, 12, 12, 64, 3, 3, 2, 1, true, p),  // strided, 64 x 288 weights: unfolded too
+      MakeConv(2, 32, 12, 12, 64, 3, 3, 2, 1, true, p),  // strided, 64 x 288 weights: unfolded
+                                                         // too, or on tiles (below)
+      // C and K multiples of 16: the CPU's bf16 channels-last weight gradient on AMX tiles
+      // (CpuBackend::TilesWeightGradient): 3 taps at a time of one 16 x 16 block, or 2 x 2
+      // blocks of one tap where C and K are multiples of 32
+      MakeConv(2, 16, 9, 7, 16, 3, 3, 1, 1, false, p),  // odd width: a grid row of 9
+      MakeConv(3, 32, 6, 5, 32, 3, 3, 1, 1, true, p),   // 2 x 2 blocks, with a bias
+      MakeConv(2, 16, 8, 8, 48, 5, 5, 1, 2, true, p),   // 25 taps: a last group of one
+      MakeConv(9, 32, 5, 6, 64, 1, 1, 1, 0, false, p),  // 1x1, more images than blocks
+      MakeConv(2, 16, 7, 7, 32, 3, 3, 1, 0, false, p),  // no padding
       WithGroups(MakeConv(2, 3, 7, 7, 4, 3, 3, 2, 2, true, p), 1, 2),  // dilated, stride 2
       // depthwise (MobileNet): groups = C = K, stride 1 and 2, with and without bias
       WithGroups(MakeConv(2, 6, 7, 7, 6, 3, 3, 1, 1, false, p), 6),
@@ -396,6 +406,7 @@ TEST_P(ConvTest, ChannelsLastMatchesReference) {
   if (!be.PrefersChannelsLast()) GTEST_SKIP() << be.name() << ": activations are NCHW only";
   uint32_t seed = 7000;
   int unfolded = 0, bf16_cases = 0, flipped = 0, subsampled = 0, gemm = 0, phased = 0;
+  int tiled = 0, tileable = 0;
   for (const Precision p : {Precision::kF32, Precision::kBF16}) {
     for (Conv2dDesc d : Cases(p)) {
       if (!be.Supports(d)) continue;            // bf16 without oneDNN's bf16 kernels
@@ -415,6 +426,8 @@ TEST_P(ConvTest, ChannelsLastMatchesReference) {
                                                     seed + 3);
         auto plan = be.PrepareConv2d(d);
         subsampled += be.device() == Device::kCpu && cpu::CpuBackend::PlannedSubsample(*plan);
+        tiled += be.device() == Device::kCpu && cpu::CpuBackend::PlannedTiles(*plan);
+        tileable += be.device() == Device::kCpu && cpu::CpuBackend::TilesWeightGradient(d);
         const bool as_gemm = be.device() == Device::kCpu && cpu::CpuBackend::PlannedGemm(*plan);
         gemm += as_gemm;
         Tensor x_t = InLayout(be, x, XShape(d), d.x_nhwc),
@@ -493,6 +506,14 @@ TEST_P(ConvTest, ChannelsLastMatchesReference) {
     EXPECT_GT(flipped, 0);
     EXPECT_EQ(subsampled, 6);
     EXPECT_EQ(phased, 2);
+    // the five shapes above and the strided 64 x 288 one with both sides channels-last, with and
+    // without the ReLU, where the CPU has AMX (else none)
+    EXPECT_EQ(tiled, tileable);
+    if (tileable == 0) {
+      std::cout << "[ INFO ] no AMX tiles on this CPU: oneDNN's weight gradient\n";
+    } else {
+      EXPECT_EQ(tiled, 12);
+    }
   }
 }
 
