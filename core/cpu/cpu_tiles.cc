@@ -55,6 +55,7 @@ namespace {
 constexpr int64_t kChunk = 32;        // grid positions per tile multiply
 constexpr int64_t kPixelBlock = 256;  // positions a group of accumulators runs over at a time
 constexpr int64_t kBlocks = 8;        // images are summed in this many fixed blocks (at most)
+constexpr int64_t kGroupImages = 16;  // images prepared at a time where the weight is split
 constexpr int64_t kAlign = 64;        // bytes: a tile row
 
 struct Grid {
@@ -99,10 +100,29 @@ int64_t PartialBytes(const Conv2dDesc& d, const Grid& g) {
   return AlignUp(g.taps * d.k * d.c * 4) + AlignUp(d.k * 8);  // dW's and db's sums of a block
 }
 
+// The work is split over threads one of two ways. By images (the default): each of at most
+// kBlocks fixed blocks of images sums into its own copy of dW, added in block order at the end.
+// By weight (SplitsWeight: C x K above 128 x 128, where those copies of dW cost more than they
+// save): kGroupImages images at a time are prepared by all threads, then each thread multiplies
+// whole groups of accumulators over them into dW's one sum, the images in order.
+bool SplitsWeight(const Conv2dDesc& d) { return d.c * d.k > 128 * 128; }
+
+// Splitting the weight: dW's sums (taps, K, C) and db's (K doubles), then per prepared image
+// db's row sums, xv and dyT.
+struct WeightSplit {
+  int64_t sums, bias, xv, dyt;  // bytes: dW's sums; db's sums (and one image's), xv, dyT
+  int64_t Total() const { return sums + bias + kGroupImages * (bias + xv + dyt); }
+};
+WeightSplit WeightSplitOf(const Conv2dDesc& d, const Grid& g) {
+  const ThreadBuffers tb = BuffersOf(d, g);
+  return {AlignUp(g.taps * d.k * d.c * 4), AlignUp(d.k * 8), tb.xv, tb.dyt};
+}
+
 }  // namespace
 
 size_t TileScratchBytes(const Conv2dDesc& d, int threads) {
   const Grid g(d);
+  if (SplitsWeight(d)) return static_cast<size_t>(kAlign + WeightSplitOf(d, g).Total());
   return static_cast<size_t>(kAlign + BlocksOf(d) * PartialBytes(d, g) +
                              std::max(threads, 1) * BuffersOf(d, g).Total());
 }
@@ -353,11 +373,22 @@ DPT_TILES_TARGET void SquareGroup(const Span& sp, const uint16_t* a, const uint1
   _tile_stored(3, c3, c_stride);
 }
 
-// The products of `images` prepared images (dyT and xv, one image's after the last's) added into
-// a block's sums `part` ((taps, K, C) f32). One image at a time spans positions in blocks of
-// kPixelBlock (kept in the first cache level); several (small images) span each whole.
-DPT_TILES_TARGET void Multiply(const Conv2dDesc& d, const Grid& g, const ThreadBuffers& tb,
-                               int64_t images, const uint16_t* dyt, const uint16_t* xv,
+// The groups of accumulators, in a fixed order: with C and K multiples of 32 one tap's 2 x 2
+// blocks of (K, C) each (tap, then kb, then cb), else up to 3 taps of one 16 x 16 block each (kb,
+// then cb, then the taps).
+struct Groups {
+  bool square;
+  int64_t count;
+};
+Groups GroupsOf(const Conv2dDesc& d, const Grid& g) {
+  if (d.k % 32 == 0 && d.c % 32 == 0) return {true, g.taps * (d.k / 32) * (d.c / 32)};
+  return {false, (d.k / 16) * (d.c / 16) * ((g.taps + 2) / 3)};
+}
+
+// Group i's products over a Span of prepared images (dyT and xv) added into dW's sums `part`
+// ((taps, K, C) f32).
+DPT_TILES_TARGET void RunGroup(const Conv2dDesc& d, const Grid& g, const Groups& gr, int64_t i,
+                               const Span& sp, const uint16_t* dyt, const uint16_t* xv,
                                float* part) {
   const int64_t k = d.k, c = d.c, c_stride = c * 4;
   // B's first row for a tap: its phase's, in the pairing of its shift's parity, o / 2 rows on
@@ -366,43 +397,44 @@ DPT_TILES_TARGET void Multiply(const Conv2dDesc& d, const Grid& g, const ThreadB
     return xv + (r % g.st * g.st + s % g.st) * g.phase_elems(c) + (o & 1) * g.pairs * c * 2 +
            (o >> 1) * c * 2 + cb * 2;
   };
-  const bool square = k % 32 == 0 && c % 32 == 0;
+  if (gr.square) {
+    const int64_t blocks = (k / 32) * (c / 32), tap = i / blocks;
+    const int64_t kb = i % blocks / (c / 32) * 32, cb = i % blocks % (c / 32) * 32;
+    SquareGroup(sp, dyt + kb * g.t, b_of(tap, cb), part + (tap * k + kb) * c + cb, c_stride);
+    return;
+  }
+  const int64_t per_block = (g.taps + 2) / 3, block = i / per_block, tap = i % per_block * 3;
+  const int64_t kb = block / (c / 16) * 16, cb = block % (c / 16) * 16;
+  const int64_t n = std::min<int64_t>(3, g.taps - tap);
+  const uint16_t* b[3];
+  float* acc[3];
+  for (int64_t j = 0; j < 3; ++j) {
+    const int64_t t = tap + std::min(j, n - 1);
+    b[j] = b_of(t, cb);
+    acc[j] = part + (t * k + kb) * c + cb;
+  }
+  const uint16_t* a = dyt + kb * g.t;
+  if (n == 3) {
+    TapGroup<3>(sp, a, b, acc, c_stride);
+  } else if (n == 2) {
+    TapGroup<2>(sp, a, b, acc, c_stride);
+  } else {
+    TapGroup<1>(sp, a, b, acc, c_stride);
+  }
+}
+
+// The products of `images` prepared images (dyT and xv, one image's after the last's, as
+// ThreadBuffers lays them) added into a block's sums `part`, every group. One image at a time
+// spans positions in blocks of kPixelBlock (kept in the first cache level); several (small
+// images) span each whole.
+DPT_TILES_TARGET void Multiply(const Conv2dDesc& d, const Grid& g, const ThreadBuffers& tb,
+                               int64_t images, const uint16_t* dyt, const uint16_t* xv,
+                               float* part) {
+  const Groups gr = GroupsOf(d, g);
   const int64_t block = images == 1 ? kPixelBlock : g.t;
   for (int64_t lo = 0; lo < g.t; lo += block) {
-    const Span sp{images, tb.dyt / 2, tb.xv / 2, lo, std::min(g.t, lo + block), g.t * 2, c * 4};
-    if (square) {
-      for (int64_t tap = 0; tap < g.taps; ++tap) {
-        for (int64_t kb = 0; kb < k; kb += 32) {
-          for (int64_t cb = 0; cb < c; cb += 32) {
-            SquareGroup(sp, dyt + kb * g.t, b_of(tap, cb), part + (tap * k + kb) * c + cb,
-                        c_stride);
-          }
-        }
-      }
-      continue;
-    }
-    for (int64_t kb = 0; kb < k; kb += 16) {
-      for (int64_t cb = 0; cb < c; cb += 16) {
-        for (int64_t tap = 0; tap < g.taps; tap += 3) {
-          const int64_t n = std::min<int64_t>(3, g.taps - tap);
-          const uint16_t* b[3];
-          float* acc[3];
-          for (int64_t i = 0; i < 3; ++i) {
-            const int64_t t = tap + std::min(i, n - 1);
-            b[i] = b_of(t, cb);
-            acc[i] = part + (t * k + kb) * c + cb;
-          }
-          const uint16_t* a = dyt + kb * g.t;
-          if (n == 3) {
-            TapGroup<3>(sp, a, b, acc, c_stride);
-          } else if (n == 2) {
-            TapGroup<2>(sp, a, b, acc, c_stride);
-          } else {
-            TapGroup<1>(sp, a, b, acc, c_stride);
-          }
-        }
-      }
-    }
+    const Span sp{images, tb.dyt / 2, tb.xv / 2, lo, std::min(g.t, lo + block), g.t * 2, d.c * 4};
+    for (int64_t i = 0; i < gr.count; ++i) RunGroup(d, g, gr, i, sp, dyt, xv, part);
   }
 }
 
@@ -439,16 +471,12 @@ bool TilesAvailable() {
   return ok;
 }
 
-void TileWeightGradient(const Conv2dDesc& d, const void* x, const void* dy, const Tensor& scratch,
-                        int threads, float* dw, float* db, bool accumulate) {
-  DPT_CHECK(TilesAvailable()) << "conv2d weight gradient on AMX tiles without AMX";
-  const Grid g(d);
+namespace {
+
+// dW's (and db's) sums split by images (see SplitsWeight), into dw and db.
+void ByImages(const Conv2dDesc& d, const Grid& g, const char* x, const char* dy, char* base,
+              int threads, float* dw, float* db, bool accumulate) {
   const ThreadBuffers tb = BuffersOf(d, g);
-  threads = std::max(threads, 1);
-  DPT_CHECK(scratch.bytes() >= TileScratchBytes(d, threads))
-      << "conv2d tile scratch of " << scratch.bytes() << " bytes for " << d.ToString();
-  char* base = static_cast<char*>(scratch.raw());
-  base += (kAlign - reinterpret_cast<uintptr_t>(base) % kAlign) % kAlign;
   const int64_t blocks = BlocksOf(d), part_bytes = PartialBytes(d, g),
                 dw_floats = g.taps * d.k * d.c;
   char* buffers = base + blocks * part_bytes;
@@ -470,10 +498,9 @@ void TileWeightGradient(const Conv2dDesc& d, const void* x, const void* dy, cons
       for (int64_t n0 = b * d.n / blocks; n0 < n1; n0 += tb.images) {
         const int64_t m = std::min(tb.images, n1 - n0);
         for (int64_t i = 0; i < m; ++i) {
-          PrepX(d, g, static_cast<const char*>(x) + (n0 + i) * x_image, d.x_bf16,
-                xv + i * tb.xv / 2);
-          PrepDy(d, g, static_cast<const char*>(dy) + (n0 + i) * dy_image, d.dy_bf16,
-                 dyt + i * tb.dyt / 2, db != nullptr ? bias : nullptr);
+          PrepX(d, g, x + (n0 + i) * x_image, d.x_bf16, xv + i * tb.xv / 2);
+          PrepDy(d, g, dy + (n0 + i) * dy_image, d.dy_bf16, dyt + i * tb.dyt / 2,
+                 db != nullptr ? bias : nullptr);
         }
         Multiply(d, g, tb, m, dyt, xv, part);
       }
@@ -504,6 +531,81 @@ void TileWeightGradient(const Conv2dDesc& d, const void* x, const void* dy, cons
   }
 }
 
+// dW's (and db's) sums split by weight (see SplitsWeight), into dw and db.
+void ByWeight(const Conv2dDesc& d, const Grid& g, const char* x, const char* dy, char* base,
+              int threads, float* dw, float* db, bool accumulate) {
+  const WeightSplit ws = WeightSplitOf(d, g);
+  const Groups gr = GroupsOf(d, g);
+  auto* sums = reinterpret_cast<float*>(base);
+  auto* bias_sum = reinterpret_cast<double*>(base + ws.sums);
+  char* images = base + ws.sums + ws.bias;
+  const auto bias_of = [&](int64_t i) { return reinterpret_cast<double*>(images + i * ws.bias); };
+  uint16_t* xv = reinterpret_cast<uint16_t*>(images + kGroupImages * ws.bias);
+  uint16_t* dyt = reinterpret_cast<uint16_t*>(images + kGroupImages * (ws.bias + ws.xv));
+  const int64_t x_image = d.h * d.w * d.c * (d.x_bf16 ? 2 : 4),
+                dy_image = d.out_h() * d.out_w() * d.k * (d.dy_bf16 ? 2 : 4);
+  std::fill_n(sums, g.taps * d.k * d.c, 0.f);
+  std::fill_n(bias_sum, d.k, 0.0);
+#pragma omp parallel num_threads(threads)
+  {
+    LoadTileConfig();
+    for (int64_t n0 = 0; n0 < d.n; n0 += kGroupImages) {
+      const int64_t m = std::min(kGroupImages, d.n - n0);
+#pragma omp for schedule(static)
+      for (int64_t i = 0; i < m; ++i) {
+        PrepX(d, g, x + (n0 + i) * x_image, d.x_bf16, xv + i * ws.xv / 2);
+        double* bias = db != nullptr ? bias_of(i) : nullptr;
+        if (bias != nullptr) std::fill_n(bias, d.k, 0.0);
+        PrepDy(d, g, dy + (n0 + i) * dy_image, d.dy_bf16, dyt + i * ws.dyt / 2, bias);
+      }
+      // (the barrier above: every image prepared)
+      const Span sp{m, ws.dyt / 2, ws.xv / 2, 0, g.t, g.t * 2, d.c * 4};
+#pragma omp for schedule(static) nowait
+      for (int64_t i = 0; i < gr.count; ++i) RunGroup(d, g, gr, i, sp, dyt, xv, sums);
+#pragma omp single
+      if (db != nullptr) {  // the images' bias sums in order
+        for (int64_t i = 0; i < m; ++i) {
+          for (int64_t o = 0; o < d.k; ++o) bias_sum[o] += bias_of(i)[o];
+        }
+      }
+      // (the barrier after `single`: the groups are done before the next images are prepared)
+    }
+    ReleaseTiles();
+#pragma omp for schedule(static)
+    for (int64_t o = 0; o < d.k; ++o) {
+      for (int64_t i = 0; i < d.c; ++i) {
+        for (int64_t tap = 0; tap < g.taps; ++tap) {
+          float& out = dw[(o * d.c + i) * g.taps + tap];
+          out = (accumulate ? out : 0.f) + sums[(tap * d.k + o) * d.c + i];
+        }
+      }
+      if (db != nullptr) {
+        db[o] = (accumulate ? db[o] : 0.f) + static_cast<float>(bias_sum[o]);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void TileWeightGradient(const Conv2dDesc& d, const void* x, const void* dy, const Tensor& scratch,
+                        int threads, float* dw, float* db, bool accumulate) {
+  DPT_CHECK(TilesAvailable()) << "conv2d weight gradient on AMX tiles without AMX";
+  const Grid g(d);
+  threads = std::max(threads, 1);
+  DPT_CHECK(scratch.bytes() >= TileScratchBytes(d, threads))
+      << "conv2d tile scratch of " << scratch.bytes() << " bytes for " << d.ToString();
+  char* base = static_cast<char*>(scratch.raw());
+  base += (kAlign - reinterpret_cast<uintptr_t>(base) % kAlign) % kAlign;
+  const auto* xs = static_cast<const char*>(x);
+  const auto* dys = static_cast<const char*>(dy);
+  if (SplitsWeight(d)) {
+    ByWeight(d, g, xs, dys, base, threads, dw, db, accumulate);
+  } else {
+    ByImages(d, g, xs, dys, base, threads, dw, db, accumulate);
+  }
+}
+
 #else  // no AMX tiles off x86-64
 
 bool TilesAvailable() { return false; }
@@ -519,7 +621,7 @@ bool CpuBackend::TilesWeightGradient(const Conv2dDesc& d) {
   const int64_t pixels = d.out_h() * d.out_w();
   return d.precision == Precision::kBF16 && d.groups == 1 && d.dilation == 1 &&
          (d.stride == 1 || d.stride == 2) && d.x_nhwc && d.y_nhwc && d.c % 16 == 0 &&
-         d.k % 16 == 0 && d.c * d.k <= 128 * 128 && pixels > 16 && pixels <= 16 * 16 && d.r <= 7 &&
+         d.k % 16 == 0 && d.c * d.k <= 256 * 256 && pixels > 16 && pixels <= 16 * 16 && d.r <= 7 &&
          d.s <= 7 && !SubsamplesInput(d) && Grid(d).Fits(d) && PrecisionOk(d.precision) &&
          TilesAvailable();
 }
