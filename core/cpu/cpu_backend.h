@@ -99,9 +99,10 @@ class CpuBackend final : public Backend {
   static bool PlannedPhases(const OpPlan& plan);
   // Whether conv2d's weight gradient runs on AMX tiles (cpu_tiles.cc: TileWeightGradient) rather
   // than oneDNN's kernel or the unfolded GEMM, with the CPU fusions on: bf16, stride 1 or 2, not
-  // dilated or grouped, channels-last on both sides, C and K multiples of 16 with C x K at most
-  // 256 x 256, 17 to 16 x 16 output pixels (at most 16: the GEMM plans; up to 32 x 32 where C x K
-  // is at least 64 x 64), kernels up to 7 x 7, not a subsampled 1x1 (SubsamplesInput), on a CPU
+  // dilated or grouped, dy channels-last and x too with C a multiple of 16 (or x planar with
+  // under 16 channels: a first layer's), K a multiple of 16, C x K at most 256 x 256, 17 to
+  // 16 x 16 output pixels (at most 16: the GEMM plans; up to 32 x 32 where C x K is at least
+  // 64 x 64 or x is planar), kernels up to 7 x 7, not a subsampled 1x1 (SubsamplesInput), on a CPU
   // with AMX (TilesAvailable). oneDNN 2.6's bf16 weight-gradient kernel (jit:avx512_core_amx_bf16)
   // took 2-4x its forward's time on ResNet shapes here (resnet8's layer3.0.conv2 at batch 256:
   // 2.09 ms in a step, 0.96 on tiles; resnet18_cifar's layer3.1.conv1 at batch 64, 256 channels:

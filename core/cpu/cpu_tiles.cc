@@ -92,13 +92,14 @@ int64_t ImagesAtOnce(const Grid& g) {
 }
 
 // One thread's prep buffers for ImagesAtOnce images, bf16: xv (the two pairings of x's grid) and
-// dyT, each image's after the last's.
+// dyT, each image's after the last's; and for a planar x, its channels' grids (PrepPlanar).
 struct ThreadBuffers {
-  int64_t images, xv, dyt;  // bytes of one image's xv, dyT
-  int64_t Total() const { return images * (xv + dyt); }
+  int64_t images, xv, dyt, plane;  // bytes of one image's xv, dyT; of the planes
+  int64_t Total() const { return images * (xv + dyt) + plane; }
 };
 ThreadBuffers BuffersOf(const Conv2dDesc& d, const Grid& g) {
-  return {ImagesAtOnce(g), AlignUp(g.st * g.st * g.phase_elems(d.c) * 2), AlignUp(d.k * g.t * 2)};
+  return {ImagesAtOnce(g), AlignUp(g.st * g.st * g.phase_elems(d.c) * 2), AlignUp(d.k * g.t * 2),
+          d.x_nhwc ? 0 : AlignUp(d.c * (2 * g.pairs + 2) * 2)};
 }
 int64_t BlocksOf(const Conv2dDesc& d) { return std::min<int64_t>(kBlocks, d.n); }
 int64_t PartialBytes(const Conv2dDesc& d, const Grid& g) {
@@ -267,6 +268,56 @@ DPT_TILES_TARGET void PrepPhase(const Conv2dDesc& d, const Grid& g, const char* 
   }
 }
 
+// A planar x (C, H, W) of under 16 channels (a first layer's image): each phase's grid per
+// channel in bf16 (plane, zero on the padding), then row i of pairing p holds, channel by
+// channel, the 32 bits at position 2i + p of that channel's grid: its values there and one on.
+DPT_TILES_TARGET void PrepPlanar(const Conv2dDesc& d, const Grid& g, const char* x, bool bf16,
+                                 uint16_t* plane, uint16_t* xv) {
+  const int64_t c = d.c, positions = 2 * g.pairs + 2;
+  for (int64_t ph = 0; ph < g.st * g.st; ++ph) {
+    const int64_t a = ph / g.st, b = ph % g.st;
+    for (int64_t ch = 0; ch < c; ++ch) {
+      uint16_t* gp = plane + ch * positions;
+      std::fill_n(gp, positions, uint16_t{0});
+      for (int64_t gi = 0; gi < g.rows; ++gi) {
+        const int64_t i = g.st * gi + a - d.pad;
+        if (i < 0 || i >= d.h) continue;
+        const int64_t row = (ch * d.h + i) * d.w;
+        if (g.st == 1) {  // the row as it lies, at column pad
+          uint16_t* o = gp + gi * g.wg + d.pad;
+          int64_t j = 0;
+          if (!bf16) {
+            for (; j + 16 <= d.w; j += 16) {
+              _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + j),
+                                  Bf16x16(reinterpret_cast<const float*>(x) + row + j));
+            }
+          }
+          for (; j < d.w; ++j) {
+            o[j] = bf16 ? reinterpret_cast<const uint16_t*>(x)[row + j]
+                        : Bf16Bits(reinterpret_cast<const float*>(x)[row + j]);
+          }
+          continue;
+        }
+        for (int64_t gj = 0; gj < g.wg; ++gj) {
+          const int64_t j = g.st * gj + b - d.pad;
+          if (j < 0 || j >= d.w) continue;
+          gp[gi * g.wg + gj] = bf16 ? reinterpret_cast<const uint16_t*>(x)[row + j]
+                                    : Bf16Bits(reinterpret_cast<const float*>(x)[row + j]);
+        }
+      }
+    }
+    uint16_t* out = xv + ph * g.phase_elems(c);
+    for (int64_t par = 0; par < 2; ++par) {
+      for (int64_t i = 0; i < g.pairs; ++i) {
+        uint16_t* row = out + (par * g.pairs + i) * c * 2;
+        for (int64_t ch = 0; ch < c; ++ch) {
+          std::memcpy(row + ch * 2, plane + ch * positions + 2 * i + par, 4);
+        }
+      }
+    }
+  }
+}
+
 // xv of one image (x: its (H, W, C), f32 or bf16), phase by phase: pairing 0's row i is grid
 // positions 2i and 2i + 1, pairing 1's is 2i + 1 and 2i + 2, the high half of one row of pairing
 // 0 and the low half of the next (VPSHRDD).
@@ -391,7 +442,7 @@ struct Groups {
 };
 Groups GroupsOf(const Conv2dDesc& d, const Grid& g) {
   if (d.k % 32 == 0 && d.c % 32 == 0) return {true, g.taps * (d.k / 32) * (d.c / 32)};
-  return {false, (d.k / 16) * (d.c / 16) * ((g.taps + 2) / 3)};
+  return {false, (d.k / 16) * ((d.c + 15) / 16) * ((g.taps + 2) / 3)};
 }
 
 // Group i's products over a Span of prepared images (dyT and xv) added into dW's sums `part`
@@ -413,7 +464,7 @@ DPT_TILES_TARGET void RunGroup(const Conv2dDesc& d, const Grid& g, const Groups&
     return;
   }
   const int64_t per_block = (g.taps + 2) / 3, block = i / per_block, tap = i % per_block * 3;
-  const int64_t kb = block / (c / 16) * 16, cb = block % (c / 16) * 16;
+  const int64_t c_blocks = (c + 15) / 16, kb = block / c_blocks * 16, cb = block % c_blocks * 16;
   const int64_t n = std::min<int64_t>(3, g.taps - tap);
   const uint16_t* b[3];
   float* acc[3];
@@ -447,19 +498,20 @@ DPT_TILES_TARGET void Multiply(const Conv2dDesc& d, const Grid& g, const ThreadB
   }
 }
 
-// Every tile 16 rows of 64 bytes (palette 1). GCC 12's _tile_loadconfig does not tell the
-// compiler it reads the configuration, which then dropped the stores that fill it: the barrier
-// keeps them.
+// Every tile 16 rows (palette 1): A (dyT: tiles 4-5) 64 bytes wide, the accumulators (0-3) and B
+// (xv: 6-7) 16 channels, or C's where C is under 16 (a planar x). GCC 12's _tile_loadconfig does
+// not tell the compiler it reads the configuration, which then dropped the stores that fill it:
+// the barrier keeps them.
 struct alignas(64) TileConfig {
   uint8_t palette = 1, start_row = 0;
   uint8_t reserved[14] = {};
   uint16_t colsb[16] = {};
   uint8_t rows[16] = {};
 };
-__attribute__((target("amx-tile"))) void LoadTileConfig() {
+__attribute__((target("amx-tile"))) void LoadTileConfig(int64_t c) {
   TileConfig cfg;
   for (int i = 0; i < 8; ++i) {
-    cfg.colsb[i] = 64;
+    cfg.colsb[i] = static_cast<uint16_t>(i == 4 || i == 5 ? 64 : 4 * std::min<int64_t>(c, 16));
     cfg.rows[i] = 16;
   }
   asm volatile("" : : "r"(&cfg) : "memory");
@@ -493,10 +545,11 @@ void ByImages(const Conv2dDesc& d, const Grid& g, const char* x, const char* dy,
                 dy_image = d.out_h() * d.out_w() * d.k * (d.dy_bf16 ? 2 : 4);
 #pragma omp parallel num_threads(threads)
   {
-    LoadTileConfig();
+    LoadTileConfig(d.c);
     char* mine = buffers + omp_get_thread_num() * tb.Total();
     auto* xv = reinterpret_cast<uint16_t*>(mine);
     auto* dyt = reinterpret_cast<uint16_t*>(mine + tb.images * tb.xv);
+    auto* plane = reinterpret_cast<uint16_t*>(mine + tb.images * (tb.xv + tb.dyt));
 #pragma omp for schedule(static)
     for (int64_t b = 0; b < blocks; ++b) {
       auto* part = reinterpret_cast<float*>(base + b * part_bytes);
@@ -507,7 +560,11 @@ void ByImages(const Conv2dDesc& d, const Grid& g, const char* x, const char* dy,
       for (int64_t n0 = b * d.n / blocks; n0 < n1; n0 += tb.images) {
         const int64_t m = std::min(tb.images, n1 - n0);
         for (int64_t i = 0; i < m; ++i) {
-          PrepX(d, g, x + (n0 + i) * x_image, d.x_bf16, xv + i * tb.xv / 2);
+          if (d.x_nhwc) {
+            PrepX(d, g, x + (n0 + i) * x_image, d.x_bf16, xv + i * tb.xv / 2);
+          } else {
+            PrepPlanar(d, g, x + (n0 + i) * x_image, d.x_bf16, plane, xv + i * tb.xv / 2);
+          }
           PrepDy(d, g, dy + (n0 + i) * dy_image, d.dy_bf16, dyt + i * tb.dyt / 2,
                  db != nullptr ? bias : nullptr);
         }
@@ -543,6 +600,7 @@ void ByImages(const Conv2dDesc& d, const Grid& g, const char* x, const char* dy,
 // dW's (and db's) sums split by weight (see SplitsWeight), into dw and db.
 void ByWeight(const Conv2dDesc& d, const Grid& g, const char* x, const char* dy, char* base,
               int threads, float* dw, float* db, bool accumulate) {
+  DPT_CHECK(d.x_nhwc) << "conv2d tile weight split with a planar x: " << d.ToString();
   const WeightSplit ws = WeightSplitOf(d, g);
   const Groups gr = GroupsOf(d, g);
   auto* sums = reinterpret_cast<float*>(base);
@@ -557,7 +615,7 @@ void ByWeight(const Conv2dDesc& d, const Grid& g, const char* x, const char* dy,
   std::fill_n(bias_sum, d.k, 0.0);
 #pragma omp parallel num_threads(threads)
   {
-    LoadTileConfig();
+    LoadTileConfig(d.c);
     for (int64_t n0 = 0; n0 < d.n; n0 += ws.images) {
       const int64_t m = std::min(ws.images, d.n - n0);
 #pragma omp for schedule(static)
@@ -628,11 +686,14 @@ void TileWeightGradient(const Conv2dDesc& d, const void*, const void*, const Ten
 
 bool CpuBackend::TilesWeightGradient(const Conv2dDesc& d) {
   // Images up to 16 x 16 output pixels, or 32 x 32 where C x K is 64 x 64 or more (the multiply
-  // then outweighs the preparation: ResNet-18's first stage at 32 x 32); a weight up to 256 x 256.
+  // then outweighs the preparation: ResNet-18's first stage at 32 x 32) or x is planar with under
+  // 16 channels (a first layer's: little to prepare); a weight up to 256 x 256.
   const int64_t pixels = d.out_h() * d.out_w(), ck = d.c * d.k;
-  const bool size_ok = pixels > 16 && (pixels <= 16 * 16 || (pixels <= 32 * 32 && ck >= 64 * 64));
+  const bool planar = !d.x_nhwc && d.c < 16;
+  const bool size_ok =
+      pixels > 16 && (pixels <= 16 * 16 || (pixels <= 32 * 32 && (ck >= 64 * 64 || planar)));
   return d.precision == Precision::kBF16 && d.groups == 1 && d.dilation == 1 &&
-         (d.stride == 1 || d.stride == 2) && d.x_nhwc && d.y_nhwc && d.c % 16 == 0 &&
+         (d.stride == 1 || d.stride == 2) && (planar || (d.x_nhwc && d.c % 16 == 0)) && d.y_nhwc &&
          d.k % 16 == 0 && ck <= 256 * 256 && size_ok && d.r <= 7 && d.s <= 7 &&
          !SubsamplesInput(d) && Grid(d).Fits(d) && PrecisionOk(d.precision) && TilesAvailable();
 }
