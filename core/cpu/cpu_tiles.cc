@@ -33,9 +33,6 @@
 namespace dptrain::cpu {
 
 // ---- the layout ----------------------------------------------------------------------------
-// (Stride 2 splits x into four phase grids, its even or odd padded rows by its even or odd padded
-// columns, each (W + 2 pad) / 2 wide: the tap (r, s) reads phase (r % 2, s % 2) at the shift
-// (r / 2) wg + s / 2, and the rest is as below.)
 // Each image lies on a grid of rows wg = W + 2 pad positions wide. x's pixel (i, j) is at grid
 // position u = (i + pad) wg + j + pad, every other position is zero; dy's pixel (p, q) is at
 // t = p wg + q, zero where q >= OW (the last S - 1 positions of a grid row) and past OH rows, up
@@ -49,6 +46,12 @@ namespace dptrain::cpu {
 // block of dW[r][s] as (K, C). A tap's shift o moves B by o / 2 rows, which keeps its rows on
 // 64-byte lines (an unaligned tile load ran at a third of the speed); an odd o reads the copy of
 // xv paired from position 1 (`par` 1). dyT's rows start on 64-byte lines too (t % 32 == 0).
+//
+// Stride 2 splits x into four phase grids, its even or odd padded rows by its even or odd padded
+// columns, each wg = (W + 2 pad) / 2 wide (rounded up), dy's grid as wide: the tap (r, s) reads
+// phase (r % 2, s % 2) at the shift o = (r / 2) wg + s / 2. A planar x (C, H, W) of under 16
+// channels (a first layer's) has its pairs built from each channel's grid (PrepPlanar), and the
+// tiles of x and of the sums are C columns wide.
 
 namespace {
 
@@ -279,26 +282,28 @@ DPT_TILES_TARGET void PrepPlanar(const Conv2dDesc& d, const Grid& g, const char*
     for (int64_t ch = 0; ch < c; ++ch) {
       uint16_t* gp = plane + ch * positions;
       std::fill_n(gp, positions, uint16_t{0});
-      for (int64_t gi = 0; gi < g.rows; ++gi) {
+      // (positions past those the pairs read are left out)
+      for (int64_t gi = 0; gi < g.rows && gi * g.wg < positions; ++gi) {
         const int64_t i = g.st * gi + a - d.pad;
         if (i < 0 || i >= d.h) continue;
         const int64_t row = (ch * d.h + i) * d.w;
         if (g.st == 1) {  // the row as it lies, at column pad
           uint16_t* o = gp + gi * g.wg + d.pad;
+          const int64_t n = std::min(d.w, positions - (gi * g.wg + d.pad));
           int64_t j = 0;
           if (!bf16) {
-            for (; j + 16 <= d.w; j += 16) {
+            for (; j + 16 <= n; j += 16) {
               _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + j),
                                   Bf16x16(reinterpret_cast<const float*>(x) + row + j));
             }
           }
-          for (; j < d.w; ++j) {
+          for (; j < n; ++j) {
             o[j] = bf16 ? reinterpret_cast<const uint16_t*>(x)[row + j]
                         : Bf16Bits(reinterpret_cast<const float*>(x)[row + j]);
           }
           continue;
         }
-        for (int64_t gj = 0; gj < g.wg; ++gj) {
+        for (int64_t gj = 0; gj < g.wg && gi * g.wg + gj < positions; ++gj) {
           const int64_t j = g.st * gj + b - d.pad;
           if (j < 0 || j >= d.w) continue;
           gp[gi * g.wg + gj] = bf16 ? reinterpret_cast<const uint16_t*>(x)[row + j]
