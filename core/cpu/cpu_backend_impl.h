@@ -262,7 +262,8 @@ size_t TileScratchBytes(const Conv2dDesc& d, int threads);
 // conv2d `d` (CpuBackend::TilesWeightGradient) from x (N, H, W, C) and dy (N, OH, OW, K), each
 // bf16 or f32 as d.x_bf16 and d.dy_bf16 say (f32 rounded to bf16 as the staging rounds it), on up
 // to `threads` threads in `scratch` (TileScratchBytes). Images are summed in at most 8 fixed
-// blocks, the blocks in double in order: the same bits on any thread count.
+// blocks, the blocks in double in order, or for a large weight in order into one sum: the same
+// bits on any thread count.
 void TileWeightGradient(const Conv2dDesc& d, const void* x, const void* dy, const Tensor& scratch,
                         int threads, float* dw, float* db, bool accumulate);
 // out (C, K, R, S) = w (K, C, R, S) with K and C swapped and each R x S kernel rotated 180 degrees:

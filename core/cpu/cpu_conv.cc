@@ -265,6 +265,11 @@ std::shared_ptr<OpPlan> CpuBackend::PrepareConv2d(const Conv2dDesc& desc) {
   }
   // once, at the largest of its uses (a smaller buffer first would be held next to the larger)
   if (transient > 0) impl_->ReserveTransient(*this, transient);
+  if (p->tiles) {  // TileWeightGradient accumulates into dw itself
+    p->held_bytes -= p->acc_w.bytes() + (p->acc_b.defined() ? p->acc_b.bytes() : 0);
+    p->acc_w = Tensor();
+    p->acc_b = Tensor();
+  }
   p->held_bytes += p->cols.defined() ? p->cols.bytes() : 0;
   for (const auto& ph : p->phases) p->held_bytes += ph.w.bytes();
   p->held_bytes += p->phase_taps.defined() ? p->phase_taps.bytes() : 0;
