@@ -694,7 +694,7 @@ bool CpuBackend::TilesWeightGradient(const Conv2dDesc& d) {
   // then outweighs the preparation: ResNet-18's first stage at 32 x 32) or x is planar with under
   // 16 channels (a first layer's: little to prepare); a weight up to 256 x 256.
   const int64_t pixels = d.out_h() * d.out_w(), ck = d.c * d.k;
-  const bool planar = !d.x_nhwc && d.c < 16;
+  const bool planar = !d.x_nhwc && d.c < 16 && !SplitsWeight(d);  // (ByWeight: NHWC only)
   const bool size_ok =
       pixels > 16 && (pixels <= 16 * 16 || (pixels <= 32 * 32 && (ck >= 64 * 64 || planar)));
   return d.precision == Precision::kBF16 && d.groups == 1 && d.dilation == 1 &&
