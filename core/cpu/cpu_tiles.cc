@@ -539,6 +539,38 @@ bool TilesAvailable() {
 
 namespace {
 
+// Bytes of one image of x and of dy.
+int64_t XImage(const Conv2dDesc& d) { return d.h * d.w * d.c * (d.x_bf16 ? 2 : 4); }
+int64_t DyImage(const Conv2dDesc& d) { return d.out_h() * d.out_w() * d.k * (d.dy_bf16 ? 2 : 4); }
+
+// dw (K, C, R, S) and db, = or += the sums of `blocks` blocks part_bytes apart at base (each
+// (taps, K, C) f32, then db's K doubles at PartialBytes' offset), added in block order in double:
+// the same bits on any thread count. Inside a parallel region (an `omp for`).
+void WriteOut(const Conv2dDesc& d, const Grid& g, const char* base, int64_t blocks,
+              int64_t part_bytes, float* dw, float* db, bool accumulate) {
+  const int64_t bias_at = AlignUp(g.taps * d.k * d.c * 4);
+#pragma omp for schedule(static)
+  for (int64_t o = 0; o < d.k; ++o) {
+    for (int64_t i = 0; i < d.c; ++i) {
+      for (int64_t tap = 0; tap < g.taps; ++tap) {
+        double s = 0;
+        for (int64_t b = 0; b < blocks; ++b) {
+          s += reinterpret_cast<const float*>(base + b * part_bytes)[(tap * d.k + o) * d.c + i];
+        }
+        float& out = dw[(o * d.c + i) * g.taps + tap];
+        out = (accumulate ? out : 0.f) + static_cast<float>(s);
+      }
+    }
+    if (db != nullptr) {
+      double s = 0;
+      for (int64_t b = 0; b < blocks; ++b) {
+        s += reinterpret_cast<const double*>(base + b * part_bytes + bias_at)[o];
+      }
+      db[o] = (accumulate ? db[o] : 0.f) + static_cast<float>(s);
+    }
+  }
+}
+
 // dW's (and db's) sums split by images (see SplitsWeight), into dw and db.
 void ByImages(const Conv2dDesc& d, const Grid& g, const char* x, const char* dy, char* base,
               int threads, float* dw, float* db, bool accumulate) {
@@ -546,8 +578,7 @@ void ByImages(const Conv2dDesc& d, const Grid& g, const char* x, const char* dy,
   const int64_t blocks = BlocksOf(d), part_bytes = PartialBytes(d, g),
                 dw_floats = g.taps * d.k * d.c;
   char* buffers = base + blocks * part_bytes;
-  const int64_t x_image = d.h * d.w * d.c * (d.x_bf16 ? 2 : 4),
-                dy_image = d.out_h() * d.out_w() * d.k * (d.dy_bf16 ? 2 : 4);
+  const int64_t x_image = XImage(d), dy_image = DyImage(d);
 #pragma omp parallel num_threads(threads)
   {
     LoadTileConfig(d.c);
@@ -577,28 +608,7 @@ void ByImages(const Conv2dDesc& d, const Grid& g, const char* x, const char* dy,
       }
     }
     ReleaseTiles();
-    // dw (K, C, R, S) from the blocks' (taps, K, C) sums, added in block order (in double): the
-    // same bits on any thread count
-#pragma omp for schedule(static)
-    for (int64_t o = 0; o < d.k; ++o) {
-      for (int64_t i = 0; i < d.c; ++i) {
-        for (int64_t tap = 0; tap < g.taps; ++tap) {
-          double s = 0;
-          for (int64_t b = 0; b < blocks; ++b) {
-            s += reinterpret_cast<const float*>(base + b * part_bytes)[(tap * d.k + o) * d.c + i];
-          }
-          float& out = dw[(o * d.c + i) * g.taps + tap];
-          out = (accumulate ? out : 0.f) + static_cast<float>(s);
-        }
-      }
-      if (db != nullptr) {
-        double s = 0;
-        for (int64_t b = 0; b < blocks; ++b) {
-          s += reinterpret_cast<const double*>(base + b * part_bytes + AlignUp(dw_floats * 4))[o];
-        }
-        db[o] = (accumulate ? db[o] : 0.f) + static_cast<float>(s);
-      }
-    }
+    WriteOut(d, g, base, blocks, part_bytes, dw, db, accumulate);
   }
 }
 
@@ -614,8 +624,7 @@ void ByWeight(const Conv2dDesc& d, const Grid& g, const char* x, const char* dy,
   const auto bias_of = [&](int64_t i) { return reinterpret_cast<double*>(images + i * ws.bias); };
   uint16_t* xv = reinterpret_cast<uint16_t*>(images + ws.images * ws.bias);
   uint16_t* dyt = reinterpret_cast<uint16_t*>(images + ws.images * (ws.bias + ws.xv));
-  const int64_t x_image = d.h * d.w * d.c * (d.x_bf16 ? 2 : 4),
-                dy_image = d.out_h() * d.out_w() * d.k * (d.dy_bf16 ? 2 : 4);
+  const int64_t x_image = XImage(d), dy_image = DyImage(d);
   std::fill_n(sums, g.taps * d.k * d.c, 0.f);
   std::fill_n(bias_sum, d.k, 0.0);
 #pragma omp parallel num_threads(threads)
@@ -643,18 +652,7 @@ void ByWeight(const Conv2dDesc& d, const Grid& g, const char* x, const char* dy,
       // (the barrier after `single`: the groups are done before the next images are prepared)
     }
     ReleaseTiles();
-#pragma omp for schedule(static)
-    for (int64_t o = 0; o < d.k; ++o) {
-      for (int64_t i = 0; i < d.c; ++i) {
-        for (int64_t tap = 0; tap < g.taps; ++tap) {
-          float& out = dw[(o * d.c + i) * g.taps + tap];
-          out = (accumulate ? out : 0.f) + sums[(tap * d.k + o) * d.c + i];
-        }
-      }
-      if (db != nullptr) {
-        db[o] = (accumulate ? db[o] : 0.f) + static_cast<float>(bias_sum[o]);
-      }
-    }
+    WriteOut(d, g, base, 1, ws.sums + ws.bias, dw, db, accumulate);  // the one sum, as a block
   }
 }
 
