@@ -374,10 +374,55 @@ void MaxPoolArgsList(benchmark::internal::Benchmark* b) {
   b->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.2);
 }
 
+// ref_cnn's first layer as the one fused op (ConvPoolDesc: conv 1 -> 32, 3x3 pad 1, ReLU, 2x2 max
+// pool, channels-last out), training forward or backward (weight and bias gradients), with its
+// GFLOP/s counted as the profile counts them (the full-size convolution's multiply-adds).
+void ConvPool(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  const bool backward = state.range(2) != 0;
+  ConvPoolDesc d;
+  d.conv = Conv2dDesc{n, 1, 28, 28, 32, 3, 3, 1, 1, true, Prec(state.range(1))};
+  d.conv.relu = true, d.conv.x_nhwc = true, d.conv.y_nhwc = true;
+  d.pool = PoolDesc{PoolKind::kMax, n, 32, 28, 28, 2, 2, 0};
+  d.pool.nhwc = true;
+  Backend& be = GetBackend("cpu");
+  UseThreads(be, static_cast<int>(state.range(3)));
+  if (!be.Supports(d)) return state.SkipWithError("unsupported here");
+  const Shape ys{n, 32, 14, 14};
+  Tensor x = Random(be, Shape{n, 1, 28, 28}), w = Random(be, Shape{32, 1, 3, 3});
+  Tensor b = Random(be, Shape{32}), y = Random(be, ys), dy = Random(be, ys);
+  Tensor dw = Random(be, w.shape()), db = Random(be, b.shape());
+  Tensor ws = be.Empty(ys, DType::kU8, "ws");
+  be.ConvPoolForward(d, x, w, &b, &y, &ws);
+  for (auto _ : state) {
+    if (backward) {
+      be.ConvPoolBackward(d, x, y, dy, ws, &dw, &db, false);
+    } else {
+      be.ConvPoolForward(d, x, w, &b, &y, &ws);
+    }
+    be.Synchronize();
+  }
+  state.counters["GFLOP/s"] = benchmark::Counter(static_cast<double>(d.conv.flops()) / 1e9,
+                                                 benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void ConvPoolArgsList(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"batch", "bf16", "bwd", "threads"});
+  for (int64_t batch : {64, 256}) {
+    for (int64_t bf16 : {0, 1}) {
+      for (int64_t bwd : {0, 1}) {
+        for (int64_t threads : {1, 2}) b->Args({batch, bf16, bwd, threads});
+      }
+    }
+  }
+  b->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.2);
+}
+
 BENCHMARK(Step)->Apply(StepArgs);
 BENCHMARK(Primitive)->Apply(PrimArgs);
 BENCHMARK(BatchNorm)->Apply(BatchNormArgsList);
 BENCHMARK(MaxPool)->Apply(MaxPoolArgsList);
+BENCHMARK(ConvPool)->Apply(ConvPoolArgsList);
 
 }  // namespace
 }  // namespace dptrain

@@ -48,9 +48,10 @@ constexpr int64_t kOwnMaxPoolKernel = 16;
 // vectors there are. Elsewhere (not x86-64) the one baseline build. core/ compiles with
 // -ffp-contract=off, so the wider builds round every product as the baseline does: no fused
 // multiply-adds (they moved ResNet-50's one-step parity with PyTorch's float64 step past its
-// bound, integration.onnx_import). Sanitizer builds take the baseline only: the clones are
-// picked by an ifunc resolver that runs before the sanitizer's runtime is up (a ThreadSanitizer
-// build crashes at load).
+// bound, integration.onnx_import). The one exception is the fused first layer
+// (cpu_conv_pool.cc), whose own kernels are bound by the multiply-adds. Sanitizer builds take the
+// baseline only: the clones are picked by an ifunc resolver that runs before the sanitizer's
+// runtime is up (a ThreadSanitizer build crashes at load).
 #if defined(__has_feature)
 #if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer)
 #define DPT_SANITIZED 1
