@@ -242,6 +242,9 @@ struct ConvPlan final : WeightedPlan {
   // CpuBackend::TilesWeightGradient: the weight gradient by TileWeightGradient, reading the
   // caller's x and dy, with up to tile_threads threads (its scratch in Impl::transient).
   bool tiles = false;
+  // CpuBackend::BlocksWeightGradient: the weight gradient's x and dy staged into oneDNN's blocked
+  // layout (Staged w_x, w_dy) from the channels-last activations the other passes read.
+  bool blocked_weights = false;
   int tile_threads = 0;
 };
 // dx's rows of parity pi (N, H, W, C, f32) from phases (pi, 0) and (pi, 1) (ConvPlan::phases),

@@ -31,6 +31,7 @@ std::shared_ptr<OpPlan> CpuBackend::PrepareConv2d(const Conv2dDesc& desc) {
   // the weight gradient on AMX tiles where it runs so, else unfolded where it unfolds
   p->tiles = fusions_ && !p->gemm && !p->subsample && TilesWeightGradient(desc);
   p->unfold = UnfoldsWeightGradient(desc) && !p->tiles;
+  p->blocked_weights = fusions_ && !p->unfold && !p->tiles && BlocksWeightGradient(desc);
   // The convolution the primitives run: with `subsample`, the stride-1 1x1 one over x's every
   // stride-th pixel of every stride-th row (the staging of x picks them out, ConvPlan).
   Conv2dDesc d = desc;
@@ -107,9 +108,13 @@ std::shared_ptr<OpPlan> CpuBackend::PrepareConv2d(const Conv2dDesc& desc) {
     data_pass = {dnnl::primitive(data), dy_nhwc, w_ohwi, dx_user, data.scratchpad_desc()};
     transient = p->dcols_md.get_size();
   } else {
+    // The weight gradient's x and dy: the activations' layout, or with `blocked_weights` the
+    // one oneDNN picks (its blocked layout: x and dy are staged into it).
     const auto plan = [&](dnnl::algorithm alg, Tag act, Tag fwd_act) {
-      const memory::desc x_in(xs, ct, act), y_in(ys, ct, act), x_out(xs, Dt::f32, act),
-          y_out(ys, Dt::f32, act), x_fwd(xs, ct, fwd_act), y_fwd(ys, yt, fwd_act);
+      const Tag w_act = p->blocked_weights ? Tag::any : act;
+      const memory::desc x_in(xs, ct, w_act), y_in(ys, ct, act), x_out(xs, Dt::f32, act),
+          y_out(ys, Dt::f32, act), x_fwd(xs, ct, fwd_act), y_fwd(ys, yt, fwd_act),
+          dy_w(ys, ct, w_act);
       auto fwd = DPT_DNNL(dnnl::convolution_forward::primitive_desc(
           dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, alg, x_fwd, w_any,
                                           p->b_md, y_fwd, strides, dilates, pad, pad),
@@ -119,7 +124,7 @@ std::shared_ptr<OpPlan> CpuBackend::PrepareConv2d(const Conv2dDesc& desc) {
                                                 pad),
           attr, eng, fwd));
       auto weights = DPT_DNNL(dnnl::convolution_backward_weights::primitive_desc(
-          dnnl::convolution_backward_weights::desc(alg, x_in, dw_any, p->b_md, y_in, strides,
+          dnnl::convolution_backward_weights::desc(alg, x_in, dw_any, p->b_md, dy_w, strides,
                                                    dilates, pad, pad),
           attr, eng, fwd));
       return std::make_tuple(fwd, data, weights);
@@ -321,6 +326,16 @@ bool CpuBackend::FlipsBackwardData(const Conv2dDesc& d) {
   return d.groups == 1 && d.stride == 1 && d.dilation == 1 && d.pad <= d.r - 1 &&
          d.pad <= d.s - 1 && d.x_nhwc && d.y_nhwc &&
          (d.precision == Precision::kBF16 || (d.precision == Precision::kF32 && d.w > 4));
+}
+
+bool CpuBackend::BlocksWeightGradient(const Conv2dDesc& d) {
+  return d.precision == Precision::kF32 && d.groups == 1 && d.stride == 1 && d.dilation == 1 &&
+         d.x_nhwc && d.y_nhwc && d.c >= 32 && d.k >= 2 * d.c && d.out_w() >= 14;
+}
+
+bool CpuBackend::PlannedBlockedWeightGradient(const OpPlan& plan) {
+  const auto* p = dynamic_cast<const ConvPlan*>(&plan);
+  return p != nullptr && p->blocked_weights;
 }
 
 bool CpuBackend::PlannedFlip(const OpPlan& plan) {

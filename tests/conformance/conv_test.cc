@@ -419,10 +419,13 @@ TEST_P(ConvTest, ChannelsLastMatchesReference) {
   if (!be.PrefersChannelsLast()) GTEST_SKIP() << be.name() << ": activations are NCHW only";
   uint32_t seed = 7000;
   int unfolded = 0, bf16_cases = 0, flipped = 0, subsampled = 0, gemm = 0, phased = 0;
-  int tiled = 0, tileable = 0;
+  int tiled = 0, tileable = 0, blocked = 0;
   for (const Precision p : {Precision::kF32, Precision::kBF16}) {
     std::vector<Conv2dDesc> cases = Cases(p);
     for (const Conv2dDesc& d : TileCases(p)) cases.push_back(d);
+    // ref_cnn's conv2 (32 -> 64 channels, 14 wide): the CPU's fp32 channels-last weight gradient
+    // on x and dy staged into oneDNN's blocked layout (CpuBackend::BlocksWeightGradient)
+    if (p == Precision::kF32) cases.push_back(MakeConv(2, 32, 14, 14, 64, 3, 3, 1, 1, true, p));
     for (Conv2dDesc d : cases) {
       if (!be.Supports(d)) continue;            // bf16 without oneDNN's bf16 kernels
       for (const int layouts : {1, 2, 3, 7}) {  // 7: both channels-last, no ReLU
@@ -442,6 +445,8 @@ TEST_P(ConvTest, ChannelsLastMatchesReference) {
         auto plan = be.PrepareConv2d(d);
         subsampled += be.device() == Device::kCpu && cpu::CpuBackend::PlannedSubsample(*plan);
         tiled += be.device() == Device::kCpu && cpu::CpuBackend::PlannedTiles(*plan);
+        blocked +=
+            be.device() == Device::kCpu && cpu::CpuBackend::PlannedBlockedWeightGradient(*plan);
         tileable += be.device() == Device::kCpu && cpu::CpuBackend::TilesWeightGradient(d);
         const bool as_gemm = be.device() == Device::kCpu && cpu::CpuBackend::PlannedGemm(*plan);
         gemm += as_gemm;
@@ -515,6 +520,11 @@ TEST_P(ConvTest, ChannelsLastMatchesReference) {
   // pixels they read (three shapes, with and without the folded ReLU) in bf16, and the strided
   // 3x3 of 32 channels its input gradient by phases (CpuBackend::PhasesBackwardData; with and
   // without the ReLU), where oneDNN has brgemm kernels for them (AVX-512).
+  // The blocked weight gradient: that shape with both sides channels-last (with and without the
+  // ReLU), and no other.
+  if (be.device() == Device::kCpu) {
+    EXPECT_EQ(blocked, 2);
+  }
   if (be.device() == Device::kCpu && bf16_cases > 0) {
     EXPECT_GE(unfolded, 6);
     EXPECT_GE(gemm, 6);
