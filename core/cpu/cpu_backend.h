@@ -88,14 +88,15 @@ class CpuBackend final : public Backend {
   // Whether a conv2d plan runs its input gradient so. For tests.
   static bool PlannedFlip(const OpPlan& plan);
   // Whether conv2d's weight gradient stages channels-last x and dy into oneDNN's blocked layout
-  // (16 channels a block) and runs its kernel there, when the CPU fusions are on: fp32, stride 1,
-  // not dilated or grouped, channels-last on both sides, at least 32 input channels, at least
-  // twice as many output channels, outputs at least 14 wide (a VGG-style layer that doubles its
-  // channels: ref_cnn's conv2). There oneDNN 2.6's kernel on NHWC ran 1.11-1.31x the time of
+  // (16 channels a block) and runs its kernel there, when the CPU fusions are on: fp32, 3x3,
+  // stride 1, not dilated or grouped, channels-last on both sides, at least 32 input channels, at
+  // least twice as many output channels, outputs at least 14 wide (a VGG-style layer that doubles
+  // its channels: ref_cnn's conv2). There oneDNN 2.6's kernel on NHWC ran 1.11-1.31x the time of
   // staging plus its blocked kernel alone (32 -> 64 channels, 14 to 32 wide, batch 64)
   // and 1.2-1.35x inside ref_cnn's step (conv2 at batch 64: 1.67 -> 1.37 ms; at 256: 7.6 -> 5.6 ms,
   // AMD Zen 5); elsewhere (as many channels out as in, fewer than 32 in, narrower, strided, bf16)
-  // NHWC was as fast or faster, and the staging costs memory (x and dy once more).
+  // NHWC was as fast or faster, and the staging costs memory (x and dy once more). Other kernel
+  // sizes (a ResNet-50 bottleneck's 1x1 expansions) were not measured and stay on NHWC.
   static bool BlocksWeightGradient(const Conv2dDesc& d);
   // Whether a conv2d plan computes its weight gradient so. For tests.
   static bool PlannedBlockedWeightGradient(const OpPlan& plan);

@@ -329,8 +329,8 @@ bool CpuBackend::FlipsBackwardData(const Conv2dDesc& d) {
 }
 
 bool CpuBackend::BlocksWeightGradient(const Conv2dDesc& d) {
-  return d.precision == Precision::kF32 && d.groups == 1 && d.stride == 1 && d.dilation == 1 &&
-         d.x_nhwc && d.y_nhwc && d.c >= 32 && d.k >= 2 * d.c && d.out_w() >= 14;
+  return d.precision == Precision::kF32 && d.r == 3 && d.s == 3 && d.groups == 1 && d.stride == 1 &&
+         d.dilation == 1 && d.x_nhwc && d.y_nhwc && d.c >= 32 && d.k >= 2 * d.c && d.out_w() >= 14;
 }
 
 bool CpuBackend::PlannedBlockedWeightGradient(const OpPlan& plan) {
