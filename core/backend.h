@@ -333,15 +333,17 @@ class Backend {
   virtual void PoolBackward(const OpPlan& plan, const Tensor& dy, const Tensor* ws, Tensor* dx) = 0;
 
   // ---- convolution + ReLU + 2x2 max pool (ConvPoolDesc), where Supports says yes ----
-  // y: the pooled output (N, K, P/2, Q/2). ws: (N, K, P/2, Q/2) u8, which of the window's four
-  // positions (row-major) held the maximum, written in training; nullptr for inference. The same
-  // values as Conv2dForward then PoolForward, up to the rounding of the convolution's sums (and
-  // so, where two window values come within it, which of them is the maximum).
+  // y: the pooled output (N, K, P/2, Q/2). ws: (N, K, P/2, Q/2) u8, written in training (nullptr
+  // for inference): which of the window's four positions (row-major) held the maximum in bits
+  // 0-1, bit 2 set where the ReLU passed it (y > 0). The same values as Conv2dForward then
+  // PoolForward, up to the rounding of the convolution's sums (and so, where two window values
+  // come within it, which of them is the maximum).
   virtual void ConvPoolForward(const ConvPoolDesc& d, const Tensor& x, const Tensor& w,
                                const Tensor* b, Tensor* y, Tensor* ws);
-  // dy: the pooled output's gradient; y, ws: the forward's. Gates dy by y > 0 (the ReLU), then
-  // the convolution's weight and bias gradients as PoolBackward then Conv2dBackwardWeights would
-  // give them (added to dw, db when accumulating), up to rounding.
+  // dy: the pooled output's gradient; y, ws: the forward's. Gates dy by y > 0 (the ReLU: ws's
+  // bit 2; the CPU backend does not read y), then the convolution's weight and bias gradients as
+  // PoolBackward then Conv2dBackwardWeights would give them (added to dw, db when accumulating),
+  // up to rounding.
   virtual void ConvPoolBackward(const ConvPoolDesc& d, const Tensor& x, const Tensor& y,
                                 const Tensor& dy, const Tensor& ws, Tensor* dw, Tensor* db,
                                 bool accumulate);

@@ -91,6 +91,7 @@ void PadSample(const Geometry& g, const Conv2dDesc& d, const float* x, int64_t n
 using Vec = float __attribute__((vector_size(kLanes * sizeof(float))));
 using Mask = int32_t __attribute__((vector_size(kLanes * sizeof(int32_t))));
 using Bytes = uint8_t __attribute__((vector_size(kLanes)));
+constexpr int32_t kPassed = 4;  // ws's bit for an output the ReLU passed (see StorePooled)
 
 // Operand(v, true) of every lane: ew::FloatToBf16's rounding (to nearest even, NaN kept quiet)
 // on the bits, then back to f32. Inlined, so no vector crosses a call.
@@ -137,7 +138,9 @@ void Locate(const Geometry& g, int64_t n, int64_t i, int64_t j, int64_t k0, Step
 }
 
 // Stores one pooled step: the maximum over the window positions q[0..3] after the ReLU, and the
-// position it came from (the first holding it wins, as the pool's scan) when ws is set.
+// position it came from (the first holding it wins, as the pool's scan) when ws is set, with
+// kPassed added where the ReLU passed it (the output is positive): the backward reads its gate
+// there and not from y, a third of the bytes it would read.
 [[gnu::always_inline]] inline void StorePooled(const Geometry& g, int64_t n, int64_t i, int64_t j,
                                                int64_t k0, const Vec* q, float* y, uint8_t* ws) {
   Vec m = q[0];
@@ -147,7 +150,9 @@ void Locate(const Geometry& g, int64_t n, int64_t i, int64_t j, int64_t k0, Step
     m = up ? q[pos] : m;
     p = up ? Mask{} + pos : p;
   }
-  m = m > 0.f ? m : Vec{};  // the ReLU (ew::Relu)
+  const Mask on = m > 0.f;  // the ReLU (ew::Relu), its gate kept in the position's bit 2
+  m = on ? m : Vec{};
+  p |= on & kPassed;
   const Bytes pb = __builtin_convertvector(p, Bytes);
   Step st;
   Locate(g, n, i, j, k0, &st);
@@ -213,50 +218,48 @@ template <int64_t kR, int64_t kS>
   *m = __builtin_convertvector(__builtin_convertvector(b, Halves), Mask);
 }
 
-// A pooled step's output, gradient and window positions lane by lane (channels-first, or the last
-// step of K channels), zeros past its lanes: outside the kernels, as StoreLanes.
-[[gnu::noinline]] void LoadLanes(const Geometry& g, const Step& st, const float* y, const float* dy,
-                                 const uint8_t* ws, float* yl, float* gl, int32_t* al) {
-  for (int64_t l = 0; l < kLanes; ++l) yl[l] = gl[l] = 0.f, al[l] = 0;
+// A pooled step's gradient and window positions lane by lane (channels-first, or the last step of
+// K channels), zeros past its lanes: outside the kernels, as StoreLanes.
+[[gnu::noinline]] void LoadLanes(const Geometry& g, const Step& st, const float* dy,
+                                 const uint8_t* ws, float* gl, int32_t* al) {
+  for (int64_t l = 0; l < kLanes; ++l) gl[l] = 0.f, al[l] = 0;
   for (int64_t l = 0; l < st.lanes; ++l) {
     const int64_t o = st.contiguous ? st.at[0] + l : st.at[l];
-    yl[l] = y[o], gl[l] = Operand(dy[o], g.bf16), al[l] = ws[o];
+    gl[l] = Operand(dy[o], g.bf16), al[l] = ws[o];
   }
 }
 
 // The gradient of one pooled step, two columns (j, j + 1) of channels k0..: dy gated by the ReLU
-// (y > 0) in gv[col], the window position the maximum came from in at[col] (zeros for a column
-// past the row); their sum added to db_sum.
-[[gnu::always_inline]] inline void PooledGradient(const Geometry& g, const float* y,
-                                                  const float* dy, const uint8_t* ws, int64_t n,
-                                                  int64_t i, int64_t j, int64_t k0, Vec* gv,
-                                                  Mask* at, Vec* db_sum) {
+// (ws's kPassed) in gv[col], the window position the maximum came from in at[col] (zeros for a
+// column past the row); their sum added to db_sum.
+[[gnu::always_inline]] inline void PooledGradient(const Geometry& g, const float* dy,
+                                                  const uint8_t* ws, int64_t n, int64_t i,
+                                                  int64_t j, int64_t k0, Vec* gv, Mask* at,
+                                                  Vec* db_sum) {
   for (int64_t col = 0; col < 2; ++col) {
-    Vec yv{}, gc{};
+    Vec gc{};
     Mask ac{};
     if (j + col < g.pw) {
       Step st;
       Locate(g, n, i, j + col, k0, &st);
       if (st.contiguous && st.lanes == kLanes) {
-        // Channels-last, a full step: three vector loads (a copy through per-lane arrays stalled
+        // Channels-last, a full step: two vector loads (a copy through per-lane arrays stalled
         // store forwarding on every vector: a third of the op's time).
         Bytes ab;
-        std::memcpy(&yv, y + st.at[0], sizeof(Vec));
         std::memcpy(&gc, dy + st.at[0], sizeof(Vec));
         std::memcpy(&ab, ws + st.at[0], sizeof(Bytes));
         Widen(ab, &ac);
         if (g.bf16) RoundOperands(&gc);
       } else {
-        float yl[kLanes], gl[kLanes];
+        float gl[kLanes];
         int32_t al[kLanes];
-        LoadLanes(g, st, y, dy, ws, yl, gl, al);
-        std::memcpy(&yv, yl, sizeof(Vec));
+        LoadLanes(g, st, dy, ws, gl, al);
         std::memcpy(&gc, gl, sizeof(Vec));
         std::memcpy(&ac, al, sizeof(Mask));
       }
     }
-    gv[col] = yv > 0.f ? gc : Vec{};
-    at[col] = ac;
+    gv[col] = (ac & kPassed) != 0 ? gc : Vec{};
+    at[col] = ac & (kPassed - 1);
     *db_sum += gv[col];
   }
 }
@@ -289,14 +292,14 @@ template <int64_t kR, int64_t kS>
 // One sample's weight and bias gradients, (taps, kp) and (kp), added in f32 to dw and db over its
 // pooled positions in (i, j) order, two columns at a time as forward. For each pooled row, step
 // of channels and input channel, the kernel's r * s sums stay local over the row; the row's
-// output, gradient and window positions (cold in training) are read from memory once, the second
+// gradient and window positions (cold in training) are read from memory once, the second
 // step of channels finding them in cache (a step over the whole sample at a time took 1.6x as
 // long at batch 256). A fixed kR x kS kernel unrolls the taps, which keeps the sums in registers
 // (GCC leaves such short loops rolled, and the sums would live in memory); 0: the size from g.
 template <int64_t kR, int64_t kS>
 [[gnu::always_inline]] inline void BackwardBody(const Geometry& geo, const float* xp,
-                                                const float* y, const float* dy, const uint8_t* ws,
-                                                int64_t n, float* dw, float* db) {
+                                                const float* dy, const uint8_t* ws, int64_t n,
+                                                float* dw, float* db) {
   const Geometry g = geo;  // as in ForwardBody
   const int64_t rows = kR > 0 ? kR : g.r, cols = kS > 0 ? kS : g.s, taps = rows * cols;
   for (int64_t i = 0; i < g.ph; ++i) {
@@ -309,7 +312,7 @@ template <int64_t kR, int64_t kS>
         for (int64_t j = 0; j < g.pw; j += 2) {
           Vec gv[2];
           Mask at[2];
-          PooledGradient(g, y, dy, ws, n, i, j, k0, gv, at, &db_sum);
+          PooledGradient(g, dy, ws, n, i, j, k0, gv, at, &db_sum);
           const Mask base[2] = {(at[0] >> 1) * kLanes + (at[0] & 1),
                                 (at[1] >> 1) * kLanes + (at[1] & 1) + 2};
 #pragma GCC unroll 8
@@ -338,12 +341,11 @@ DPT_SIMD_CLONES void ForwardSample(const Geometry& g, const float* xp, const flo
   if (g.r == 5 && g.s == 5) return ForwardBody<5, 5>(g, xp, wt, bias, n, y, ws);
   ForwardBody<0, 0>(g, xp, wt, bias, n, y, ws);
 }
-DPT_SIMD_CLONES void BackwardSample(const Geometry& g, const float* xp, const float* y,
-                                    const float* dy, const uint8_t* ws, int64_t n, float* dw,
-                                    float* db) {
-  if (g.r == 3 && g.s == 3) return BackwardBody<3, 3>(g, xp, y, dy, ws, n, dw, db);
-  if (g.r == 5 && g.s == 5) return BackwardBody<5, 5>(g, xp, y, dy, ws, n, dw, db);
-  BackwardBody<0, 0>(g, xp, y, dy, ws, n, dw, db);
+DPT_SIMD_CLONES void BackwardSample(const Geometry& g, const float* xp, const float* dy,
+                                    const uint8_t* ws, int64_t n, float* dw, float* db) {
+  if (g.r == 3 && g.s == 3) return BackwardBody<3, 3>(g, xp, dy, ws, n, dw, db);
+  if (g.r == 5 && g.s == 5) return BackwardBody<5, 5>(g, xp, dy, ws, n, dw, db);
+  BackwardBody<0, 0>(g, xp, dy, ws, n, dw, db);
 }
 
 }  // namespace
@@ -415,8 +417,8 @@ void CpuBackend::ConvPoolBackward(const ConvPoolDesc& d, const Tensor& x, const 
       for (int64_t n = blk * kBlock; n < std::min(cd.n, (blk + 1) * kBlock); ++n) {
         PadSample(g, cd, xs, n, xp.data());
         std::fill(one.begin(), one.end(), 0.f);
-        BackwardSample(g, xp.data(), y.data<float>(), dy.data<float>(), ws.data<uint8_t>(), n,
-                       one.data(), one.data() + g.taps * g.kp);
+        BackwardSample(g, xp.data(), dy.data<float>(), ws.data<uint8_t>(), n, one.data(),
+                       one.data() + g.taps * g.kp);
         for (int64_t t = 0; t < part; ++t) p[t] += one[static_cast<size_t>(t)];
       }
     }

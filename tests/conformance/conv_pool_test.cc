@@ -9,6 +9,7 @@
 // values, apart by far more than that, give every backend the same maximum).
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -112,6 +113,16 @@ class ConvPoolTest : public BackendTest {
     EXPECT_TRUE(AllClose(Unlayout(ToHost(be, ty), ys, d.pool.nhwc), want.y, fwd)) << "inference";
     be.ConvPoolForward(d, tx, tw, c.bias ? &tb : nullptr, &ty, &pos);
     EXPECT_TRUE(AllClose(Unlayout(ToHost(be, ty), ys, d.pool.nhwc), want.y, fwd)) << "training";
+    // ws: the window position in bits 0-1, bit 2 the ReLU's gate (y > 0), nothing else.
+    {
+      const std::vector<float> yv = ToHost(be, ty);
+      std::vector<uint8_t> pv(yv.size());
+      be.CopyToHost(pos, pv.data());
+      int64_t wrong = 0;
+      for (size_t i = 0; i < pv.size(); ++i)
+        wrong += pv[i] >= 8 || ((pv[i] & 4) != 0) != (yv[i] > 0);
+      EXPECT_EQ(wrong, 0) << "window positions whose gate bit is not y > 0";
+    }
 
     const Tolerance bwd = ForReduction(Precision::kF32, c.n * c.out_h() * c.out_w());
     Tensor tdw = ToDevice(be, std::vector<float>(w.size(), 7.f), ws),
