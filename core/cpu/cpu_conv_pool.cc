@@ -168,46 +168,56 @@ void Locate(const Geometry& g, int64_t n, int64_t i, int64_t j, int64_t k0, Step
   StoreLanes(st, ml, pl, y, ws);
 }
 
-// One sample's pooled outputs, two pooled columns at a time (eight independent sums: the adds'
-// latency hides; a last odd column computes an idle second one over the zeros past the row).
-// Each lane sums bias, then the taps in (c, r, s) order. kR x kS > 0 fixes the kernel's size at
-// compile time (the taps unrolled); 0 reads it from g.
+// kP pooled columns (j..j + kP - 1) of row i, every step of channels: 4 * kP independent sums
+// per step (the adds' latency hides behind them), each lane summing bias, then the taps in
+// (c, r, s) order; a column past the row computes an idle sum over the zeros after it. kR x kS
+// > 0 fixes the kernel's size at compile time (the taps unrolled); 0 reads it from g.
+template <int64_t kR, int64_t kS, int64_t kP>
+[[gnu::always_inline]] inline void ForwardColumns(const Geometry& g, const float* xp,
+                                                  const float* wt, const float* bias, int64_t n,
+                                                  int64_t i, int64_t j, float* y, uint8_t* ws) {
+  const int64_t rows = kR > 0 ? kR : g.r, cols = kS > 0 ? kS : g.s;
+  for (int64_t k0 = 0; k0 < g.kp; k0 += kLanes) {
+    Vec a[4 * kP];
+    std::memcpy(&a[0], bias + k0, sizeof(Vec));
+    for (auto& v : a) v = a[0];
+    for (int64_t c = 0; c < g.c; ++c) {
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* row = xp + (c * g.hp + 2 * i + r) * g.xs + 2 * j;
+        const float* wv = wt + ((c * rows + r) * cols) * g.kp + k0;
+        for (int64_t s = 0; s < cols; ++s, wv += g.kp) {
+          Vec w;
+          std::memcpy(&w, wv, sizeof(Vec));
+          const float* top = row + s;
+          const float* bottom = top + g.xs;
+#pragma GCC unroll 4
+          for (int64_t p = 0; p < kP; ++p) {
+            a[4 * p] += top[2 * p] * w;
+            a[4 * p + 1] += top[2 * p + 1] * w;
+            a[4 * p + 2] += bottom[2 * p] * w;
+            a[4 * p + 3] += bottom[2 * p + 1] * w;
+          }
+        }
+      }
+    }
+#pragma GCC unroll 4
+    for (int64_t p = 0; p < kP; ++p) {
+      if (j + p < g.pw) StorePooled(g, n, i, j + p, k0, a + 4 * p, y, ws);
+    }
+  }
+}
+
+// One sample's pooled outputs: three pooled columns at a time (twelve sums), the last one or two
+// as a pair.
 template <int64_t kR, int64_t kS>
 [[gnu::always_inline]] inline void ForwardBody(const Geometry& geo, const float* xp,
                                                const float* wt, const float* bias, int64_t n,
                                                float* y, uint8_t* ws) {
   const Geometry g = geo;  // a copy: no store through y can change it, so it stays in registers
-  const int64_t rows = kR > 0 ? kR : g.r, cols = kS > 0 ? kS : g.s;
   for (int64_t i = 0; i < g.ph; ++i) {
-    for (int64_t j = 0; j < g.pw; j += 2) {
-      for (int64_t k0 = 0; k0 < g.kp; k0 += kLanes) {
-        Vec a[8];
-        std::memcpy(&a[0], bias + k0, sizeof(Vec));
-        for (auto& v : a) v = a[0];
-        for (int64_t c = 0; c < g.c; ++c) {
-          for (int64_t r = 0; r < rows; ++r) {
-            const float* row = xp + (c * g.hp + 2 * i + r) * g.xs + 2 * j;
-            const float* wv = wt + ((c * rows + r) * cols) * g.kp + k0;
-            for (int64_t s = 0; s < cols; ++s, wv += g.kp) {
-              Vec w;
-              std::memcpy(&w, wv, sizeof(Vec));
-              const float* top = row + s;
-              const float* bottom = top + g.xs;
-              a[0] += top[0] * w;
-              a[1] += top[1] * w;
-              a[2] += bottom[0] * w;
-              a[3] += bottom[1] * w;
-              a[4] += top[2] * w;
-              a[5] += top[3] * w;
-              a[6] += bottom[2] * w;
-              a[7] += bottom[3] * w;
-            }
-          }
-        }
-        StorePooled(g, n, i, j, k0, a, y, ws);
-        if (j + 1 < g.pw) StorePooled(g, n, i, j + 1, k0, a + 4, y, ws);
-      }
-    }
+    int64_t j = 0;
+    for (; j + 3 <= g.pw; j += 3) ForwardColumns<kR, kS, 3>(g, xp, wt, bias, n, i, j, y, ws);
+    if (j < g.pw) ForwardColumns<kR, kS, 2>(g, xp, wt, bias, n, i, j, y, ws);
   }
 }
 
