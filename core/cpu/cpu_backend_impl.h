@@ -161,6 +161,7 @@ struct Staged {
   const Copy* Holding(const Tensor& t) const;
   std::string label_;
   bool is_input_ = false;
+  bool plain_bf16_ = false;  // In() rounds f32 to bf16 in one dense order itself (PlainToBf16)
   mutable uint64_t clock_ = 0;
 };
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/backend.h"
+#include "core/elementwise.h"
 #include "tests/testing/backends.h"
 #include "tests/testing/reference_ops.h"
 #include "tests/testing/tolerances.h"
@@ -160,6 +161,43 @@ TEST_P(LinearTest, BF16BackwardWeights) {
   ForEachCase(Precision::kBF16, [&](const LinearDesc& d, uint32_t s) {
     CheckBackwardWeights(backend(), d, s, /*accumulate=*/true);
   });
+}
+
+// bf16 rounds each operand to nearest, ties to even (ew::FloatToBf16), as PyTorch's bf16 does:
+// with the other operand the identity, every output is one operand's rounded value exactly (its
+// other products are zeros). 17 values a row: a vector of 16 and a tail; ties both ways, values
+// just off them, one whose rounding carries into the exponent, and a tiny one.
+TEST_P(LinearTest, BF16RoundsOperandsToNearestEven) {
+  Backend& be = backend();
+  constexpr int64_t kN = 17;
+  const LinearDesc d = MakeLinear(kN, kN, kN, false, Precision::kBF16);
+  DPT_SKIP_UNLESS_SUPPORTED(be, d);
+  const float tie = 1.f + 0x1p-8f, odd_tie = 1.f + 3 * 0x1p-8f;
+  const std::vector<float> pool = {tie,  -tie,   odd_tie,         -odd_tie, 1.f + 0x1p-9f,
+                                   3.3f, -7.77f, 0x1.fffffep100f, 1e-20f,   1.f + 0x1.00002p-8f};
+  std::vector<float> values(static_cast<size_t>(kN * kN)), eye(values.size(), 0.f);
+  for (size_t i = 0; i < values.size(); ++i)
+    values[i] = pool[i % pool.size()] * static_cast<float>(1 << (i % 3));
+  for (int64_t i = 0; i < kN; ++i) eye[static_cast<size_t>(i * kN + i)] = 1.f;
+  auto plan = be.PrepareLinear(d);
+  const Shape sq{kN, kN};
+  for (const bool x_side : {true, false}) {
+    Tensor x = ToDevice(be, x_side ? values : eye, sq), w = ToDevice(be, x_side ? eye : values, sq),
+           y = ToDevice(be, std::vector<float>(values.size()), sq);
+    be.LinearForward(*plan, x, w, nullptr, &y);
+    const std::vector<float> got = ToHost(be, y);
+    int64_t wrong = 0;
+    for (int64_t n = 0; n < kN; ++n) {
+      for (int64_t o = 0; o < kN; ++o) {
+        // y[n][o] = x[n][o] (W = I) or W[o][n] (x = I).
+        const float v = values[static_cast<size_t>(x_side ? n * kN + o : o * kN + n)];
+        const float want = ew::Bf16ToFloat(ew::FloatToBf16(v));
+        const float have = got[static_cast<size_t>(n * kN + o)];
+        wrong += have != want;
+      }
+    }
+    EXPECT_EQ(wrong, 0) << (x_side ? "x" : "W") << " rounded otherwise than to nearest even";
+  }
 }
 
 TEST_P(LinearTest, F16Forward) {
