@@ -300,7 +300,7 @@ template <int64_t kR, int64_t kS>
 }
 
 // One sample's weight and bias gradients, (taps, kp) and (kp), added in f32 to dw and db over its
-// pooled positions in (i, j) order, two columns at a time as forward. For each pooled row, step
+// pooled positions in (i, j) order, two columns at a time. For each pooled row, step
 // of channels and input channel, the kernel's r * s sums stay local over the row; the row's
 // gradient and window positions (cold in training) are read from memory once, the second
 // step of channels finding them in cache (a step over the whole sample at a time took 1.6x as
