@@ -98,6 +98,13 @@ DPT_CLONE_INLINE void Bf16Bits16(const float* v, uint16_t* out) {
   std::memcpy(out, &bits, sizeof(bits));
 }
 
+// Bf16Bits of a run of n floats: 16 at a time (Bf16Bits16), then the tail.
+DPT_CLONE_INLINE void Bf16BitsRun(const float* in, uint16_t* out, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) Bf16Bits16(in + i, out + i);
+  for (; i < n; ++i) out[i] = Bf16Bits(in[i]);
+}
+
 // The argument checks of the ops.
 inline void CheckF32(const Tensor& t, const char* what) {
   DPT_CHECK(t.defined() && t.dtype() == DType::kF32 && t.device() == Device::kCpu)

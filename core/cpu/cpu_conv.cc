@@ -463,9 +463,7 @@ bool CpuBackend::UnfoldsWeightGradient(const Conv2dDesc& d) {
 }
 
 namespace {
-DPT_SIMD_CLONES void ToBf16(const float* in, uint16_t* out, int64_t n) {
-  for (int64_t j = 0; j < n; ++j) out[j] = Bf16Bits(in[j]);
-}
+DPT_SIMD_CLONES void ToBf16(const float* in, uint16_t* out, int64_t n) { Bf16BitsRun(in, out, n); }
 
 // x's dtype (f32, or bf16 for Conv2dDesc::x_bf16) and size.
 void CheckX(const Conv2dDesc& d, const Tensor& x) {

@@ -47,11 +47,8 @@ bool PlainToBf16(const memory::desc& user, const memory::desc& inner) {
          inner.get_size() == static_cast<size_t>(numel) * sizeof(uint16_t);
 }
 
-// A run of n floats to their bf16 bits.
 DPT_SIMD_CLONES void ToBf16Run(const float* in, uint16_t* out, int64_t n) {
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) Bf16Bits16(in + i, out + i);
-  for (; i < n; ++i) out[i] = Bf16Bits(in[i]);
+  Bf16BitsRun(in, out, n);
 }
 
 void ToBf16(const float* in, uint16_t* out, int64_t n) {
