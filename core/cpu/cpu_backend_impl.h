@@ -295,6 +295,7 @@ struct PoolPlan final : OpPlan {
   PoolDesc d;
   ew::PoolGeom g{};
   bool own = false;  // max pooling on the loops of cpu_pool.cc (workspace: a window index a byte)
+  bool pair_rows = false;  // `own` with 2 x 2 windows at stride 2, none clipped, C % 16 == 0
   // For `own`, per column: the clipped window [lo, hi) of each output column and its unclipped
   // first column (start); the output columns [lo, hi) whose windows hold each input column.
   struct Columns {

@@ -175,6 +175,74 @@ DPT_SIMD_CLONES void MaxPoolGradRow(const ew::PoolGeom& g, const Columns& cover,
   MaxPoolGradRowOf(g, cover, c, dy_img, ws_img, ih, dx_row);
 }
 
+// ---- 2 x 2 windows at stride 2, none clipped (PoolPlan::pair_rows) ----
+// The same values, indices and gradients as the loops above, with each output pixel's four
+// inputs read once and each gradient written from its one window: an output row reads two input
+// rows and the backward writes them.
+DPT_SIMD_CLONES void MaxPool2Row(int64_t q, int64_t w, int64_t c, const float* top, float* y_row,
+                                 uint8_t* ws_row) {
+  const float* bottom = top + w * c;
+  for (int64_t ow = 0; ow < q; ++ow) {
+    const float* v0 = top + 2 * ow * c;
+    const float* v2 = bottom + 2 * ow * c;
+    for (int64_t c0 = 0; c0 < c; c0 += kLanes) {
+      float best[kLanes];
+      int32_t arg[kLanes];
+#pragma omp simd
+      for (int64_t j = 0; j < kLanes; ++j) {
+        float b = v0[c0 + j];
+        int32_t a = 0;
+        const float v1 = v0[c + c0 + j], v2j = v2[c0 + j], v3 = v2[c + c0 + j];
+        bool take = v1 > b || v1 != v1;  // v != v: a NaN
+        b = take ? v1 : b;
+        a = take ? 1 : a;
+        take = v2j > b || v2j != v2j;
+        b = take ? v2j : b;
+        a = take ? 2 : a;
+        take = v3 > b || v3 != v3;
+        best[j] = take ? v3 : b;
+        arg[j] = take ? 3 : a;
+      }
+      float* y = y_row + ow * c + c0;
+      for (int64_t j = 0; j < kLanes; ++j) y[j] = best[j];
+      if (ws_row != nullptr) {
+        uint8_t* ws = ws_row + ow * c + c0;
+        for (int64_t j = 0; j < kLanes; ++j) ws[j] = static_cast<uint8_t>(arg[j]);
+      }
+    }
+  }
+}
+// The gradients of input rows 2 oh and 2 oh + 1 from output row oh: dy where the window's
+// maximum was, else 0 (added to a zero, as the loops above sum, so a -0 comes out +0).
+template <class T>
+DPT_CLONE_INLINE void MaxPool2GradRowOf(int64_t q, int64_t w, int64_t c, const float* dy_row,
+                                        const uint8_t* ws_row, T* top) {
+  T* bottom = top + w * c;
+  for (int64_t ow = 0; ow < q; ++ow) {
+    const int64_t in = 2 * ow * c;
+    for (int64_t c0 = 0; c0 < c; c0 += kLanes) {
+      Vec gy;
+      Bytes at;
+      std::memcpy(&gy, dy_row + ow * c + c0, sizeof(Vec));
+      std::memcpy(&at, ws_row + ow * c + c0, sizeof(Bytes));
+      const Mask pos = __builtin_convertvector(__builtin_convertvector(at, Halves), Mask);
+      const Mask bits = reinterpret_cast<Mask>(gy);
+      StoreGrads(Vec{} + reinterpret_cast<Vec>(bits & (pos == 0)), top + in + c0);
+      StoreGrads(Vec{} + reinterpret_cast<Vec>(bits & (pos == 1)), top + in + c + c0);
+      StoreGrads(Vec{} + reinterpret_cast<Vec>(bits & (pos == 2)), bottom + in + c0);
+      StoreGrads(Vec{} + reinterpret_cast<Vec>(bits & (pos == 3)), bottom + in + c + c0);
+    }
+  }
+}
+DPT_SIMD_CLONES void MaxPool2GradRow(int64_t q, int64_t w, int64_t c, const float* dy_row,
+                                     const uint8_t* ws_row, float* top) {
+  MaxPool2GradRowOf(q, w, c, dy_row, ws_row, top);
+}
+DPT_SIMD_CLONES void MaxPool2GradRow(int64_t q, int64_t w, int64_t c, const float* dy_row,
+                                     const uint8_t* ws_row, uint16_t* top) {
+  MaxPool2GradRowOf(q, w, c, dy_row, ws_row, top);
+}
+
 // PoolPlan::own: the forward (ws null: inference) and the backward, over every image.
 void OwnMaxPoolForward(const PoolPlan& p, const float* x, float* y, uint8_t* ws) {
   const ew::PoolGeom& g = p.g;
@@ -184,8 +252,12 @@ void OwnMaxPoolForward(const PoolPlan& p, const float* x, float* y, uint8_t* ws)
   for (int64_t i = 0; i < n; ++i) {
     for (int64_t oh = 0; oh < g.p; ++oh) {
       const int64_t row = (i * g.p + oh) * g.q * c;
-      MaxPoolRow(g, cols, c, x + i * g.h * g.w * c, oh, y + row,
-                 ws == nullptr ? nullptr : ws + row);
+      uint8_t* ws_row = ws == nullptr ? nullptr : ws + row;
+      if (p.pair_rows) {
+        MaxPool2Row(g.q, g.w, c, x + (i * g.h + 2 * oh) * g.w * c, y + row, ws_row);
+      } else {
+        MaxPoolRow(g, cols, c, x + i * g.h * g.w * c, oh, y + row, ws_row);
+      }
     }
   }
 }
@@ -194,6 +266,16 @@ void OwnMaxPoolBackward(const PoolPlan& p, const float* dy, const uint8_t* ws, T
   const ew::PoolGeom& g = p.g;
   const int64_t n = p.d.n, c = p.d.c;
   const Columns& cover = p.cover;
+  if (p.pair_rows) {
+#pragma omp parallel for collapse(2) if (n * g.h * g.w * c > kParallelMin)
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t oh = 0; oh < g.p; ++oh) {
+        const int64_t row = (i * g.p + oh) * g.q * c;
+        MaxPool2GradRow(g.q, g.w, c, dy + row, ws + row, dx + (i * g.h + 2 * oh) * g.w * c);
+      }
+    }
+    return;
+  }
 #pragma omp parallel for collapse(2) if (n * g.h * g.w * c > kParallelMin)
   for (int64_t i = 0; i < n; ++i) {
     for (int64_t ih = 0; ih < g.h; ++ih) {
@@ -220,6 +302,8 @@ std::shared_ptr<OpPlan> CpuBackend::PreparePool(const PoolDesc& d) {
   }
   if (d.nhwc && d.kernel <= kOwnMaxPoolKernel) {
     p->own = true;
+    p->pair_rows = d.kernel == 2 && d.stride == 2 && d.pad == 0 && d.h == 2 * d.out_h() &&
+                   d.w == 2 * d.out_w() && d.c % kLanes == 0;
     PlanColumns(p.get());
     p->workspace_bytes = static_cast<size_t>(d.n * d.c * d.out_h() * d.out_w());
     slot = p;

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/backend.h"
@@ -151,8 +152,9 @@ TEST_P(PoolTest, Avg) { RunAll(PoolKind::kAvg); }
 TEST_P(PoolTest, MaxTiesKeepGradientMass) {
   Backend& be = backend();
   int ran = 0;
-  for (const bool nhwc : {false, true}) {
-    PoolDesc d = MakePool(PoolKind::kMax, 1, 19, 4, 4, 2, 2, 0);  // non-overlapping windows
+  // non-overlapping windows; 32 channels: the CPU's 2 x 2 loops for whole vectors (pair_rows)
+  for (const auto& [nhwc, c] : {std::pair{false, 19}, std::pair{true, 19}, std::pair{true, 32}}) {
+    PoolDesc d = MakePool(PoolKind::kMax, 1, c, 4, 4, 2, 2, 0);
     d.nhwc = nhwc;
     if (!be.Supports(d)) continue;
     SCOPED_TRACE(d.ToString());
@@ -211,6 +213,7 @@ TEST_P(PoolTest, MaxNaNWins) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   int ran = 0;
   for (PoolDesc d : {MakePool(PoolKind::kMax, 2, 19, 6, 6, 2, 2, 0),
+                     MakePool(PoolKind::kMax, 2, 32, 6, 6, 2, 2, 0),
                      MakePool(PoolKind::kMax, 2, 19, 7, 7, 3, 2, 1)}) {
     for (const bool nhwc : {false, true}) {
       d.nhwc = nhwc;
@@ -226,6 +229,11 @@ TEST_P(PoolTest, MaxNaNWins) {
       for (int64_t plane = 0; plane < d.n * d.c; plane += 3) {
         const int64_t h = plane % d.h, w = (plane * 5 + 1) % d.w;
         nans.push_back((plane * d.h + h) * d.w + w);
+      }
+      // and in every fourth plane two in its first window, (0, 0) and (1, 1): the last one wins
+      for (int64_t plane = 1; plane < d.n * d.c; plane += 4) {
+        nans.push_back(plane * d.h * d.w);
+        nans.push_back((plane * d.h + 1) * d.w + 1);
       }
       for (const int64_t at : nans) x[static_cast<size_t>(at)] = nan;
       auto plan = be.PreparePool(d);
@@ -262,9 +270,15 @@ TEST_P(PoolTest, MaxNaNWins) {
             ++windows_with_nan;
             EXPECT_TRUE(std::isnan(got[o]))
                 << "plane " << plane << " window (" << p << ", " << q << "): " << got[o];
-            if (d.stride == d.kernel) {
-              EXPECT_EQ(grad[static_cast<size_t>(nan_at)], dy[o])
-                  << "the gradient of plane " << plane << " window (" << p << ", " << q << ")";
+            if (d.stride == d.kernel) {  // all of dy to the last NaN, none elsewhere
+              for (int64_t h = win.h0; h < win.h1; ++h) {
+                for (int64_t w = win.w0; w < win.w1; ++w) {
+                  const int64_t e = (plane * d.h + h) * d.w + w;
+                  EXPECT_EQ(grad[static_cast<size_t>(e)], e == nan_at ? dy[o] : 0.f)
+                      << "the gradient of plane " << plane << " window (" << p << ", " << q
+                      << ") at (" << h << ", " << w << ")";
+                }
+              }
             }
           }
         }
