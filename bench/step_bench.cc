@@ -418,11 +418,44 @@ void ConvPoolArgsList(benchmark::internal::Benchmark* b) {
   b->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.2);
 }
 
+// ref_cnn's conv2 (32 -> 64 channels, 3x3 pad 1, bias, 14 x 14) as the step runs it,
+// channels-last on both sides, f32 x and dy: the weight and bias gradients alone, whichever way
+// the CPU backend plans them (with bf16: AMX tiles or AVX512-BF16 dot products where there are,
+// else oneDNN's kernel).
+void Conv2Weights(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  Conv2dDesc d{n, 32, 14, 14, 64, 3, 3, 1, 1, true, Prec(state.range(1))};
+  d.x_nhwc = d.y_nhwc = true;
+  Backend& be = GetBackend("cpu");
+  UseThreads(be, static_cast<int>(state.range(2)));
+  if (!be.Supports(d)) return state.SkipWithError("unsupported here");
+  const auto plan = be.PrepareConv2d(d);
+  Tensor x = Random(be, Shape{n, 14, 14, 32}), dy = Random(be, Shape{n, 14, 14, 64});
+  Tensor dw = Random(be, Shape{64, 32, 3, 3}), db = Random(be, Shape{64});
+  for (auto _ : state) {
+    be.Conv2dBackwardWeights(*plan, x, dy, &dw, &db, false);
+    be.Synchronize();
+  }
+  state.counters["GFLOP/s"] = benchmark::Counter(static_cast<double>(d.flops()) / 1e9,
+                                                 benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void Conv2WeightsArgsList(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"batch", "bf16", "threads"});
+  for (int64_t batch : {64, 256}) {
+    for (int64_t bf16 : {0, 1}) {
+      for (int64_t threads : {1, 2}) b->Args({batch, bf16, threads});
+    }
+  }
+  b->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.2);
+}
+
 BENCHMARK(Step)->Apply(StepArgs);
 BENCHMARK(Primitive)->Apply(PrimArgs);
 BENCHMARK(BatchNorm)->Apply(BatchNormArgsList);
 BENCHMARK(MaxPool)->Apply(MaxPoolArgsList);
 BENCHMARK(ConvPool)->Apply(ConvPoolArgsList);
+BENCHMARK(Conv2Weights)->Apply(Conv2WeightsArgsList);
 
 }  // namespace
 }  // namespace dptrain

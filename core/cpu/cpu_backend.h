@@ -121,7 +121,12 @@ class CpuBackend final : public Backend {
   // 2.09 ms in a step, 0.96 on tiles; resnet18_cifar's layer3.1.conv1 at batch 64, 256 channels:
   // 5.6 -> 3.9 ms). Larger images are left to it: there the tiles' preparation of x and dy costs
   // what they save (resnet8's first stage, 16 channels at 32 x 32).
+  // Without AMX, on a CPU with AVX512-BF16 (and VBMI2), the same sums run on dot products
+  // (VDPBF16PS) for the stride-2 ones with a channels-last x and C x K up to 128 x 128, the ones
+  // where that beats oneDNN's avx512_core_bf16 kernel (cpu_tiles.cc).
   static bool TilesWeightGradient(const Conv2dDesc& d);
+  // Whether the tiles' sums run on AVX512-BF16 dot products here (no AMX). For tests.
+  static bool TilesByDotProducts();
   // Whether a conv2d plan runs its weight gradient so. For tests.
   static bool PlannedTiles(const OpPlan& plan);
   // oneDNN's convolutions read and write NHWC as fast as their blocked layouts, without the

@@ -265,9 +265,11 @@ void Spread(const ConvPlan& p, const Tensor& dx_sub, const Tensor& dx);
 void Unfold(const ConvPlan& p, const Tensor& x, const Tensor& cols);
 // dx (N, H, W, C, f32) = the sum of dcols' entries of each input pixel: Unfold's transpose.
 void Col2Im(const ConvPlan& p, const Tensor& dcols, const Tensor& dx);
-// AMX with bf16 tiles on this CPU, as oneDNN sees it (DNNL_MAX_CPU_ISA included), and Linux's
-// permission for the tile state (asked for once).
+// Whether TileWeightGradient runs on this CPU, as oneDNN sees it (DNNL_MAX_CPU_ISA included):
+// on AMX bf16 tiles (with Linux's permission for the tile state, asked for once), else on
+// AVX512-BF16 dot products (with AVX512-VBMI2: TilesByDots).
 bool TilesAvailable();
+bool TilesByDots();
 // The scratch bytes TileWeightGradient needs for `d` on up to `threads` threads.
 size_t TileScratchBytes(const Conv2dDesc& d, int threads);
 // dw (K, C, R, S) and db (K; null: no bias), f32, = or += (accumulate) the weight gradient of

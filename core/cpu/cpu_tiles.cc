@@ -2,7 +2,9 @@
 // CPU backend: a bf16 convolution's weight gradient on AMX tiles (CpuBackend::TilesWeightGradient)
 // instead of oneDNN 2.6's jit kernel, which ran at a quarter to a half of the forward's rate on the
 // same shapes. dW[r][s] = dy^T x shifted by the tap (r, s): one tile multiply per 32 pixels, tap
-// and 16 x 16 block of (K, C), on a padded grid where every tap is one shift of x.
+// and 16 x 16 block of (K, C), on a padded grid where every tap is one shift of x. Without AMX,
+// the same sums on AVX512-BF16 dot products (DotGroup) for the strided shapes where those beat
+// oneDNN's avx512_core_bf16 kernel.
 #include <omp.h>
 
 #include <algorithm>
@@ -65,6 +67,9 @@ constexpr int64_t kBlocks = 8;        // images are summed in this many fixed bl
 constexpr int64_t kGroupImages = 16;
 constexpr int64_t kGroupBytes = 1 << 20;
 constexpr int64_t kAlign = 64;  // bytes: a tile row
+constexpr int kDotRows = 8;     // rows of K a group of dot-product sums holds (3 taps: 24 zmm)
+// Whether the products run on AVX512-BF16 dot products (DotGroup) instead of AMX tiles.
+bool UsesDots();
 
 struct Grid {
   int64_t st, wg, rows, t, pairs, taps, max_shift;
@@ -143,8 +148,12 @@ size_t TileScratchBytes(const Conv2dDesc& d, int threads) {
 #if DPT_HAS_TILES
 namespace {
 
-#define DPT_TILES_TARGET \
-  __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi2")))
+// (AVX512-BF16 too: every AMX CPU has it, and the dot products' kernel shares these functions.)
+#define DPT_TILES_TARGET                                                         \
+  __attribute__((                                                                \
+      target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi2," \
+             "avx512bf16")))
+#define DPT_DOTS_TARGET DPT_TILES_TARGET
 
 // Interleaves the 16 bf16 of a 256-bit half with the other's: lo0 hi0 lo1 hi1 ...
 alignas(64) constexpr uint16_t kInterleave[32] = {0,  16, 1,  17, 2,  18, 3,  19, 4,  20, 5,
@@ -356,11 +365,16 @@ DPT_TILES_TARGET void PrepDy(const Conv2dDesc& d, const Grid& g, const char* dy,
     }
   }
   if (db == nullptr) return;
+  // Eight sums a row, each over every eighth position, then added pairwise: a fixed order
+  // (the same bits on any thread count) without one chain of dependent additions (which took as
+  // long as the products for ref_cnn's conv2).
   for (int64_t j = 0; j < k; ++j) {
     const uint16_t* row = dyt + j * g.t;
-    double s = 0;
-    for (int64_t t = 0; t < g.t; ++t) s += ew::Bf16ToFloat(row[t]);
-    db[j] += s;
+    double s[8] = {};
+    for (int64_t t = 0; t < g.t; t += 8) {  // (g.t: a multiple of kChunk)
+      for (int l = 0; l < 8; ++l) s[l] += ew::Bf16ToFloat(row[t + l]);
+    }
+    db[j] += ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
   }
 }
 
@@ -438,16 +452,67 @@ DPT_TILES_TARGET void SquareGroup(const Span& sp, const uint16_t* a, const uint1
   _tile_stored(3, c3, c_stride);
 }
 
+// The same sums without AMX, on AVX512-BF16 dot products (VDPBF16PS: each f32 lane += the
+// products of one pair of bf16, the A[m][2i] B[i][2n] + A[m][2i + 1] B[i][2n + 1] of a tile
+// multiply): kTaps (1-3) taps of kDotRows rows of K by up to 16 channels (`cols`), sharing A.
+// Per pair of positions, each tap's B row is one vector (16 channels' pairs) and each K row's
+// pair of dyT one broadcast; the kTaps x kDotRows sums stay in registers over the Span.
+template <int kTaps>
+DPT_DOTS_TARGET void DotGroup(const Span& sp, const uint16_t* a, const uint16_t* const b[3],
+                              float* const c[3], int64_t c_stride, int64_t cols) {
+  const __mmask16 lanes = static_cast<__mmask16>((1u << cols) - 1);
+  const int64_t a_row = sp.a_stride / 2, c_row = c_stride / 4;  // elements
+  __m512 acc[kTaps][kDotRows];
+#pragma GCC unroll 3
+  for (int tp = 0; tp < kTaps; ++tp) {
+#pragma GCC unroll 8
+    for (int m = 0; m < kDotRows; ++m) acc[tp][m] = _mm512_maskz_loadu_ps(lanes, c[tp] + m * c_row);
+  }
+  for (int64_t im = 0; im < sp.images; ++im) {
+    const uint16_t* ai = a + im * sp.a_image;
+    const char* bi[3];
+#pragma GCC unroll 3
+    for (int tp = 0; tp < kTaps; ++tp) {
+      bi[tp] = reinterpret_cast<const char*>(b[tp] + im * sp.b_image);
+    }
+    for (int64_t t = sp.lo; t < sp.hi; t += 2) {
+      const int64_t bt = t / 2 * sp.b_stride;
+      __m512bh bv[kTaps];
+#pragma GCC unroll 3
+      for (int tp = 0; tp < kTaps; ++tp) {
+        bv[tp] = reinterpret_cast<__m512bh>(_mm512_maskz_loadu_epi32(lanes, bi[tp] + bt));
+      }
+#pragma GCC unroll 8
+      for (int m = 0; m < kDotRows; ++m) {
+        int32_t pair;
+        std::memcpy(&pair, ai + m * a_row + t, sizeof(pair));
+        const __m512bh av = reinterpret_cast<__m512bh>(_mm512_set1_epi32(pair));
+#pragma GCC unroll 3
+        for (int tp = 0; tp < kTaps; ++tp) acc[tp][m] = _mm512_dpbf16_ps(acc[tp][m], av, bv[tp]);
+      }
+    }
+  }
+#pragma GCC unroll 3
+  for (int tp = 0; tp < kTaps; ++tp) {
+#pragma GCC unroll 8
+    for (int m = 0; m < kDotRows; ++m) _mm512_mask_storeu_ps(c[tp] + m * c_row, lanes, acc[tp][m]);
+  }
+}
+
 // The groups of accumulators, in a fixed order: with C and K multiples of 32 one tap's 2 x 2
 // blocks of (K, C) each (tap, then kb, then cb), else up to 3 taps of one 16 x 16 block each (kb,
 // then cb, then the taps).
+//
+// On dot products (no AMX: DotGroup), up to 3 taps of one block of kDotRows rows of K by 16
+// channels each (kb, then cb, then the taps).
 struct Groups {
-  bool square;
+  bool square, dots;
   int64_t count;
 };
-Groups GroupsOf(const Conv2dDesc& d, const Grid& g) {
-  if (d.k % 32 == 0 && d.c % 32 == 0) return {true, g.taps * (d.k / 32) * (d.c / 32)};
-  return {false, (d.k / 16) * ((d.c + 15) / 16) * ((g.taps + 2) / 3)};
+Groups GroupsOf(const Conv2dDesc& d, const Grid& g, bool dots) {
+  if (dots) return {false, true, (d.k / kDotRows) * ((d.c + 15) / 16) * ((g.taps + 2) / 3)};
+  if (d.k % 32 == 0 && d.c % 32 == 0) return {true, false, g.taps * (d.k / 32) * (d.c / 32)};
+  return {false, false, (d.k / 16) * ((d.c + 15) / 16) * ((g.taps + 2) / 3)};
 }
 
 // Group i's products over a Span of prepared images (dyT and xv) added into dW's sums `part`
@@ -462,6 +527,28 @@ DPT_TILES_TARGET void RunGroup(const Conv2dDesc& d, const Grid& g, const Groups&
     return xv + (r % g.st * g.st + s % g.st) * g.phase_elems(c) + (o & 1) * g.pairs * c * 2 +
            (o >> 1) * c * 2 + cb * 2;
   };
+  if (gr.dots) {
+    const int64_t per_block = (g.taps + 2) / 3, block = i / per_block, tap = i % per_block * 3;
+    const int64_t c_blocks = (c + 15) / 16, kb = block / c_blocks * kDotRows;
+    const int64_t cb = block % c_blocks * 16, cols = std::min<int64_t>(16, c - cb);
+    const int64_t n = std::min<int64_t>(3, g.taps - tap);
+    const uint16_t* b[3];
+    float* acc[3];
+    for (int64_t j = 0; j < 3; ++j) {
+      const int64_t t = tap + std::min(j, n - 1);
+      b[j] = b_of(t, cb);
+      acc[j] = part + (t * k + kb) * c + cb;
+    }
+    const uint16_t* a = dyt + kb * g.t;
+    if (n == 3) {
+      DotGroup<3>(sp, a, b, acc, c_stride, cols);
+    } else if (n == 2) {
+      DotGroup<2>(sp, a, b, acc, c_stride, cols);
+    } else {
+      DotGroup<1>(sp, a, b, acc, c_stride, cols);
+    }
+    return;
+  }
   if (gr.square) {
     const int64_t blocks = (k / 32) * (c / 32), tap = i / blocks;
     const int64_t kb = i % blocks / (c / 32) * 32, cb = i % blocks % (c / 32) * 32;
@@ -495,7 +582,7 @@ DPT_TILES_TARGET void RunGroup(const Conv2dDesc& d, const Grid& g, const Groups&
 DPT_TILES_TARGET void Multiply(const Conv2dDesc& d, const Grid& g, const ThreadBuffers& tb,
                                int64_t images, const uint16_t* dyt, const uint16_t* xv,
                                float* part) {
-  const Groups gr = GroupsOf(d, g);
+  const Groups gr = GroupsOf(d, g, UsesDots());
   const int64_t block = images == 1 ? kPixelBlock : g.t;
   for (int64_t lo = 0; lo < g.t; lo += block) {
     const Span sp{images, tb.dyt / 2, tb.xv / 2, lo, std::min(g.t, lo + block), g.t * 2, d.c * 4};
@@ -524,11 +611,9 @@ __attribute__((target("amx-tile"))) void LoadTileConfig(int64_t c) {
 }
 __attribute__((target("amx-tile"))) void ReleaseTiles() { _tile_release(); }
 
-}  // namespace
-
-bool TilesAvailable() {
-  // oneDNN's answer (DNNL_MAX_CPU_ISA caps it), then Linux's permission for the tile state,
-  // which a process asks for once (arch_prctl ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA).
+// AMX: oneDNN's answer (DNNL_MAX_CPU_ISA caps it), then Linux's permission for the tile state,
+// which a process asks for once (arch_prctl ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA).
+bool AmxAvailable() {
   static const bool ok = [] {
     if (dnnl::get_effective_cpu_isa() != dnnl::cpu_isa::avx512_core_amx) return false;
     constexpr long kReqXcompPerm = 0x1023, kXtileData = 18;
@@ -536,6 +621,23 @@ bool TilesAvailable() {
   }();
   return ok;
 }
+
+// Without AMX, AVX512-BF16's dot products (oneDNN's answer again, then the VBMI2 the
+// preparation's pairings use: AMD Zen 4 and 5, Intel from Sapphire Rapids; not Cooper Lake).
+bool UsesDots() {
+  static const bool ok = [] {
+    if (AmxAvailable()) return false;
+    const auto isa = dnnl::get_effective_cpu_isa();
+    return (isa == dnnl::cpu_isa::avx512_core_bf16 || isa == dnnl::cpu_isa::avx512_core_amx) &&
+           __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vbmi2");
+  }();
+  return ok;
+}
+
+}  // namespace
+
+bool TilesAvailable() { return AmxAvailable() || UsesDots(); }
+bool TilesByDots() { return UsesDots(); }
 
 namespace {
 
@@ -581,7 +683,7 @@ void ByImages(const Conv2dDesc& d, const Grid& g, const char* x, const char* dy,
   const int64_t x_image = XImage(d), dy_image = DyImage(d);
 #pragma omp parallel num_threads(threads)
   {
-    LoadTileConfig(d.c);
+    if (!UsesDots()) LoadTileConfig(d.c);
     char* mine = buffers + omp_get_thread_num() * tb.Total();
     auto* xv = reinterpret_cast<uint16_t*>(mine);
     auto* dyt = reinterpret_cast<uint16_t*>(mine + tb.images * tb.xv);
@@ -607,7 +709,7 @@ void ByImages(const Conv2dDesc& d, const Grid& g, const char* x, const char* dy,
         Multiply(d, g, tb, m, dyt, xv, part);
       }
     }
-    ReleaseTiles();
+    if (!UsesDots()) ReleaseTiles();
     WriteOut(d, g, base, blocks, part_bytes, dw, db, accumulate);
   }
 }
@@ -617,7 +719,7 @@ void ByWeight(const Conv2dDesc& d, const Grid& g, const char* x, const char* dy,
               int threads, float* dw, float* db, bool accumulate) {
   DPT_CHECK(d.x_nhwc) << "conv2d tile weight split with a planar x: " << d.ToString();
   const WeightSplit ws = WeightSplitOf(d, g);
-  const Groups gr = GroupsOf(d, g);
+  const Groups gr = GroupsOf(d, g, UsesDots());
   auto* sums = reinterpret_cast<float*>(base);
   auto* bias_sum = reinterpret_cast<double*>(base + ws.sums);
   char* images = base + ws.sums + ws.bias;
@@ -629,7 +731,7 @@ void ByWeight(const Conv2dDesc& d, const Grid& g, const char* x, const char* dy,
   std::fill_n(bias_sum, d.k, 0.0);
 #pragma omp parallel num_threads(threads)
   {
-    LoadTileConfig(d.c);
+    if (!UsesDots()) LoadTileConfig(d.c);
     for (int64_t n0 = 0; n0 < d.n; n0 += ws.images) {
       const int64_t m = std::min(ws.images, d.n - n0);
 #pragma omp for schedule(static)
@@ -651,7 +753,7 @@ void ByWeight(const Conv2dDesc& d, const Grid& g, const char* x, const char* dy,
       }
       // (the barrier after `single`: the groups are done before the next images are prepared)
     }
-    ReleaseTiles();
+    if (!UsesDots()) ReleaseTiles();
     WriteOut(d, g, base, 1, ws.sums + ws.bias, dw, db, accumulate);  // the one sum, as a block
   }
 }
@@ -660,7 +762,7 @@ void ByWeight(const Conv2dDesc& d, const Grid& g, const char* x, const char* dy,
 
 void TileWeightGradient(const Conv2dDesc& d, const void* x, const void* dy, const Tensor& scratch,
                         int threads, float* dw, float* db, bool accumulate) {
-  DPT_CHECK(TilesAvailable()) << "conv2d weight gradient on AMX tiles without AMX";
+  DPT_CHECK(TilesAvailable()) << "conv2d weight gradient on AMX tiles without AMX or AVX512-BF16";
   const Grid g(d);
   threads = std::max(threads, 1);
   DPT_CHECK(scratch.bytes() >= TileScratchBytes(d, threads))
@@ -679,6 +781,7 @@ void TileWeightGradient(const Conv2dDesc& d, const void* x, const void* dy, cons
 #else  // no AMX tiles off x86-64
 
 bool TilesAvailable() { return false; }
+bool TilesByDots() { return false; }
 
 void TileWeightGradient(const Conv2dDesc& d, const void*, const void*, const Tensor&, int, float*,
                         float*, bool) {
@@ -695,11 +798,21 @@ bool CpuBackend::TilesWeightGradient(const Conv2dDesc& d) {
   const bool planar = !d.x_nhwc && d.c < 16 && !SplitsWeight(d);  // (ByWeight: NHWC only)
   const bool size_ok =
       pixels > 16 && (pixels <= 16 * 16 || (pixels <= 32 * 32 && (ck >= 64 * 64 || planar)));
+  // On dot products (no AMX) only strided ones with C a multiple of 16, split by images: there
+  // they beat oneDNN 2.6's avx512_core_bf16 kernel (at batch 64 on 2 threads: resnet8's
+  // layer2.0.conv1 0.82 -> 0.50 ms, layer3.0.conv1 0.69 -> 0.57, resnet18_cifar's layer2.0.conv1
+  // 7.4 -> 6.7), where at stride 1 they do not (ref_cnn's conv2: 0.81 -> 1.11 ms; resnet8's
+  // layer3.0.conv2: 0.65 -> 0.90), a planar x's few channels fill a fraction of each vector
+  // (resnet8's conv1: 0.25 -> 0.62), and with the weight split each group of 8 rows of K reads
+  // all the images' x again (resnet18_cifar's layer3.0.conv1: 4.9 -> 10.2 ms).
+  if (TilesByDots() && (d.stride != 2 || !d.x_nhwc || SplitsWeight(d))) return false;
   return d.precision == Precision::kBF16 && d.groups == 1 && d.dilation == 1 &&
          (d.stride == 1 || d.stride == 2) && (planar || (d.x_nhwc && d.c % 16 == 0)) && d.y_nhwc &&
          d.k % 16 == 0 && ck <= 256 * 256 && size_ok && d.r <= 7 && d.s <= 7 &&
          !SubsamplesInput(d) && Grid(d).Fits(d) && PrecisionOk(d.precision) && TilesAvailable();
 }
+
+bool CpuBackend::TilesByDotProducts() { return TilesByDots(); }
 
 bool CpuBackend::PlannedTiles(const OpPlan& plan) {
   const auto* p = dynamic_cast<const ConvPlan*>(&plan);

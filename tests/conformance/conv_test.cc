@@ -101,6 +101,10 @@ std::vector<Conv2dDesc> TileCases(Precision p) {
       // C x K above 128 x 128: the weight split over the threads, a few images at a time
       MakeConv(3, 144, 5, 5, 128, 3, 3, 1, 1, true, p),    // 16 x 16 blocks, with a bias
       MakeConv(17, 128, 5, 5, 160, 3, 3, 1, 1, false, p),  // 2 x 2 blocks, 16 images and 1
+      // stride 2 (the ones that run on AVX512-BF16 dot products without AMX): by images, and
+      // with the weight split
+      MakeConv(3, 32, 16, 16, 48, 3, 3, 2, 1, true, p),
+      MakeConv(3, 144, 9, 9, 128, 3, 3, 2, 1, false, p),
   };
 }
 
@@ -517,9 +521,10 @@ TEST_P(ConvTest, ChannelsLastMatchesReference) {
   // for fp32 at least (24 cases flip on an AMX Xeon, fp32 and bf16).
   // All three passes of those ran as GEMMs where x and y were both channels-last (the CPU
   // fusions are on here). And the larger strided 1x1 ones ran as stride-1 convolutions of the
-  // pixels they read (three shapes, with and without the folded ReLU) in bf16, and the strided
-  // 3x3 of 32 channels its input gradient by phases (CpuBackend::PhasesBackwardData; with and
-  // without the ReLU), where oneDNN has brgemm kernels for them (AVX-512).
+  // pixels they read (three shapes, with and without the folded ReLU) in bf16, and the two
+  // strided 3x3 of 32 channels on even images their input gradient by phases
+  // (CpuBackend::PhasesBackwardData; with and without the ReLU), where oneDNN has brgemm kernels
+  // for them (AVX-512).
   // The blocked weight gradient: that shape with both sides channels-last (with and without the
   // ReLU), and no other.
   if (be.device() == Device::kCpu) {
@@ -530,15 +535,16 @@ TEST_P(ConvTest, ChannelsLastMatchesReference) {
     EXPECT_GE(gemm, 6);
     EXPECT_GT(flipped, 0);
     EXPECT_EQ(subsampled, 6);
-    EXPECT_EQ(phased, 2);
-    // the five shapes in Cases, the three of TileCases and the strided 64 x 288 one with both
+    EXPECT_EQ(phased, 4);
+    // the five shapes in Cases, the five of TileCases and the strided 64 x 288 one with both
     // sides channels-last, with and without the ReLU, and the first layers' (1-3 and 8 channels
-    // into 16 or 32) with a planar x, where the CPU has AMX (else none)
+    // into 16 or 32) with a planar x, where the CPU has AMX; without it, on AVX512-BF16 dot
+    // products, the two strided ones with a channels-last x split by images (else none)
     EXPECT_EQ(tiled, tileable);
     if (tileable == 0) {
-      std::cout << "[ INFO ] no AMX tiles on this CPU: oneDNN's weight gradient\n";
+      std::cout << "[ INFO ] no AMX tiles or AVX512-BF16 on this CPU: oneDNN's weight gradient\n";
     } else {
-      EXPECT_EQ(tiled, 22);
+      EXPECT_EQ(tiled, cpu::CpuBackend::TilesByDotProducts() ? 4 : 26);
     }
   }
 }
