@@ -527,36 +527,16 @@ DPT_TILES_TARGET void RunGroup(const Conv2dDesc& d, const Grid& g, const Groups&
     return xv + (r % g.st * g.st + s % g.st) * g.phase_elems(c) + (o & 1) * g.pairs * c * 2 +
            (o >> 1) * c * 2 + cb * 2;
   };
-  if (gr.dots) {
-    const int64_t per_block = (g.taps + 2) / 3, block = i / per_block, tap = i % per_block * 3;
-    const int64_t c_blocks = (c + 15) / 16, kb = block / c_blocks * kDotRows;
-    const int64_t cb = block % c_blocks * 16, cols = std::min<int64_t>(16, c - cb);
-    const int64_t n = std::min<int64_t>(3, g.taps - tap);
-    const uint16_t* b[3];
-    float* acc[3];
-    for (int64_t j = 0; j < 3; ++j) {
-      const int64_t t = tap + std::min(j, n - 1);
-      b[j] = b_of(t, cb);
-      acc[j] = part + (t * k + kb) * c + cb;
-    }
-    const uint16_t* a = dyt + kb * g.t;
-    if (n == 3) {
-      DotGroup<3>(sp, a, b, acc, c_stride, cols);
-    } else if (n == 2) {
-      DotGroup<2>(sp, a, b, acc, c_stride, cols);
-    } else {
-      DotGroup<1>(sp, a, b, acc, c_stride, cols);
-    }
-    return;
-  }
   if (gr.square) {
     const int64_t blocks = (k / 32) * (c / 32), tap = i / blocks;
     const int64_t kb = i % blocks / (c / 32) * 32, cb = i % blocks % (c / 32) * 32;
     SquareGroup(sp, dyt + kb * g.t, b_of(tap, cb), part + (tap * k + kb) * c + cb, c_stride);
     return;
   }
+  // up to 3 taps of one block of K rows (16 on tiles, kDotRows on dot products) by 16 channels
+  const int64_t rows = gr.dots ? kDotRows : 16;
   const int64_t per_block = (g.taps + 2) / 3, block = i / per_block, tap = i % per_block * 3;
-  const int64_t c_blocks = (c + 15) / 16, kb = block / c_blocks * 16, cb = block % c_blocks * 16;
+  const int64_t c_blocks = (c + 15) / 16, kb = block / c_blocks * rows, cb = block % c_blocks * 16;
   const int64_t n = std::min<int64_t>(3, g.taps - tap);
   const uint16_t* b[3];
   float* acc[3];
@@ -566,7 +546,16 @@ DPT_TILES_TARGET void RunGroup(const Conv2dDesc& d, const Grid& g, const Groups&
     acc[j] = part + (t * k + kb) * c + cb;
   }
   const uint16_t* a = dyt + kb * g.t;
-  if (n == 3) {
+  if (gr.dots) {
+    const int64_t cols = std::min<int64_t>(16, c - cb);
+    if (n == 3) {
+      DotGroup<3>(sp, a, b, acc, c_stride, cols);
+    } else if (n == 2) {
+      DotGroup<2>(sp, a, b, acc, c_stride, cols);
+    } else {
+      DotGroup<1>(sp, a, b, acc, c_stride, cols);
+    }
+  } else if (n == 3) {
     TapGroup<3>(sp, a, b, acc, c_stride);
   } else if (n == 2) {
     TapGroup<2>(sp, a, b, acc, c_stride);
