@@ -48,6 +48,9 @@ std::vector<ConvPoolDesc> Cases(Precision p) {
   all.push_back(MakeConvPool(2, 1, 9, 8, 8, 3, 2, 1, true, p, false, true));    // 3x2 kernel
   all.push_back(MakeConvPool(1, 1, 3, 3, 1, 3, 3, 1, false, p, false, false));  // one channel
   all.push_back(MakeConvPool(2, 2, 9, 10, 16, 7, 7, 3, true, p, true, true));   // 7x7: the largest
+  // Channels-last steps all full (the CPU's AVX-512 weight gradient), an odd number of columns.
+  all.push_back(MakeConvPool(2, 1, 8, 11, 32, 3, 3, 1, true, p, true, true));
+  all.push_back(MakeConvPool(2, 3, 6, 14, 32, 5, 5, 2, true, p, false, true));
   return all;
 }
 
