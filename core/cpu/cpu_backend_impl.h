@@ -203,6 +203,10 @@ struct WeightedPlan : OpPlan {
   // forward: x, w in; y out. backward data: dy, w in; dx out. backward weights: x, dy in; dw out.
   Staged f_x, f_w, f_y, d_dy, d_w, d_dx, w_x, w_dy, w_dw;
   Tensor acc_w, acc_b;  // accumulate = true computes here first, then adds
+  // Linear on two threads (CpuBackend::LinearBackward): the two backward matmuls again, each
+  // planned for one thread, run side by side.
+  dnnl::primitive serial_data, serial_w;
+  memory::desc serial_data_scratch, serial_w_scratch;
 };
 
 // A convolution's input unfolded for its weight gradient as a GEMM (UnfoldsWeightGradient): one
@@ -483,6 +487,10 @@ struct CpuBackend::Impl {
   // dy: the caller's (a matmul plan sums the bias gradient from it).
   void BackwardWeights(const WeightedPlan& p, const memory& x_in, const memory& dy_in,
                        const Tensor& dy, Tensor* dw, Tensor* db, bool accumulate);
+  // What BackwardWeights does after its primitive wrote w_out: a matmul plan's bias gradient
+  // into b_out, and with `accumulate` both added into dw and db.
+  void FinishWeights(const WeightedPlan& p, const memory& dy_in, const Tensor& dy,
+                     const Tensor& b_out, Tensor* dw, Tensor* db, bool accumulate);
   // Operands for both backward passes in a row (Backend::Conv2dBackward's contract): x and w as
   // the forward staged them when the plan's last forward staged these very tensors in the
   // layout the backward primitive reads; dy for the data gradient as the weight gradient's

@@ -1,7 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 // CPU backend: linear layers on oneDNN matmul primitives (three GEMMs), planned once per shape
 // and precision and cached.
+#include <omp.h>
+
+#include <algorithm>
 #include <dnnl.hpp>
+#include <exception>
 #include <memory>
 #include <mutex>
 
@@ -51,6 +55,25 @@ std::shared_ptr<OpPlan> CpuBackend::PrepareLinear(const LinearDesc& d) {
                 {dnnl::primitive(data), dy_in, w_in, x_user, data.scratchpad_desc()},
                 {dnnl::primitive(weights), x_in, dy_in, w_user, weights.scratchpad_desc()}, x_user,
                 x_user, w_user, y_user, y_user, Shape{d.out, d.in});
+  if (omp_get_max_threads() == 2) {
+    // The backward matmuls for LinearBackward's two threads, each planned for one: oneDNN fixes
+    // a primitive's split over threads when it is created (for omp_get_max_threads() of them),
+    // and runs it on the calling thread alone inside a parallel region, so a primitive planned
+    // for two would compute only the first thread's share there.
+    struct OneThread {
+      OneThread() { omp_set_num_threads(1); }
+      ~OneThread() { omp_set_num_threads(2); }
+    };
+    const OneThread one;
+    const auto data1 = matmul(dy_in, w_in, memory::desc(), x_user);
+    const auto weights1 = matmul(p->w_dy_view, x_in, memory::desc(), w_user);
+    p->serial_data = dnnl::primitive(data1);
+    p->serial_w = dnnl::primitive(weights1);
+    p->serial_data_scratch = data1.scratchpad_desc();
+    p->serial_w_scratch = weights1.scratchpad_desc();
+    impl_->Reserve(*this, p->serial_data_scratch);
+    impl_->ReserveTransient(*this, p->serial_w_scratch.get_size());
+  }
   slot = p;
   return p;
 }
@@ -85,8 +108,58 @@ void CpuBackend::LinearBackwardWeights(const OpPlan& plan, const Tensor& x, cons
 void CpuBackend::LinearBackward(const OpPlan& plan, const Tensor& x, const Tensor& dy,
                                 const Tensor& w, Tensor* dx, Tensor* dw, Tensor* db,
                                 bool accumulate) {
-  WeightedBackward(plan, static_cast<const LinearPlan&>(plan).d.flops(), "linear_bwd_weights",
-                   "linear_bwd_data", x, dy, w, dx, dw, db, accumulate);
+  const auto& p = static_cast<const LinearPlan&>(plan);
+  if (dx == nullptr || !p.serial_data || omp_get_max_threads() != 2) {
+    WeightedBackward(plan, p.d.flops(), "linear_bwd_weights", "linear_bwd_data", x, dy, w, dx, dw,
+                     db, accumulate);
+    return;
+  }
+  // On two threads, the data and weight gradients side by side, one matmul on each thread:
+  // oneDNN 2.6's bf16 matmuls for a classifier's shapes barely gain from a second thread
+  // (ref_cnn's fc1 at batch 64: the data gradient 0.150 ms on one, 0.165 on two; the weight
+  // gradient 0.143 and 0.136). Timed as one op, both passes' FLOPs.
+  OpScope scope(this, "linear_bwd");
+  scope.set_flops(2 * p.d.flops());
+  Impl& im = *impl_;
+  const memory x_in = im.WeightsX(p, x, /*from_forward=*/true);
+  const memory dy_in = p.w_dy.In(im.engine, im.stream, dy);
+  const memory w_in = im.DataW(p, w, /*from_forward=*/true);
+  const memory data_dy = im.DyForData(p, dy, dy_in);
+  const Tensor w_out = accumulate ? p.acc_w : *dw;
+  const Tensor b_out = accumulate ? p.acc_b : (p.bias ? *db : Tensor());
+  const memory dx_mem = p.d_dx.OutMem(im.engine, *dx), dw_mem = p.w_dw.OutMem(im.engine, w_out);
+  const memory data_scratch = im.Scratch(p.serial_data_scratch);
+  const Tensor w_scratch = im.Transient(
+      Shape{static_cast<int64_t>(std::max<size_t>(p.serial_w_scratch.get_size(), 1))}, DType::kU8);
+  const memory dy_t(p.w_dy_view, im.engine, dy_in.get_data_handle());
+  std::exception_ptr failed[2];
+#pragma omp parallel for num_threads(2) schedule(static, 1)
+  for (int pass = 0; pass < 2; ++pass) {
+    try {
+      dnnl::stream st(im.engine);
+      if (pass == 0) {
+        DPT_DNNL(p.serial_data.execute(st, {{DNNL_ARG_SRC, data_dy},
+                                            {DNNL_ARG_WEIGHTS, w_in},
+                                            {DNNL_ARG_DST, dx_mem},
+                                            {DNNL_ARG_SCRATCHPAD, data_scratch}}));
+      } else {
+        const memory scratch(p.serial_w_scratch, im.engine, w_scratch.raw());
+        DPT_DNNL(p.serial_w.execute(st, {{DNNL_ARG_SRC, dy_t},
+                                         {DNNL_ARG_WEIGHTS, x_in},
+                                         {DNNL_ARG_DST, dw_mem},
+                                         {DNNL_ARG_SCRATCHPAD, scratch}}));
+      }
+      st.wait();
+    } catch (...) {
+      failed[pass] = std::current_exception();
+    }
+  }
+  for (const auto& f : failed) {
+    if (f) std::rethrow_exception(f);
+  }
+  p.d_dx.Out(im.engine, im.stream, *dx);
+  p.w_dw.Out(im.engine, im.stream, w_out);
+  im.FinishWeights(p, dy_in, dy, b_out, dw, db, accumulate);
 }
 
 }  // namespace dptrain::cpu

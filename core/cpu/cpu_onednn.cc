@@ -348,6 +348,11 @@ void CpuBackend::Impl::BackwardWeights(const WeightedPlan& p, const memory& x_in
   }
   DPT_DNNL(p.bwd_w.execute(stream, args));
   p.w_dw.Out(engine, stream, w_out);
+  FinishWeights(p, dy_in, dy, b_out, dw, db, accumulate);
+}
+
+void CpuBackend::Impl::FinishWeights(const WeightedPlan& p, const memory& dy_in, const Tensor& dy,
+                                     const Tensor& b_out, Tensor* dw, Tensor* db, bool accumulate) {
   if (p.weights_matmul && p.bias) {
     const int64_t cols = b_out.numel();
     if (dynamic_cast<const ConvPlan*>(&p) != nullptr) {

@@ -123,6 +123,22 @@ TEST_P(LinearTest, BothBackwardPassesInOneCall) {
   }
 }
 
+// The same on two threads (tests run on one), where the CPU backend runs the two passes side by
+// side, one matmul on each thread, each planned for one thread: the same bits as the separate
+// calls (each on oneDNN's matmul planned for two threads), at ref_cnn's fc1 and a small shape.
+TEST_P(LinearTest, BothBackwardPassesOnTwoThreads) {
+  Backend& be = backend();
+  be.SetThreads(2);
+  for (const Precision prec : {Precision::kF32, Precision::kBF16, Precision::kF16}) {
+    const std::vector<LinearDesc> cases = {MakeLinear(64, 3136, 128, true, prec),
+                                           MakeLinear(5, 13, 7, true, prec)};
+    ForEachSupportedCase(be, cases, 3000, [&](const LinearDesc& d, uint32_t s) {
+      CheckBothBackwardPasses(be, d, s);
+    });
+  }
+  be.SetThreads(1);
+}
+
 // Ops run on Batch() views of buffers sized for a larger batch (the last, partial batch of an
 // epoch, with a plan prepared for that batch size).
 TEST_P(LinearTest, SmallerBatchView) {
