@@ -3,8 +3,9 @@
 // instead of oneDNN 2.6's jit kernel, which ran at a quarter to a half of the forward's rate on the
 // same shapes. dW[r][s] = dy^T x shifted by the tap (r, s): one tile multiply per 32 pixels, tap
 // and 16 x 16 block of (K, C), on a padded grid where every tap is one shift of x. Without AMX,
-// the same sums on AVX512-BF16 dot products (DotGroup) for the strided shapes where those beat
-// oneDNN's avx512_core_bf16 kernel.
+// the same sums on AVX512-BF16 dot products for the shapes where those beat oneDNN's
+// avx512_core_bf16 kernel: strided ones on the tiles' preparation (DotGroup), stride-1 ones two
+// images at a time (PairGroup).
 #include <omp.h>
 
 #include <algorithm>
@@ -136,10 +137,33 @@ WeightSplit WeightSplitOf(const Conv2dDesc& d, const Grid& g) {
   return {images, AlignUp(g.taps * d.k * d.c * 4), bias, tb.xv, tb.dyt};
 }
 
+// ---- image pairs: stride 1 on dot products ----------------------------------------------------
+// Without AMX, at stride 1, the dot products pair two images at one position instead of two
+// positions of one image: images 2i and 2i + 1 interleaved channel by channel (xp: x on the padded
+// grid, each channel's 32 bits that channel of the two images; dy2: dy the same at each output
+// pixel, unpadded). A tap's shift then moves whole positions, so x is prepared once (not in two
+// pairings) and dy is not transposed: the broadcast pair of a row of K is its two images' values
+// at one pixel, and its kDotRows rows lie side by side. An odd last image is paired with zeros.
+bool PairsImages(const Conv2dDesc& d) { return TilesByDots() && d.stride == 1 && d.x_nhwc; }
+struct PairBuffers {
+  int64_t pairs, xp, dy2;  // image pairs prepared at a time; bytes of one pair's xp, dy2
+  int64_t Total() const { return pairs * (xp + dy2); }
+};
+PairBuffers PairBuffersOf(const Conv2dDesc& d, const Grid& g) {
+  const int64_t xp = AlignUp(g.rows * g.wg * d.c * 4),
+                dy2 = AlignUp(d.out_h() * d.out_w() * d.k * 4);
+  return {std::clamp<int64_t>(kGroupBytes / 2 / (xp + dy2), 1, 8), xp, dy2};
+}
+int64_t PairBlocksOf(const Conv2dDesc& d) { return std::min<int64_t>(kBlocks, (d.n + 1) / 2); }
+
 }  // namespace
 
 size_t TileScratchBytes(const Conv2dDesc& d, int threads) {
   const Grid g(d);
+  if (PairsImages(d)) {
+    return static_cast<size_t>(kAlign + PairBlocksOf(d) * PartialBytes(d, g) +
+                               std::max(threads, 1) * PairBuffersOf(d, g).Total());
+  }
   if (SplitsWeight(d)) return static_cast<size_t>(kAlign + WeightSplitOf(d, g).Total());
   return static_cast<size_t>(kAlign + BlocksOf(d) * PartialBytes(d, g) +
                              std::max(threads, 1) * BuffersOf(d, g).Total());
@@ -747,6 +771,177 @@ void ByWeight(const Conv2dDesc& d, const Grid& g, const char* x, const char* dy,
   }
 }
 
+// xp of the image pair at xa and xb (xb null: zeros), each (H, W, C), f32 or bf16: the padded
+// grid, position (gi, gj) holding pixel (gi - pad, gj - pad) of both, zero on the padding.
+DPT_DOTS_TARGET void PrepPairX(const Conv2dDesc& d, const Grid& g, const char* xa, const char* xb,
+                               bool bf16, uint16_t* xp) {
+  const int64_t c = d.c, es = bf16 ? 2 : 4;
+  const __m512i idx = _mm512_load_si512(kInterleave);
+  for (int64_t gi = 0; gi < g.rows; ++gi) {
+    const int64_t i = gi - d.pad;
+    for (int64_t gj = 0; gj < g.wg; ++gj) {
+      const int64_t j = gj - d.pad;
+      uint16_t* out = xp + (gi * g.wg + gj) * c * 2;
+      if (i < 0 || i >= d.h || j < 0 || j >= d.w) {
+        for (int64_t cb = 0; cb < c; cb += 16)
+          _mm512_storeu_si512(out + cb * 2, _mm512_setzero_si512());
+        continue;
+      }
+      const int64_t at = (i * d.w + j) * c * es;
+      for (int64_t cb = 0; cb < c; cb += 16) {
+        const __m256i b = xb != nullptr ? Load16(xb + at + cb * es, bf16) : _mm256_setzero_si256();
+        _mm512_storeu_si512(out + cb * 2, Pair(Load16(xa + at + cb * es, bf16), b, idx));
+      }
+    }
+  }
+}
+
+// 16 bf16 added to 16 double sums at s.
+DPT_DOTS_TARGET inline void AddBf16(__m256i v, double* s) {
+  const __m512 f = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
+  const __m256 lo = _mm512_castps512_ps256(f);
+  const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(f), 1));
+  _mm512_storeu_pd(s, _mm512_add_pd(_mm512_loadu_pd(s), _mm512_cvtps_pd(lo)));
+  _mm512_storeu_pd(s + 8, _mm512_add_pd(_mm512_loadu_pd(s + 8), _mm512_cvtps_pd(hi)));
+}
+
+// dy2 of the image pair at dya and dyb (dyb null: zeros), each (OH, OW, K), f32 or bf16; and, for
+// a bias, each channel's sum over both images added to db (in double, pixel by pixel, the first
+// image's value then the second's).
+DPT_DOTS_TARGET void PrepPairDy(const Conv2dDesc& d, const char* dya, const char* dyb, bool bf16,
+                                uint16_t* dy2, double* db) {
+  const int64_t k = d.k, es = bf16 ? 2 : 4, pixels = d.out_h() * d.out_w();
+  const __m512i idx = _mm512_load_si512(kInterleave);
+  for (int64_t t = 0; t < pixels; ++t) {
+    for (int64_t kb = 0; kb < k; kb += 16) {
+      const int64_t at = (t * k + kb) * es;
+      const __m256i a = Load16(dya + at, bf16);
+      const __m256i b = dyb != nullptr ? Load16(dyb + at, bf16) : _mm256_setzero_si256();
+      _mm512_storeu_si512(dy2 + (t * k + kb) * 2, Pair(a, b, idx));
+      if (db != nullptr) {
+        AddBf16(a, db + kb);
+        AddBf16(b, db + kb);
+      }
+    }
+  }
+}
+
+// What a group of accumulators multiplies over: `pairs` prepared pairs, their dy2 and xp a_pair
+// and b_pair elements apart.
+struct PairSpan {
+  int64_t pairs, a_pair, b_pair;
+};
+
+// kTaps (1-3) taps of kDotRows rows of K by 16 channels over a PairSpan, sharing A: per output
+// pixel, each tap's xp position one vector (16 channels' pairs) and each K row's pair of dy2 one
+// broadcast (the kDotRows pairs side by side); the kTaps x kDotRows sums stay in registers.
+template <int kTaps>
+DPT_DOTS_TARGET void PairGroup(const Conv2dDesc& d, const Grid& g, const PairSpan& sp,
+                               const uint16_t* a, const uint16_t* const b[3], float* const c[3]) {
+  const int64_t k2 = d.k * 2, c2 = d.c * 2, ow = d.out_w(), oh = d.out_h(), c_row = d.c;
+  __m512 acc[kTaps][kDotRows];
+#pragma GCC unroll 3
+  for (int tp = 0; tp < kTaps; ++tp) {
+#pragma GCC unroll 8
+    for (int m = 0; m < kDotRows; ++m) acc[tp][m] = _mm512_loadu_ps(c[tp] + m * c_row);
+  }
+  for (int64_t pr = 0; pr < sp.pairs; ++pr) {
+    for (int64_t p = 0; p < oh; ++p) {
+      const uint16_t* ar = a + pr * sp.a_pair + p * ow * k2;
+      const uint16_t* br[3];
+#pragma GCC unroll 3
+      for (int tp = 0; tp < kTaps; ++tp) br[tp] = b[tp] + pr * sp.b_pair + p * g.wg * c2;
+      for (int64_t q = 0; q < ow; ++q) {
+        __m512bh bv[kTaps];
+#pragma GCC unroll 3
+        for (int tp = 0; tp < kTaps; ++tp) {
+          bv[tp] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(br[tp] + q * c2));
+        }
+#pragma GCC unroll 8
+        for (int m = 0; m < kDotRows; ++m) {
+          int32_t pair;
+          std::memcpy(&pair, ar + q * k2 + m * 2, sizeof(pair));
+          const __m512bh av = reinterpret_cast<__m512bh>(_mm512_set1_epi32(pair));
+#pragma GCC unroll 3
+          for (int tp = 0; tp < kTaps; ++tp) acc[tp][m] = _mm512_dpbf16_ps(acc[tp][m], av, bv[tp]);
+        }
+      }
+    }
+  }
+#pragma GCC unroll 3
+  for (int tp = 0; tp < kTaps; ++tp) {
+#pragma GCC unroll 8
+    for (int m = 0; m < kDotRows; ++m) _mm512_storeu_ps(c[tp] + m * c_row, acc[tp][m]);
+  }
+}
+
+// Every group's products over a PairSpan of prepared pairs added into a block's sums `part`
+// ((taps, K, C) f32): kb, then cb, then up to 3 taps at a time.
+DPT_DOTS_TARGET void MultiplyPairs(const Conv2dDesc& d, const Grid& g, const PairSpan& sp,
+                                   const uint16_t* dy2, const uint16_t* xp, float* part) {
+  const int64_t k = d.k, c = d.c, per_block = (g.taps + 2) / 3, c_blocks = c / 16;
+  const int64_t count = (k / kDotRows) * c_blocks * per_block;
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t block = i / per_block, tap = i % per_block * 3;
+    const int64_t kb = block / c_blocks * kDotRows, cb = block % c_blocks * 16;
+    const int64_t n = std::min<int64_t>(3, g.taps - tap);
+    const uint16_t* b[3];
+    float* acc[3];
+    for (int64_t j = 0; j < 3; ++j) {
+      const int64_t t = tap + std::min(j, n - 1), o = t / d.s * g.wg + t % d.s;
+      b[j] = xp + o * c * 2 + cb * 2;
+      acc[j] = part + (t * k + kb) * c + cb;
+    }
+    const uint16_t* a = dy2 + kb * 2;
+    if (n == 3) {
+      PairGroup<3>(d, g, sp, a, b, acc);
+    } else if (n == 2) {
+      PairGroup<2>(d, g, sp, a, b, acc);
+    } else {
+      PairGroup<1>(d, g, sp, a, b, acc);
+    }
+  }
+}
+
+// dW's (and db's) sums by image pairs (PairsImages), into dw and db: at most kBlocks fixed blocks
+// of pairs, each into its own sums, added in block order at the end.
+void ByImagePairs(const Conv2dDesc& d, const Grid& g, const char* x, const char* dy, char* base,
+                  int threads, float* dw, float* db, bool accumulate) {
+  DPT_CHECK(d.c % 16 == 0 && d.k % 16 == 0) << "conv2d image pairs: " << d.ToString();
+  const PairBuffers pb = PairBuffersOf(d, g);
+  const int64_t pairs = (d.n + 1) / 2, blocks = PairBlocksOf(d), part_bytes = PartialBytes(d, g),
+                dw_floats = g.taps * d.k * d.c;
+  char* buffers = base + blocks * part_bytes;
+  const int64_t x_image = XImage(d), dy_image = DyImage(d);
+#pragma omp parallel num_threads(threads)
+  {
+    char* mine = buffers + omp_get_thread_num() * pb.Total();
+    auto* xp = reinterpret_cast<uint16_t*>(mine);
+    auto* dy2 = reinterpret_cast<uint16_t*>(mine + pb.pairs * pb.xp);
+#pragma omp for schedule(static)
+    for (int64_t b = 0; b < blocks; ++b) {
+      auto* part = reinterpret_cast<float*>(base + b * part_bytes);
+      auto* bias = reinterpret_cast<double*>(base + b * part_bytes + AlignUp(dw_floats * 4));
+      std::fill_n(part, dw_floats, 0.f);
+      std::fill_n(bias, d.k, 0.0);
+      const int64_t p1 = (b + 1) * pairs / blocks;
+      for (int64_t p0 = b * pairs / blocks; p0 < p1; p0 += pb.pairs) {
+        const int64_t m = std::min(pb.pairs, p1 - p0);
+        for (int64_t i = 0; i < m; ++i) {
+          const int64_t n0 = 2 * (p0 + i);
+          const bool two = n0 + 1 < d.n;
+          PrepPairX(d, g, x + n0 * x_image, two ? x + (n0 + 1) * x_image : nullptr, d.x_bf16,
+                    xp + i * pb.xp / 2);
+          PrepPairDy(d, dy + n0 * dy_image, two ? dy + (n0 + 1) * dy_image : nullptr, d.dy_bf16,
+                     dy2 + i * pb.dy2 / 2, db != nullptr ? bias : nullptr);
+        }
+        MultiplyPairs(d, g, PairSpan{m, pb.dy2 / 2, pb.xp / 2}, dy2, xp, part);
+      }
+    }
+    WriteOut(d, g, base, blocks, part_bytes, dw, db, accumulate);
+  }
+}
+
 }  // namespace
 
 void TileWeightGradient(const Conv2dDesc& d, const void* x, const void* dy, const Tensor& scratch,
@@ -760,7 +955,9 @@ void TileWeightGradient(const Conv2dDesc& d, const void* x, const void* dy, cons
   base += (kAlign - reinterpret_cast<uintptr_t>(base) % kAlign) % kAlign;
   const auto* xs = static_cast<const char*>(x);
   const auto* dys = static_cast<const char*>(dy);
-  if (SplitsWeight(d)) {
+  if (PairsImages(d)) {
+    ByImagePairs(d, g, xs, dys, base, threads, dw, db, accumulate);
+  } else if (SplitsWeight(d)) {
     ByWeight(d, g, xs, dys, base, threads, dw, db, accumulate);
   } else {
     ByImages(d, g, xs, dys, base, threads, dw, db, accumulate);
@@ -782,19 +979,25 @@ void TileWeightGradient(const Conv2dDesc& d, const void*, const void*, const Ten
 bool CpuBackend::TilesWeightGradient(const Conv2dDesc& d) {
   // Images up to 16 x 16 output pixels, or 32 x 32 where C x K is 64 x 64 or more (the multiply
   // then outweighs the preparation: ResNet-18's first stage at 32 x 32) or x is planar with under
-  // 16 channels (a first layer's: little to prepare); a weight up to 256 x 256.
+  // 16 channels (a first layer's: little to prepare) or the images are paired (below); a weight up
+  // to 256 x 256.
   const int64_t pixels = d.out_h() * d.out_w(), ck = d.c * d.k;
   const bool planar = !d.x_nhwc && d.c < 16 && !SplitsWeight(d);  // (ByWeight: NHWC only)
-  const bool size_ok =
-      pixels > 16 && (pixels <= 16 * 16 || (pixels <= 32 * 32 && (ck >= 64 * 64 || planar)));
-  // On dot products (no AMX) only strided ones with C a multiple of 16, split by images: there
-  // they beat oneDNN 2.6's avx512_core_bf16 kernel (at batch 64 on 2 threads: resnet8's
-  // layer2.0.conv1 0.82 -> 0.50 ms, layer3.0.conv1 0.69 -> 0.57, resnet18_cifar's layer2.0.conv1
-  // 7.4 -> 6.7), where at stride 1 they do not (ref_cnn's conv2: 0.81 -> 1.11 ms; resnet8's
-  // layer3.0.conv2: 0.65 -> 0.90), a planar x's few channels fill a fraction of each vector
-  // (resnet8's conv1: 0.25 -> 0.62), and with the weight split each group of 8 rows of K reads
-  // all the images' x again (resnet18_cifar's layer3.0.conv1: 4.9 -> 10.2 ms).
-  if (TilesByDots() && (d.stride != 2 || !d.x_nhwc || SplitsWeight(d))) return false;
+  const bool pairs = TilesByDots() && d.stride == 1;
+  const bool size_ok = pixels > 16 && (pixels <= 16 * 16 ||
+                                       (pixels <= 32 * 32 && (ck >= 64 * 64 || planar || pairs)));
+  // On dot products (no AMX) only a channels-last x with C a multiple of 16, split by images or
+  // image pairs, where they beat oneDNN 2.6's avx512_core_bf16 kernel (at batch 64 on 2 threads):
+  // - strided, by images: resnet8's layer2.0.conv1 0.82 -> 0.50 ms, layer3.0.conv1 0.69 -> 0.57,
+  //   resnet18_cifar's layer2.0.conv1 7.4 -> 6.7;
+  // - stride 1, by image pairs (PairsImages), C x K up to 64 x 128: ref_cnn's conv2 0.80 -> 0.71
+  //   ms in a step; resnet8's layer1 (16 channels, 32 x 32) 0.70 -> 0.52-0.55, layer2.0.conv2
+  //   0.60 -> 0.45-0.51, layer3.0.conv2 0.62 -> 0.56-0.58; resnet18_cifar's layer1 8.3-8.9 ->
+  //   6.7-7.2 ms; not its layer2 (128 x 128: 7.2 -> 7.5-7.7).
+  // Not a planar x, whose few channels fill a fraction of each vector (resnet8's conv1: 0.25 ->
+  // 0.62), nor the weight split, where each group of 8 rows of K reads all the images' x again
+  // (resnet18_cifar's layer3.0.conv1: 4.9 -> 10.2 ms).
+  if (TilesByDots() && (!d.x_nhwc || SplitsWeight(d) || (pairs && ck > 64 * 128))) return false;
   return d.precision == Precision::kBF16 && d.groups == 1 && d.dilation == 1 &&
          (d.stride == 1 || d.stride == 2) && (planar || (d.x_nhwc && d.c % 16 == 0)) && d.y_nhwc &&
          d.k % 16 == 0 && ck <= 256 * 256 && size_ok && d.r <= 7 && d.s <= 7 &&

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -539,12 +540,14 @@ TEST_P(ConvTest, ChannelsLastMatchesReference) {
     // the five shapes in Cases, the five of TileCases and the strided 64 x 288 one with both
     // sides channels-last, with and without the ReLU, and the first layers' (1-3 and 8 channels
     // into 16 or 32) with a planar x, where the CPU has AMX; without it, on AVX512-BF16 dot
-    // products, the two strided ones with a channels-last x split by images (else none)
+    // products, the same with a channels-last x but for the weight split: the two strided ones
+    // split by images, the five of Cases and the 64 x 64 one at stride 1 by image pairs (else
+    // none)
     EXPECT_EQ(tiled, tileable);
     if (tileable == 0) {
       std::cout << "[ INFO ] no AMX tiles or AVX512-BF16 on this CPU: oneDNN's weight gradient\n";
     } else {
-      EXPECT_EQ(tiled, cpu::CpuBackend::TilesByDotProducts() ? 4 : 26);
+      EXPECT_EQ(tiled, cpu::CpuBackend::TilesByDotProducts() ? 16 : 26);
     }
   }
 }
@@ -749,6 +752,45 @@ TEST_P(ConvTest, Bf16YIsTheF32OneRounded) {
 }
 
 INSTANTIATE_TEST_SUITE_P(All, ConvTest, ::testing::ValuesIn(TestBackends()), BackendParamName);
+
+// The CPU's bf16 weight gradient on AMX tiles or AVX512-BF16 dot products (CpuBackend::
+// TilesWeightGradient) sums the images in fixed blocks, added in block order: the same bits on one
+// thread as on two, here at stride 1 (on dot products by image pairs, an odd batch's last image
+// paired with zeros) and at stride 2, with a bias, accumulating into the last gradient.
+TEST(ConvTilesTest, CpuWeightGradientSameBitsOnOneAndTwoThreads) {
+  std::vector<Conv2dDesc> cases = {
+      MakeConv(5, 32, 14, 14, 64, 3, 3, 1, 1, true, Precision::kBF16),  // ref_cnn's conv2
+      MakeConv(3, 32, 16, 16, 48, 3, 3, 2, 1, true, Precision::kBF16)};
+  uint32_t seed = 9900;
+  int ran = 0;
+  for (Conv2dDesc& d : cases) {
+    d.x_nhwc = d.y_nhwc = true;
+    if (!cpu::CpuBackend::TilesWeightGradient(d)) continue;
+    SCOPED_TRACE(d.ToString());
+    ++ran;
+    seed += 10;
+    const std::vector<float> x = RandomUniform(static_cast<size_t>(XShape(d).numel()), seed),
+                             dy = RandomUniform(static_cast<size_t>(YShape(d).numel()), seed + 1),
+                             w0 = RandomUniform(static_cast<size_t>(WShape(d).numel()), seed + 2),
+                             b0 = RandomUniform(static_cast<size_t>(d.k), seed + 3);
+    std::vector<float> dw[2], db[2];
+    for (const int threads : {1, 2}) {
+      cpu::CpuBackend be;  // its own plans, made for this many threads
+      be.SetThreads(threads);
+      const auto plan = be.PrepareConv2d(d);
+      EXPECT_TRUE(cpu::CpuBackend::PlannedTiles(*plan));
+      Tensor x_t = InLayout(be, x, XShape(d), true), dy_t = InLayout(be, dy, YShape(d), true);
+      Tensor dw_t = ToDevice(be, w0, WShape(d)), db_t = ToDevice(be, b0, Shape{d.k});
+      be.Conv2dBackwardWeights(*plan, x_t, dy_t, &dw_t, &db_t, /*accumulate=*/true);
+      dw[threads - 1] = ToHost(be, dw_t);
+      db[threads - 1] = ToHost(be, db_t);
+    }
+    EXPECT_EQ(0, std::memcmp(dw[0].data(), dw[1].data(), dw[0].size() * sizeof(float)));
+    EXPECT_EQ(0, std::memcmp(db[0].data(), db[1].data(), db[0].size() * sizeof(float)));
+  }
+  cpu::CpuBackend().SetThreads(1);  // as the tests run (OMP_NUM_THREADS=1)
+  if (ran == 0) GTEST_SKIP() << "no AMX tiles or AVX512-BF16 dot products on this CPU";
+}
 
 // train.winograd on the CPU: the 3x3 stride-1 fp32 convolutions with >= 32 channels run by
 // oneDNN's Winograd F(4x4, 3x3) and still meet the reference at the fp32 reduction tolerance, in
