@@ -122,10 +122,10 @@ class CpuBackend final : public Backend {
   // 5.6 -> 3.9 ms). Larger images are left to it: there the tiles' preparation of x and dy costs
   // what they save (resnet8's first stage, 16 channels at 32 x 32).
   // Without AMX, on a CPU with AVX512-BF16 (and VBMI2), the same sums run on dot products
-  // (VDPBF16PS) for the ones with a channels-last x where that beats oneDNN's avx512_core_bf16
-  // kernel (cpu_tiles.cc): stride 2 with C x K up to 128 x 128, and stride 1 with C x K up to
-  // 64 x 128 and up to 32 x 32 output pixels, two images at a time (ref_cnn's conv2, ResNet-8's
-  // stride-1 convolutions, ResNet-18's first stage).
+  // (VDPBF16PS), two images at a time, for the ones with a channels-last x where that beats
+  // oneDNN's avx512_core_bf16 kernel (cpu_tiles.cc): stride 2 with C x K up to 128 x 128, and
+  // stride 1 with C x K up to 64 x 128 and up to 32 x 32 output pixels (ref_cnn's conv2, every 3x3
+  // of ResNet-8 but its first, ResNet-18's first stage and its first strided 3x3).
   static bool TilesWeightGradient(const Conv2dDesc& d);
   // Whether the tiles' sums run on AVX512-BF16 dot products here (no AMX). For tests.
   static bool TilesByDotProducts();

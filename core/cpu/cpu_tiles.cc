@@ -4,8 +4,7 @@
 // same shapes. dW[r][s] = dy^T x shifted by the tap (r, s): one tile multiply per 32 pixels, tap
 // and 16 x 16 block of (K, C), on a padded grid where every tap is one shift of x. Without AMX,
 // the same sums on AVX512-BF16 dot products for the shapes where those beat oneDNN's
-// avx512_core_bf16 kernel: strided ones on the tiles' preparation (DotGroup), stride-1 ones two
-// images at a time (PairGroup).
+// avx512_core_bf16 kernel, two images at a time (PairGroup).
 #include <omp.h>
 
 #include <algorithm>
@@ -69,7 +68,7 @@ constexpr int64_t kGroupImages = 16;
 constexpr int64_t kGroupBytes = 1 << 20;
 constexpr int64_t kAlign = 64;  // bytes: a tile row
 constexpr int kDotRows = 8;     // rows of K a group of dot-product sums holds (3 taps: 24 zmm)
-// Whether the products run on AVX512-BF16 dot products (DotGroup) instead of AMX tiles.
+// Whether the products run on AVX512-BF16 dot products (PairGroup) instead of AMX tiles.
 bool UsesDots();
 
 struct Grid {
@@ -137,20 +136,23 @@ WeightSplit WeightSplitOf(const Conv2dDesc& d, const Grid& g) {
   return {images, AlignUp(g.taps * d.k * d.c * 4), bias, tb.xv, tb.dyt};
 }
 
-// ---- image pairs: stride 1 on dot products ----------------------------------------------------
-// Without AMX, at stride 1, the dot products pair two images at one position instead of two
-// positions of one image: images 2i and 2i + 1 interleaved channel by channel (xp: x on the padded
-// grid, each channel's 32 bits that channel of the two images; dy2: dy the same at each output
-// pixel, unpadded). A tap's shift then moves whole positions, so x is prepared once (not in two
-// pairings) and dy is not transposed: the broadcast pair of a row of K is its two images' values
-// at one pixel, and its kDotRows rows lie side by side. An odd last image is paired with zeros.
-bool PairsImages(const Conv2dDesc& d) { return TilesByDots() && d.stride == 1 && d.x_nhwc; }
+// ---- image pairs: the dot products --------------------------------------------------------------
+// Without AMX, the dot products pair two images at one position instead of two positions of one
+// image (as the tiles do): images 2i and 2i + 1 interleaved channel by channel (xp: x on the padded
+// grid, or its four phase grids at stride 2, each channel's 32 bits that channel of the two
+// images; dy2: dy the same at each output pixel, unpadded). A tap's shift then moves whole
+// positions, so x is prepared once (not in two pairings) and dy is not transposed: the broadcast
+// pair of a row of K is its two images' values at one pixel, and its kDotRows rows lie side by
+// side; and only the output pixels are multiplied, not the grid's padded columns. An odd last
+// image is paired with zeros. Every shape TilesWeightGradient takes on dot products (a
+// channels-last x, C and K multiples of 16, the weight not split) runs so.
+bool PairsImages(const Conv2dDesc& /*d*/) { return TilesByDots(); }
 struct PairBuffers {
   int64_t pairs, xp, dy2;  // image pairs prepared at a time; bytes of one pair's xp, dy2
   int64_t Total() const { return pairs * (xp + dy2); }
 };
 PairBuffers PairBuffersOf(const Conv2dDesc& d, const Grid& g) {
-  const int64_t xp = AlignUp(g.rows * g.wg * d.c * 4),
+  const int64_t xp = AlignUp(g.st * g.st * g.rows * g.wg * d.c * 4),
                 dy2 = AlignUp(d.out_h() * d.out_w() * d.k * 4);
   return {std::clamp<int64_t>(kGroupBytes / 2 / (xp + dy2), 1, 8), xp, dy2};
 }
@@ -476,67 +478,16 @@ DPT_TILES_TARGET void SquareGroup(const Span& sp, const uint16_t* a, const uint1
   _tile_stored(3, c3, c_stride);
 }
 
-// The same sums without AMX, on AVX512-BF16 dot products (VDPBF16PS: each f32 lane += the
-// products of one pair of bf16, the A[m][2i] B[i][2n] + A[m][2i + 1] B[i][2n + 1] of a tile
-// multiply): kTaps (1-3) taps of kDotRows rows of K by up to 16 channels (`cols`), sharing A.
-// Per pair of positions, each tap's B row is one vector (16 channels' pairs) and each K row's
-// pair of dyT one broadcast; the kTaps x kDotRows sums stay in registers over the Span.
-template <int kTaps>
-DPT_DOTS_TARGET void DotGroup(const Span& sp, const uint16_t* a, const uint16_t* const b[3],
-                              float* const c[3], int64_t c_stride, int64_t cols) {
-  const __mmask16 lanes = static_cast<__mmask16>((1u << cols) - 1);
-  const int64_t a_row = sp.a_stride / 2, c_row = c_stride / 4;  // elements
-  __m512 acc[kTaps][kDotRows];
-#pragma GCC unroll 3
-  for (int tp = 0; tp < kTaps; ++tp) {
-#pragma GCC unroll 8
-    for (int m = 0; m < kDotRows; ++m) acc[tp][m] = _mm512_maskz_loadu_ps(lanes, c[tp] + m * c_row);
-  }
-  for (int64_t im = 0; im < sp.images; ++im) {
-    const uint16_t* ai = a + im * sp.a_image;
-    const char* bi[3];
-#pragma GCC unroll 3
-    for (int tp = 0; tp < kTaps; ++tp) {
-      bi[tp] = reinterpret_cast<const char*>(b[tp] + im * sp.b_image);
-    }
-    for (int64_t t = sp.lo; t < sp.hi; t += 2) {
-      const int64_t bt = t / 2 * sp.b_stride;
-      __m512bh bv[kTaps];
-#pragma GCC unroll 3
-      for (int tp = 0; tp < kTaps; ++tp) {
-        bv[tp] = reinterpret_cast<__m512bh>(_mm512_maskz_loadu_epi32(lanes, bi[tp] + bt));
-      }
-#pragma GCC unroll 8
-      for (int m = 0; m < kDotRows; ++m) {
-        int32_t pair;
-        std::memcpy(&pair, ai + m * a_row + t, sizeof(pair));
-        const __m512bh av = reinterpret_cast<__m512bh>(_mm512_set1_epi32(pair));
-#pragma GCC unroll 3
-        for (int tp = 0; tp < kTaps; ++tp) acc[tp][m] = _mm512_dpbf16_ps(acc[tp][m], av, bv[tp]);
-      }
-    }
-  }
-#pragma GCC unroll 3
-  for (int tp = 0; tp < kTaps; ++tp) {
-#pragma GCC unroll 8
-    for (int m = 0; m < kDotRows; ++m) _mm512_mask_storeu_ps(c[tp] + m * c_row, lanes, acc[tp][m]);
-  }
-}
-
 // The groups of accumulators, in a fixed order: with C and K multiples of 32 one tap's 2 x 2
 // blocks of (K, C) each (tap, then kb, then cb), else up to 3 taps of one 16 x 16 block each (kb,
 // then cb, then the taps).
-//
-// On dot products (no AMX: DotGroup), up to 3 taps of one block of kDotRows rows of K by 16
-// channels each (kb, then cb, then the taps).
 struct Groups {
-  bool square, dots;
+  bool square;
   int64_t count;
 };
-Groups GroupsOf(const Conv2dDesc& d, const Grid& g, bool dots) {
-  if (dots) return {false, true, (d.k / kDotRows) * ((d.c + 15) / 16) * ((g.taps + 2) / 3)};
-  if (d.k % 32 == 0 && d.c % 32 == 0) return {true, false, g.taps * (d.k / 32) * (d.c / 32)};
-  return {false, false, (d.k / 16) * ((d.c + 15) / 16) * ((g.taps + 2) / 3)};
+Groups GroupsOf(const Conv2dDesc& d, const Grid& g) {
+  if (d.k % 32 == 0 && d.c % 32 == 0) return {true, g.taps * (d.k / 32) * (d.c / 32)};
+  return {false, (d.k / 16) * ((d.c + 15) / 16) * ((g.taps + 2) / 3)};
 }
 
 // Group i's products over a Span of prepared images (dyT and xv) added into dW's sums `part`
@@ -557,10 +508,9 @@ DPT_TILES_TARGET void RunGroup(const Conv2dDesc& d, const Grid& g, const Groups&
     SquareGroup(sp, dyt + kb * g.t, b_of(tap, cb), part + (tap * k + kb) * c + cb, c_stride);
     return;
   }
-  // up to 3 taps of one block of K rows (16 on tiles, kDotRows on dot products) by 16 channels
-  const int64_t rows = gr.dots ? kDotRows : 16;
+  // up to 3 taps of one 16 x 16 block
   const int64_t per_block = (g.taps + 2) / 3, block = i / per_block, tap = i % per_block * 3;
-  const int64_t c_blocks = (c + 15) / 16, kb = block / c_blocks * rows, cb = block % c_blocks * 16;
+  const int64_t c_blocks = (c + 15) / 16, kb = block / c_blocks * 16, cb = block % c_blocks * 16;
   const int64_t n = std::min<int64_t>(3, g.taps - tap);
   const uint16_t* b[3];
   float* acc[3];
@@ -570,16 +520,7 @@ DPT_TILES_TARGET void RunGroup(const Conv2dDesc& d, const Grid& g, const Groups&
     acc[j] = part + (t * k + kb) * c + cb;
   }
   const uint16_t* a = dyt + kb * g.t;
-  if (gr.dots) {
-    const int64_t cols = std::min<int64_t>(16, c - cb);
-    if (n == 3) {
-      DotGroup<3>(sp, a, b, acc, c_stride, cols);
-    } else if (n == 2) {
-      DotGroup<2>(sp, a, b, acc, c_stride, cols);
-    } else {
-      DotGroup<1>(sp, a, b, acc, c_stride, cols);
-    }
-  } else if (n == 3) {
+  if (n == 3) {
     TapGroup<3>(sp, a, b, acc, c_stride);
   } else if (n == 2) {
     TapGroup<2>(sp, a, b, acc, c_stride);
@@ -595,7 +536,7 @@ DPT_TILES_TARGET void RunGroup(const Conv2dDesc& d, const Grid& g, const Groups&
 DPT_TILES_TARGET void Multiply(const Conv2dDesc& d, const Grid& g, const ThreadBuffers& tb,
                                int64_t images, const uint16_t* dyt, const uint16_t* xv,
                                float* part) {
-  const Groups gr = GroupsOf(d, g, UsesDots());
+  const Groups gr = GroupsOf(d, g);
   const int64_t block = images == 1 ? kPixelBlock : g.t;
   for (int64_t lo = 0; lo < g.t; lo += block) {
     const Span sp{images, tb.dyt / 2, tb.xv / 2, lo, std::min(g.t, lo + block), g.t * 2, d.c * 4};
@@ -696,7 +637,7 @@ void ByImages(const Conv2dDesc& d, const Grid& g, const char* x, const char* dy,
   const int64_t x_image = XImage(d), dy_image = DyImage(d);
 #pragma omp parallel num_threads(threads)
   {
-    if (!UsesDots()) LoadTileConfig(d.c);
+    LoadTileConfig(d.c);
     char* mine = buffers + omp_get_thread_num() * tb.Total();
     auto* xv = reinterpret_cast<uint16_t*>(mine);
     auto* dyt = reinterpret_cast<uint16_t*>(mine + tb.images * tb.xv);
@@ -722,7 +663,7 @@ void ByImages(const Conv2dDesc& d, const Grid& g, const char* x, const char* dy,
         Multiply(d, g, tb, m, dyt, xv, part);
       }
     }
-    if (!UsesDots()) ReleaseTiles();
+    ReleaseTiles();
     WriteOut(d, g, base, blocks, part_bytes, dw, db, accumulate);
   }
 }
@@ -732,7 +673,7 @@ void ByWeight(const Conv2dDesc& d, const Grid& g, const char* x, const char* dy,
               int threads, float* dw, float* db, bool accumulate) {
   DPT_CHECK(d.x_nhwc) << "conv2d tile weight split with a planar x: " << d.ToString();
   const WeightSplit ws = WeightSplitOf(d, g);
-  const Groups gr = GroupsOf(d, g, UsesDots());
+  const Groups gr = GroupsOf(d, g);
   auto* sums = reinterpret_cast<float*>(base);
   auto* bias_sum = reinterpret_cast<double*>(base + ws.sums);
   char* images = base + ws.sums + ws.bias;
@@ -744,7 +685,7 @@ void ByWeight(const Conv2dDesc& d, const Grid& g, const char* x, const char* dy,
   std::fill_n(bias_sum, d.k, 0.0);
 #pragma omp parallel num_threads(threads)
   {
-    if (!UsesDots()) LoadTileConfig(d.c);
+    LoadTileConfig(d.c);
     for (int64_t n0 = 0; n0 < d.n; n0 += ws.images) {
       const int64_t m = std::min(ws.images, d.n - n0);
 #pragma omp for schedule(static)
@@ -766,31 +707,38 @@ void ByWeight(const Conv2dDesc& d, const Grid& g, const char* x, const char* dy,
       }
       // (the barrier after `single`: the groups are done before the next images are prepared)
     }
-    if (!UsesDots()) ReleaseTiles();
+    ReleaseTiles();
     WriteOut(d, g, base, 1, ws.sums + ws.bias, dw, db, accumulate);  // the one sum, as a block
   }
 }
 
 // xp of the image pair at xa and xb (xb null: zeros), each (H, W, C), f32 or bf16: the padded
-// grid, position (gi, gj) holding pixel (gi - pad, gj - pad) of both, zero on the padding.
+// grid, position (gi, gj) holding pixel (gi - pad, gj - pad) of both, zero on the padding; at
+// stride 2 its four phase grids one after the other, phase (a, b) holding padded pixel
+// (2 gi + a, 2 gj + b) at (gi, gj).
 DPT_DOTS_TARGET void PrepPairX(const Conv2dDesc& d, const Grid& g, const char* xa, const char* xb,
                                bool bf16, uint16_t* xp) {
   const int64_t c = d.c, es = bf16 ? 2 : 4;
   const __m512i idx = _mm512_load_si512(kInterleave);
-  for (int64_t gi = 0; gi < g.rows; ++gi) {
-    const int64_t i = gi - d.pad;
-    for (int64_t gj = 0; gj < g.wg; ++gj) {
-      const int64_t j = gj - d.pad;
-      uint16_t* out = xp + (gi * g.wg + gj) * c * 2;
-      if (i < 0 || i >= d.h || j < 0 || j >= d.w) {
-        for (int64_t cb = 0; cb < c; cb += 16)
-          _mm512_storeu_si512(out + cb * 2, _mm512_setzero_si512());
-        continue;
-      }
-      const int64_t at = (i * d.w + j) * c * es;
-      for (int64_t cb = 0; cb < c; cb += 16) {
-        const __m256i b = xb != nullptr ? Load16(xb + at + cb * es, bf16) : _mm256_setzero_si256();
-        _mm512_storeu_si512(out + cb * 2, Pair(Load16(xa + at + cb * es, bf16), b, idx));
+  for (int64_t ph = 0; ph < g.st * g.st; ++ph) {
+    const int64_t pa = ph / g.st, pb = ph % g.st;
+    for (int64_t gi = 0; gi < g.rows; ++gi) {
+      const int64_t i = g.st * gi + pa - d.pad;
+      for (int64_t gj = 0; gj < g.wg; ++gj) {
+        const int64_t j = g.st * gj + pb - d.pad;
+        uint16_t* out = xp + ((ph * g.rows + gi) * g.wg + gj) * c * 2;
+        if (i < 0 || i >= d.h || j < 0 || j >= d.w) {
+          for (int64_t cb = 0; cb < c; cb += 16) {
+            _mm512_storeu_si512(out + cb * 2, _mm512_setzero_si512());
+          }
+          continue;
+        }
+        const int64_t at = (i * d.w + j) * c * es;
+        for (int64_t cb = 0; cb < c; cb += 16) {
+          const __m256i b =
+              xb != nullptr ? Load16(xb + at + cb * es, bf16) : _mm256_setzero_si256();
+          _mm512_storeu_si512(out + cb * 2, Pair(Load16(xa + at + cb * es, bf16), b, idx));
+        }
       }
     }
   }
@@ -888,8 +836,9 @@ DPT_DOTS_TARGET void MultiplyPairs(const Conv2dDesc& d, const Grid& g, const Pai
     const uint16_t* b[3];
     float* acc[3];
     for (int64_t j = 0; j < 3; ++j) {
-      const int64_t t = tap + std::min(j, n - 1), o = t / d.s * g.wg + t % d.s;
-      b[j] = xp + o * c * 2 + cb * 2;
+      const int64_t t = tap + std::min(j, n - 1), r = t / d.s, s = t % d.s;
+      const int64_t phase = r % g.st * g.st + s % g.st, o = r / g.st * g.wg + s / g.st;
+      b[j] = xp + ((phase * g.rows * g.wg) + o) * c * 2 + cb * 2;
       acc[j] = part + (t * k + kb) * c + cb;
     }
     const uint16_t* a = dy2 + kb * 2;
@@ -907,7 +856,7 @@ DPT_DOTS_TARGET void MultiplyPairs(const Conv2dDesc& d, const Grid& g, const Pai
 // of pairs, each into its own sums, added in block order at the end.
 void ByImagePairs(const Conv2dDesc& d, const Grid& g, const char* x, const char* dy, char* base,
                   int threads, float* dw, float* db, bool accumulate) {
-  DPT_CHECK(d.c % 16 == 0 && d.k % 16 == 0) << "conv2d image pairs: " << d.ToString();
+  DPT_CHECK(d.x_nhwc && d.c % 16 == 0 && d.k % 16 == 0) << "conv2d image pairs: " << d.ToString();
   const PairBuffers pb = PairBuffersOf(d, g);
   const int64_t pairs = (d.n + 1) / 2, blocks = PairBlocksOf(d), part_bytes = PartialBytes(d, g),
                 dw_floats = g.taps * d.k * d.c;
@@ -986,17 +935,20 @@ bool CpuBackend::TilesWeightGradient(const Conv2dDesc& d) {
   const bool pairs = TilesByDots() && d.stride == 1;
   const bool size_ok = pixels > 16 && (pixels <= 16 * 16 ||
                                        (pixels <= 32 * 32 && (ck >= 64 * 64 || planar || pairs)));
-  // On dot products (no AMX) only a channels-last x with C a multiple of 16, split by images or
-  // image pairs, where they beat oneDNN 2.6's avx512_core_bf16 kernel (at batch 64 on 2 threads):
-  // - strided, by images: resnet8's layer2.0.conv1 0.82 -> 0.50 ms, layer3.0.conv1 0.69 -> 0.57,
-  //   resnet18_cifar's layer2.0.conv1 7.4 -> 6.7;
-  // - stride 1, by image pairs (PairsImages), C x K up to 64 x 128: ref_cnn's conv2 0.80 -> 0.71
-  //   ms in a step; resnet8's layer1 (16 channels, 32 x 32) 0.70 -> 0.52-0.55, layer2.0.conv2
-  //   0.60 -> 0.45-0.51, layer3.0.conv2 0.62 -> 0.56-0.58; resnet18_cifar's layer1 8.3-8.9 ->
-  //   6.7-7.2 ms; not its layer2 (128 x 128: 7.2 -> 7.5-7.7).
-  // Not a planar x, whose few channels fill a fraction of each vector (resnet8's conv1: 0.25 ->
-  // 0.62), nor the weight split, where each group of 8 rows of K reads all the images' x again
-  // (resnet18_cifar's layer3.0.conv1: 4.9 -> 10.2 ms).
+  // On dot products (no AMX), two images at a time (PairsImages), only a channels-last x with C a
+  // multiple of 16, where they beat oneDNN 2.6's avx512_core_bf16 kernel (`train.profile`, batch
+  // 64, 2 threads, in a step):
+  // - strided: resnet8's layer2.0.conv1 0.47 -> 0.36 ms, layer3.0.conv1 0.54 -> 0.32,
+  //   resnet18_cifar's layer2.0.conv1 4.7 -> 4.1, against the dot products on the tiles' pairs of
+  //   positions, which had beaten oneDNN's kernel there (0.82 -> 0.50, 0.69 -> 0.57, 7.4 -> 6.7);
+  // - stride 1, C x K up to 64 x 128: ref_cnn's conv2 0.80 -> 0.71 ms; resnet8's layer1 (16
+  //   channels, 32 x 32) 0.70 -> 0.52-0.55, layer2.0.conv2 0.60 -> 0.45-0.51, layer3.0.conv2 0.62
+  //   -> 0.56-0.58; resnet18_cifar's layer1 8.3-8.9 -> 6.7-7.2 ms; not its layer2 (128 x 128:
+  //   7.2 -> 7.5-7.7).
+  // Not a planar x, whose few channels would fill a fraction of each vector (on the tiles' pairs
+  // of positions, resnet8's conv1 went 0.25 -> 0.62), nor a weight above 128 x 128, which each
+  // group of 8 rows of K would read all the images' x again for (resnet18_cifar's layer3.0.conv1
+  // went 4.9 -> 10.2 ms with the weight split).
   if (TilesByDots() && (!d.x_nhwc || SplitsWeight(d) || (pairs && ck > 64 * 128))) return false;
   return d.precision == Precision::kBF16 && d.groups == 1 && d.dilation == 1 &&
          (d.stride == 1 || d.stride == 2) && (planar || (d.x_nhwc && d.c % 16 == 0)) && d.y_nhwc &&

@@ -540,9 +540,8 @@ TEST_P(ConvTest, ChannelsLastMatchesReference) {
     // the five shapes in Cases, the five of TileCases and the strided 64 x 288 one with both
     // sides channels-last, with and without the ReLU, and the first layers' (1-3 and 8 channels
     // into 16 or 32) with a planar x, where the CPU has AMX; without it, on AVX512-BF16 dot
-    // products, the same with a channels-last x but for the weight split: the two strided ones
-    // split by images, the five of Cases and the 64 x 64 one at stride 1 by image pairs (else
-    // none)
+    // products, the same with a channels-last x but for the weight split, all by image pairs:
+    // the two strided ones, the five of Cases and the 64 x 64 one at stride 1 (else none)
     EXPECT_EQ(tiled, tileable);
     if (tileable == 0) {
       std::cout << "[ INFO ] no AMX tiles or AVX512-BF16 on this CPU: oneDNN's weight gradient\n";
@@ -755,8 +754,8 @@ INSTANTIATE_TEST_SUITE_P(All, ConvTest, ::testing::ValuesIn(TestBackends()), Bac
 
 // The CPU's bf16 weight gradient on AMX tiles or AVX512-BF16 dot products (CpuBackend::
 // TilesWeightGradient) sums the images in fixed blocks, added in block order: the same bits on one
-// thread as on two, here at stride 1 (on dot products by image pairs, an odd batch's last image
-// paired with zeros) and at stride 2, with a bias, accumulating into the last gradient.
+// thread as on two, here at stride 1 and 2 (on dot products by image pairs, an odd batch's last
+// image paired with zeros), with a bias, accumulating into the last gradient.
 TEST(ConvTilesTest, CpuWeightGradientSameBitsOnOneAndTwoThreads) {
   std::vector<Conv2dDesc> cases = {
       MakeConv(5, 32, 14, 14, 64, 3, 3, 1, 1, true, Precision::kBF16),  // ref_cnn's conv2
