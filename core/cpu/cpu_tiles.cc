@@ -146,7 +146,9 @@ WeightSplit WeightSplitOf(const Conv2dDesc& d, const Grid& g) {
 // side; and only the output pixels are multiplied, not the grid's padded columns. An odd last
 // image is paired with zeros. Every shape TilesWeightGradient takes on dot products (a
 // channels-last x, C and K multiples of 16, the weight not split) runs so.
-bool PairsImages(const Conv2dDesc& /*d*/) { return TilesByDots(); }
+bool PairsImages() { return TilesByDots(); }
+// One thread's prepared pairs: as many as half of kGroupBytes holds, up to 8 (each group of
+// accumulators reads them all, from the second cache level).
 struct PairBuffers {
   int64_t pairs, xp, dy2;  // image pairs prepared at a time; bytes of one pair's xp, dy2
   int64_t Total() const { return pairs * (xp + dy2); }
@@ -162,7 +164,7 @@ int64_t PairBlocksOf(const Conv2dDesc& d) { return std::min<int64_t>(kBlocks, (d
 
 size_t TileScratchBytes(const Conv2dDesc& d, int threads) {
   const Grid g(d);
-  if (PairsImages(d)) {
+  if (PairsImages()) {
     return static_cast<size_t>(kAlign + PairBlocksOf(d) * PartialBytes(d, g) +
                                std::max(threads, 1) * PairBuffersOf(d, g).Total());
   }
@@ -904,7 +906,7 @@ void TileWeightGradient(const Conv2dDesc& d, const void* x, const void* dy, cons
   base += (kAlign - reinterpret_cast<uintptr_t>(base) % kAlign) % kAlign;
   const auto* xs = static_cast<const char*>(x);
   const auto* dys = static_cast<const char*>(dy);
-  if (PairsImages(d)) {
+  if (PairsImages()) {
     ByImagePairs(d, g, xs, dys, base, threads, dw, db, accumulate);
   } else if (SplitsWeight(d)) {
     ByWeight(d, g, xs, dys, base, threads, dw, db, accumulate);
