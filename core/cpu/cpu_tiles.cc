@@ -629,12 +629,27 @@ void WriteOut(const Conv2dDesc& d, const Grid& g, const char* base, int64_t bloc
   }
 }
 
+// Block b's sums in base (dW's (taps, K, C) floats, then db's K doubles; see PartialBytes), zeroed.
+struct BlockSums {
+  float* dw;
+  double* db;
+};
+BlockSums ZeroedSums(const Conv2dDesc& d, const Grid& g, char* base, int64_t b,
+                     int64_t part_bytes) {
+  const int64_t dw_floats = g.taps * d.k * d.c;
+  char* at = base + b * part_bytes;
+  const BlockSums s{reinterpret_cast<float*>(at),
+                    reinterpret_cast<double*>(at + AlignUp(dw_floats * 4))};
+  std::fill_n(s.dw, dw_floats, 0.f);
+  std::fill_n(s.db, d.k, 0.0);
+  return s;
+}
+
 // dW's (and db's) sums split by images (see SplitsWeight), into dw and db.
 void ByImages(const Conv2dDesc& d, const Grid& g, const char* x, const char* dy, char* base,
               int threads, float* dw, float* db, bool accumulate) {
   const ThreadBuffers tb = BuffersOf(d, g);
-  const int64_t blocks = BlocksOf(d), part_bytes = PartialBytes(d, g),
-                dw_floats = g.taps * d.k * d.c;
+  const int64_t blocks = BlocksOf(d), part_bytes = PartialBytes(d, g);
   char* buffers = base + blocks * part_bytes;
   const int64_t x_image = XImage(d), dy_image = DyImage(d);
 #pragma omp parallel num_threads(threads)
@@ -646,10 +661,7 @@ void ByImages(const Conv2dDesc& d, const Grid& g, const char* x, const char* dy,
     auto* plane = reinterpret_cast<uint16_t*>(mine + tb.images * (tb.xv + tb.dyt));
 #pragma omp for schedule(static)
     for (int64_t b = 0; b < blocks; ++b) {
-      auto* part = reinterpret_cast<float*>(base + b * part_bytes);
-      auto* bias = reinterpret_cast<double*>(base + b * part_bytes + AlignUp(dw_floats * 4));
-      std::fill_n(part, dw_floats, 0.f);
-      std::fill_n(bias, d.k, 0.0);
+      const BlockSums sums = ZeroedSums(d, g, base, b, part_bytes);
       const int64_t n1 = (b + 1) * d.n / blocks;
       for (int64_t n0 = b * d.n / blocks; n0 < n1; n0 += tb.images) {
         const int64_t m = std::min(tb.images, n1 - n0);
@@ -660,9 +672,9 @@ void ByImages(const Conv2dDesc& d, const Grid& g, const char* x, const char* dy,
             PrepPlanar(d, g, x + (n0 + i) * x_image, d.x_bf16, plane, xv + i * tb.xv / 2);
           }
           PrepDy(d, g, dy + (n0 + i) * dy_image, d.dy_bf16, dyt + i * tb.dyt / 2,
-                 db != nullptr ? bias : nullptr);
+                 db != nullptr ? sums.db : nullptr);
         }
-        Multiply(d, g, tb, m, dyt, xv, part);
+        Multiply(d, g, tb, m, dyt, xv, sums.dw);
       }
     }
     ReleaseTiles();
@@ -860,8 +872,7 @@ void ByImagePairs(const Conv2dDesc& d, const Grid& g, const char* x, const char*
                   int threads, float* dw, float* db, bool accumulate) {
   DPT_CHECK(d.x_nhwc && d.c % 16 == 0 && d.k % 16 == 0) << "conv2d image pairs: " << d.ToString();
   const PairBuffers pb = PairBuffersOf(d, g);
-  const int64_t pairs = (d.n + 1) / 2, blocks = PairBlocksOf(d), part_bytes = PartialBytes(d, g),
-                dw_floats = g.taps * d.k * d.c;
+  const int64_t pairs = (d.n + 1) / 2, blocks = PairBlocksOf(d), part_bytes = PartialBytes(d, g);
   char* buffers = base + blocks * part_bytes;
   const int64_t x_image = XImage(d), dy_image = DyImage(d);
 #pragma omp parallel num_threads(threads)
@@ -871,10 +882,7 @@ void ByImagePairs(const Conv2dDesc& d, const Grid& g, const char* x, const char*
     auto* dy2 = reinterpret_cast<uint16_t*>(mine + pb.pairs * pb.xp);
 #pragma omp for schedule(static)
     for (int64_t b = 0; b < blocks; ++b) {
-      auto* part = reinterpret_cast<float*>(base + b * part_bytes);
-      auto* bias = reinterpret_cast<double*>(base + b * part_bytes + AlignUp(dw_floats * 4));
-      std::fill_n(part, dw_floats, 0.f);
-      std::fill_n(bias, d.k, 0.0);
+      const BlockSums sums = ZeroedSums(d, g, base, b, part_bytes);
       const int64_t p1 = (b + 1) * pairs / blocks;
       for (int64_t p0 = b * pairs / blocks; p0 < p1; p0 += pb.pairs) {
         const int64_t m = std::min(pb.pairs, p1 - p0);
@@ -884,9 +892,9 @@ void ByImagePairs(const Conv2dDesc& d, const Grid& g, const char* x, const char*
           PrepPairX(d, g, x + n0 * x_image, two ? x + (n0 + 1) * x_image : nullptr, d.x_bf16,
                     xp + i * pb.xp / 2);
           PrepPairDy(d, dy + n0 * dy_image, two ? dy + (n0 + 1) * dy_image : nullptr, d.dy_bf16,
-                     dy2 + i * pb.dy2 / 2, db != nullptr ? bias : nullptr);
+                     dy2 + i * pb.dy2 / 2, db != nullptr ? sums.db : nullptr);
         }
-        MultiplyPairs(d, g, PairSpan{m, pb.dy2 / 2, pb.xp / 2}, dy2, xp, part);
+        MultiplyPairs(d, g, PairSpan{m, pb.dy2 / 2, pb.xp / 2}, dy2, xp, sums.dw);
       }
     }
     WriteOut(d, g, base, blocks, part_bytes, dw, db, accumulate);
