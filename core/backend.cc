@@ -252,7 +252,7 @@ std::string PoolDesc::ToString() const {
      << "," << w << ") kernel=" << kernel << " stride=" << stride << " pad=" << pad;
   if (ceil_mode) os << " ceil_mode";
   if (kind == PoolKind::kAvg && !count_include_pad) os << " count_include_pad=0";
-  if (nhwc) os << " nhwc";
+  if (nhwc) os << (y_nchw ? " nhwc y=nchw" : " nhwc");
   if (dx_bf16) os << " dx=bf16";
   return os.str();
 }

@@ -105,6 +105,10 @@ struct PoolDesc {
   bool ceil_mode = false;
   bool count_include_pad = true;
   bool nhwc = false;  // x, y and their gradients channels-last (Conv2dDesc::x_nhwc)
+  // With nhwc, y and dy NCHW instead (x and dx stay channels-last): a max pool whose one reader
+  // is a flatten writes the order the flatten hands on as it is, so no transpose follows it
+  // (Layer::CanWriteNchwFromNhwc).
+  bool y_nchw = false;
   // Max pooling's backward writes dx in bf16 (dy stays f32), for the bf16 convolution that
   // produced x and reads its gradient so (Conv2dDesc::dy_bf16): the values it would round to
   // bf16 itself, without the f32 copy. Windows must not overlap (stride >= kernel), so every dx
@@ -165,6 +169,10 @@ struct BatchNormArgs {
   // forward's y, whose zeros gate dy (exactly ReLU's backward).
   bool relu = false;
   bool nhwc = false;  // x, y and their gradients channels-last (Conv2dDesc::x_nhwc)
+  // With nhwc, y and dy NCHW instead (x and dx stay channels-last): a max pool whose one reader
+  // is a flatten writes the order the flatten hands on as it is, so no transpose follows it
+  // (Layer::CanWriteNchwFromNhwc).
+  bool y_nchw = false;
   // Backward writes dx in bf16 (rounded to nearest even), for the bf16 convolution before it,
   // whose backward reads its dy so (Conv2dDesc::dy_bf16): the rounding it would apply to an f32
   // dx itself, without the f32 copy. Backends that run it say so (Backend::Supports).

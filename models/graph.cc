@@ -236,6 +236,10 @@ void Graph::SetupNodes(const Shape& in, const SetupOptions& opts, size_t* failed
     o.nhwc_in = !n.inputs.empty();
     for (int j : n.inputs)
       o.nhwc_in = o.nhwc_in && j != kInput && nodes_[static_cast<size_t>(j)].nhwc;
+    // A layer whose readers would each transpose its channels-last output (flattens) writes NCHW
+    // where it can as it goes (a max pool): ref_cnn's last pool, which saves both transposes.
+    if (n.nhwc && o.nhwc_in && ReadersPreferNchw(i) && n.layer->CanWriteNchwFromNhwc(shapes[0]))
+      n.nhwc = false;
     o.nhwc_out = n.nhwc;
     o.need_dx = opts.need_dx || !reads_graph_input_only;
     o.fuse_conv_pool = opts.fuse_conv_pool && fuse_conv_pool_;
@@ -284,6 +288,18 @@ void Graph::SetupNodes(const Shape& in, const SetupOptions& opts, size_t* failed
       n.grad_sum = backend_.Empty(n.shape, DType::kF32, what + " gradient sum");
     }
   }
+}
+
+bool Graph::ReadersPreferNchw(size_t i) const {
+  bool any = false;
+  for (size_t k = i + 1; k < nodes_.size(); ++k) {
+    for (int j : nodes_[k].inputs) {
+      if (j != static_cast<int>(i)) continue;
+      if (!nodes_[k].layer->PrefersNchwIn()) return false;
+      any = true;
+    }
+  }
+  return any;
 }
 
 bool Graph::SumsPartsFrom(size_t i, size_t* at) const {

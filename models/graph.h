@@ -190,6 +190,8 @@ class Graph {
   // layer from node i down through layers that pass a gradient as it is sums them as it reads.
   // *at: that layer's node.
   bool SumsPartsFrom(size_t i, size_t* at) const;
+  // Whether node i has readers and every one prefers NCHW inputs (Layer::PrefersNchwIn).
+  bool ReadersPreferNchw(size_t i) const;
   // Places the input-gradient buffers asked for at Setup in one allocation (batch: the largest).
   void PlaceInputGrads(int64_t batch);
   // Cuts the graph into recompute segments and places the outputs and saved buffers asked for at

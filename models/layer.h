@@ -238,6 +238,13 @@ class Layer {
   // writes either layout whatever its input's (a convolution: SetupOptions::nhwc_out).
   virtual bool TakesNhwc() const { return false; }
   virtual bool ChoosesNhwcOut() const { return false; }
+  // Asked at Setup, of a layer planned channels-last whose readers all prefer NCHW inputs: whether,
+  // given the channels-last input `in`, it can write its output NCHW as it goes
+  // (SetupOptions::nhwc_out false; a max pool). The graph then has it do so.
+  virtual bool CanWriteNchwFromNhwc(const Shape& /*in*/) const { return false; }
+  // Whether a channels-last input costs this layer a transpose that an NCHW one does not (a
+  // flatten): the graph has a layer before it write NCHW where that layer can (above).
+  virtual bool PrefersNchwIn() const { return false; }
 
   // Bytes of activations this layer holds per sample (outputs, saved inputs, workspaces), for
   // `dptrain plan`.

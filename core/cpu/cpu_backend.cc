@@ -125,9 +125,13 @@ bool CpuBackend::Supports(const LinearDesc& d) const {
 bool CpuBackend::Supports(const PoolDesc& d) const {
   // dx in bf16 with a channels-last window over 16 x 16 would run on oneDNN 2.6's bf16 backward,
   // which put gradients where the f32 one does not (PoolTest, a 17 x 17 window): refused.
-  return d.Valid() && (!d.dx_bf16 || (d.kind == PoolKind::kMax && d.stride >= d.kernel &&
-                                      (!d.nhwc || d.kernel <= kOwnMaxPoolKernel) &&
-                                      PrecisionOk(Precision::kBF16) && fusions_));
+  // y in NCHW from channels-last x (y_nchw): the own max pooling only.
+  return d.Valid() &&
+         (!d.dx_bf16 || (d.kind == PoolKind::kMax && d.stride >= d.kernel &&
+                         (!d.nhwc || d.kernel <= kOwnMaxPoolKernel) &&
+                         PrecisionOk(Precision::kBF16) && fusions_)) &&
+         (!d.y_nchw ||
+          (d.nhwc && d.kind == PoolKind::kMax && d.kernel <= kOwnMaxPoolKernel && fusions_));
 }
 
 std::string OneDnnVersion() {

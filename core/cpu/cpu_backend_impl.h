@@ -15,6 +15,7 @@
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "core/cpu/cpu_backend.h"
@@ -71,6 +72,30 @@ constexpr int64_t kOwnMaxPoolKernel = 16;
 // clone. A template or lambda the compiler leaves out of line is built once, for the baseline:
 // the batch norm's 16- and 32-channel row loops ran that way (SSE2) until this was added.
 #define DPT_CLONE_INLINE inline __attribute__((always_inline))
+
+// A 16 x 16 tile transposed in registers: rows r[0..15] of 16 floats (one AVX-512 register each in
+// the clone built for it). Each stage swaps the off-diagonal K x K blocks of every 2K x 2K block
+// (lane l of row i takes lane l - K of row i + K, and back); after K = 8, 4, 2, 1 row i holds
+// column i. Lane indices are constants (__builtin_shufflevector): a two-register permute each.
+// The layout changes (cpu_elementwise.cc) and the max pool that writes NCHW (cpu_pool.cc).
+constexpr int64_t kTile = 16;
+using TileRow = float __attribute__((vector_size(kTile * sizeof(float))));
+template <size_t K, size_t... L>
+[[gnu::always_inline]] inline void SwapBlocks(TileRow* r, std::index_sequence<L...> /*lanes*/) {
+  for (size_t i = 0; i < kTile; ++i) {
+    if ((i & K) != 0) continue;
+    const TileRow a = r[i], b = r[i + K];
+    r[i] = __builtin_shufflevector(a, b, ((L & K) != 0 ? L - K + kTile : L)...);
+    r[i + K] = __builtin_shufflevector(a, b, ((L & K) != 0 ? L + kTile : L + K)...);
+  }
+}
+[[gnu::always_inline]] inline void TransposeTile(TileRow* r) {
+  constexpr auto lanes = std::make_index_sequence<kTile>();
+  SwapBlocks<8>(r, lanes);
+  SwapBlocks<4>(r, lanes);
+  SwapBlocks<2>(r, lanes);
+  SwapBlocks<1>(r, lanes);
+}
 
 // ew::FloatToBf16 (round to nearest even, NaN kept a quiet NaN) without its branch, so that the
 // loops around it vectorise.
@@ -330,7 +355,7 @@ inline auto LinearKey(const LinearDesc& d) {
 }
 inline auto PoolKey(const PoolDesc& d) {
   return std::make_tuple(static_cast<int>(d.kind), d.n, d.c, d.h, d.w, d.kernel, d.stride, d.pad,
-                         d.ceil_mode, d.count_include_pad, d.nhwc, d.dx_bf16);
+                         d.ceil_mode, d.count_include_pad, d.nhwc, d.y_nchw, d.dx_bf16);
 }
 
 struct CpuBackend::Impl {

@@ -304,22 +304,6 @@ void CpuBackend::Pad2d(const Tensor& x, int64_t top, int64_t left, Tensor* y) {
 
 namespace {
 
-// A 16 x 16 tile transposed in registers: rows r[0..15] of 16 floats (one AVX-512 register each in
-// the clone built for it). Each stage swaps the off-diagonal K x K blocks of every 2K x 2K block
-// (lane l of row i takes lane l - K of row i + K, and back); after K = 8, 4, 2, 1 row i holds
-// column i. Lane indices are constants (__builtin_shufflevector): a two-register permute each.
-constexpr int64_t kTile = 16;
-using TileRow = float __attribute__((vector_size(kTile * sizeof(float))));
-template <size_t K, size_t... L>
-[[gnu::always_inline]] inline void SwapBlocks(TileRow* r, std::index_sequence<L...> /*lanes*/) {
-  for (size_t i = 0; i < kTile; ++i) {
-    if ((i & K) != 0) continue;
-    const TileRow a = r[i], b = r[i + K];
-    r[i] = __builtin_shufflevector(a, b, ((L & K) != 0 ? L - K + kTile : L)...);
-    r[i + K] = __builtin_shufflevector(a, b, ((L & K) != 0 ? L + kTile : L + K)...);
-  }
-}
-
 // Rows [r0, r0 + 16) of one (rows x cols) row-major matrix x into y, its transpose (cols x rows):
 // whole tiles through registers, the edges element by element.
 DPT_SIMD_CLONES void TransposeBand(const float* x, float* y, int64_t rows, int64_t cols,
@@ -336,11 +320,7 @@ DPT_SIMD_CLONES void TransposeBand(const float* x, float* y, int64_t rows, int64
     TileRow t[kTile];
     for (int64_t i = 0; i < kTile; ++i)
       std::memcpy(&t[i], x + (r0 + i) * cols + c0, sizeof(TileRow));
-    constexpr auto lanes = std::make_index_sequence<kTile>();
-    SwapBlocks<8>(t, lanes);
-    SwapBlocks<4>(t, lanes);
-    SwapBlocks<2>(t, lanes);
-    SwapBlocks<1>(t, lanes);
+    TransposeTile(t);
     for (int64_t i = 0; i < kTile; ++i)
       std::memcpy(y + (c0 + i) * rows + r0, &t[i], sizeof(TileRow));
   }

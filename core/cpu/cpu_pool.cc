@@ -2,7 +2,8 @@
 // CPU backend: pooling. Average pooling, and max pooling of channels-last tensors with windows up
 // to 16 x 16, on loops over the window arithmetic of core/pool_window.h, which the CUDA kernels
 // share; other max pooling on oneDNN primitives (planned once per shape and cached). Max pooling
-// keeps where each maximum came from in the caller's workspace.
+// keeps where each maximum came from in the caller's workspace. The own max pooling may write its
+// output (and read its gradient) in NCHW from channels-last input (PoolDesc::y_nchw).
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -42,6 +43,34 @@ using Halves = uint16_t __attribute__((vector_size(kLanes * sizeof(uint16_t))));
 
 using Columns = PoolPlan::Columns;
 
+// Where y's (and dy's) value for output column ow and channel ch of one output row is, from the
+// row's first value: ow * pix + ch * chan. Channels-last (C, 1); NCHW (PoolDesc::y_nchw: the
+// flatten after the pool then reads it as it is) (1, P * Q). Value (i, oh, ow, ch) is at
+// i * C * P * Q + (oh * Q + ow) * pix + ch * chan in both. The workspace stays channels-last.
+struct OutAt {
+  int64_t pix, chan;
+};
+OutAt OutLayout(const PoolPlan& p) {
+  return p.d.y_nchw ? OutAt{1, p.g.p * p.g.q} : OutAt{p.d.c, 1};
+}
+// A step of kLanes channels' outputs into y, and dy's out of it, at channel stride `chan`.
+DPT_CLONE_INLINE void StoreOut(const float* best, float* y, int64_t chan) {
+  if (chan == 1) {
+    for (int64_t j = 0; j < kLanes; ++j) y[j] = best[j];
+    return;
+  }
+  for (int64_t j = 0; j < kLanes; ++j) y[j * chan] = best[j];
+}
+DPT_CLONE_INLINE void LoadOut(const float* dy, int64_t chan, Vec* v) {
+  if (chan == 1) {
+    std::memcpy(v, dy, sizeof(Vec));
+    return;
+  }
+  float s[kLanes];
+  for (int64_t j = 0; j < kLanes; ++j) s[j] = dy[j * chan];
+  std::memcpy(v, s, sizeof(Vec));
+}
+
 // PoolPlan::window and cover, once per plan: the same for every row of every call (ew::WindowOf
 // and ew::Covering per output value and lane step cost more than the pass over memory).
 void PlanColumns(PoolPlan* p) {
@@ -61,7 +90,8 @@ void PlanColumns(PoolPlan* p) {
 
 // Output row oh of one image: y_row (Q pixels of c channels) and, in training, ws_row.
 DPT_SIMD_CLONES void MaxPoolRow(const ew::PoolGeom& g, const Columns& cols, int64_t c,
-                                const float* x_img, int64_t oh, float* y_row, uint8_t* ws_row) {
+                                const float* x_img, int64_t oh, float* y_row, OutAt at,
+                                uint8_t* ws_row) {
   const ew::PoolWindow rows = ew::WindowOf(g, oh, 0);
   const int64_t h_start = oh * g.stride - g.pad;
   for (int64_t ow = 0; ow < g.q; ++ow) {
@@ -89,8 +119,7 @@ DPT_SIMD_CLONES void MaxPoolRow(const ew::PoolGeom& g, const Columns& cols, int6
           }
         }
       }
-      float* y = y_row + ow * c + c0;
-      for (int64_t j = 0; j < kLanes; ++j) y[j] = best[j];
+      StoreOut(best, y_row + ow * at.pix + c0 * at.chan, at.chan);
       if (ws_row != nullptr) {
         uint8_t* ws = ws_row + ow * c + c0;
         for (int64_t j = 0; j < kLanes; ++j) ws[j] = static_cast<uint8_t>(arg[j]);
@@ -105,7 +134,7 @@ DPT_SIMD_CLONES void MaxPoolRow(const ew::PoolGeom& g, const Columns& cols, int6
           if (v > best || v != v) best = v, arg = index(ih, iw);
         }
       }
-      y_row[ow * c + c0] = best;
+      y_row[ow * at.pix + c0 * at.chan] = best;
       if (ws_row != nullptr) ws_row[ow * c + c0] = static_cast<uint8_t>(arg);
     }
   }
@@ -127,8 +156,8 @@ DPT_CLONE_INLINE void StoreGrad(float s, uint16_t* dx) { *dx = Bf16Bits(s); }
 // order of the covering windows, of the dy of those whose maximum it was.
 template <class T>
 DPT_CLONE_INLINE void MaxPoolGradRowOf(const ew::PoolGeom& g, const Columns& cover, int64_t c,
-                                       const float* dy_img, const uint8_t* ws_img, int64_t ih,
-                                       T* dx_row) {
+                                       const float* dy_img, OutAt at, const uint8_t* ws_img,
+                                       int64_t ih, T* dx_row) {
   const ew::PoolCover rows = ew::Covering(g, ih, 0);
   for (int64_t iw = 0; iw < g.w; ++iw) {
     const int64_t q0 = cover.lo[static_cast<size_t>(iw)], q1 = cover.hi[static_cast<size_t>(iw)];
@@ -141,12 +170,12 @@ DPT_CLONE_INLINE void MaxPoolGradRowOf(const ew::PoolGeom& g, const Columns& cov
       Vec s{};
       for (int64_t p = rows.p0; p < rows.p1; ++p) {
         for (int64_t q = q0; q < q1; ++q) {
-          const int64_t o = (p * g.q + q) * c + c0;
+          const int64_t pix = p * g.q + q;
           Vec gy;
-          Bytes at;
-          std::memcpy(&gy, dy_img + o, sizeof(Vec));
-          std::memcpy(&at, ws_img + o, sizeof(Bytes));
-          const Mask pos = __builtin_convertvector(__builtin_convertvector(at, Halves), Mask);
+          LoadOut(dy_img + pix * at.pix + c0 * at.chan, at.chan, &gy);
+          Bytes from;
+          std::memcpy(&from, ws_img + pix * c + c0, sizeof(Bytes));
+          const Mask pos = __builtin_convertvector(__builtin_convertvector(from, Halves), Mask);
           s += pos == index(p, q) ? gy : Vec{};
         }
       }
@@ -156,8 +185,8 @@ DPT_CLONE_INLINE void MaxPoolGradRowOf(const ew::PoolGeom& g, const Columns& cov
       float s = 0.f;
       for (int64_t p = rows.p0; p < rows.p1; ++p) {
         for (int64_t q = q0; q < q1; ++q) {
-          const int64_t o = (p * g.q + q) * c + c0;
-          s += ws_img[o] == index(p, q) ? dy_img[o] : 0.f;
+          const int64_t pix = p * g.q + q;
+          s += ws_img[pix * c + c0] == index(p, q) ? dy_img[pix * at.pix + c0 * at.chan] : 0.f;
         }
       }
       StoreGrad(s, dx_row + iw * c + c0);
@@ -165,20 +194,42 @@ DPT_CLONE_INLINE void MaxPoolGradRowOf(const ew::PoolGeom& g, const Columns& cov
   }
 }
 DPT_SIMD_CLONES void MaxPoolGradRow(const ew::PoolGeom& g, const Columns& cover, int64_t c,
-                                    const float* dy_img, const uint8_t* ws_img, int64_t ih,
-                                    float* dx_row) {
-  MaxPoolGradRowOf(g, cover, c, dy_img, ws_img, ih, dx_row);
+                                    const float* dy_img, OutAt at, const uint8_t* ws_img,
+                                    int64_t ih, float* dx_row) {
+  MaxPoolGradRowOf(g, cover, c, dy_img, at, ws_img, ih, dx_row);
 }
 DPT_SIMD_CLONES void MaxPoolGradRow(const ew::PoolGeom& g, const Columns& cover, int64_t c,
-                                    const float* dy_img, const uint8_t* ws_img, int64_t ih,
-                                    uint16_t* dx_row) {
-  MaxPoolGradRowOf(g, cover, c, dy_img, ws_img, ih, dx_row);
+                                    const float* dy_img, OutAt at, const uint8_t* ws_img,
+                                    int64_t ih, uint16_t* dx_row) {
+  MaxPoolGradRowOf(g, cover, c, dy_img, at, ws_img, ih, dx_row);
 }
 
 // ---- 2 x 2 windows at stride 2, none clipped (PoolPlan::pair_rows) ----
 // The same values, indices and gradients as the loops above, with each output pixel's four
 // inputs read once and each gradient written from its one window: an output row reads two input
 // rows and the backward writes them.
+// One output pixel's kLanes channels from its window's four inputs (each kLanes channels, in
+// row-major window order): the maximum and its window index.
+DPT_CLONE_INLINE void MaxOf4(const float* v0, const float* v1, const float* v2, const float* v3,
+                             float* best, int32_t* arg) {
+#pragma omp simd
+  for (int64_t j = 0; j < kLanes; ++j) {
+    float b = v0[j];
+    int32_t a = 0;
+    bool take = v1[j] > b || v1[j] != v1[j];  // v != v: a NaN
+    b = take ? v1[j] : b;
+    a = take ? 1 : a;
+    take = v2[j] > b || v2[j] != v2[j];
+    b = take ? v2[j] : b;
+    a = take ? 2 : a;
+    take = v3[j] > b || v3[j] != v3[j];
+    best[j] = take ? v3[j] : b;
+    arg[j] = take ? 3 : a;
+  }
+}
+DPT_CLONE_INLINE void StoreArgs(const int32_t* arg, uint8_t* ws) {
+  for (int64_t j = 0; j < kLanes; ++j) ws[j] = static_cast<uint8_t>(arg[j]);
+}
 DPT_SIMD_CLONES void MaxPool2Row(int64_t q, int64_t w, int64_t c, const float* top, float* y_row,
                                  uint8_t* ws_row) {
   const float* bottom = top + w * c;
@@ -188,26 +239,40 @@ DPT_SIMD_CLONES void MaxPool2Row(int64_t q, int64_t w, int64_t c, const float* t
     for (int64_t c0 = 0; c0 < c; c0 += kLanes) {
       float best[kLanes];
       int32_t arg[kLanes];
-#pragma omp simd
-      for (int64_t j = 0; j < kLanes; ++j) {
-        float b = v0[c0 + j];
-        int32_t a = 0;
-        const float v1 = v0[c + c0 + j], v2j = v2[c0 + j], v3 = v2[c + c0 + j];
-        bool take = v1 > b || v1 != v1;  // v != v: a NaN
-        b = take ? v1 : b;
-        a = take ? 1 : a;
-        take = v2j > b || v2j != v2j;
-        b = take ? v2j : b;
-        a = take ? 2 : a;
-        take = v3 > b || v3 != v3;
-        best[j] = take ? v3 : b;
-        arg[j] = take ? 3 : a;
+      MaxOf4(v0 + c0, v0 + c + c0, v2 + c0, v2 + c + c0, best, arg);
+      std::memcpy(y_row + ow * c + c0, best, sizeof(best));
+      if (ws_row != nullptr) StoreArgs(arg, ws_row + ow * c + c0);
+    }
+  }
+}
+// The same for a whole image with y in NCHW (PoolDesc::y_nchw): 16 output pixels (in NCHW's
+// order, across rows) by 16 channels at a time, transposed in registers into 16 runs of one
+// channel's pixels; stores of one value a lane (OutAt) took twice the channels-last pass.
+DPT_SIMD_CLONES void MaxPool2ImageNchw(const ew::PoolGeom& g, int64_t c, const float* x_img,
+                                       float* y_img, uint8_t* ws_img) {
+  const int64_t pq = g.p * g.q;
+  for (int64_t pix0 = 0; pix0 < pq; pix0 += kTile) {
+    const int64_t count = std::min(kTile, pq - pix0);
+    for (int64_t c0 = 0; c0 < c; c0 += kTile) {
+      TileRow t[kTile] = {};
+      for (int64_t k = 0; k < count; ++k) {
+        const int64_t oh = (pix0 + k) / g.q, ow = (pix0 + k) % g.q;
+        const float* v0 = x_img + (2 * oh * g.w + 2 * ow) * c + c0;
+        const float* v2 = v0 + g.w * c;
+        float best[kLanes];
+        int32_t arg[kLanes];
+        MaxOf4(v0, v0 + c, v2, v2 + c, best, arg);
+        std::memcpy(&t[k], best, sizeof(best));
+        if (ws_img != nullptr) StoreArgs(arg, ws_img + (pix0 + k) * c + c0);
       }
-      float* y = y_row + ow * c + c0;
-      for (int64_t j = 0; j < kLanes; ++j) y[j] = best[j];
-      if (ws_row != nullptr) {
-        uint8_t* ws = ws_row + ow * c + c0;
-        for (int64_t j = 0; j < kLanes; ++j) ws[j] = static_cast<uint8_t>(arg[j]);
+      TransposeTile(t);
+      for (int64_t j = 0; j < kTile; ++j) {
+        float* run = y_img + (c0 + j) * pq + pix0;
+        if (count == kTile) {
+          std::memcpy(run, &t[j], sizeof(TileRow));
+        } else {
+          for (int64_t k = 0; k < count; ++k) run[k] = t[j][k];
+        }
       }
     }
   }
@@ -216,16 +281,16 @@ DPT_SIMD_CLONES void MaxPool2Row(int64_t q, int64_t w, int64_t c, const float* t
 // maximum was, else 0 (added to a zero, as the loops above sum, so a -0 comes out +0).
 template <class T>
 DPT_CLONE_INLINE void MaxPool2GradRowOf(int64_t q, int64_t w, int64_t c, const float* dy_row,
-                                        const uint8_t* ws_row, T* top) {
+                                        OutAt at, const uint8_t* ws_row, T* top) {
   T* bottom = top + w * c;
   for (int64_t ow = 0; ow < q; ++ow) {
     const int64_t in = 2 * ow * c;
     for (int64_t c0 = 0; c0 < c; c0 += kLanes) {
       Vec gy;
-      Bytes at;
-      std::memcpy(&gy, dy_row + ow * c + c0, sizeof(Vec));
-      std::memcpy(&at, ws_row + ow * c + c0, sizeof(Bytes));
-      const Mask pos = __builtin_convertvector(__builtin_convertvector(at, Halves), Mask);
+      LoadOut(dy_row + ow * at.pix + c0 * at.chan, at.chan, &gy);
+      Bytes from;
+      std::memcpy(&from, ws_row + ow * c + c0, sizeof(Bytes));
+      const Mask pos = __builtin_convertvector(__builtin_convertvector(from, Halves), Mask);
       const Mask bits = reinterpret_cast<Mask>(gy);
       StoreGrads(Vec{} + reinterpret_cast<Vec>(bits & (pos == 0)), top + in + c0);
       StoreGrads(Vec{} + reinterpret_cast<Vec>(bits & (pos == 1)), top + in + c + c0);
@@ -234,13 +299,13 @@ DPT_CLONE_INLINE void MaxPool2GradRowOf(int64_t q, int64_t w, int64_t c, const f
     }
   }
 }
-DPT_SIMD_CLONES void MaxPool2GradRow(int64_t q, int64_t w, int64_t c, const float* dy_row,
+DPT_SIMD_CLONES void MaxPool2GradRow(int64_t q, int64_t w, int64_t c, const float* dy_row, OutAt at,
                                      const uint8_t* ws_row, float* top) {
-  MaxPool2GradRowOf(q, w, c, dy_row, ws_row, top);
+  MaxPool2GradRowOf(q, w, c, dy_row, at, ws_row, top);
 }
-DPT_SIMD_CLONES void MaxPool2GradRow(int64_t q, int64_t w, int64_t c, const float* dy_row,
+DPT_SIMD_CLONES void MaxPool2GradRow(int64_t q, int64_t w, int64_t c, const float* dy_row, OutAt at,
                                      const uint8_t* ws_row, uint16_t* top) {
-  MaxPool2GradRowOf(q, w, c, dy_row, ws_row, top);
+  MaxPool2GradRowOf(q, w, c, dy_row, at, ws_row, top);
 }
 
 // PoolPlan::own: the forward (ws null: inference) and the backward, over every image.
@@ -248,15 +313,26 @@ void OwnMaxPoolForward(const PoolPlan& p, const float* x, float* y, uint8_t* ws)
   const ew::PoolGeom& g = p.g;
   const int64_t n = p.d.n, c = p.d.c;
   const Columns& cols = p.window;
+  const OutAt at = OutLayout(p);
+  if (p.pair_rows && p.d.y_nchw) {
+#pragma omp parallel for if (n * g.p * g.q * c * 4 > kParallelMin)
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t image = i * g.p * g.q * c;  // in both of y's layouts
+      MaxPool2ImageNchw(g, c, x + i * g.h * g.w * c, y + image,
+                        ws == nullptr ? nullptr : ws + image);
+    }
+    return;
+  }
 #pragma omp parallel for collapse(2) if (n * g.p * g.q * c * g.kernel * g.kernel > kParallelMin)
   for (int64_t i = 0; i < n; ++i) {
     for (int64_t oh = 0; oh < g.p; ++oh) {
-      const int64_t row = (i * g.p + oh) * g.q * c;
+      const int64_t row = (i * g.p + oh) * g.q * c;  // the workspace's, channels-last
+      float* y_row = y + i * c * g.p * g.q + oh * g.q * at.pix;
       uint8_t* ws_row = ws == nullptr ? nullptr : ws + row;
       if (p.pair_rows) {
-        MaxPool2Row(g.q, g.w, c, x + (i * g.h + 2 * oh) * g.w * c, y + row, ws_row);
+        MaxPool2Row(g.q, g.w, c, x + (i * g.h + 2 * oh) * g.w * c, y_row, ws_row);
       } else {
-        MaxPoolRow(g, cols, c, x + i * g.h * g.w * c, oh, y + row, ws_row);
+        MaxPoolRow(g, cols, c, x + i * g.h * g.w * c, oh, y_row, at, ws_row);
       }
     }
   }
@@ -266,12 +342,14 @@ void OwnMaxPoolBackward(const PoolPlan& p, const float* dy, const uint8_t* ws, T
   const ew::PoolGeom& g = p.g;
   const int64_t n = p.d.n, c = p.d.c;
   const Columns& cover = p.cover;
+  const OutAt at = OutLayout(p);
   if (p.pair_rows) {
 #pragma omp parallel for collapse(2) if (n * g.h * g.w * c > kParallelMin)
     for (int64_t i = 0; i < n; ++i) {
       for (int64_t oh = 0; oh < g.p; ++oh) {
         const int64_t row = (i * g.p + oh) * g.q * c;
-        MaxPool2GradRow(g.q, g.w, c, dy + row, ws + row, dx + (i * g.h + 2 * oh) * g.w * c);
+        const float* dy_row = dy + i * c * g.p * g.q + oh * g.q * at.pix;
+        MaxPool2GradRow(g.q, g.w, c, dy_row, at, ws + row, dx + (i * g.h + 2 * oh) * g.w * c);
       }
     }
     return;
@@ -279,8 +357,8 @@ void OwnMaxPoolBackward(const PoolPlan& p, const float* dy, const uint8_t* ws, T
 #pragma omp parallel for collapse(2) if (n * g.h * g.w * c > kParallelMin)
   for (int64_t i = 0; i < n; ++i) {
     for (int64_t ih = 0; ih < g.h; ++ih) {
-      const int64_t image = i * g.p * g.q * c;
-      MaxPoolGradRow(g, cover, c, dy + image, ws + image, ih, dx + (i * g.h + ih) * g.w * c);
+      const int64_t image = i * g.p * g.q * c;  // in both of y's layouts
+      MaxPoolGradRow(g, cover, c, dy + image, at, ws + image, ih, dx + (i * g.h + ih) * g.w * c);
     }
   }
 }

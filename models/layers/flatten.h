@@ -26,6 +26,7 @@ class Flatten final : public Layer {
   bool ForwardPassesInput() const override { return !transpose_; }  // a view of x
   bool TakesNhwc() const override { return true; }
   bool ChoosesNhwcOut() const override { return true; }
+  bool PrefersNchwIn() const override { return true; }
   int64_t ActivationBytesPerSample() const override;
 
  private:

@@ -32,12 +32,23 @@ void Pool2d::FoldIntoInput(Layer& producer) {
   conv_->OfferBf16Dy(this);
 }
 
-PoolDesc Pool2d::DescFor(const Shape& in, bool nhwc) const {
+PoolDesc Pool2d::DescFor(const Shape& in, bool nhwc, bool nchw_out) const {
   const int64_t kernel = kernel_ == 0 ? in[2] : kernel_;  // 0: global pooling
   const int64_t stride = kernel_ == 0 ? in[2] : (stride_ == 0 ? kernel : stride_);
-  return PoolDesc{kind_,  in[0],  in[1], in[2],      in[3],
-                  kernel, stride, pad_,  ceil_mode_, count_include_pad_,
-                  nhwc};
+  PoolDesc d{kind_,  in[0],  in[1], in[2],      in[3],
+             kernel, stride, pad_,  ceil_mode_, count_include_pad_,
+             nhwc};
+  // One channel or one output position is the same bytes in both layouts.
+  d.y_nchw = nhwc && nchw_out && d.c > 1 && d.out_h() * d.out_w() > 1;
+  return d;
+}
+
+bool Pool2d::CanWriteNchwFromNhwc(const Shape& in) const {
+  // Fused with the convolution before it, the pool writes that op's layout.
+  if (in.rank() != 4 || (conv_ != nullptr && conv_->pool_fused() != nullptr)) return false;
+  PoolDesc d = DescFor(in, true, true);
+  d.dx_bf16 = conv_ != nullptr && conv_->reads_dy_bf16();  // as Setup will ask
+  return d.y_nchw && d.Valid() && backend_.Supports(d);
 }
 
 bool Pool2d::CanWriteBf16Dx(const Shape& in, bool nhwc) const {
@@ -53,7 +64,7 @@ Shape Pool2d::Setup(const Shape& in, const SetupOptions& opts) {
     DPT_CHECK_AS(ConfigError, in[2] == in[3])
         << "global " << type() << " '" << name_ << "' needs square input, got " << in.ToString();
   }
-  desc_ = DescFor(in, opts.nhwc_in);
+  desc_ = DescFor(in, opts.nhwc_in, !opts.nhwc_out);
   const int64_t kernel = desc_.kernel;
   fused_ = conv_ != nullptr ? conv_->pool_fused() : nullptr;
   // The bf16 convolution before this pool reads its gradient in bf16: written so here.

@@ -29,6 +29,7 @@ class Pool2d final : public Layer {
   bool TakesNhwc() const override { return true; }
   // A global pool's output, (N, C, 1, 1), is one layout in NCHW and NHWC.
   bool ChoosesNhwcOut() const override { return kernel_ == 0; }
+  bool CanWriteNchwFromNhwc(const Shape& in) const override;
 
  private:
   PoolKind kind_;
@@ -42,7 +43,8 @@ class Pool2d final : public Layer {
   bool have_ws_ = false;
   bool gate_relu_ = false;  // gates dy by the output first: the ReLU before handed it over
   Conv2d* conv_ = nullptr;  // offered to run this convolution (OfferPool)
-  PoolDesc DescFor(const Shape& in, bool nhwc) const;
+  // nchw_out with nhwc: y and dy NCHW (PoolDesc::y_nchw) where that differs from channels-last.
+  PoolDesc DescFor(const Shape& in, bool nhwc, bool nchw_out = false) const;
   const ConvPoolDesc* fused_ = nullptr;  // and runs it: the fused op (after Setup)
 };
 

@@ -3,12 +3,13 @@
 // with workspace, inference without) and backward on odd sizes, padding, overlapping windows
 // (stride < kernel), global pooling, ceil mode and count_include_pad both ways. Max-pool inputs are
 // distinct, so there are no ties. Each case also channels-last (PoolDesc::nhwc) where the backend
-// prefers it.
+// prefers it, and max pooling channels-last with y in NCHW (PoolDesc::y_nchw) where it runs that.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <utility>
@@ -80,24 +81,35 @@ std::vector<float> Inputs(const PoolDesc& d, uint32_t seed) {
   return d.kind == PoolKind::kMax ? RandomDistinct(n, seed) : RandomUniform(n, seed);
 }
 
-// Host values in NCHW order onto the backend in d's layout, and back (InLayout, ToHostNchw).
+// The layouts each case runs in: NCHW, channels-last, and channels-last with y and dy NCHW.
+struct Layout {
+  bool nhwc, y_nchw;
+};
+constexpr Layout kLayouts[] = {{false, false}, {true, false}, {true, true}};
+
+// Host values in NCHW order onto the backend in d's layout for x and dx (In, Out) or for y and dy
+// (InY, OutY), and back (InLayout, ToHostNchw).
 Tensor In(Backend& be, const PoolDesc& d, const std::vector<float>& v, const Shape& s) {
   return InLayout(be, v, s, d.nhwc);
 }
 std::vector<float> Out(Backend& be, const PoolDesc& d, const Tensor& t) {
   return ToHostNchw(be, t, d.nhwc);
 }
+Tensor InY(Backend& be, const PoolDesc& d, const std::vector<float>& v) {
+  return InLayout(be, v, YShape(d), d.nhwc && !d.y_nchw);
+}
+std::vector<float> OutY(Backend& be, const PoolDesc& d, const Tensor& t) {
+  return ToHostNchw(be, t, d.nhwc && !d.y_nchw);
+}
 
 void CheckPool(Backend& be, const PoolDesc& d, uint32_t seed) {
   SCOPED_TRACE(d.ToString());
   const std::vector<float> x = Inputs(d, seed);
   const std::vector<float> dy = RandomUniform(static_cast<size_t>(YShape(d).numel()), seed + 1);
-  const auto in = [&](const std::vector<float>& v, const Shape& s) { return In(be, d, v, s); };
-  const auto out = [&](const Tensor& t) { return Out(be, d, t); };
   auto plan = be.PreparePool(d);
   Tensor ws = Workspace(be, *plan);
   Tensor* ws_ptr = ws.defined() ? &ws : nullptr;
-  Tensor x_t = in(x, XShape(d));
+  Tensor x_t = In(be, d, x, XShape(d));
   Tensor y = be.Empty(YShape(d), DType::kF32, "y");
   be.PoolForward(*plan, x_t, &y, ws_ptr);
 
@@ -105,19 +117,20 @@ void CheckPool(Backend& be, const PoolDesc& d, uint32_t seed) {
   ref::PoolForward(d, ToDouble(x), &ref_y);
   // Max pooling is exact; average pooling is a sum of kernel^2 terms.
   const Tolerance tol = ForReduction(Precision::kF32, d.kernel * d.kernel);
-  EXPECT_TRUE(AllClose(out(y), ref_y, tol)) << "training forward";
+  EXPECT_TRUE(AllClose(OutY(be, d, y), ref_y, tol)) << "training forward";
 
   Tensor y_inf = be.Empty(YShape(d), DType::kF32, "y inference");
   be.PoolForward(*plan, x_t, &y_inf, nullptr);
-  EXPECT_TRUE(AllClose(out(y_inf), ref_y, tol)) << "inference forward";
+  EXPECT_TRUE(AllClose(OutY(be, d, y_inf), ref_y, tol)) << "inference forward";
 
-  Tensor dy_t = in(dy, YShape(d));
+  Tensor dy_t = InY(be, d, dy);
   Tensor dx = ToDevice(be, RandomUniform(static_cast<size_t>(XShape(d).numel()), 99), XShape(d));
   be.PoolBackward(*plan, dy_t, ws_ptr, &dx);
   ref::PoolBackward(d, ToDouble(x), ToDouble(dy), &ref_dx);
   // An input can receive gradient from up to ceil(kernel/stride)^2 windows.
   const int64_t fan = (d.kernel + d.stride - 1) / d.stride;
-  EXPECT_TRUE(AllClose(out(dx), ref_dx, ForReduction(Precision::kF32, fan * fan))) << "backward";
+  EXPECT_TRUE(AllClose(Out(be, d, dx), ref_dx, ForReduction(Precision::kF32, fan * fan)))
+      << "backward";
 }
 
 class PoolTest : public BackendTest {
@@ -127,10 +140,12 @@ class PoolTest : public BackendTest {
     uint32_t seed = 3000;
     for (PoolDesc d : Cases(kind)) {
       seed += 10;
-      for (const bool nhwc : {false, true}) {  // channels-last where the backend runs it
-        d.nhwc = nhwc;
+      for (const Layout l : kLayouts) {  // channels-last where the backend runs it
+        d.nhwc = l.nhwc, d.y_nchw = l.y_nchw;
         if (!backend().Supports(d)) {
-          if (!nhwc || backend().PrefersChannelsLast()) unsupported += " [" + d.ToString() + "]";
+          // y in NCHW is a max pool's own, where the backend has it (MaxChannelsLastYInNchw).
+          if (!l.nhwc || (backend().PrefersChannelsLast() && !l.y_nchw))
+            unsupported += " [" + d.ToString() + "]";
           continue;
         }
         CheckPool(backend(), d, seed);
@@ -167,10 +182,10 @@ TEST_P(PoolTest, MaxTiesKeepGradientMass) {
     Tensor* ws_ptr = ws.defined() ? &ws : nullptr;
     Tensor y = be.Empty(YShape(d), DType::kF32, "y");
     be.PoolForward(*plan, In(be, d, x, XShape(d)), &y, ws_ptr);
-    EXPECT_TRUE(AllClose(Out(be, d, y), std::vector<double>(dy.size(), 0.5), kExactTol));
+    EXPECT_TRUE(AllClose(OutY(be, d, y), std::vector<double>(dy.size(), 0.5), kExactTol));
 
     Tensor dx = be.Empty(XShape(d), DType::kF32, "dx");
-    be.PoolBackward(*plan, In(be, d, dy, YShape(d)), ws_ptr, &dx);
+    be.PoolBackward(*plan, InY(be, d, dy), ws_ptr, &dx);
     const std::vector<float> got = Out(be, d, dx);
     const int64_t P = d.out_h(), Q = d.out_w();
     for (int64_t nc = 0; nc < d.n * d.c; ++nc) {
@@ -241,10 +256,10 @@ TEST_P(PoolTest, MaxNaNWins) {
       Tensor* ws_ptr = ws.defined() ? &ws : nullptr;
       Tensor y = be.Empty(ys, DType::kF32, "y");
       be.PoolForward(*plan, In(be, d, x, xs), &y, ws_ptr);
-      const std::vector<float> got = Out(be, d, y);
+      const std::vector<float> got = OutY(be, d, y);
       const std::vector<float> dy = RandomUniform(static_cast<size_t>(ys.numel()), 78);
       Tensor dx = be.Empty(xs, DType::kF32, "dx");
-      be.PoolBackward(*plan, In(be, d, dy, ys), ws_ptr, &dx);
+      be.PoolBackward(*plan, InY(be, d, dy), ws_ptr, &dx);
       const std::vector<float> grad = Out(be, d, dx);
       const ew::PoolGeom g{d.n * d.c, d.h,      d.w,   d.out_h(),          d.out_w(),
                            d.kernel,  d.stride, d.pad, d.count_include_pad};
@@ -297,8 +312,8 @@ TEST_P(PoolTest, MaxInputGradientInBf16IsTheF32OneRounded) {
   int ran = 0;
   uint32_t seed = 4000;
   for (PoolDesc d : Cases(PoolKind::kMax)) {
-    for (const bool nhwc : {false, true}) {
-      d.nhwc = nhwc;
+    for (const Layout l : kLayouts) {
+      d.nhwc = l.nhwc, d.y_nchw = l.y_nchw;
       d.dx_bf16 = true;
       seed += 10;
       if (d.stride < d.kernel) {
@@ -329,6 +344,64 @@ TEST_P(PoolTest, MaxInputGradientInBf16IsTheF32OneRounded) {
   avg.dx_bf16 = true;
   EXPECT_FALSE(be.Supports(avg));
   if (ran == 0) GTEST_SKIP() << be.name() << ": no bf16 input gradients for max pooling";
+}
+
+// PoolDesc::y_nchw, where the backend prefers channels-last: max pooling the shapes that precede a
+// flatten (ref_cnn's second pool: a 2 x 2 window at stride 2 over 64 channels; and a 3 x 3 window
+// at stride 2 with padding over a channel count that leaves a tail of 16) writes y and reads dy in
+// NCHW with the same values, window positions and input gradients, bit for bit, as the
+// channels-last plan, in training and inference, and dx in f32 and bf16. Average pooling refuses.
+TEST_P(PoolTest, MaxChannelsLastYInNchw) {
+  Backend& be = backend();
+  if (!be.PrefersChannelsLast()) GTEST_SKIP() << be.name() << ": pools in NCHW (no y_nchw)";
+  uint32_t seed = 5000;
+  for (PoolDesc d : {MakePool(PoolKind::kMax, 3, 64, 14, 14, 2, 2, 0),
+                     MakePool(PoolKind::kMax, 2, 35, 9, 7, 3, 2, 1)}) {
+    for (const bool dx_bf16 : {false, true}) {
+      d.nhwc = true, d.dx_bf16 = dx_bf16;
+      PoolDesc planar = d;
+      planar.y_nchw = true;
+      SCOPED_TRACE(planar.ToString());
+      if (dx_bf16 && !be.Supports(d)) continue;  // a bf16 precision the machine lacks
+      ASSERT_TRUE(be.Supports(planar));
+      seed += 10;
+      const std::vector<float> x = Inputs(d, seed);
+      const std::vector<float> dy = RandomUniform(static_cast<size_t>(YShape(d).numel()), seed + 1);
+      const auto run = [&](const PoolDesc& pd, std::vector<float>* y, std::vector<float>* y_inf,
+                           std::vector<float>* dx) {
+        const auto plan = be.PreparePool(pd);
+        Tensor ws = Workspace(be, *plan);
+        Tensor x_t = In(be, pd, x, XShape(pd)), dy_t = InY(be, pd, dy);
+        Tensor y_t = be.Empty(YShape(pd), DType::kF32, "y");
+        be.PoolForward(*plan, x_t, &y_t, nullptr);
+        *y_inf = OutY(be, pd, y_t);
+        be.PoolForward(*plan, x_t, &y_t, &ws);
+        *y = OutY(be, pd, y_t);
+        Tensor dx_t = be.Empty(XShape(pd), pd.dx_bf16 ? DType::kBF16 : DType::kF32, "dx");
+        be.PoolBackward(*plan, dy_t, &ws, &dx_t);
+        if (!pd.dx_bf16) {
+          *dx = ToHost(be, dx_t);  // channels-last in both runs
+          return;
+        }
+        std::vector<uint16_t> bits(static_cast<size_t>(dx_t.numel()));
+        be.CopyToHost(dx_t, bits.data());
+        dx->resize(bits.size());
+        for (size_t i = 0; i < bits.size(); ++i) {
+          const uint32_t word = static_cast<uint32_t>(bits[i]) << 16;  // bf16 widens exactly
+          std::memcpy(&(*dx)[i], &word, sizeof(word));
+        }
+      };
+      std::vector<float> want_y, want_inf, want_dx, y, y_inf, dx;
+      run(d, &want_y, &want_inf, &want_dx);
+      run(planar, &y, &y_inf, &dx);
+      EXPECT_EQ(y, want_y) << "training forward";
+      EXPECT_EQ(y_inf, want_inf) << "inference forward";
+      EXPECT_EQ(dx, want_dx) << "backward";
+    }
+  }
+  PoolDesc avg = MakePool(PoolKind::kAvg, 2, 3, 8, 8, 2, 2, 0);
+  avg.nhwc = avg.y_nchw = true;
+  EXPECT_FALSE(be.Supports(avg));
 }
 
 INSTANTIATE_TEST_SUITE_P(All, PoolTest, ::testing::ValuesIn(TestBackends()), BackendParamName);
