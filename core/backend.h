@@ -169,10 +169,6 @@ struct BatchNormArgs {
   // forward's y, whose zeros gate dy (exactly ReLU's backward).
   bool relu = false;
   bool nhwc = false;  // x, y and their gradients channels-last (Conv2dDesc::x_nhwc)
-  // With nhwc, y and dy NCHW instead (x and dx stay channels-last): a max pool whose one reader
-  // is a flatten writes the order the flatten hands on as it is, so no transpose follows it
-  // (Layer::CanWriteNchwFromNhwc).
-  bool y_nchw = false;
   // Backward writes dx in bf16 (rounded to nearest even), for the bf16 convolution before it,
   // whose backward reads its dy so (Conv2dDesc::dy_bf16): the rounding it would apply to an f32
   // dx itself, without the f32 copy. Backends that run it say so (Backend::Supports).

@@ -254,7 +254,8 @@ DPT_SIMD_CLONES void MaxPool2ImageNchw(const ew::PoolGeom& g, int64_t c, const f
   for (int64_t pix0 = 0; pix0 < pq; pix0 += kTile) {
     const int64_t count = std::min(kTile, pq - pix0);
     for (int64_t c0 = 0; c0 < c; c0 += kTile) {
-      TileRow t[kTile] = {};
+      TileRow t[kTile];
+      for (int64_t k = count; k < kTile; ++k) t[k] = TileRow{};  // a last part tile's other rows
       for (int64_t k = 0; k < count; ++k) {
         const int64_t oh = (pix0 + k) / g.q, ow = (pix0 + k) % g.q;
         const float* v0 = x_img + (2 * oh * g.w + 2 * ow) * c + c0;
