@@ -85,7 +85,10 @@ template <size_t K, size_t... L>
   for (size_t i = 0; i < kTile; ++i) {
     if ((i & K) != 0) continue;
     const TileRow a = r[i], b = r[i + K];
+    // cppcheck 2.10 reads the lane pack expansion as an unused array access (constStatement).
+    // cppcheck-suppress constStatement
     r[i] = __builtin_shufflevector(a, b, ((L & K) != 0 ? L - K + kTile : L)...);
+    // cppcheck-suppress constStatement
     r[i + K] = __builtin_shufflevector(a, b, ((L & K) != 0 ? L + kTile : L + K)...);
   }
 }
