@@ -12,6 +12,7 @@
 #include "core/backend_registry.h"
 #include "launcher/binding_policy.h"
 #include "launcher/config.h"
+#include "launcher/gpu_binder.h"
 #include "launcher/nvml_probe.h"
 #include "launcher/process_env.h"
 #include "runtime/comm/communicator.h"
@@ -47,6 +48,7 @@ inline GpuRank BindGpuForTest(ControlPlane& comm) {
         why = "needs one GPU per rank: " + std::to_string(local_size) + " ranks on this host but " +
               std::to_string(b.candidates.size()) + " GPU(s) (" + b.source + ")";
       } else {
+        ApplyBinding(b);  // CUDA_DEVICE_ORDER=PCI_BUS_ID, as the launcher: NVML's numbering
         SelectDevice("cuda", b.cuda_ordinal);
         if (BackendAvailable("cuda", &why)) out.backend = &GetBackend("cuda");
       }

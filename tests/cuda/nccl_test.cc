@@ -198,6 +198,11 @@ TEST_F(NcclTest, SplitIntoSingletons) {
 TEST_F(NcclTest, MissingPeerTimesOutInsteadOfHanging) {
   auto short_fuse = CreateDeviceCommunicator(be(), WorldComm(), 5.0);
   Tensor t = ToDevice(be(), std::vector<float>(1024, 1.f), {1024});
+  // One allreduce that every rank joins first: NCCL 2.22 and later connect peers on a
+  // communicator's first collective, so without it the one below could fail in that connection
+  // instead of waiting in its kernel for a rank that never comes (a rank lost mid-run: the case
+  // the timeout is for).
+  short_fuse->AllReduce(&t, ReduceOp::kSum);
   bool ok = true;
   std::string what;
   if (WorldComm().rank() == 0) {
