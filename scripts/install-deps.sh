@@ -7,6 +7,8 @@
 #   scripts/install-deps.sh --build          only what compiling dptrain needs (tests and
 #                                            benchmarks off: the Dockerfile's build stage)
 #   scripts/install-deps.sh --runtime        only what the dptrain binary needs at run time
+#   scripts/install-deps.sh --ccache         ccache (with --build: the Dockerfile's build stage, whose
+#                                            compiler cache is a BuildKit cache mount)
 #   scripts/install-deps.sh --report         rsvg-convert, for `dptrain report --format png` (PNG
 #                                            charts; the HTML page needs nothing)
 #   scripts/install-deps.sh --bench          also the PyTorch baseline used by bench/, with
@@ -37,7 +39,9 @@ build=(build-essential cmake ninja-build pkg-config git ca-certificates
 # the reference BLAS a fresh machine has, resnet50's alone took 2m16s (38 s on OpenBLAS) and
 # tests/integration/onnx_import.sh ran past its 300 s limit.
 # python3-pil: the PIL oracle of convert --from imagefolder (tests/integration/imagefolder_*).
-tests=(libgtest-dev libgmock-dev libbenchmark-dev
+# ccache: the five builds of `make test`/sanitize/lint/fuzz and CI share compiled objects
+# (cmake/Ccache.cmake); not in --build, so the Dockerfile's one-off build does without it.
+tests=(ccache libgtest-dev libgmock-dev libbenchmark-dev
   clang-format python3 python3-h5py python3-numpy dataset-fashion-mnist
   python3-torch python3-torchvision python3-onnx libopenblas0-pthread python3-pil
   clang libclang-rt-dev libomp-dev clang-tidy cppcheck chromium)
@@ -58,11 +62,12 @@ for arg in "$@"; do
   case "$arg" in
     --default) want+=("${build[@]}" "${tests[@]}" "${report[@]}") ;;
     --report) want+=("${report[@]}") ;;
+    --ccache) want+=(ccache) ;;
     --build) want+=("${build[@]}") ;;
     --runtime) want+=("${runtime[@]}") ;;
     --bench) want+=("${build[@]}" "${tests[@]}" "${bench[@]}") ;;
     --cluster-tests) want+=("${cluster_tests[@]}") ;;
-    *) echo "usage: $0 [--build|--runtime|--report|--bench|--cluster-tests]..." >&2; exit 2 ;;
+    *) echo "usage: $0 [--build|--runtime|--report|--ccache|--bench|--cluster-tests]..." >&2; exit 2 ;;
   esac
 done
 
