@@ -23,6 +23,7 @@ done
 # compiler against the toolkit's headers, so they belong in the database like any other source.
 CC=clang CXX=clang++ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Debug \
   -DDPTRAIN_WITH_CUDA="${LINT_CUDA:-AUTO}" -DDPTRAIN_BUILD_TESTS=OFF -DDPTRAIN_BUILD_BENCH=OFF \
+  -DDPTRAIN_CCACHE=OFF \
   >/dev/null
 
 # The product sources only: a filtered copy of the database.
@@ -45,13 +46,58 @@ fi
 
 status=0
 start=$(date +%s)
-echo "lint: clang-tidy ($(clang-tidy --version | grep -o 'version [0-9.]*'), $jobs jobs)"
+tidy_version=$(clang-tidy --version | grep -o 'version [0-9.]*')
+echo "lint: clang-tidy ($tidy_version, $jobs jobs)"
+# Clean results are cached outside the clone (LINT_CACHE, default ~/.cache/dptrain-lint; LINT_CACHE=off
+# disables it): a file is skipped when clang-tidy already found nothing in exactly the same input.
+# The key hashes clang-tidy's version, .clang-tidy, this script, the file's compile command and
+# the file preprocessed with comments kept (`clang++ -E -C`: every header it includes, macros
+# expanded, NOLINT comments and line markers included), with the source root's path removed so
+# that clones in other folders share entries. Any change to the file, to a header it includes or
+# to the checks runs clang-tidy again; findings are never cached.
+cache=${LINT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/dptrain-lint}
+[ "$cache" = off ] || mkdir -p "$cache/tidy"
+/usr/bin/python3 - "$build/lint/compile_commands.json" "$build/lint/preprocess" "$root" <<'PY'
+import json, os, shlex, sys
+src, out, root = sys.argv[1:]
+os.makedirs(out, exist_ok=True)
+for e in json.load(open(src)):
+    args = e["arguments"] if "arguments" in e else shlex.split(e["command"])
+    pre, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+        elif a in ("-o", "-MF", "-MT", "-MQ"):
+            skip = True
+        elif a not in ("-c", "-MD", "-MMD"):
+            pre.append(a)
+    name = os.path.relpath(e["file"], root).replace(os.sep, "_")
+    with open(os.path.join(out, name + ".sh"), "w") as f:
+        f.write("cd %s && %s -E -C -w -o -\n" % (shlex.quote(e["directory"]),
+                                               " ".join(shlex.quote(a) for a in pre)))
+PY
+export LINT_KEY_SALT
+LINT_KEY_SALT="$tidy_version $(cat .clang-tidy scripts/lint.sh | sha256sum)"
 # One process per file; output collected per file so that parallel runs do not interleave.
 rm -rf "$build/lint/tidy" && mkdir -p "$build/lint/tidy"
 printf '%s\n' "${files[@]}" | xargs -P "$jobs" -I{} sh -c \
-  'out="$2/lint/tidy/$(echo "$1" | tr / _).txt"
-   clang-tidy -p "$2/lint" --quiet "$1" >"$out" 2>&1 || echo "$1" >>"$out.failed"' _ {} "$build"
+  'name=$(echo "$1" | tr / _)
+   out="$2/lint/tidy/$name.txt"
+   key=""
+   if [ "$3" != off ]; then
+     key=$( { echo "$LINT_KEY_SALT"; sed "s|$4||g" "$2/lint/preprocess/$name.sh";
+              sh "$2/lint/preprocess/$name.sh" 2>&1 | sed "s|$4||g"; } | sha256sum | cut -c1-40)
+     if [ -f "$3/tidy/$key" ]; then echo "$1: clean (cached)" >"$2/lint/tidy/$name.cached"; exit 0; fi
+   fi
+   if clang-tidy -p "$2/lint" --quiet "$1" >"$out" 2>&1; then
+     [ -z "$key" ] || touch "$3/tidy/$key"
+   else
+     echo "$1" >>"$out.failed"
+   fi' _ {} "$build" "$cache" "$root"
+cached=$(find "$build/lint/tidy" -name '*.cached' | wc -l)
+[ "$cache" = off ] || echo "lint: $cached of ${#files[@]} files unchanged since a clean clang-tidy run ($cache)"
 for f in "$build"/lint/tidy/*.txt; do
+  [ -e "$f" ] || continue
   grep -v -E '^[0-9]+ warnings? generated\.$|^Suppressed [0-9]+ warnings|^Use -header-filter|^$' \
     "$f" || true
 done
