@@ -8,6 +8,7 @@
 # shellcheck disable=SC2034  # CASE is read by expect_ok / expect_fail (lib.sh)
 # shellcheck source=checkpoint_common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/checkpoint_common.sh"
+fail_fast_teardown  # every multi-rank case here ends with a rank exiting non-zero
 
 SRC=$TMP/src
 CASE="setup: 1 process, 8 steps, checkpoints at 4 and 8"

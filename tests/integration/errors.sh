@@ -7,6 +7,7 @@
 # shellcheck disable=SC2034  # CASE and AS are read by lib.sh
 # shellcheck source=lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+fail_fast_teardown  # every multi-rank case here ends with a rank exiting non-zero
 
 # ---------------------------------------------------------------------------------------------
 # Inputs.
