@@ -26,6 +26,36 @@ if ! "$PY" -c 'import torch, torchvision, onnx, h5py' 2>/dev/null; then
 fi
 ORACLE=$DPTRAIN_SRC/tests/integration/onnx_oracle.py
 
+# oracle_export DIR MODEL [ARGS...]: `onnx_oracle.py export MODEL DIR ARGS...` (the model file, the batch and
+# PyTorch's float32 and float64 steps: 4-5 minutes of the test's 6 on a 2-core AMD EPYC, most of
+# it resnet50's float64 gradients), kept in DPTRAIN_ORACLE_CACHE (default
+# ~/.cache/dptrain-onnx-oracle; "off": always computed). The export is deterministic (fixed seeds)
+# and reads nothing of dptrain's, so its key is everything it depends on: the oracle script, the
+# versions of python, torch, torchvision, onnx and numpy, and the arguments. Every dptrain step
+# and comparison below still runs each time.
+ORACLE_CACHE=${DPTRAIN_ORACLE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/dptrain-onnx-oracle}
+ORACLE_SALT="$(sha256sum <"$ORACLE") $("$PY" -c 'import sys, torch, torchvision, onnx, numpy
+print(sys.version.split()[0], torch.__version__, torchvision.__version__, onnx.__version__,
+      numpy.__version__)')"
+oracle_export() {
+  local dir=$1 key
+  shift
+  key=$(echo "$ORACLE_SALT $*" | sha256sum | cut -c1-40)
+  if [[ $ORACLE_CACHE != off && -f $ORACLE_CACHE/$key/after.pt ]]; then
+    echo "PyTorch's export and step for '$*' from $ORACLE_CACHE/$key"
+    cp -a "$ORACLE_CACHE/$key/." "$dir/"
+    return 0
+  fi
+  "$PY" "$ORACLE" export "$1" "$dir" "${@:2}" || return 1
+  [[ $ORACLE_CACHE == off ]] && return 0
+  # Written under a temporary name, then renamed: a cut-off run never leaves a torn entry.
+  mkdir -p "$ORACLE_CACHE" && rm -rf "$ORACLE_CACHE/$key.tmp.$$" &&
+    cp -a "$dir/." "$ORACLE_CACHE/$key.tmp.$$/" &&
+    { mv -T "$ORACLE_CACHE/$key.tmp.$$" "$ORACLE_CACHE/$key" 2>/dev/null ||
+      rm -rf "$ORACLE_CACHE/$key.tmp.$$"; }
+  return 0
+}
+
 # ONNX_DEVICE=cuda (ctest's cuda.onnx_import) runs everything on the CUDA backend, the 2-rank
 # cases with two GPUs or more; without a usable GPU it is skipped (exit 77).
 DEVICE=${ONNX_DEVICE:-cpu}
@@ -78,7 +108,7 @@ for MODEL in "${MODELS[@]}"; do
   D=$TMP/$MODEL
   mkdir -p "$D"
   check "$MODEL: export in training mode and take PyTorch's SGD step" \
-    "$PY" "$ORACLE" export "$MODEL" "$D"
+    oracle_export "$D" "$MODEL"
   config "$D"
   CASE="$MODEL: one SGD step in dptrain, 1 process"
   expect_ok -- "$DPTRAIN" train --config "$D/run.toml"
@@ -103,7 +133,7 @@ done
 D=$TMP/recipe
 mkdir -p "$D"
 check "ops: PyTorch's step with label_smoothing=0.1, clip_grad_norm_(0.5), weight decay 0.01 but on biases and batch norm" \
-  "$PY" "$ORACLE" export ops "$D" 0.1 0.5 0.01
+  oracle_export "$D" ops 0.1 0.5 0.01
 config "$D"
 CASE="ops: the step with train.label_smoothing = 0.1, train.clip_grad_norm = 0.5, train.weight_decay = 0.01, train.no_weight_decay = [\"bias\", \"bn\"]"
 expect_ok -- "$DPTRAIN" train --config "$D/run.toml" --set train.label_smoothing=0.1 \
@@ -114,7 +144,7 @@ check "ops, the recipe knobs: parameters and buffers equal PyTorch's" \
 D=$TMP/lars
 mkdir -p "$D"
 check "ops: PyTorch's LARS step (eta 0.02, weight decay 0.01, biases and batch norm excluded)" \
-  "$PY" "$ORACLE" export ops "$D" 0 0 0.01 0.02
+  oracle_export "$D" ops 0 0 0.01 0.02
 config "$D"
 CASE="ops: the step with train.optimizer = \"lars\""
 expect_ok -- "$DPTRAIN" train --config "$D/run.toml" --set train.optimizer=lars \
