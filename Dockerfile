@@ -3,7 +3,8 @@
 # them) and a slim runtime stage (the dptrain binary, Open MPI's mpirun and the shared libraries).
 # Both stages install their packages with scripts/install-deps.sh, the project's one list.
 #
-#   docker build -t dptrain .                     # CUDA 13 + cuDNN 9 (needs the NVIDIA images)
+#   docker build -t dptrain .                     # CUDA 13 + cuDNN 9 (needs the NVIDIA images;
+#                                                 # BuildKit: Docker 23+, or DOCKER_BUILDKIT=1)
 #   docker run --rm --gpus all --ipc=host -v $PWD/data:/data:ro -v $PWD/runs:/runs \
 #     --entrypoint mpirun dptrain -np 4 dptrain train --config /opt/dptrain/configs/fmnist_cnn.toml \
 #     --set data.train=/data/fmnist/train.h5 --set data.test=/data/fmnist/test.h5 --set run_dir=/runs/fmnist
@@ -28,9 +29,13 @@ ENV DEBIAN_FRONTEND=noninteractive
 WORKDIR /src
 # Packages first (a layer that survives source edits), then the sources.
 COPY scripts/install-deps.sh scripts/install-deps.sh
-RUN bash scripts/install-deps.sh --build && rm -rf /var/lib/apt/lists/*
+RUN bash scripts/install-deps.sh --build --ccache && rm -rf /var/lib/apt/lists/*
 COPY . .
-RUN cmake -S . -B /build -G Ninja -DCMAKE_BUILD_TYPE=Release \
+# The compiler cache is a BuildKit cache mount (Docker 23+ builds with BuildKit; on 20.10 set
+# DOCKER_BUILDKIT=1): a rebuild after a source change recompiles only what changed, and the
+# cache never enters the image.
+RUN --mount=type=cache,target=/root/.cache/ccache,id=dptrain-ccache \
+    cmake -S . -B /build -G Ninja -DCMAKE_BUILD_TYPE=Release \
       -DDPTRAIN_BUILD_TESTS=OFF -DDPTRAIN_BUILD_BENCH=OFF \
  && cmake --build /build --target dptrain -j "${JOBS:-$(nproc)}" \
  && install -D -m 0755 /build/launcher/dptrain /opt/dptrain/bin/dptrain \

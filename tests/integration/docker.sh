@@ -10,6 +10,14 @@
 # Environment:
 #   DPTRAIN_DOCKER_BASE_CACHE  where the debootstrap base tarball is kept between runs
 #                              (default /var/cache/dptrain-docker-base; delete it to start over)
+#   DPTRAIN_DOCKER_DATA_ROOT   the engine's images, layers and build cache, kept between runs
+#                              (default /var/cache/dptrain-docker-engine; "none": a fresh engine
+#                              each run). A run whose Dockerfile layers and sources are unchanged
+#                              up to a point reuses them; the build stage's compiler cache (a
+#                              BuildKit cache mount) makes the compile after a source change
+#                              incremental. One run uses it at a time (flock; a run that waits
+#                              more than 10 minutes falls back to a fresh engine). The image a
+#                              run builds is removed at its end; build cache past 8 GB is pruned.
 #   DPTRAIN_DOCKER_JOBS        compile jobs inside `docker build` (default: nproc)
 # Skipped (exit 77) without root, without the converted data, or without docker.io/debootstrap
 # (scripts/install-deps.sh --cluster-tests installs them; `make test` does).
@@ -41,10 +49,28 @@ CODENAME=$(. /etc/os-release && echo "${VERSION_CODENAME:-bookworm}")
 BASE_TAR=$CACHE/debian-$CODENAME-minbase.tar.zst
 BASE_TAG=localhost/debian:$CODENAME-minbase
 IMAGE=localhost/dptrain:it-$$
+DATA_ROOT=${DPTRAIN_DOCKER_DATA_ROOT:-/var/cache/dptrain-docker-engine}
+if [[ $DATA_ROOT == none ]]; then
+  DATA_ROOT=$ENGINE/data
+else
+  mkdir -p "$(dirname "$DATA_ROOT")"
+  exec 9>"$DATA_ROOT.lock"
+  if ! flock -w 600 9; then
+    echo "docker: $DATA_ROOT is in use by another run for 10 minutes; using a fresh engine"
+    DATA_ROOT=$ENGINE/data
+  fi
+fi
+# BuildKit: the Dockerfile's RUN --mount (Debian's 20.10 client has it built in).
+export DOCKER_BUILDKIT=1
 
 stop_engine() {
   local t=$SECONDS
-  bash "$here/docker_engine.sh" down "$ENGINE" || true
+  if [[ $DATA_ROOT != "$ENGINE/data" ]]; then
+    timeout 60 $DOCKER rmi -f "$IMAGE" >/dev/null 2>&1 || true
+    timeout 120 $DOCKER image prune -f >/dev/null 2>&1 || true
+    timeout 120 $DOCKER builder prune -f --keep-storage 8GB >/dev/null 2>&1 || true
+  fi
+  bash "$here/docker_engine.sh" down "$ENGINE" "$DATA_ROOT" || true
   echo "docker engine stopped and removed ($((SECONDS - t))s)"
   cleanup
 }
@@ -53,17 +79,23 @@ trap stop_engine EXIT
 elapsed() { echo $((SECONDS - $1)); }
 
 t=$SECONDS
-if ! bash "$here/docker_engine.sh" up "$ENGINE"; then
+if ! bash "$here/docker_engine.sh" up "$ENGINE" "$DATA_ROOT"; then
   fail "start dockerd"
   finish
 fi
-pass "dockerd started ($(elapsed $t)s): $($DOCKER version --format 'engine {{.Server.Version}}')"
+pass "dockerd started ($(elapsed $t)s): $($DOCKER version --format 'engine {{.Server.Version}}'), data root $DATA_ROOT"
 
 t=$SECONDS
 cached=no
 [[ -s $BASE_TAR ]] && cached=yes
-if bash "$here/docker_engine.sh" base "$BASE_TAR" &&
-  zstd -dc "$BASE_TAR" | timeout 300 $DOCKER import - "$BASE_TAG" >/dev/null; then
+# The tag names the tarball's checksum and is imported once per engine data root: an import
+# makes a new image ID every time, and a new base would miss every cached layer built on it.
+import_base() {
+  BASE_TAG=$BASE_TAG-$(sha256sum "$BASE_TAR" | cut -c1-12)
+  $DOCKER image inspect "$BASE_TAG" >/dev/null 2>&1 && return 0
+  zstd -dc "$BASE_TAR" | timeout 300 $DOCKER import - "$BASE_TAG" >/dev/null
+}
+if bash "$here/docker_engine.sh" base "$BASE_TAR" && import_base; then
   pass "base image $BASE_TAG from debootstrap (cached: $cached, $(elapsed $t)s)"
 else
   fail "base image from debootstrap"
@@ -72,7 +104,7 @@ fi
 
 # The real multi-stage build, both stages on the Debian base (the CUDA images need a registry).
 t=$SECONDS
-if timeout -k 10 3000 $DOCKER build --network=host --pull=false \
+if timeout -k 10 3000 $DOCKER build --network=host --pull=false --progress=plain \
   --build-arg "BASE_IMAGE=$BASE_TAG" --build-arg "RUNTIME_IMAGE=$BASE_TAG" \
   --build-arg "JOBS=${DPTRAIN_DOCKER_JOBS:-$(nproc)}" \
   -t "$IMAGE" "$DPTRAIN_SRC" >"$TMP/build.log" 2>&1; then

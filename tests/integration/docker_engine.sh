@@ -7,10 +7,14 @@
 # Dockerfile's apt-get needs during `docker build`). Also makes the Debian base image with
 # debootstrap, since no container registry is reachable from CI.
 #
-#   docker_engine.sh up DIR        start dockerd under DIR (PID in DIR/dockerd.daemon-pid);
-#                                  prints nothing else on success; then DOCKER_HOST=unix://DIR/docker.sock
-#   docker_engine.sh down DIR      remove containers, stop dockerd by its recorded PID (TERM, 20 s,
-#                                  then KILL), unmount what it left under DIR, remove DIR
+#   docker_engine.sh up DIR [DATA] start dockerd under DIR (PID in DIR/dockerd.daemon-pid);
+#                                  prints nothing else on success; then DOCKER_HOST=unix://DIR/docker.sock.
+#                                  Images, layers and build cache go to DATA (default DIR/data):
+#                                  a DATA outside DIR outlives the engine, so the next engine
+#                                  started on it reuses its layers and BuildKit cache mounts
+#   docker_engine.sh down DIR [DATA]  remove containers, stop dockerd by its recorded PID (TERM,
+#                                  20 s, then KILL), unmount what it left under DIR (and DATA),
+#                                  remove DIR (DATA is kept)
 #   docker_engine.sh base TARBALL  debootstrap a minimal rootfs of this host's Debian release
 #                                  into TARBALL (.tar.zst) unless it exists; `docker import` it
 # Every wait is bounded. Never kills anything it did not start.
@@ -29,13 +33,13 @@ daemon_alive() {  # DIR: the recorded dockerd is alive and still dockerd
 }
 
 cmd_up() {
-  local d=$1 i
+  local d=$1 data=${2:-$1/data} i
   command -v dockerd >/dev/null || die "dockerd is missing (scripts/install-deps.sh --cluster-tests)"
   daemon_alive "$d" && die "a dockerd started from $d is still running (docker_engine.sh down $d)"
-  mkdir -p "$d"
+  mkdir -p "$d" "$data"
   # setsid (no job control) execs in place: $! is dockerd's own PID; it starts containerd as a
   # child and stops it when it exits.
-  setsid dockerd --data-root "$d/data" --exec-root "$d/exec" --pidfile "$d/dockerd.pid" \
+  setsid dockerd --data-root "$data" --exec-root "$d/exec" --pidfile "$d/dockerd.pid" \
     -H "unix://$d/docker.sock" --bridge=none --iptables=false --ip6tables=false \
     --ip-masq=false --storage-driver=overlay2 </dev/null >"$d/dockerd.log" 2>&1 &
   echo $! >"$d/dockerd.daemon-pid"
@@ -49,7 +53,7 @@ cmd_up() {
 }
 
 cmd_down() {
-  local d=$1 pid i rc=0
+  local d=$1 data=${2:-$1/data} pid i rc=0
   if daemon_alive "$d"; then
     pid=$(cat "$d/dockerd.daemon-pid")
     export DOCKER_HOST=unix://$d/docker.sock
@@ -67,7 +71,8 @@ cmd_down() {
   fi
   rm -f "$d/dockerd.daemon-pid"
   # dockerd leaves an nsfs mount (exec/netns/default) and, if killed, overlay mounts.
-  awk -v r="$d/" 'index($2, r) == 1 { print $2 }' /proc/mounts | sort -r | xargs -r -n1 umount -l
+  awk -v r="$d/" -v s="$data/" 'index($2, r) == 1 || index($2, s) == 1 { print $2 }' /proc/mounts |
+    sort -r | xargs -r -n1 umount -l
   rm -rf "$d"
   return $rc
 }
@@ -111,8 +116,8 @@ SRC
 }
 
 case "${1:-}" in
-  up) cmd_up "${2:?DIR}" ;;
-  down) cmd_down "${2:?DIR}" ;;
+  up) cmd_up "${2:?DIR}" "${3:-}" ;;
+  down) cmd_down "${2:?DIR}" "${3:-}" ;;
   base) cmd_base "${2:?TARBALL}" ;;
-  *) die "usage: $0 up DIR | down DIR | base TARBALL" ;;
+  *) die "usage: $0 up DIR [DATA] | down DIR [DATA] | base TARBALL" ;;
 esac
