@@ -26,9 +26,9 @@ if ! "$PY" -c 'import torch, torchvision, onnx, h5py' 2>/dev/null; then
 fi
 ORACLE=$DPTRAIN_SRC/tests/integration/onnx_oracle.py
 
-# oracle_export DIR MODEL [ARGS...]: `onnx_oracle.py export MODEL DIR ARGS...` (the model file, the batch and
-# PyTorch's float32 and float64 steps: 4-5 minutes of the test's 6 on a 2-core AMD EPYC, most of
-# it resnet50's float64 gradients), kept in DPTRAIN_ORACLE_CACHE (default
+# oracle_export DIR MODEL [ARGS...]: `onnx_oracle.py export MODEL DIR ARGS...` (the model file,
+# the batch and PyTorch's float32 and float64 steps: about 110 s of the test's 360 s on a 2-core
+# AMD EPYC, most of it resnet50's float64 gradients), kept in DPTRAIN_ORACLE_CACHE (default
 # ~/.cache/dptrain-onnx-oracle; "off": always computed). The export is deterministic (fixed seeds)
 # and reads nothing of dptrain's, so its key is everything it depends on: the oracle script, the
 # versions of python, torch, torchvision, onnx and numpy, and the arguments. Every dptrain step
