@@ -120,10 +120,10 @@ find_h5py_python() {
 # PIDs of live processes whose environment holds DPTRAIN_IT_TAG=$1 (what a command left behind).
 # One grep over every /proc/PID/environ: a grep per process cost 0.2-0.4 s a command (a third of
 # errors.sh's time), as it runs after every case. Zombies have an empty environ already: anything
-# listed is still running.
+# listed is still running. The tag is only ever in a command's environment, never this shell's.
 tagged_pids() {
-  grep -lzx "DPTRAIN_IT_TAG=$1" /proc/[0-9]*/environ 2>/dev/null | sed -n 's|^/proc/\([0-9]*\)/environ$|\1|p' |
-    grep -vx -e "$$" -e "$BASHPID" || true
+  grep -lzx "DPTRAIN_IT_TAG=$1" /proc/[0-9]*/environ 2>/dev/null |
+    sed -n 's|^/proc/\([0-9]*\)/environ$|\1|p' || true
 }
 
 # Waits up to 5 s for the processes of a finished command to be gone; prints and kills (by

@@ -20,7 +20,10 @@
 # DPTRAIN_TORCH_PYTHON: a python3 with torch, torchvision, onnx and h5py (a GPU machine's venv);
 # Debian's /usr/bin/python3 by default.
 PY=${DPTRAIN_TORCH_PYTHON:-/usr/bin/python3}
-if ! "$PY" -c 'import torch, torchvision, onnx, h5py' 2>/dev/null; then
+# One python start for both: the modules must import, and their versions key the oracle cache.
+if ! PY_VERSIONS=$("$PY" -c 'import sys, torch, torchvision, onnx, numpy, h5py
+print(sys.version.split()[0], torch.__version__, torchvision.__version__, onnx.__version__,
+      numpy.__version__)' 2>/dev/null); then
   skip "no python3 with torch, torchvision, onnx and h5py (scripts/install-deps.sh installs them)"
   finish
 fi
@@ -34,9 +37,7 @@ ORACLE=$DPTRAIN_SRC/tests/integration/onnx_oracle.py
 # versions of python, torch, torchvision, onnx and numpy, and the arguments. Every dptrain step
 # and comparison below still runs each time.
 ORACLE_CACHE=${DPTRAIN_ORACLE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/dptrain-onnx-oracle}
-ORACLE_SALT="$(sha256sum <"$ORACLE") $("$PY" -c 'import sys, torch, torchvision, onnx, numpy
-print(sys.version.split()[0], torch.__version__, torchvision.__version__, onnx.__version__,
-      numpy.__version__)')"
+ORACLE_SALT="$(sha256sum <"$ORACLE") $PY_VERSIONS"
 oracle_export() {
   local dir=$1 key
   shift
