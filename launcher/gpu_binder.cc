@@ -6,13 +6,15 @@
 #include <algorithm>
 #include <cstdlib>
 #include <sstream>
+#include <utility>
 
 #include "core/backend_registry.h"
 #include "core/error.h"
 
 namespace dptrain {
 
-std::string ExchangeBindings(ControlPlane& comm, const BoundDevice& mine, bool sharing_requested) {
+std::string ExchangeBindings(ControlPlane& comm, const BoundDevice& mine, bool sharing_requested,
+                             bool tests_share) {
   auto clean = [](std::string s) {
     std::replace(s.begin(), s.end(), '\t', ' ');
     return s;
@@ -41,11 +43,31 @@ std::string ExchangeBindings(ControlPlane& comm, const BoundDevice& mine, bool s
   // Never skipped: NCCL would reject the pair anyway ("Duplicate GPU detected"), later and
   // with a less helpful message.
   const std::string shared = FindSharedGpu(rows);
-  if (!shared.empty()) {
+  if (!shared.empty() && !tests_share) {
     DPT_THROW(ConfigError) << shared
                            << (sharing_requested ? "; " + std::string(kNoGpuSharing) : "");
   }
-  return comm.rank() == 0 ? FormatBindingTable(rows) : "";
+  if (comm.rank() != 0) return "";
+  std::string table = FormatBindingTable(rows);
+  if (!shared.empty()) {
+    table += "test hook: ranks share a GPU, NCCL between them over sockets (" + shared + ")\n";
+  }
+  return table;
+}
+
+std::string ShareGpuOverNcclSockets(int rank) {
+  const std::string host_id = "dptrain-shared-gpu-rank-" + std::to_string(rank);
+  const std::pair<const char*, std::string> vars[] = {
+      {"NCCL_HOSTID", host_id}, {"NCCL_P2P_DISABLE", "1"}, {"NCCL_SHM_DISABLE", "1"},
+      {"NCCL_IB_DISABLE", "1"}, {"NCCL_NVLS_ENABLE", "0"}, {"NCCL_SOCKET_IFNAME", "lo"},
+  };
+  std::string set;
+  for (const auto& [name, value] : vars) {
+    setenv(name, value.c_str(), 1);
+    if (!set.empty()) set += ' ';
+    set.append(name).append(1, '=').append(value);
+  }
+  return set;
 }
 
 void ApplyBinding(const DeviceBinding& b) {

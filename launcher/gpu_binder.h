@@ -18,7 +18,18 @@ namespace dptrain {
 // Collective: gathers every rank's BoundDevice over `comm`; every rank throws the same
 // ConfigError when two ranks share a GPU (`sharing_requested`: DPTRAIN_ALLOW_GPU_SHARING is set,
 // and the message explains why it cannot help). Returns the table on rank 0 and "" elsewhere.
-std::string ExchangeBindings(ControlPlane& comm, const BoundDevice& mine, bool sharing_requested);
+// `tests_share` (TrainHooks::share_gpu, test-only) lets shared GPUs through; the table then
+// ends with a line that says so.
+std::string ExchangeBindings(ControlPlane& comm, const BoundDevice& mine, bool sharing_requested,
+                             bool tests_share = false);
+
+// Test-only (TrainHooks::share_gpu, BindGpuForTest): lets ranks that share one GPU form an NCCL
+// communicator. NCCL refuses two ranks of a communicator with the same host hash on one device
+// ("Duplicate GPU detected"); a host id of its own per rank (NCCL_HOSTID) makes every rank
+// another host to NCCL, which then connects them over its socket transport on loopback
+// (peer-to-peer, shared memory and InfiniBand off). Call before the first NCCL call. Returns
+// the variables it set, as "NAME=value ..." for the log.
+std::string ShareGpuOverNcclSockets(int rank);
 
 // Applies a binding to this process's environment (setenv): CUDA_VISIBLE_DEVICES under remap,
 // and CUDA_DEVICE_ORDER=PCI_BUS_ID when unset. Must run before the first CUDA call.

@@ -127,7 +127,7 @@ int RunTrainOrEval(const RunArgs& args, int* argc, char*** argv) {
                        gpu->name, gpu->uuid, gpu->pci_bus_id};
       std::string bindings;
       try {
-        bindings = ExchangeBindings(*comm, mine, binder.sharing_requested());
+        bindings = ExchangeBindings(*comm, mine, binder.sharing_requested(), args.hooks.share_gpu);
       } catch (const ConfigError& e) {
         throw AgreedError(e.what(), e.exit_code());
       }
@@ -135,6 +135,7 @@ int RunTrainOrEval(const RunArgs& args, int* argc, char*** argv) {
         std::fputs(bindings.c_str(), stdout);
         std::fflush(stdout);
       }
+      if (args.hooks.share_gpu) ShareGpuOverNcclSockets(env.rank);
     }
 
     // MPI for agreements (the control plane), NCCL or MPI for gradients: on GPUs the tensor

@@ -40,6 +40,10 @@ struct TrainHooks {
   int oom_rank = -1;
   int64_t oom_step = -1;
   CheckpointPauseHook checkpoint_pause;
+  // Two or more ranks may share one GPU: the uniqueness check lets them through and each rank's
+  // NCCL talks to the others as another host, over sockets on loopback (ShareGpuOverNcclSockets,
+  // launcher/gpu_binder.h). For a GPU machine with one GPU; users sharing a GPU get the error.
+  bool share_gpu = false;
 };
 
 }  // namespace dptrain

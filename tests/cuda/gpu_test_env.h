@@ -1,9 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 // For multi-rank GPU tests (label cuda): binds each rank to its own GPU with the launcher's own
 // rules (policy set-device, so every GPU stays visible and NCCL may use peer-to-peer) and agrees
-// on every rank whether the test can run at all, with the reason when it cannot.
+// on every rank whether the test can run at all, with the reason when it cannot. On a machine
+// with one GPU every rank takes it, and NCCL connects the ranks as hosts of their own over its
+// socket transport (ShareGpuOverNcclSockets): the GPU machines lent to this project have one GPU,
+// and the multi-rank GPU path must run there rather than skip.
 #pragma once
 
+#include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <string>
@@ -22,6 +26,7 @@ namespace dptrain::testing {
 struct GpuRank {
   Backend* backend = nullptr;  // the CUDA backend on this rank's own GPU; null: skip
   std::string why_not;         // the same on every rank when backend is null
+  std::string shared;          // ranks share one GPU: the NCCL variables set ("" otherwise)
 };
 
 // Collective over `comm`; call before anything touches CUDA.
@@ -44,7 +49,10 @@ inline GpuRank BindGpuForTest(ControlPlane& comm) {
     } else {
       const DeviceBinding b =
           ChooseDevice(MakeBindingRequest(dist, local_rank, local_size, inv, env));
-      if (static_cast<int>(b.candidates.size()) < local_size) {
+      if (b.candidates.size() == 1 && local_size > 1) {
+        out.shared = ShareGpuOverNcclSockets(comm.rank());
+      }
+      if (static_cast<int>(b.candidates.size()) < local_size && out.shared.empty()) {
         why = "needs one GPU per rank: " + std::to_string(local_size) + " ranks on this host but " +
               std::to_string(b.candidates.size()) + " GPU(s) (" + b.source + ")";
       } else {
@@ -63,6 +71,11 @@ inline GpuRank BindGpuForTest(ControlPlane& comm) {
       out.why_not = "cuda: rank " + std::to_string(r) + ": " + all[r];
       break;
     }
+  }
+  if (out.backend != nullptr && !out.shared.empty() && comm.rank() == 0) {
+    std::printf("[ NOTE     ] %d ranks share one GPU; NCCL over sockets (%s)\n", comm.size(),
+                out.shared.c_str());
+    std::fflush(stdout);
   }
   return out;
 }

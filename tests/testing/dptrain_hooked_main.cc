@@ -8,6 +8,7 @@
 //   DPTRAIN_TEST_OOM=RANK:STEP                    an out-of-memory on RANK in step STEP (once)
 //   DPTRAIN_TEST_CHECKPOINT_PAUSE_S=SECONDS       the checkpoint writer pauses mid-file
 //   DPTRAIN_TEST_CHECKPOINT_PAUSE_STEP=STEP       ... only in the write of that step
+//   DPTRAIN_TEST_SHARE_GPU=1                      ranks may share a GPU (NCCL over sockets)
 #include <cstdio>
 #include <cstdlib>
 
@@ -41,5 +42,6 @@ int main(int argc, char** argv) {
   if (const char* v = std::getenv("DPTRAIN_TEST_CHECKPOINT_PAUSE_STEP"); v != nullptr && *v != 0) {
     hooks.checkpoint_pause.step = std::atoll(v);
   }
+  if (const char* v = std::getenv("DPTRAIN_TEST_SHARE_GPU")) hooks.share_gpu = v[0] == '1';
   return dptrain::RunCommandLine(argc, argv, hooks);
 }

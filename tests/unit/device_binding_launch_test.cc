@@ -6,6 +6,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <map>
 #include <string>
 #include <vector>
@@ -237,6 +238,35 @@ TEST(DeviceBindingTest, ExchangeAgreesOnEveryRank) {
   EXPECT_THAT(ErrorOf([&] { ExchangeBindings(c0, rows[0], /*sharing_requested=*/true); }),
               AllOf(HasSubstr("ranks 0 and 1"), HasSubstr("Duplicate GPU detected")));
   EXPECT_THAT(e0, Not(HasSubstr("DPTRAIN_ALLOW_GPU_SHARING")));
+  // The test hook (TrainHooks::share_gpu) lets them through, and the table says so.
+  EXPECT_THAT(ExchangeBindings(c0, rows[0], false, /*tests_share=*/true),
+              AllOf(HasSubstr(kUuidA), HasSubstr("test hook: ranks share a GPU"),
+                    HasSubstr("ranks 0 and 1")));
+  EXPECT_EQ(ExchangeBindings(c1, clash, false, /*tests_share=*/true), "");
+  // Without a shared GPU the hook changes nothing.
+  FakeComm d0(0, {Row(rows[0]), Row(rows[1])});
+  EXPECT_THAT(ExchangeBindings(d0, rows[0], false, true), Not(HasSubstr("test hook")));
+}
+
+TEST(DeviceBindingTest, SharedGpuMakesEveryRankAHostOfItsOwnToNccl) {
+  // NCCL's duplicate-GPU check compares the host hash (NCCL_HOSTID when set) and the bus id:
+  // a host id per rank, with the socket transport on loopback as the only one left.
+  const std::string set0 = ShareGpuOverNcclSockets(0);
+  const std::string id0 = std::getenv("NCCL_HOSTID");
+  const std::string set1 = ShareGpuOverNcclSockets(1);
+  const std::string id1 = std::getenv("NCCL_HOSTID");
+  EXPECT_NE(id0, id1);
+  EXPECT_THAT(set1, HasSubstr("NCCL_HOSTID=" + id1));
+  for (const char* v : {"NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_IB_DISABLE"}) {
+    ASSERT_NE(std::getenv(v), nullptr) << v;
+    EXPECT_STREQ(std::getenv(v), "1") << v;
+    EXPECT_THAT(set0, HasSubstr(std::string(v) + "=1"));
+  }
+  EXPECT_STREQ(std::getenv("NCCL_SOCKET_IFNAME"), "lo");
+  for (const char* v : {"NCCL_HOSTID", "NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_IB_DISABLE",
+                        "NCCL_NVLS_ENABLE", "NCCL_SOCKET_IFNAME"}) {
+    unsetenv(v);
+  }
 }
 
 }  // namespace
