@@ -13,12 +13,26 @@
 #     bandwidth as nccl-tests computes it (2 (n-1)/n x bytes / time), the bare ncclAllReduce and
 #     the Reducer's 25 MB buckets.
 #
+#  3. PyTorch in the same run (bench/pytorch_baseline.py --device cuda: channels-last,
+#     cudnn.benchmark, autocast for bf16; fp32 both with TF32 as PyTorch's default and without),
+#     and dptrain's samples/s over PyTorch's. Left out when GPU_BENCH_PYTORCH names no python3
+#     that imports torch with CUDA.
+#
 #   bash bench/gpu.sh [BUILD_DIR]      (a build with -DDPTRAIN_WITH_CUDA=ON)
 #   GPU_BENCH_STEPS=N                  profiled steps per run (default 60)
+#   GPU_BENCH_JOBS="M B P;..."         model, batch, precision of each row (default: resnet18_cifar
+#                                      256 and resnet50 64, each fp32 and bf16); scripts/gpu-check.sh
+#                                      runs one row per GPU run, in rotation
+#   GPU_BENCH_NCCL=0                   leave out the NCCL part
+#   GPU_BENCH_PYTORCH=PYTHON           the python3 with PyTorch (default python3)
+#   DPTRAIN=PATH, ALLREDUCE_BENCH=PATH the binaries, when not in BUILD_DIR (a bundle's)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
-dptrain=$build/launcher/dptrain
+dptrain=${DPTRAIN:-$build/launcher/dptrain}
+allreduce_bench=${ALLREDUCE_BENCH:-$build/bench/allreduce_bench}
+jobs=${GPU_BENCH_JOBS:-resnet18_cifar 256 fp32;resnet18_cifar 256 bf16;resnet50 64 fp32;resnet50 64 bf16}
+torch_py=${GPU_BENCH_PYTORCH:-python3}
 # shellcheck source=scripts/mpi-env.sh
 . scripts/mpi-env.sh
 gpus=$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU' || true)
@@ -26,9 +40,15 @@ if [ "${gpus:-0}" = 0 ]; then
   echo "bench/gpu.sh: skipped: no GPU (nvidia-smi lists none)"
   exit 0
 fi
-for exe in "$dptrain" "$build/bench/allreduce_bench"; do
+need=("$dptrain")
+[ "${GPU_BENCH_NCCL:-1}" = 0 ] || need+=("$allreduce_bench")
+for exe in "${need[@]}"; do
   [ -x "$exe" ] || { echo "bench/gpu.sh: $exe missing (make build with CUDA)"; exit 1; }
 done
+if ! "$torch_py" -c 'import torch, torchvision; assert torch.cuda.is_available()' 2>/dev/null; then
+  echo "bench/gpu.sh: no PyTorch with CUDA in $torch_py: PyTorch left out"
+  torch_py=""
+fi
 steps=${GPU_BENCH_STEPS:-60}
 # The GPUs this run may use: CUDA_VISIBLE_DEVICES when the caller set it, else all of them.
 if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then
@@ -47,9 +67,10 @@ echo
 echo "== the step against its ops' device time (GPU ${devices[0]}, train.profile: CUDA events per op)"
 printf '%-16s %6s %5s %11s %9s %9s %10s %s\n' model batch prec samples/s step_ms ops_ms step/ops \
   target
-for job in "resnet18_cifar 256" "resnet50 64"; do
-  read -r model batch <<<"$job"
-  for prec in fp32 bf16; do
+IFS=';' read -r -a job_list <<<"$jobs"
+for job in "${job_list[@]}"; do
+  read -r model batch prec <<<"$job"
+  {
     dir=$work/$model-$prec
     log=$dir.log
     if ! CUDA_VISIBLE_DEVICES=${devices[0]} "$dptrain" train \
@@ -76,16 +97,33 @@ verdict = ("met" if ratio <= 1.2 else "NOT met") if timed == "device" else "ops 
 print(f"{model:<16} {batch:>6} {prec:>5} {sps:>11} {prof['step_ms']:>9.2f} {prof['ops_ms']:>9.2f} "
       f"{ratio:>9.2f}x <=1.2x {verdict}")
 EOF
-  done
+    [ -n "$torch_py" ] || continue
+    # PyTorch in the same run: its best on this GPU; in fp32 with TF32 (its default) and without.
+    dptrain_sps=$(sed -n 's/^done:.* \([0-9.]*\) samples\/s.*/\1/p' "$log" | tail -1)
+    tf32s=(default)
+    [ "$prec" = fp32 ] && tf32s=(off default)
+    for tf32 in "${tf32s[@]}"; do
+      line=$("$torch_py" bench/pytorch_baseline.py --device cuda --model "$model" --batch "$batch" \
+        --precision "$prec" --tf32 "$tf32" --warmup 15 --steps "$steps" 2>&1 | tail -1)
+      echo "  $line"
+      torch_sps=$(sed -n 's/.*samples_per_s \([0-9.]*\).*/\1/p' <<<"$line")
+      if [ -n "$torch_sps" ] && [ -n "$dptrain_sps" ]; then
+        awk -v d="$dptrain_sps" -v t="$torch_sps" -v m="$model" -v b="$batch" -v p="$prec" \
+          -v x="$tf32" 'BEGIN {printf "  ratio %s %s %s: dptrain %s / pytorch (tf32 %s) %s = %.2fx\n",
+          m, b, p, d, x, t, d / t}'
+      fi
+    done
+  }
 done
 echo "(ops: the sum over the step's ops of the time between CUDA events recorded before and after"
 echo " each on the compute stream; step: the profiled steps' mean wall time)"
 echo
 
+[ "${GPU_BENCH_NCCL:-1}" = 0 ] && exit 0
 echo "== NCCL allreduce over ${#devices[@]} GPU(s) ($visible), one rank each (bench/allreduce_bench.cc)"
 # One GPU per rank: the local rank's entry of that list (Open MPI, MPICH or Slurm's variable).
 # shellcheck disable=SC2016
 DPT_BENCH_GPUS=$visible mpirun -np "${#devices[@]}" bash -c '
   IFS=, read -r -a list <<<"$DPT_BENCH_GPUS"
   r=${OMPI_COMM_WORLD_LOCAL_RANK:-${MPI_LOCALRANKID:-${SLURM_LOCALID:-0}}}
-  CUDA_VISIBLE_DEVICES=${list[$r]} exec "$0" --device cuda' "$build/bench/allreduce_bench"
+  CUDA_VISIBLE_DEVICES=${list[$r]} exec "$0" --device cuda' "$allreduce_bench"

@@ -1,11 +1,16 @@
 #!/usr/bin/python3
 # SPDX-License-Identifier: Apache-2.0
-"""PyTorch baseline for bench/run.sh: the same model, batch, optimizer and in-RAM data shape as
-dptrain's benchmark runs, timed in one process (or one DDP job). Three modes:
+"""PyTorch baseline for bench/run.sh and bench/gpu.sh: the same model, batch, optimizer and
+in-memory data shape as dptrain's benchmark runs, timed in one process (or one DDP job). Modes:
 
   pytorch_baseline.py --model M --ranks R --threads T --batch B --precision P --warmup W --steps S
       trains W steps, then times S steps; prints one line
       `pytorch <model> <R>x<T> batch <B> <P> samples_per_s <X>`.
+  pytorch_baseline.py --device cuda --model M --batch B --precision P [--tf32 default|off]
+      the same on one GPU (bench/gpu.sh), as PyTorch runs best there: channels-last,
+      cudnn.benchmark, bf16 through autocast, data on the GPU, timed between synchronisations;
+      TF32 as PyTorch's default (on for convolutions) or off (strict fp32, dptrain's "fp32");
+      prints `pytorch <model> cuda batch <B> <P> tf32 <default|off> samples_per_s <X>`.
   pytorch_baseline.py --describe M [--against INSPECT_TXT]
       prints `model <M> params <trainable parameters> macs_per_sample <forward multiply-adds>`,
       counted from the layer shapes (Conv2d and Linear only) by hooks on one forward pass. With
@@ -116,6 +121,9 @@ MODELS = {
     "ref_cnn": (RefCnn, (1, 28, 28), dict(lr=0.05, momentum=0.9, weight_decay=5e-4)),
     "resnet8": (ResNet8, (3, 32, 32), dict(lr=0.1, momentum=0.9, nesterov=True,
                                             weight_decay=5e-4)),
+    # zoo.cc resnet50: torchvision's, 224x224; the optimizer of configs/imagenet_resnet50.toml.
+    "resnet50": (lambda classes=10: torchvision.models.resnet50(num_classes=classes),
+                 (3, 224, 224), dict(lr=0.1, momentum=0.9, weight_decay=1e-4)),
 }
 
 
@@ -251,6 +259,44 @@ def train(rank, world, args, result):
         torch.distributed.destroy_process_group()
 
 
+def train_cuda(args):
+    """One GPU, PyTorch at its best for these CNNs: channels-last, cudnn.benchmark, autocast."""
+    torch.manual_seed(0)
+    torch.backends.cudnn.benchmark = True
+    if args.tf32 == "off":
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = False
+    dev = torch.device("cuda")
+    cls, shape, opt_args = MODELS[args.model]
+    fmt = torch.channels_last
+    model = cls().to(dev, memory_format=fmt).train()
+    opt = torch.optim.SGD(model.parameters(), **opt_args)
+    b, n = args.batch, 4 * args.batch
+    data = torch.rand(n, *shape, device=dev).contiguous(memory_format=fmt)
+    labels = torch.randint(0, 10, (n,), device=dev)
+    bf16 = args.precision == "bf16"
+
+    def step(i):
+        lo = (i % 4) * b
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+            loss = F.cross_entropy(model(data[lo:lo + b]), labels[lo:lo + b])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    for i in range(args.warmup):
+        step(i)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for i in range(args.steps):
+        step(i)
+    torch.cuda.synchronize()
+    sps = args.steps * b / (time.perf_counter() - t0)
+    print(f"pytorch {args.model} cuda batch {b} {args.precision} tf32 {args.tf32} "
+          f"samples_per_s {sps:.0f} (torch {torch.__version__}, cuDNN "
+          f"{torch.backends.cudnn.version()}, {torch.cuda.get_device_name()})")
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--model", default="ref_cnn", choices=sorted(MODELS))
@@ -268,11 +314,16 @@ def main():
     p.add_argument("--against", metavar="INSPECT_TXT",
                    help="with --describe: the output of dptrain inspect on a checkpoint")
     p.add_argument("--blas", action="store_true")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--tf32", default="default", choices=["default", "off"],
+                   help="cuda: TF32 as PyTorch's default (convolutions) or off (strict fp32)")
     args = p.parse_args()
     if args.describe:
         return describe(args.describe, args.against)
     if args.blas:
         return blas()
+    if args.device == "cuda":
+        return train_cuda(args)
     ctx = torch.multiprocessing.get_context("spawn")
     result = ctx.SimpleQueue()
     if args.ranks == 1:
