@@ -72,6 +72,11 @@ void Buffer::RecordStream(void* stream) const {
   if (parent_ != nullptr) parent_->RecordStream(stream);
 }
 
+void Buffer::FenceStreamUse(void* stream) const {
+  if (owner_ != nullptr) owner_->FenceStreamUse(ptr_, stream);
+  if (parent_ != nullptr) parent_->FenceStreamUse(stream);
+}
+
 std::shared_ptr<Buffer> Buffer::Unbound(size_t bytes, Device device, std::string label) {
   return std::make_shared<Buffer>(nullptr, nullptr, bytes, device, std::move(label));
 }

@@ -60,6 +60,8 @@ class Buffer {
   // This memory is also used by work queued on `stream` (a cudaStream_t other than the compute
   // stream): its block is not reused before that work completes (CachingAllocator::RecordStream).
   void RecordStream(void* stream) const;
+  // The work queued on `stream` so far is its last use there (CachingAllocator::FenceStreamUse).
+  void FenceStreamUse(void* stream) const;
 
   // A buffer whose memory is a part of another, given later: Graph's shared input-gradient
   // buffers are created while the layers are set up and placed once all their sizes and

@@ -63,7 +63,7 @@ std::shared_ptr<Buffer> CachingAllocator::Allocate(size_t bytes, std::string_vie
     ptr = it->second;
     const size_t got = it->first;
     free_blocks_.erase(it);
-    live_[ptr] = Live{got, label, {}, {}};
+    live_[ptr] = Live{got, label, {}, {}, {}};
     stats_.in_use += got;
   } else {
     ptr = AllocLocked(block);
@@ -80,7 +80,7 @@ std::shared_ptr<Buffer> CachingAllocator::Allocate(size_t bytes, std::string_vie
       lock.unlock();
       DPT_THROW(OutOfMemory) << os.str();
     }
-    live_[ptr] = Live{block, label, {}, {}};
+    live_[ptr] = Live{block, label, {}, {}, {}};
     stats_.in_use += block;
     stats_.reserved += block;
     ++stats_.num_device_allocs;
@@ -102,11 +102,13 @@ void CachingAllocator::Release(void* ptr, size_t bytes) noexcept {
   auto it = live_.find(ptr);
   if (it == live_.end()) return;
   stats_.in_use -= it->second.bytes;
-  if (it->second.streams.empty() && it->second.fences.empty()) {
-    free_blocks_.emplace(it->second.bytes, ptr);
+  Live& live = it->second;
+  if (live.streams.empty() && live.fences.empty() && live.used_until.empty()) {
+    free_blocks_.emplace(live.bytes, ptr);
   } else {
-    Pending p{it->second.bytes, ptr, std::move(it->second.fences)};
-    for (void* s : it->second.streams) p.fences.push_back(raw_->RecordFence(s));
+    Pending p{live.bytes, ptr, std::move(live.fences)};
+    for (const auto& [stream, fence] : live.used_until) p.fences.push_back(fence);
+    for (void* s : live.streams) p.fences.push_back(raw_->RecordFence(s));
     pending_.push_back(std::move(p));
   }
   live_.erase(it);
@@ -121,9 +123,37 @@ void CachingAllocator::RecordStream(void* ptr, void* stream) {
   if (std::find(streams.begin(), streams.end(), stream) == streams.end()) streams.push_back(stream);
 }
 
+void CachingAllocator::FenceStreamUse(void* ptr, void* stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = live_.find(ptr);
+  if (it == live_.end() || stream == nullptr) return;
+  Live& live = it->second;
+  // A fence that cannot be recorded synchronised the device instead (RawAllocator): nothing
+  // left to wait for on that stream.
+  void* fence = raw_->RecordFence(stream);
+  live.streams.erase(std::remove(live.streams.begin(), live.streams.end(), stream),
+                     live.streams.end());
+  for (auto& [s, f] : live.used_until) {
+    if (s != stream) continue;
+    raw_->DestroyFence(f);  // the stream runs in order: the new fence passes after the old one
+    f = fence;
+    return;
+  }
+  live.used_until.emplace_back(stream, fence);
+}
+
 void CachingAllocator::ForgetStream(void* stream) noexcept {
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& [ptr, live] : live_) {
+    // A fence already recorded on the stream stays valid after it is destroyed.
+    for (size_t i = 0; i < live.used_until.size();) {
+      if (live.used_until[i].first == stream) {
+        live.fences.push_back(live.used_until[i].second);
+        live.used_until.erase(live.used_until.begin() + static_cast<std::ptrdiff_t>(i));
+      } else {
+        ++i;
+      }
+    }
     auto it = std::find(live.streams.begin(), live.streams.end(), stream);
     if (it == live.streams.end()) continue;
     live.streams.erase(it);

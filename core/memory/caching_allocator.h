@@ -14,6 +14,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "core/tensor.h"
@@ -81,6 +82,13 @@ class CachingAllocator {
   // new tensor is written while a collective may still read the old one. Called by
   // Buffer::RecordStream.
   void RecordStream(void* ptr, void* stream);
+  // The work queued on `stream` so far ends the live block's use there (an asynchronous
+  // collective just enqueued on it): a fence is recorded now, and at release the block waits for
+  // that fence, not for one recorded then. Work queued on the stream later (the next gradient
+  // group's reduce-scatter) then no longer keeps the block from being reused. A later
+  // RecordStream or FenceStreamUse on the same stream extends the use. Called by
+  // Buffer::FenceStreamUse.
+  void FenceStreamUse(void* ptr, void* stream);
   // `stream` is about to be destroyed (a communicator going away). Every live block that records
   // it gets a fence recorded now, while the handle is still valid, and forgets the handle: the
   // driver recycles stream handles, so a fence recorded later could land on an unrelated stream.
@@ -105,6 +113,7 @@ class CachingAllocator {
     std::string label;
     std::vector<void*> streams;  // other streams that use the block (RecordStream)
     std::vector<void*> fences;   // recorded by ForgetStream on streams since destroyed
+    std::vector<std::pair<void*, void*>> used_until;  // (stream, fence) of FenceStreamUse
   };
   std::unordered_map<void*, Live> live_;
   struct Pending {  // released, but other streams may still use it

@@ -442,6 +442,7 @@ std::unique_ptr<CommHandle> NcclCommunicator::AllReduceAsync(Tensor* t, ReduceOp
   Check(ncclAllReduce(t->raw(), t->raw(), static_cast<size_t>(t->numel()), NcclType(t->dtype()),
                       NcclOp(op), comm_, stream_),
         "ncclAllReduce");
+  t->buffer()->FenceStreamUse(stream_);  // released early, it waits for this collective only
   return std::make_unique<NcclHandle>(this, RecordDone(), *t, what.str());
 }
 
@@ -492,6 +493,9 @@ std::unique_ptr<CommHandle> NcclCommunicator::InPlaceChunks(Tensor* t, const cha
   AfterCompute();
   float* base = t->data<float>();
   launch(base, base + static_cast<size_t>(rank_) * chunk, chunk);
+  // A gradient group's scratch, released once its reduce-scatter is done, waits for that
+  // collective only, not for the next group's queued behind it on this stream.
+  t->buffer()->FenceStreamUse(stream_);
   return std::make_unique<NcclHandle>(this, RecordDone(), *t, what);
 }
 

@@ -196,6 +196,63 @@ TEST(AllocatorTest, ForgottenStreamIsFencedBeforeItIsDestroyed) {
   EXPECT_EQ(r->fences.size(), 2u);
 }
 
+// Issue 63: dist.shard = "gradients" releases group g's scratch once its reduce-scatter is done,
+// when group g+1's is already queued on the same NCCL stream. A fence recorded at release would
+// wait for g+1's collective too, keeping a third group's scratch alive; the fence recorded just
+// after g's collective (FenceStreamUse) lets the block go as soon as g's is done.
+TEST(AllocatorTest, FencedUseEndsWithItsOwnCollective) {
+  auto raw = std::make_unique<FencedRaw>();
+  FencedRaw* r = raw.get();
+  CachingAllocator a(std::move(raw));
+  void* nccl = reinterpret_cast<void*>(0x5);
+  auto g0 = a.Allocate(1 << 20, "gradients (group 0)");
+  void* old = g0->data();
+  g0->RecordStream(nccl);
+  g0->FenceStreamUse(nccl);  // group 0's reduce-scatter enqueued: fence 1
+  auto g1 = a.Allocate(1 << 20, "gradients (group 1)");
+  g1->RecordStream(nccl);
+  g1->FenceStreamUse(nccl);  // group 1's queued behind it: fence 2
+  ASSERT_EQ(r->fences.size(), 2u);
+  g0.reset();  // group 0 is done: released with its own fence, no new one
+  EXPECT_EQ(r->fences.size(), 2u) << "a fence recorded at release would cover group 1 too";
+  r->fences[0].done = true;  // group 0's collective has finished, group 1's has not
+  auto g2 = a.Allocate(1 << 20, "gradients (group 2)");
+  EXPECT_EQ(g2->data(), old) << "group 2 reuses group 0's block while group 1 still reduces";
+  EXPECT_TRUE(r->fences[0].destroyed);
+
+  // A second use on the same stream extends the first: the newer fence replaces the older.
+  g2->RecordStream(nccl);
+  g2->FenceStreamUse(nccl);  // fence 3
+  g2->RecordStream(nccl);
+  g2->FenceStreamUse(nccl);  // fence 4
+  EXPECT_TRUE(r->fences[2].destroyed);
+  g2.reset();
+  r->fences[3].done = true;
+  EXPECT_EQ(a.Allocate(1 << 20, "next")->data(), old);
+  EXPECT_TRUE(r->fences[3].destroyed);
+  g1.reset();  // still fenced by group 1's collective
+  EXPECT_EQ(r->fences.size(), 4u);
+}
+
+// A stream used with a fence and then forgotten (the communicator destroyed): the fence stays.
+TEST(AllocatorTest, ForgottenStreamKeepsTheFenceOfItsLastUse) {
+  auto raw = std::make_unique<FencedRaw>();
+  FencedRaw* r = raw.get();
+  CachingAllocator a(std::move(raw));
+  void* nccl = reinterpret_cast<void*>(0x5);
+  auto b = a.Allocate(1 << 20, "bucket");
+  void* old = b->data();
+  b->RecordStream(nccl);
+  b->FenceStreamUse(nccl);
+  a.ForgetStream(nccl);
+  EXPECT_EQ(r->fences.size(), 1u) << "no new fence: the use was already fenced";
+  b.reset();
+  auto held = a.Allocate(1 << 20, "x");
+  EXPECT_NE(held->data(), old);
+  r->fences[0].done = true;
+  EXPECT_EQ(a.Allocate(1 << 20, "y")->data(), old);
+}
+
 TEST(AllocatorTest, BlocksWithoutOtherStreamsNeedNoFence) {
   auto raw = std::make_unique<FencedRaw>();
   FencedRaw* r = raw.get();
