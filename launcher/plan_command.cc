@@ -154,6 +154,11 @@ int RunPlanCommand(const TrainConfig& cfg, int ranks, bool json) {
                  mb(p.activations()), mb(p.total),
                  mode == cfg.dist.shard ? "  <- this config" : "");
     }
+    for (const auto& [mode, p] : shards) {
+      if (mode == ShardMode::kGradients && p.shard != "gradients") {
+        fmt::print("{}\n", kGradientsRunAsOptimizer);
+      }
+    }
   }
   if (direct) {
     fmt::print(

@@ -12,14 +12,35 @@
 
 namespace dptrain {
 
+int64_t ShardedGradScratchFloats(const std::vector<std::pair<int64_t, int64_t>>& groups,
+                                 int world) {
+  if (groups.empty() || world <= 1) return 0;
+  const int64_t flat = groups.back().second;
+  const int64_t saving = flat - flat / world;  // groups are padded to whole chunks per rank
+  int64_t peak = 0;
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const int64_t one = groups[i].second - groups[i].first;
+    if (one > saving) return -1;
+    int64_t pair = one;
+    if (i + 1 < groups.size()) pair += groups[i + 1].second - groups[i + 1].first;
+    peak = std::max(peak, pair <= saving ? pair : one);
+  }
+  return peak;
+}
+
 MemoryPlan PlanMemory(Model& m, int optimizer_slots, LossKind loss, int64_t budget,
                       const StateSharding& shard) {
   MemoryPlan plan;
   const int64_t ways = std::max(shard.ranks, 1);
+  // "gradients" that would peak above "optimizer" runs as "optimizer": the model kept its flat
+  // gradient buffer (FlatLayout::keep_flat_grads).
+  const bool grads_sharded = shard.grads && ways > 1 && !m.grads().defined();
   const int64_t opt_ways = shard.optimizer || shard.grads ? ways : 1;
-  const int64_t grad_ways = shard.grads ? ways : 1;
-  if (ways > 1 && shard.grads) {
+  const int64_t grad_ways = grads_sharded ? ways : 1;
+  if (grads_sharded) {
     plan.shard = "gradients";
+  } else if (ways > 1 && shard.grads) {
+    plan.shard = "gradients, run as optimizer";
   } else if (ways > 1 && shard.optimizer) {
     plan.shard = "optimizer";
   }
@@ -81,15 +102,10 @@ MemoryPlan PlanMemory(Model& m, int optimizer_slots, LossKind loss, int64_t budg
                                    4 * outputs * (loss == LossKind::kCrossEntropy ? 2 : 1) +
                                    (loss == LossKind::kMse ? 4 * outputs : 0);
   const int64_t shared = static_cast<int64_t>(m.backend().SharedWorkspaceBytes());
-  if (shard.grads && ways > 1) {
+  if (grads_sharded) {
     // A group's scratch lives from its first layer's backward until its reduce-scatter is
-    // done, by which time the next group is being written: two neighbours at once.
-    const auto& g = m.groups();
-    for (size_t i = 0; i < g.size(); ++i) {  // groups, not graph nodes (fewer of them)
-      int64_t pair = g[i].second - g[i].first;
-      if (i + 1 < g.size()) pair += g[i + 1].second - g[i + 1].first;
-      plan.grad_scratch = std::max(plan.grad_scratch, 4 * pair);
-    }
+    // done: with the next group's, while both fit in what the mode saves.
+    plan.grad_scratch = 4 * std::max<int64_t>(ShardedGradScratchFloats(m.groups(), shard.ranks), 0);
   }
   plan.other = other_per_sample * b + shared;
   plan.fixed = fixed + shared + plan.grad_scratch;

@@ -30,10 +30,19 @@ struct StateSharding {
   bool optimizer = false, grads = false;
 };
 
+// dist.shard = "gradients" on `world` ranks, for a model set up with its groups (Model::groups(),
+// in backward order): the most gradient scratch, in floats, that the sharded reducer holds at
+// once. The mode saves the flat gradient buffer less this rank's shard of it; two neighbouring
+// groups' scratch (one being written, the one before it being reduced) overlap only while they
+// fit in that saving, else the reducer waits for the older one first. -1 when even one group's
+// scratch is more than the saving: the mode would peak above "optimizer", so the model keeps the
+// flat gradient buffer and the run is sharded as "optimizer" (runtime/comm/sharded_reducer.h).
+int64_t ShardedGradScratchFloats(const std::vector<std::pair<int64_t, int64_t>>& groups, int world);
+
 struct MemoryPlan {
   int64_t micro_batch = 0;
   std::string precision;
-  std::string shard = "none";  // dist.shard the plan is for
+  std::string shard = "none";  // dist.shard the plan is for (as it runs: see ShardedGradScratch)
   std::vector<LayerMemory> layers;
   int64_t grad_scratch = 0;     // dist.shard = gradients: the groups in flight at once
   int64_t other = 0;            // input batch, loss buffers, shared backend workspace

@@ -68,45 +68,75 @@ void Model::Setup(int64_t max_batch, Precision precision, const FlatLayout& layo
   // Reverse order, child by child (last child first), each tensor 64-byte aligned. After child
   // c's backward, every parameter of children >= c is final: [0, end of child c's region).
   const size_t children = net_->size();
-  param_offsets_.assign(param_refs_.size(), 0);
-  ready_after_child_.assign(children, -1);
-  group_of_child_.assign(children, -1);
-  groups_.clear();
-  group_params_.clear();
-  int64_t off = 0, group_begin = 0;
-  for (size_t c = children; c-- > 0;) {
-    const size_t begin = c == 0 ? 0 : child_end[c - 1];
-    if (begin == child_end[c]) continue;  // no parameters
-    for (size_t i = child_end[c]; i-- > begin;) {
-      param_offsets_[i] = off;
-      off += AlignUp(param_refs_[i].shape.numel());
-    }
-    if (layout.group_multiple > 0) {
-      if (group_params_.size() == groups_.size()) group_params_.emplace_back();
-      for (size_t i = begin; i < child_end[c]; ++i) group_params_.back().push_back(i);
-      group_of_child_[c] = static_cast<int>(groups_.size());
-      const int64_t want = groups_.empty() ? layout.first_group_floats : layout.group_floats;
-      const bool last = begin == 0;
-      if (off - group_begin >= want || last) {
-        off = (off + layout.group_multiple - 1) / layout.group_multiple * layout.group_multiple;
-        groups_.emplace_back(group_begin, off);
-        group_begin = off;
+  // Lays the parameters out with groups of at most `cap` floats (0: no cap); returns the end.
+  const auto lay_out = [&](int64_t cap) {
+    param_offsets_.assign(param_refs_.size(), 0);
+    ready_after_child_.assign(children, -1);
+    group_of_child_.assign(children, -1);
+    groups_.clear();
+    group_params_.clear();
+    int64_t off = 0, group_begin = 0;
+    size_t prev_child = children;  // the last node with parameters laid out
+    for (size_t c = children; c-- > 0;) {
+      const size_t begin = c == 0 ? 0 : child_end[c - 1];
+      if (begin == child_end[c]) continue;  // no parameters
+      if (cap > 0 && off > group_begin) {
+        int64_t floats = 0;
+        for (size_t i = begin; i < child_end[c]; ++i) {
+          floats += AlignUp(param_refs_[i].shape.numel());
+        }
+        if (off - group_begin + floats > cap) {  // close the open group before this node
+          off = (off + layout.group_multiple - 1) / layout.group_multiple * layout.group_multiple;
+          groups_.emplace_back(group_begin, off);
+          group_begin = off;
+          ready_after_child_[prev_child] = off;  // the padding is final too
+        }
       }
+      prev_child = c;
+      for (size_t i = child_end[c]; i-- > begin;) {
+        param_offsets_[i] = off;
+        off += AlignUp(param_refs_[i].shape.numel());
+      }
+      if (layout.group_multiple > 0) {
+        if (group_params_.size() == groups_.size()) group_params_.emplace_back();
+        for (size_t i = begin; i < child_end[c]; ++i) group_params_.back().push_back(i);
+        group_of_child_[c] = static_cast<int>(groups_.size());
+        const int64_t want = groups_.empty() ? layout.first_group_floats : layout.group_floats;
+        const bool last = begin == 0;
+        if (off - group_begin >= want || last) {
+          off = (off + layout.group_multiple - 1) / layout.group_multiple * layout.group_multiple;
+          groups_.emplace_back(group_begin, off);
+          group_begin = off;
+        }
+      }
+      ready_after_child_[c] = off;
     }
-    ready_after_child_[c] = off;
+    if (layout.group_multiple > 0 && groups_.empty()) {
+      // No parameters at all: one group of padding, so every rank still has a shard.
+      off = layout.group_multiple;
+      groups_.emplace_back(0, off);
+      group_params_.emplace_back();
+    }
+    return off;
+  };
+  int64_t cap = 0;  // FlatLayout::group_cap of the whole layout, 0: none
+  if (layout.group_multiple > 0 && layout.group_cap) {
+    int64_t total = 0;
+    for (const auto& r : param_refs_) total += AlignUp(r.shape.numel());
+    cap = std::max<int64_t>(layout.group_cap(total), 0);
   }
-  if (layout.group_multiple > 0 && groups_.empty()) {
-    // No parameters at all: one group of padding, so every rank still has a shard.
-    off = layout.group_multiple;
-    groups_.emplace_back(0, off);
-    group_params_.emplace_back();
-  }
+  int64_t off = lay_out(cap);
+  // A layout without flat gradients that FlatLayout::keep_flat_grads turns down keeps them, and
+  // the groups it would have had without the cap (those of dist.shard = "optimizer").
+  const bool flat_grads =
+      layout.flat_grads || (layout.keep_flat_grads && layout.keep_flat_grads(groups_));
+  if (flat_grads && !layout.flat_grads && cap > 0) off = lay_out(0);
   flat_floats_ = std::max<int64_t>(off, 1);
   std::vector<int64_t> boff;
   const int64_t btotal = LayoutReverse(buffer_refs_, &boff);
   params_ = backend_.Zeros(Shape{flat_floats_}, DType::kF32, "parameters (flat)");
-  grads_ = layout.flat_grads ? backend_.Zeros(Shape{flat_floats_}, DType::kF32, "gradients (flat)")
-                             : Tensor();
+  grads_ =
+      flat_grads ? backend_.Zeros(Shape{flat_floats_}, DType::kF32, "gradients (flat)") : Tensor();
   buffers_ = backend_.Zeros(Shape{btotal}, DType::kF32, "buffers (flat)");
   named_params_.clear();
   named_grads_.clear();
@@ -120,7 +150,7 @@ void Model::Setup(int64_t max_batch, Precision precision, const FlatLayout& layo
     const auto at = static_cast<size_t>(param_offsets_[i]) * 4;
     *r.value = params_.View(r.shape, at);
     named_params_.push_back({r.name, *r.value, param_offsets_[i]});
-    if (layout.flat_grads) {
+    if (flat_grads) {
       *r.grad = grads_.View(r.shape, at);
       named_grads_.push_back({r.name, *r.grad, param_offsets_[i]});
     }

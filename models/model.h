@@ -33,6 +33,14 @@ struct FlatLayout {
   int64_t group_multiple = 0;  // 0: no groups
   int64_t first_group_floats = 0, group_floats = 0;
   bool flat_grads = true;
+  // With groups: the most floats a group of several nodes may hold, given the whole layout's
+  // floats; a group closes before a node that would take it past that (a node larger than it
+  // is a group of its own). Unset: no cap.
+  std::function<int64_t(int64_t total_floats)> group_cap;
+  // Without flat_grads: asked once the groups are known; true keeps the flat gradient buffer
+  // after all, and lays the groups out again without group_cap (dist.shard = "gradients"
+  // where its scratch would cost more than it saves runs as "optimizer").
+  std::function<bool(const std::vector<std::pair<int64_t, int64_t>>& groups)> keep_flat_grads;
 };
 
 class Model {

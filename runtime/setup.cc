@@ -414,6 +414,10 @@ void Trainer::SetupModel() {
   }
   if (sharded) {
     sharded_ = std::make_unique<ShardedReducer>(be_, comm_, *model_, cfg_.dist.shard);
+    if (sharded_->mode() != cfg_.dist.shard && !setup_noted_shard_) {
+      setup_noted_shard_ = true;
+      Say(kGradientsRunAsOptimizer);
+    }
   }
   opt_ = std::make_unique<Optimizer>(be_, oc, model_->params(),
                                      sharded ? &sharded_->layout() : nullptr);

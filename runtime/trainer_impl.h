@@ -221,6 +221,7 @@ class Trainer {
   // progress found them, so a step that runs out of memory can run again unchanged.
   Tensor buffers_at_step_;
   bool oom_hook_fired_ = false;
+  bool setup_noted_shard_ = false;  // "gradients runs as optimizer" said once
   std::vector<float> targets_host_;
 
   int64_t step_ = 0;      // optimizer steps done

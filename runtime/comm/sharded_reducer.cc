@@ -18,6 +18,14 @@ FlatLayout ShardedFlatLayout(ShardMode mode, int world, size_t bucket_bytes) {
   l.first_group_floats = (int64_t{1} << 20) / 4;
   l.group_floats = std::max<int64_t>(1, static_cast<int64_t>(bucket_bytes / 4));
   l.flat_grads = mode != ShardMode::kGradients;
+  if (!l.flat_grads) {
+    // Groups small enough that two neighbours fit in what the mode saves (the flat gradients
+    // less this rank's shard), so both may be in flight at once.
+    l.group_cap = [world](int64_t total) { return (total - total / world) / 2; };
+    l.keep_flat_grads = [world](const std::vector<std::pair<int64_t, int64_t>>& groups) {
+      return ShardedGradScratchFloats(groups, world) < 0;
+    };
+  }
   return l;
 }
 
@@ -32,8 +40,15 @@ StateSharding PlanSharding(ShardMode mode, int world) {
 ShardedReducer::ShardedReducer(Backend& be, Communicator& comm, Model& model, ShardMode mode)
     : be_(be), comm_(comm), model_(model), mode_(mode) {
   DPT_CHECK(mode != ShardMode::kNone) << "ShardedReducer without dist.shard";
+  // "gradients" whose scratch would cost more than it saves kept the flat gradient buffer
+  // (ShardedFlatLayout): it runs as "optimizer".
+  if (mode_ == ShardMode::kGradients && model.grads().defined()) mode_ = ShardMode::kOptimizer;
   layout_ = ShardLayout::Make(model.groups(), comm.rank(), comm.size());
   const size_t n = layout_.groups.size();
+  if (!model.groups().empty()) {
+    const int64_t flat = model.groups().back().second;
+    saving_floats_ = flat - flat / std::max(comm.size(), 1);
+  }
   inflight_.resize(n);
   if (mode_ == ShardMode::kGradients) {
     shard_grads_ =
@@ -69,15 +84,22 @@ void ShardedReducer::OnChildStart(size_t c) {
   if (mode_ != ShardMode::kGradients) return;
   const int g = model_.group_of_child(c);
   if (g < 0 || scratch_[static_cast<size_t>(g)].defined()) return;
-  // At most two groups' scratch at once: the one being written and the one being reduced
-  // (what `dptrain plan` counts). An older group still in flight is waited for first; MPI
+  // At most two groups' scratch at once, the one being written and the one being reduced, and
+  // only while both fit in what the mode saves (the flat gradient buffer less this rank's
+  // shard), so that "gradients" never holds more than "optimizer" (ShardedGradScratchFloats,
+  // what `dptrain plan` counts). An older group still in flight is waited for first; MPI
   // progresses a non-blocking collective only inside MPI calls, so it might otherwise wait
   // for Finish() with every group's scratch alive.
-  while (next_ - done_ > 1) {
+  const auto& grp = layout_.groups[static_cast<size_t>(g)];
+  const auto live = [&] {
+    int64_t floats = 0;
+    for (size_t i = done_; i < next_; ++i) floats += scratch_[i].numel();
+    return floats;
+  };
+  while (next_ - done_ > 1 || (next_ > done_ && live() + (grp.end - grp.begin) > saving_floats_)) {
     inflight_[done_]->Wait();
     Complete(done_++);
   }
-  const auto& grp = layout_.groups[static_cast<size_t>(g)];
   Tensor s = be_.Empty(Shape{grp.end - grp.begin}, DType::kF32, "gradients (one group)");
   be_.Zero(&s);  // alignment padding is reduced too
   model_.BindGroupGrads(static_cast<size_t>(g), s);

@@ -8,7 +8,10 @@
 //              from the first backward that writes them until their reduce-scatter completes;
 //              the rank keeps its reduced chunks in a shard-sized buffer (accumulated over
 //              micro-steps), so every micro-step's backward communicates. At most two
-//              groups have scratch at once (the one being written, the one being reduced).
+//              groups have scratch at once (the one being written, the one being reduced),
+//              and only while they fit in what the mode saves; where one group alone does not,
+//              the mode would peak above "optimizer" and runs as "optimizer" (mode() says so).
+//              models/memory_plan.h ShardedGradScratchFloats is the rule.
 #pragma once
 
 #include <memory>
@@ -28,6 +31,7 @@ class ShardedReducer {
   ~ShardedReducer();
 
   const ShardLayout& layout() const { return layout_; }
+  // As it runs: kOptimizer for a "gradients" request that would peak above "optimizer".
   ShardMode mode() const { return mode_; }
 
   // Call before a backward whose gradients are to be reduced; `accumulate`: add to the reduced
@@ -66,9 +70,16 @@ class ShardedReducer {
   std::vector<std::unique_ptr<CommHandle>> inflight_;  // indexed by group
   std::vector<std::unique_ptr<CommHandle>> gathers_;
   size_t next_ = 0, done_ = 0;
+  int64_t saving_floats_ = 0;  // the flat gradient buffer less this rank's shard
   bool accumulate_ = false;
   double last_wait_s_ = 0;
 };
+
+// What training and `dptrain plan` say when "gradients" runs as "optimizer".
+inline constexpr const char* kGradientsRunAsOptimizer =
+    "dist.shard = \"gradients\" runs as \"optimizer\" for this model: one of its gradient groups "
+    "(at least one whole layer's gradients) needs more scratch than sharding the gradients "
+    "saves, so the flat gradient buffer is kept (lowering dist.bucket_mb does not split a layer)";
 
 // The Model layout dist.shard needs on `world` ranks: groups of about `bucket_bytes` (the
 // first 1 MiB), each `world` chunks of whole 64-byte lines; the plain layout when nothing is

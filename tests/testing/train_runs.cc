@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "core/backend_registry.h"
+#include "core/memory/caching_allocator.h"
 
 namespace dptrain::testing {
 
@@ -26,8 +27,12 @@ RunOutcome TrainOnFirstRanks(MpiCommunicator& comm, int world, const TrainConfig
     env.hooks.stop_at_step = options.stop_at_step;
     env.hooks.inf_grad_rank = options.inf_grad_rank;
     env.hooks.inf_grad_step = options.inf_grad_step;
+    CachingAllocator& alloc = env.backend->allocator();
+    const auto before = static_cast<int64_t>(alloc.stats().in_use);
+    alloc.ResetPeak();
     try {
       out.result = Train(cfg, env);
+      out.peak_bytes = static_cast<int64_t>(alloc.stats().peak_in_use) - before;
     } catch (const AgreedError& e) {
       out.exit_code = e.exit_code();
       out.error = e.what();

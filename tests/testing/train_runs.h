@@ -20,6 +20,7 @@ struct RunOutcome {
   TrainResult result;  // final_params are kept
   int exit_code = 0;   // of an AgreedError; 0 when none
   std::string error;
+  int64_t peak_bytes = 0;  // this rank's allocator peak during the run, above what was live before
 };
 
 struct RunOptions {

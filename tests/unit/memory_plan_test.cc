@@ -5,8 +5,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/backend_registry.h"
 #include "models/layers/batch_norm.h"
@@ -15,6 +18,7 @@
 #include "models/zoo/zoo.h"
 #include "runtime/comm/sharded_reducer.h"
 #include "runtime/optim/optimizer.h"
+#include "runtime/run_config.h"
 #include "tests/testing/backends.h"
 
 namespace dptrain {
@@ -129,24 +133,102 @@ TEST(MemoryPlanTest, PerLayerTableNamesLayersAndLargestBatchFits) {
   EXPECT_LE(peak, int64_t{64} << 20) << "micro-batch " << plan.max_micro_batch;
 }
 
-// dist.shard = "gradients": the scratch of two neighbouring gradient groups, no more (the plan
-// once read past the end of the group list and printed petabytes).
-TEST(MemoryPlanTest, GradientShardingCountsTwoGroupsOfScratch) {
+// dist.shard = "gradients": the scratch of two neighbouring gradient groups while they fit in
+// what the mode saves (the flat gradients less this rank's shard), else one (the plan once read
+// past the end of the group list and printed petabytes).
+TEST(MemoryPlanTest, GradientShardingCountsTheGroupsInFlight) {
   Backend& be = GetBackend("cpu");
   for (const int world : {2, 8}) {
     Model m(be, BuildZooModel(be, "resnet18_cifar", 10), Shape{3, 32, 32});
     m.Setup(2, Precision::kF32, ShardedFlatLayout(ShardMode::kGradients, world, size_t{4} << 20));
     ASSERT_GT(m.groups().size(), 1u);
+    ASSERT_FALSE(m.grads().defined()) << "resnet18_cifar's gradients shard on " << world;
     const MemoryPlan p =
         PlanMemory(m, 1, LossKind::kCrossEntropy, 0, PlanSharding(ShardMode::kGradients, world));
-    int64_t largest_pair = 0;
-    for (size_t i = 0; i < m.groups().size(); ++i) {
-      int64_t pair = m.groups()[i].second - m.groups()[i].first;
-      if (i + 1 < m.groups().size()) pair += m.groups()[i + 1].second - m.groups()[i + 1].first;
-      largest_pair = std::max(largest_pair, pair);
+    const auto& g = m.groups();
+    const int64_t flat = g.back().second, saving = flat - flat / world;
+    int64_t most = 0;
+    for (size_t i = 0; i < g.size(); ++i) {
+      const int64_t one = g[i].second - g[i].first;
+      const int64_t two = i + 1 < g.size() ? one + g[i + 1].second - g[i + 1].first : one;
+      EXPECT_LE(2 * one, saving + 64 * world) << "group " << i << ": capped at half the saving";
+      most = std::max(most, two <= saving ? two : one);
     }
-    EXPECT_EQ(p.grad_scratch, 4 * largest_pair) << world << " ranks";
+    EXPECT_EQ(p.grad_scratch, 4 * most) << world << " ranks";
+    EXPECT_EQ(p.shard, "gradients");
     EXPECT_LT(p.total, int64_t{1} << 30) << world << " ranks";
+  }
+}
+
+TEST(MemoryPlanTest, ShardedGradScratchIsTheSavingsRule) {
+  using Groups = std::vector<std::pair<int64_t, int64_t>>;
+  // 2 ranks, 160 floats: the mode saves 80. Neighbours 40 + 40 fit; 40 + 60 do not.
+  EXPECT_EQ(ShardedGradScratchFloats(Groups{{0, 40}, {40, 80}, {80, 100}, {100, 160}}, 2), 80);
+  EXPECT_EQ(ShardedGradScratchFloats(Groups{{0, 20}, {20, 60}, {60, 120}, {120, 160}}, 2), 60);
+  // One group larger than the saving: -1, the mode would peak above "optimizer".
+  EXPECT_EQ(ShardedGradScratchFloats(Groups{{0, 16}, {16, 112}, {112, 128}}, 2), -1);
+  // More ranks save more: 4 ranks save 96 of 128.
+  EXPECT_EQ(ShardedGradScratchFloats(Groups{{0, 16}, {16, 112}, {112, 128}}, 4), 96);
+  EXPECT_EQ(ShardedGradScratchFloats(Groups{{0, 128}}, 1), 0);
+}
+
+// Issue 63: at the default dist.bucket_mb, the plan for "gradients" never exceeds the plan for
+// "optimizer": where one layer's gradients are more than sharding them saves (a 784-4096-4096-10
+// MLP on 4 ranks, 20 MiB above "optimizer" before), the model keeps its flat gradients, laid out
+// as "optimizer" lays them out, and the plan says "gradients, run as optimizer".
+TEST(MemoryPlanTest, GradientsNeverPlansAboveOptimizer) {
+  Backend& be = GetBackend("cpu");
+  const auto mlp = [](int64_t width, int hidden) {
+    ModelConfig m;
+    m.classes = 10;
+    const auto layer = [](const char* type, int64_t out = 0) {
+      LayerSpec l;
+      l.type = type;
+      l.out = out;
+      return l;
+    };
+    m.layers.push_back(layer("flatten"));
+    for (int i = 0; i < hidden; ++i) {
+      m.layers.push_back(layer("linear", width));
+      m.layers.push_back(layer("relu"));
+    }
+    m.layers.push_back(layer("linear", 10));
+    return m;
+  };
+  ModelConfig ref_cnn, resnet8, resnet18;
+  ref_cnn.name = "ref_cnn";
+  resnet8.name = "resnet8";
+  resnet18.name = "resnet18_cifar";
+  const std::vector<std::pair<ModelConfig, bool>> models = {{mlp(4096, 2), false},
+                                                            {mlp(2048, 4), true},
+                                                            {ref_cnn, false},
+                                                            {resnet8, true},
+                                                            {resnet18, true}};
+  for (const auto& [mc, shards_on_4] : models) {
+    const Shape in = mc.name.empty() ? Shape{1, 28, 28} : DefaultInputShape(mc.name);
+    for (const int world : {2, 4, 8}) {
+      int64_t total[2] = {0, 0};
+      std::string runs_as;
+      for (int i = 0; i < 2; ++i) {
+        const ShardMode mode = i == 0 ? ShardMode::kOptimizer : ShardMode::kGradients;
+        Model m(be, BuildNet(be, mc, MemoryConfig{}, in), in);
+        m.Setup(4, Precision::kF32, ShardedFlatLayout(mode, world, size_t{25} << 20));
+        const MemoryPlan p =
+            PlanMemory(m, 2, LossKind::kCrossEntropy, 0, PlanSharding(mode, world));
+        total[i] = p.total;
+        runs_as = p.shard;
+      }
+      const std::string what = (mc.name.empty() ? "mlp" : mc.name) + " on " +
+                               std::to_string(world) + " ranks (" + runs_as + ")";
+      EXPECT_LE(total[1], total[0]) << what;
+      if (world == 4 && shards_on_4) {
+        EXPECT_EQ(runs_as, "gradients") << what;
+        EXPECT_LT(total[1], total[0]) << what;
+      }
+      if (world == 4 && !shards_on_4) {
+        EXPECT_EQ(runs_as, "gradients, run as optimizer") << what;
+      }
+    }
   }
 }
 
