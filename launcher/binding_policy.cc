@@ -297,6 +297,26 @@ std::string FindSharedGpu(const std::vector<BoundDevice>& rows) {
        << "ranks per host";
     return os.str();
   }
+  // Two MIG instances of one GPU are two CUDA devices, but NCCL (which carries every GPU run's
+  // gradients) identifies a GPU by host and PCI bus id, which they share: ncclCommInitRank
+  // refuses them ("Duplicate GPU detected", NCCL 2.28 as installed; MIG is not supported,
+  // NVIDIA/nccl issue 1716). Say so before NCCL starts.
+  std::map<std::string, size_t> mig;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const BoundDevice& d = rows[i];
+    if (d.uuid.rfind("MIG-", 0) != 0 || d.pci_bus_id.empty()) continue;
+    auto [it, fresh] = mig.emplace(d.host + " bus " + d.pci_bus_id, i);
+    if (fresh) continue;
+    const BoundDevice& a = rows[it->second];
+    std::ostringstream os;
+    os << "ranks " << a.rank << " and " << d.rank << " use two MIG instances of one GPU (" << a.uuid
+       << " and " << d.uuid << ", bus id " << d.pci_bus_id << ", host " << d.host
+       << "): NCCL, which reduces the gradients of a GPU run, identifies a GPU by its bus id and "
+       << "refuses two ranks on one (\"Duplicate GPU detected\"; it does not support MIG "
+       << "instances of one GPU in a communicator). Give each rank a MIG instance of a different "
+       << "GPU or a whole GPU, or train with one rank on one instance";
+    return os.str();
+  }
   return "";
 }
 

@@ -163,17 +163,29 @@ TEST(DeviceBindingTest, TwoRanksOnOneGpuNamesBoth) {
 }
 
 // Two MIG instances of one GPU share its PCI bus id but have their own MIG UUIDs (the CUDA
-// backend names a MIG instance by cuDeviceGetUuid_v2): they are two devices, not one GPU shared.
-TEST(DeviceBindingTest, TwoMigInstancesOfOneGpuAreTwoDevices) {
+// backend names a MIG instance by cuDeviceGetUuid_v2): two CUDA devices, but NCCL identifies a
+// GPU by host and bus id and refuses them ("Duplicate GPU detected"; issue 63): the binding check
+// says so before NCCL starts. Instances of two GPUs, or on two hosts, pass.
+TEST(DeviceBindingTest, TwoMigInstancesOfOneGpuAreRefusedBeforeNccl) {
   const char* mig_a = "MIG-9b2f33a8-4d53-5c7e-a1f2-0c4b1e2d3f40";
   const char* mig_b = "MIG-5e61c2d0-7a8b-5f19-b3c4-d5e6f7a8b9c0";
   std::vector<BoundDevice> rows = {
       {0, "node-a", 0, mig_a, "NVIDIA A100 MIG 3g.40gb", mig_a, "00000000:1B:00.0"},
       {1, "node-a", 1, mig_b, "NVIDIA A100 MIG 3g.40gb", mig_b, "00000000:1B:00.0"},
   };
+  EXPECT_THAT(
+      FindSharedGpu(rows),
+      AllOf(HasSubstr("ranks 0 and 1 use two MIG instances of one GPU"), HasSubstr(mig_a),
+            HasSubstr(mig_b), HasSubstr("00000000:1B:00.0"), HasSubstr("Duplicate GPU detected")));
+  rows[1].pci_bus_id = "00000000:43:00.0";  // an instance of another GPU
   EXPECT_EQ(FindSharedGpu(rows), "");
-  rows[1].uuid = mig_a;  // the same instance twice is still caught
-  EXPECT_THAT(FindSharedGpu(rows), AllOf(HasSubstr("ranks 0 and 1"), HasSubstr(mig_a)));
+  rows[1].pci_bus_id = rows[0].pci_bus_id;
+  rows[1].host = "node-b";  // the same bus id on another host
+  EXPECT_EQ(FindSharedGpu(rows), "");
+  rows[1].host = "node-a";
+  rows[1].uuid = mig_a;  // the same instance twice is the plain shared-GPU error
+  EXPECT_THAT(FindSharedGpu(rows),
+              AllOf(HasSubstr("ranks 0 and 1 are on the same GPU"), HasSubstr(mig_a)));
 }
 
 TEST(DeviceBindingTest, WithoutUuidsTheBusIdPerHostDecides) {
