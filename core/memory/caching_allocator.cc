@@ -6,10 +6,12 @@
 
 #include <algorithm>
 #include <cctype>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <optional>
 #include <sstream>
+#include <thread>
 
 #include "core/error.h"
 
@@ -20,7 +22,7 @@ CachingAllocator::CachingAllocator(std::unique_ptr<RawAllocator> raw, size_t bud
 
 CachingAllocator::~CachingAllocator() {
   std::lock_guard<std::mutex> lock(mu_);
-  EmptyCacheLocked();
+  EmptyCacheLocked(/*wait_for_streams=*/false);  // exit: never wait for another stream
   // Live buffers at exit (static tensors in tests) are leaked on purpose rather than freed
   // under their owners, and so are blocks another stream may still use (pending_).
 }
@@ -182,10 +184,31 @@ void CachingAllocator::EmptyCache() {
   EmptyCacheLocked();
 }
 
-void CachingAllocator::EmptyCacheLocked() {
-  // Blocks still fenced stay reserved: freeing them could hand the memory to the device's next
-  // allocation while another stream still uses it (and waiting could hang behind a stuck
-  // collective, which the watchdog handles).
+bool CachingAllocator::FencesOutstandingLocked() {
+  for (const Pending& p : pending_) {
+    for (void* f : p.fences) {
+      if (!raw_->FenceDone(f)) return true;
+    }
+  }
+  for (const auto& [ptr, live] : live_) {
+    for (const auto& [stream, fence] : live.used_until) {
+      if (!raw_->FenceDone(fence)) return true;
+    }
+  }
+  return false;
+}
+
+void CachingAllocator::EmptyCacheLocked(bool wait_for_streams) {
+  // Not while other streams' work is in flight (an NCCL collective: issue 63). The device's free
+  // (cudaFree) waits for the whole device, so it would block here, with this lock held, behind
+  // the collective; and with a peer dead, until the collective's deadline aborts it. Waiting for
+  // the fences first makes that wait explicit and bounded by the same deadlines (the
+  // DeadlineMonitor aborts the communicator, its kernels exit, the fences pass). Blocks still
+  // fenced stay reserved: freeing them could hand the memory to the device's next allocation
+  // while another stream still uses it.
+  while (wait_for_streams && FencesOutstandingLocked()) {
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
   ReclaimPendingLocked();
   for (auto& [size, ptr] : free_blocks_) {
     raw_->Free(ptr);

@@ -100,8 +100,10 @@ class CachingAllocator {
 
  private:
   void* AllocLocked(size_t block);
-  void EmptyCacheLocked();
-  void ReclaimPendingLocked();  // fenced blocks whose fences passed -> free_blocks_
+  // wait_for_streams: first wait for other streams' fenced work (cudaFree would anyway).
+  void EmptyCacheLocked(bool wait_for_streams = true);
+  void ReclaimPendingLocked();     // fenced blocks whose fences passed -> free_blocks_
+  bool FencesOutstandingLocked();  // other streams' fenced work not yet done
   std::string ReportLockedUnsafe(size_t top) const;  // mu_ held
 
   std::unique_ptr<RawAllocator> raw_;

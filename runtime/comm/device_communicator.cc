@@ -3,7 +3,10 @@
 // from dptrain_backends), nothing for host memory.
 #include "runtime/comm/device_communicator.h"
 
+#include <cstdio>
+
 #include "core/error.h"
+#include "runtime/comm/deadline_monitor.h"
 #if DPTRAIN_HAS_CUDA
 #include "runtime/comm/nccl_communicator.h"
 #endif
@@ -27,7 +30,13 @@ std::unique_ptr<Communicator> CreateDeviceCommunicator(Backend& backend, MpiComm
 
 void AbortDeviceCommunicators() noexcept {
 #if DPTRAIN_HAS_CUDA
-  AbortNcclCommunicators();
+  // ncclCommAbort can block in network teardown; MPI_Abort comes next and must not wait for it.
+  if (!CallWithDeadline([] { AbortNcclCommunicators(); }, kDeviceAbortDeadlineS)) {
+    std::fprintf(stderr,
+                 "dptrain: warning: ncclCommAbort did not return within %.0f s; ending the job "
+                 "without it\n",
+                 kDeviceAbortDeadlineS);
+  }
 #endif
 }
 

@@ -21,8 +21,11 @@ std::unique_ptr<Communicator> CreateDeviceCommunicator(Backend& backend, MpiComm
                                                        double timeout_s);
 
 // Aborts every device communicator of this process (main's error path, before MPI_Abort, so
-// peers are not left spinning in NCCL kernels). Never throws, never waits for peers.
+// peers are not left spinning in NCCL kernels). Never throws, never waits for peers, and returns
+// within kDeviceAbortDeadlineS even when ncclCommAbort does not (it can block in network
+// teardown): a warning, and the job ends without it.
 void AbortDeviceCommunicators() noexcept;
+inline constexpr double kDeviceAbortDeadlineS = 10.0;
 
 // Owns the device communicator on the launcher's stack and decides how it ends:
 //  - destroyed normally (the run finished on every rank): the communicator's own destructor

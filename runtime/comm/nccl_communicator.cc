@@ -13,9 +13,11 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <exception>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <sstream>
@@ -26,6 +28,7 @@
 #include "core/cuda/cuda_interop.h"
 #include "core/error.h"
 #include "core/memory/caching_allocator.h"
+#include "runtime/comm/deadline_monitor.h"
 
 namespace dptrain {
 namespace {
@@ -75,6 +78,30 @@ void CheckDeviceTensor(const Tensor& t, const char* what) {
 
 class NcclCommunicator;
 
+// What a communicator shares with the deadline monitor's thread, which may abort it while the
+// main thread is anywhere (issue 63): every use of `comm` holds `mu` (on a non-blocking
+// communicator NCCL calls return at once, so the lock is short), and an abort takes `comm` out
+// under `mu` before it calls ncclCommAbort, so no call can use the freed communicator.
+struct NcclState {
+  std::mutex mu;
+  ncclComm_t comm = nullptr;
+  std::atomic<bool> aborted{false};
+  std::string expired;  // under mu: what the monitor aborted at its deadline ("" otherwise)
+};
+
+// ncclCommAbort, once; `expired` (may be null): the collective whose deadline passed.
+void AbortState(NcclState& st, const std::string* expired) noexcept {
+  ncclComm_t c = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(st.mu);
+    if (expired != nullptr && st.expired.empty() && st.comm != nullptr) st.expired = *expired;
+    c = st.comm;
+    st.comm = nullptr;
+    if (c != nullptr) st.aborted = true;
+  }
+  if (c != nullptr) ncclCommAbort(c);
+}
+
 // Live communicators, for AbortNcclCommunicators() on main's error path.
 std::mutex g_live_mu;
 std::set<NcclCommunicator*>& Live() {
@@ -113,14 +140,18 @@ class NcclCommunicator final : public Communicator {
   std::unique_ptr<Communicator> Split(int color) override;
 
   // ---- for handles ----
-  // The compute stream waits for `done`; the host blocks until it completed (bounded).
-  void WaitDone(cudaEvent_t done, const std::string& what);
+  // The compute stream waits for `done`; the host blocks until it completed or `deadline`
+  // passed (the collective's own, from when it was queued: waiting for N handles in turn takes
+  // at most the timeout after the last was queued, not N timeouts).
+  void WaitDone(cudaEvent_t done, const std::string& what, Clock::time_point deadline);
   // Whether `done` completed; throws on an asynchronous NCCL error.
   bool Query(cudaEvent_t done, const std::string& what);
   // Waits for `done` without throwing; on error or timeout aborts the communicator and returns
   // false.
   bool DrainNoThrow(cudaEvent_t done) noexcept;
-  void Abort() noexcept;
+  void Abort() noexcept { AbortState(*st_, nullptr); }
+  const std::shared_ptr<NcclState>& state() const { return st_; }
+  double timeout_s() const { return timeout_s_; }
 
  private:
   // A call's result: ncclInProgress is polled until settled; errors abort and throw.
@@ -129,6 +160,10 @@ class NcclCommunicator final : public Communicator {
   [[noreturn]] void Fail(ncclResult_t r, const std::string& what);
   [[noreturn]] void TimedOut(const std::string& what, double waited);
   void CheckUsable() const;
+  // Runs call(comm) under the state's lock; throws CommError when the communicator is aborted.
+  template <class F>
+  ncclResult_t Call(F call);
+  [[noreturn]] void ThrowAborted() const;  // st_->mu held
   // The communication stream waits for the work queued so far on the compute stream.
   void AfterCompute();
   // A new event recorded on the communication stream after the collective just queued.
@@ -144,8 +179,7 @@ class NcclCommunicator final : public Communicator {
   std::unique_ptr<MpiCommunicator> owned_;
   double timeout_s_;
   int rank_ = 0, size_ = 1;
-  ncclComm_t comm_ = nullptr;
-  bool aborted_ = false;
+  std::shared_ptr<NcclState> st_ = std::make_shared<NcclState>();
   cudaStream_t stream_ = nullptr;
   cudaEvent_t ready_ = nullptr;
   // Exceptions in flight when this communicator was made: more at destruction means stack
@@ -153,13 +187,29 @@ class NcclCommunicator final : public Communicator {
   int uncaught_at_start_ = std::uncaught_exceptions();
 };
 
+// A collective in flight. Its deadline (dist.collective_timeout_s from when it was queued) is
+// watched by the process's DeadlineMonitor, which aborts the communicator when it passes, so a
+// dead peer ends in an error even while the main thread is blocked in a CUDA call that waits for
+// the device (cudaFree, cudaDeviceSynchronize): NCCL's kernels exit on ncclCommAbort.
 class NcclHandle final : public CommHandle {
  public:
   NcclHandle(NcclCommunicator* comm, cudaEvent_t done, Tensor keep, std::string what)
-      : comm_(comm), done_(done), keep_(std::move(keep)), what_(std::move(what)) {}
+      : comm_(comm),
+        done_(done),
+        keep_(std::move(keep)),
+        what_(std::move(what)),
+        deadline_(Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                     std::chrono::duration<double>(comm->timeout_s()))) {
+    if (done_ == nullptr) return;
+    std::shared_ptr<NcclState> st = comm->state();
+    watch_ =
+        DeadlineMonitor::Shared().Watch(deadline_, [st, what = what_] { AbortState(*st, &what); });
+  }
   ~NcclHandle() override {
     if (done_ == nullptr) return;
-    if (!waited_ && !comm_->DrainNoThrow(done_)) {
+    const bool drained = waited_ || comm_->DrainNoThrow(done_);
+    DeadlineMonitor::Shared().Done(watch_);
+    if (!drained) {
       // NCCL may still write the buffer: never hand it back to the allocator.
       std::lock_guard<std::mutex> lock(g_orphans_mu);
       Orphans().push_back(std::move(keep_));
@@ -172,8 +222,9 @@ class NcclHandle final : public CommHandle {
 
   void Wait() override {
     if (done_ == nullptr || waited_) return;
-    comm_->WaitDone(done_, what_);
+    comm_->WaitDone(done_, what_, deadline_);
     waited_ = true;
+    DeadlineMonitor::Shared().Done(watch_);
     keep_ = Tensor();
   }
   bool Test() override {
@@ -186,6 +237,8 @@ class NcclHandle final : public CommHandle {
   cudaEvent_t done_;  // null: nothing to wait for (empty tensor)
   Tensor keep_;       // keeps the buffer alive while NCCL uses it
   std::string what_;
+  Clock::time_point deadline_;
+  DeadlineMonitor::Id watch_ = 0;
   bool waited_ = false;
 };
 
@@ -243,7 +296,13 @@ NcclCommunicator::NcclCommunicator(Backend& be, MpiCommunicator& control,
   // 3. Non-blocking initialisation, bounded by the timeout.
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
-  Check(ncclCommInitRankConfig(&comm_, size_, boot.id, rank_, &config), "ncclCommInitRankConfig");
+  ncclComm_t comm = nullptr;
+  const ncclResult_t init = ncclCommInitRankConfig(&comm, size_, boot.id, rank_, &config);
+  {
+    std::lock_guard<std::mutex> lock(st_->mu);
+    st_->comm = comm;
+  }
+  Check(init, "ncclCommInitRankConfig");
 
   try {
     int least = 0, greatest = 0;
@@ -270,9 +329,12 @@ NcclCommunicator::~NcclCommunicator() {
     // error (and its message) for dist.collective_timeout_s. ncclCommAbort waits for no peer.
     Abort();
   }
-  if (comm_ != nullptr && !aborted_) {
+  std::unique_lock<std::mutex> lock(st_->mu);  // the monitor aborts under it
+  if (st_->comm != nullptr && !st_->aborted) {
     // Let queued collectives finish (bounded), then finalize (flushes, waits for peers; bounded)
-    // and destroy; anything that does not settle in time is aborted instead.
+    // and destroy; anything that does not settle in time is aborted instead. No handle is left,
+    // so the monitor holds no deadline of this communicator.
+    ncclComm_t comm = st_->comm;
     const auto start = Clock::now();
     bool clean = true;
     while (stream_ != nullptr) {
@@ -286,20 +348,22 @@ NcclCommunicator::~NcclCommunicator() {
       std::this_thread::sleep_for(std::chrono::microseconds(100));
     }
     if (clean) {
-      ncclResult_t r = ncclCommFinalize(comm_);
+      ncclResult_t r = ncclCommFinalize(comm);
       while (r == ncclInProgress && Seconds(start) <= timeout_s_) {
         std::this_thread::sleep_for(std::chrono::microseconds(100));
-        if (ncclCommGetAsyncError(comm_, &r) != ncclSuccess) r = ncclInternalError;
+        if (ncclCommGetAsyncError(comm, &r) != ncclSuccess) r = ncclInternalError;
       }
       clean = r == ncclSuccess;
     }
     if (clean) {
-      ncclCommDestroy(comm_);
+      ncclCommDestroy(comm);
     } else {
-      ncclCommAbort(comm_);
+      ncclCommAbort(comm);
+      st_->aborted = true;
     }
-    comm_ = nullptr;
+    st_->comm = nullptr;
   }
+  lock.unlock();
   if (ready_ != nullptr) DPT_CUDA_WARN(cudaEventDestroy(ready_));
   if (stream_ != nullptr) {
     // Tensors that outlive this communicator (a Split's buckets, orphans of an abort) must not
@@ -309,26 +373,38 @@ NcclCommunicator::~NcclCommunicator() {
   }
 }
 
-void NcclCommunicator::Abort() noexcept {
-  // ncclCommAbort frees the communicator: comm_ must never be used again.
-  if (comm_ != nullptr && !aborted_) {
-    ncclComm_t c = comm_;
-    comm_ = nullptr;
-    aborted_ = true;
-    ncclCommAbort(c);
-  }
+void NcclCommunicator::CheckUsable() const {
+  std::lock_guard<std::mutex> lock(st_->mu);
+  if (st_->comm == nullptr || st_->aborted) ThrowAborted();
 }
 
-void NcclCommunicator::CheckUsable() const {
-  DPT_CHECK_AS(CommError, comm_ != nullptr && !aborted_)
-      << "the NCCL communicator was aborted after an earlier error or timeout";
+void NcclCommunicator::ThrowAborted() const {
+  if (!st_->expired.empty()) {
+    DPT_THROW(CommError) << st_->expired
+                         << " did not complete within dist.collective_timeout_s = " << timeout_s_
+                         << " s: a peer rank has probably died, hung or fallen "
+                         << "behind; the NCCL communicator was aborted at the deadline. "
+                         << "NCCL_DEBUG=INFO shows the connections NCCL made; docs/gpu.md lists "
+                         << "the usual causes";
+  }
+  DPT_THROW(CommError) << "the NCCL communicator was aborted after an earlier error or timeout";
+}
+
+template <class F>
+ncclResult_t NcclCommunicator::Call(F call) {
+  std::lock_guard<std::mutex> lock(st_->mu);
+  if (st_->comm == nullptr || st_->aborted) ThrowAborted();
+  return call(st_->comm);
 }
 
 void NcclCommunicator::Fail(ncclResult_t r, const std::string& what) {
   std::string text = cuda::detail::NcclResultText(static_cast<int>(r));
-  if (comm_ != nullptr) {
-    const char* last = ncclGetLastError(comm_);
-    if (last != nullptr && last[0] != '\0') text += std::string(" [") + last + "]";
+  {
+    std::lock_guard<std::mutex> lock(st_->mu);
+    if (st_->comm != nullptr) {
+      const char* last = ncclGetLastError(st_->comm);
+      if (last != nullptr && last[0] != '\0') text += std::string(" [") + last + "]";
+    }
   }
   Abort();
   DPT_THROW(NcclError) << what << ": " << text << " (rank " << rank_ << " of " << size_
@@ -348,7 +424,7 @@ void NcclCommunicator::WaitIdle(const char* what) {
   const auto start = Clock::now();
   while (true) {
     ncclResult_t state = ncclSuccess;
-    const ncclResult_t r = ncclCommGetAsyncError(comm_, &state);
+    const ncclResult_t r = Call([&](ncclComm_t c) { return ncclCommGetAsyncError(c, &state); });
     if (r != ncclSuccess) Fail(r, std::string("ncclCommGetAsyncError after ") + what);
     if (state == ncclSuccess) return;
     if (state != ncclInProgress) Fail(state, what);
@@ -392,21 +468,23 @@ bool NcclCommunicator::Query(cudaEvent_t done, const std::string& what) {
     DPT_THROW(CudaError) << "waiting for " << what << ": " << cuda::detail::CudaErrorText(q);
   }
   ncclResult_t state = ncclSuccess;
-  const ncclResult_t r = ncclCommGetAsyncError(comm_, &state);
+  const ncclResult_t r = Call([&](ncclComm_t c) { return ncclCommGetAsyncError(c, &state); });
   if (r != ncclSuccess) Fail(r, "ncclCommGetAsyncError during " + what);
   if (state != ncclSuccess && state != ncclInProgress) Fail(state, what);
   return false;
 }
 
-void NcclCommunicator::WaitDone(cudaEvent_t done, const std::string& what) {
+void NcclCommunicator::WaitDone(cudaEvent_t done, const std::string& what,
+                                Clock::time_point deadline) {
   CheckUsable();
   // Later compute-stream work (the optimizer step reading the reduced gradients) waits on the
-  // GPU; the host also waits, so a hang becomes an error after the timeout.
+  // GPU; the host also waits, so a hang becomes an error at the collective's deadline (here, or
+  // on the monitor's thread when this one is blocked elsewhere).
   DPT_CUDA_CHECK(cudaStreamWaitEvent(cuda::ComputeStreamOf(be_), done, 0));
-  const auto start = Clock::now();
+  const auto queued = deadline - std::chrono::duration_cast<Clock::duration>(
+                                     std::chrono::duration<double>(timeout_s_));
   for (int spins = 0; !Query(done, what); ++spins) {
-    const double waited = Seconds(start);
-    if (waited > timeout_s_) TimedOut(what, waited);
+    if (Clock::now() > deadline) TimedOut(what, Seconds(queued));
     if (spins < 2000) {
       std::this_thread::yield();
     } else {
@@ -420,7 +498,7 @@ bool NcclCommunicator::DrainNoThrow(cudaEvent_t done) noexcept {
   while (true) {
     const cudaError_t q = cudaEventQuery(done);
     if (q == cudaSuccess) return true;
-    if (q != cudaErrorNotReady || aborted_ || Seconds(start) > timeout_s_) {
+    if (q != cudaErrorNotReady || st_->aborted || Seconds(start) > timeout_s_) {
       (void)cudaGetLastError();
       Abort();
       return false;
@@ -439,8 +517,10 @@ std::unique_ptr<CommHandle> NcclCommunicator::AllReduceAsync(Tensor* t, ReduceOp
   if (t->numel() == 0) return std::make_unique<NcclHandle>(this, nullptr, Tensor(), what.str());
   t->buffer()->RecordStream(stream_);  // its block waits for this stream before any reuse
   AfterCompute();
-  Check(ncclAllReduce(t->raw(), t->raw(), static_cast<size_t>(t->numel()), NcclType(t->dtype()),
-                      NcclOp(op), comm_, stream_),
+  Check(Call([&](ncclComm_t c) {
+          return ncclAllReduce(t->raw(), t->raw(), static_cast<size_t>(t->numel()),
+                               NcclType(t->dtype()), NcclOp(op), c, stream_);
+        }),
         "ncclAllReduce");
   t->buffer()->FenceStreamUse(stream_);  // released early, it waits for this collective only
   return std::make_unique<NcclHandle>(this, RecordDone(), *t, what.str());
@@ -453,7 +533,9 @@ void NcclCommunicator::Broadcast(Tensor* t, int root) {
   if (t->bytes() == 0) return;
   t->buffer()->RecordStream(stream_);
   AfterCompute();
-  Check(ncclBroadcast(t->raw(), t->raw(), t->bytes(), ncclUint8, root, comm_, stream_),
+  Check(Call([&](ncclComm_t c) {
+          return ncclBroadcast(t->raw(), t->raw(), t->bytes(), ncclUint8, root, c, stream_);
+        }),
         "ncclBroadcast");
   NcclHandle h(this, RecordDone(), *t,
                "NCCL broadcast of " + std::to_string(t->bytes()) + " bytes");
@@ -470,7 +552,9 @@ void NcclCommunicator::AllGather(const Tensor& in, Tensor* out) {
   in.buffer()->RecordStream(stream_);
   out->buffer()->RecordStream(stream_);
   AfterCompute();
-  Check(ncclAllGather(in.raw(), out->raw(), in.bytes(), ncclUint8, comm_, stream_),
+  Check(Call([&](ncclComm_t c) {
+          return ncclAllGather(in.raw(), out->raw(), in.bytes(), ncclUint8, c, stream_);
+        }),
         "ncclAllGather");
   NcclHandle h(this, RecordDone(), *out,
                "NCCL allgather of " + std::to_string(in.bytes()) + " bytes per rank");
@@ -503,14 +587,19 @@ std::unique_ptr<CommHandle> NcclCommunicator::InPlaceChunks(Tensor* t, const cha
 // buffer, the all-gather's send buffer is chunk rank() of its receive buffer.
 std::unique_ptr<CommHandle> NcclCommunicator::ReduceScatterAsync(Tensor* t, ReduceOp op) {
   return InPlaceChunks(t, "reduce-scatter", [&](float* base, float* mine, size_t chunk) {
-    Check(ncclReduceScatter(base, mine, chunk, ncclFloat32, NcclOp(op), comm_, stream_),
+    Check(Call([&](ncclComm_t c) {
+            return ncclReduceScatter(base, mine, chunk, ncclFloat32, NcclOp(op), c, stream_);
+          }),
           "ncclReduceScatter");
   });
 }
 
 std::unique_ptr<CommHandle> NcclCommunicator::AllGatherAsync(Tensor* t) {
   return InPlaceChunks(t, "all-gather", [&](float* base, float* mine, size_t chunk) {
-    Check(ncclAllGather(mine, base, chunk, ncclFloat32, comm_, stream_), "ncclAllGather");
+    Check(Call([&](ncclComm_t c) {
+            return ncclAllGather(mine, base, chunk, ncclFloat32, c, stream_);
+          }),
+          "ncclAllGather");
   });
 }
 
@@ -531,8 +620,16 @@ std::unique_ptr<Communicator> CreateNcclCommunicator(Backend& backend, MpiCommun
 }
 
 void AbortNcclCommunicators() noexcept {
-  std::lock_guard<std::mutex> lock(g_live_mu);
-  for (NcclCommunicator* c : Live()) c->Abort();
+  // The states, then the aborts without the lock: a communicator destroyed meanwhile (its
+  // destructor takes the lock) must not wait for an ncclCommAbort stuck in network teardown.
+  std::vector<std::shared_ptr<NcclState>> states;
+  try {
+    std::lock_guard<std::mutex> lock(g_live_mu);
+    for (NcclCommunicator* c : Live()) states.push_back(c->state());
+  } catch (...) {
+    return;  // no memory for the list: nothing to abort with
+  }
+  for (const auto& st : states) AbortState(*st, nullptr);
 }
 
 }  // namespace dptrain

@@ -3,7 +3,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
+#include <thread>
 #include <vector>
 
 #include "core/error.h"
@@ -145,12 +148,8 @@ TEST(AllocatorTest, BlocksUsedByAnotherStreamWaitForItsFence) {
   EXPECT_EQ(r->fences[0].stream, comm_stream);
   EXPECT_EQ(a.stats().in_use, 0u);
   EXPECT_EQ(a.stats().reserved, size_t{1} << 20) << "still reserved while fenced";
-  {
-    auto next = a.Allocate(1 << 20, "activation");
-    EXPECT_NE(next->data(), old) << "reused while the other stream may still read it";
-  }
-  a.EmptyCache();  // frees "activation"'s block; the fenced one stays
-  EXPECT_EQ(a.stats().reserved, size_t{1} << 20);
+  auto next = a.Allocate(1 << 20, "activation");
+  EXPECT_NE(next->data(), old) << "reused while the other stream may still read it";
   r->fences[0].done = true;
   auto again = a.Allocate(1 << 20, "activation");
   EXPECT_EQ(again->data(), old) << "reused once the fence passed";
@@ -251,6 +250,48 @@ TEST(AllocatorTest, ForgottenStreamKeepsTheFenceOfItsLastUse) {
   EXPECT_NE(held->data(), old);
   r->fences[0].done = true;
   EXPECT_EQ(a.Allocate(1 << 20, "y")->data(), old);
+}
+
+// Issue 63: emptying the cache frees device memory (cudaFree), which waits for the whole
+// device; with a collective in flight it would block behind it. The cache is not emptied until
+// the other streams' fenced work is done.
+class OneFenceRaw final : public RawAllocator {
+ public:
+  void* Alloc(size_t bytes) noexcept override { return std::aligned_alloc(64, bytes); }
+  void Free(void* p) noexcept override {
+    std::free(p);
+    ++frees;
+    freed_while_busy = freed_while_busy || !done.load();
+  }
+  Device device() const override { return Device::kCuda; }
+  void* RecordFence(void*) noexcept override { return this; }
+  bool FenceDone(void*) noexcept override { return done.load(); }
+  std::atomic<bool> done{false};
+  int frees = 0;
+  bool freed_while_busy = false;
+};
+
+TEST(AllocatorTest, CacheIsNotEmptiedWhileACollectiveIsInFlight) {
+  auto raw = std::make_unique<OneFenceRaw>();
+  OneFenceRaw* r = raw.get();
+  CachingAllocator a(std::move(raw));
+  void* nccl = reinterpret_cast<void*>(0x5);
+  auto bucket = a.Allocate(1 << 20, "gradient group");
+  bucket->RecordStream(nccl);
+  bucket->FenceStreamUse(nccl);  // its reduce-scatter is queued
+  a.Allocate(4096, "cached");    // released at once: a cached free block
+  std::thread collective([r] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    r->done = true;
+  });
+  const auto start = std::chrono::steady_clock::now();
+  a.EmptyCache();
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  collective.join();
+  EXPECT_GE(waited, 0.09) << "emptied while the collective ran";
+  EXPECT_EQ(r->frees, 1);
+  EXPECT_FALSE(r->freed_while_busy);
 }
 
 TEST(AllocatorTest, BlocksWithoutOtherStreamsNeedNoFence) {
