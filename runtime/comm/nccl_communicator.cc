@@ -201,9 +201,9 @@ class NcclHandle final : public CommHandle {
         deadline_(Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                      std::chrono::duration<double>(comm->timeout_s()))) {
     if (done_ == nullptr) return;
-    std::shared_ptr<NcclState> st = comm->state();
-    watch_ =
-        DeadlineMonitor::Shared().Watch(deadline_, [st, what = what_] { AbortState(*st, &what); });
+    // The state, shared: the communicator may be gone when the deadline passes.
+    watch_ = DeadlineMonitor::Shared().Watch(
+        deadline_, [st = comm->state(), what = what_] { AbortState(*st, &what); });
   }
   ~NcclHandle() override {
     if (done_ == nullptr) return;
