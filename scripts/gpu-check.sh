@@ -10,9 +10,10 @@
 #   2. two ranks on one GPU (150 s): the NCCL and 1-vs-2-rank equivalence tests and the
 #      Fashion-MNIST runs of tests/cuda/fmnist_gpu.sh, both ranks sharing the GPU through the
 #      test hook (NCCL between them over sockets);
-#   3. single-GPU cases (170 s): conformance (/cuda), cuda_tests, in rotation: the cases that ran
+#   3. single-GPU cases (130 s): conformance (/cuda), cuda_tests, in rotation: the cases that ran
 #      longest ago first, as many as fit (docs/gpu-runs/rotation.tsv);
-#   4. speed (110 s): bench/gpu.sh on one model and precision, PyTorch in the same run, the row
+#   4. speed (150 s): bench/gpu.sh on one model and precision, PyTorch's best of 5 processes in
+#      the same run, the row
 #      that ran longest ago (same rotation file).
 #
 #   bash scripts/gpu-check.sh [--bundle DIR | --build DIR] [--out DIR] [--budget S] [--dry-run]
@@ -349,8 +350,8 @@ tier() {
 
 tier 1 environment 30 env.log
 tier 2 "two ranks on one GPU" 150 tier2.log
-tier 3 "single-GPU cases, in rotation" 170 tier3.log
-tier 4 "speed against PyTorch, one row in rotation" 110 tier4.log
+tier 3 "single-GPU cases, in rotation" 130 tier3.log
+tier 4 "speed against PyTorch, one row in rotation" 150 tier4.log
 [[ -f $GC_RUN/rotation.tsv ]] || cp "$GC_STATE" "$GC_RUN/rotation.tsv" 2>/dev/null || true
 echo "gpu-check: $((SECONDS - start))s; the run's files: $GC_RUN" | tee -a "$GC_RUN/summary.txt"
 exit "$failed"
