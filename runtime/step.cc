@@ -5,7 +5,10 @@
 // periodic replica check; the test hooks of runtime/train_hooks.h.
 #include <fmt/format.h>
 
+#include <chrono>
 #include <cmath>
+#include <csignal>
+#include <cstdio>
 #include <limits>
 
 #include "core/error.h"
@@ -223,6 +226,7 @@ bool Trainer::RunMicroSteps(const HostBatch& batch, std::string* oom) {
           [this](size_t c) { sharded_->OnChildStart(c); });
       be_.Synchronize();  // the backward kernels (the collectives run on their own stream)
       bwd_s_ += Since(t0);
+      KillHookInCollective();
       t0 = Clock::now();
       sharded_->Finish();
       comm_s_ += Since(t0);
@@ -232,12 +236,26 @@ bool Trainer::RunMicroSteps(const HostBatch& batch, std::string* oom) {
       model_->Backward(*dout, m > 0, [this](int64_t n) { reducer_->OnReady(n); });
       be_.Synchronize();  // the backward kernels (the collectives run on their own stream)
       bwd_s_ += Since(t0);
+      KillHookInCollective();
       t0 = Clock::now();
       reducer_->Finish();
       comm_s_ += Since(t0);
     }
   }
   return true;
+}
+
+void Trainer::KillHookInCollective() const {
+  if (step_ != env_.hooks.kill_step || comm_.rank() != env_.hooks.kill_rank) return;
+  // Test hook: this rank is lost with its gradient collectives enqueued, its peers inside them.
+  const double now =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  std::fprintf(stderr,
+               "test hook: rank %d kills itself (SIGKILL) with its step-%lld gradient "
+               "collectives in flight, at unix time %.3f\n",
+               comm_.rank(), static_cast<long long>(step_ + 1), now);
+  std::fflush(stderr);
+  std::raise(SIGKILL);
 }
 
 bool Trainer::CheckGradients() {

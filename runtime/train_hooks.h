@@ -39,6 +39,11 @@ struct TrainHooks {
   // from mid-run; -1 = never.
   int oom_rank = -1;
   int64_t oom_step = -1;
+  // Rank `kill_rank` kills itself (SIGKILL) in step kill_step + 1 (counted from 1) once its
+  // backward has enqueued the step's gradient collectives, before it waits for them: a rank
+  // lost mid-allreduce while its peers are inside the same collectives; -1 = never.
+  int kill_rank = -1;
+  int64_t kill_step = -1;
   CheckpointPauseHook checkpoint_pause;
   // Two or more ranks may share one GPU: the uniqueness check lets them through and each rank's
   // NCCL talks to the others as another host, over sockets on loopback (ShareGpuOverNcclSockets,

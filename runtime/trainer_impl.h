@@ -117,6 +117,8 @@ class Trainer {
   // agreed on by every rank (one small allreduce per step) and returns false with nothing
   // communicated; `oom` holds this rank's report ("" when another rank failed).
   bool RunMicroSteps(const HostBatch& batch, std::string* oom);
+  // The kill_rank test hook (runtime/train_hooks.h), between backward and the collectives' wait.
+  void KillHookInCollective() const;
   // After the gradient allreduce: do the gradients hold a non-finite value on any rank (the
   // ranks agree)? With loss scaling that skips the step and lowers the scale; without, it stops
   // the run naming the first layer with a non-finite gradient. Returns true to apply the step.

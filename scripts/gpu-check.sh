@@ -9,7 +9,8 @@
 #      starts two processes (if not, the tiers below run their single-process parts only);
 #   2. two ranks on one GPU (150 s): the NCCL and 1-vs-2-rank equivalence tests and the
 #      Fashion-MNIST runs of tests/cuda/fmnist_gpu.sh, both ranks sharing the GPU through the
-#      test hook (NCCL between them over sockets);
+#      test hook (NCCL between them over sockets), then compute-sanitizer (memcheck, racecheck)
+#      on the equivalence test where the machine has it and time is left;
 #   3. single-GPU cases (130 s): conformance (/cuda), cuda_tests, in rotation: the cases that ran
 #      longest ago first, as many as fit (docs/gpu-runs/rotation.tsv);
 #   4. speed (150 s): bench/gpu.sh on one model and precision, PyTorch's best of 5 processes in
@@ -139,6 +140,21 @@ tier_2() {
   run_step "cuda.fmnist (1 rank, then 2 ranks sharing the GPU)" 150 \
     env DPTRAIN="$GC_BIN/dptrain" DPTRAIN_HOOKED="$GC_BIN/dptrain_hooked" DPTRAIN_SRC="$SRC" \
     DPTRAIN_DATA="$GC_DATA" MPIEXEC=mpirun bash "$SRC/tests/cuda/fmnist_gpu.sh"
+  # compute-sanitizer where the machine has it (a CUDA toolkit; PyTorch's wheels bring none, and
+  # the bundle does not carry it): memcheck, then racecheck, over both ranks of the equivalence
+  # test, with whatever time the tier has left.
+  local cs
+  cs=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null |
+    head -1 || true)
+  if [[ -z $cs ]]; then
+    skipped "compute-sanitizer: not on this machine"
+    return
+  fi
+  local tool
+  for tool in memcheck racecheck; do
+    run_step "compute-sanitizer --tool $tool: cuda.equivalence.np2" 90 mpirun -np 2 "$cs" \
+      --tool "$tool" --error-exitcode 1 --target-processes all "$GC_BIN/cuda_mpi_equivalence"
+  done
 }
 
 # The single-GPU cases: "binary:Suite.Case" for every case of cuda_tests and every /cuda

@@ -2,8 +2,11 @@
 # SPDX-License-Identifier: Apache-2.0
 # GPU end-to-end (label cuda): the reference CNN on Fashion-MNIST through `dptrain train` on one
 # GPU and on two ranks with NCCL (2 epochs each, test accuracy >= 0.87), the set-device policy,
-# an error on one rank ending a 2-rank run at once, and the binding errors: two ranks forced onto
-# one GPU, and more ranks than GPUs, each stopping every rank with one message. The 2-rank runs
+# an error on one rank ending a 2-rank run at once, a rank SIGKILLed with its NCCL allreduce in
+# flight ending every rank within dist.collective_timeout_s + 10 s (naming the rank), an injected
+# inf skipped by every rank with loss scaling (unsharded and dist.shard = "gradients"), and the
+# binding errors: two ranks forced onto one GPU, and more ranks than GPUs, each stopping every
+# rank with one message. The 2-rank runs
 # use two GPUs; on a machine with one, both ranks share it through the test hook
 # DPTRAIN_TEST_SHARE_GPU (NCCL between them over sockets; users sharing a GPU get the error
 # checked below). Skipped (exit 77) without a GPU or without the converted data.
@@ -71,6 +74,29 @@ CASE="an error on one rank ends a 2-rank NCCL run at once (collective timeout 30
 expect_fail 4 "out of memory (test hook) at step 4" -- env DPTRAIN_TEST_OOM=1:3 \
   "${TWO_HOOKED[@]}" "${TRAIN[@]}" --set "run_dir=$TMP/onerank" --set train.max_steps=20 \
   --set train.eval_every_epochs=0 --set dist.collective_timeout_s=300
+# Issue 63: rank 1 dies with its gradient collectives enqueued on the NCCL stream, rank 0's in
+# flight; the device calls that wait on them must not outlive the deadline.
+kill_in_collective "rank 1 killed mid-allreduce [2 ranks, NCCL]" 20 "${TWO_HOOKED[@]}" "${TRAIN[@]}" --set "run_dir=$TMP/killcoll" \
+  --set train.max_steps=40 --set train.eval_every_epochs=0 --set train.log_every_steps=1
+
+# The agreed loss-scale skip over NCCL: an inf in rank 1's gradients before step 6.
+for shard in none gradients; do
+  CASE="loss scaling over NCCL: an overflow on rank 1 at step 6 (dist.shard=$shard)"
+  DPTRAIN_TEST_LOSS_SCALING=1 DPTRAIN_TEST_INF_GRAD=1:5 RUN_LIMIT=120 expect_ok -- \
+    "${TWO_HOOKED[@]}" "${TRAIN[@]}" --set "run_dir=$TMP/ls-$shard" --set train.max_steps=8 \
+    --set train.eval_every_epochs=0 --set train.log_every_steps=1 --set dist.shard=$shard
+  check "  ... every rank skips step 6 and halves the scale, announced once" \
+    test "$(grep -c 'step skipped on every rank, scale 65536 -> 32768' "$TMP/last.out")" = 1
+  check "  ... metrics: scale 65536 at step 5, 32768 and 1 skipped step from step 6" \
+    python3 - "$TMP/ls-$shard/metrics.jsonl" <<'PY'
+import json, sys
+by = {j["step"]: j for j in map(json.loads, open(sys.argv[1])) if j.get("kind") == "step"}
+assert by[5]["loss_scale"] == 65536 and by[5]["skipped_steps"] == 0, by[5]
+assert by[6]["loss_scale"] == 32768 and by[6]["skipped_steps"] == 1, by[6]
+assert by[8]["loss_scale"] == 32768 and by[8]["skipped_steps"] == 1, by[8]
+PY
+done
+
 CASE="set-device policy, 2 ranks, 20 steps"
 expect_ok -- "${TWO[@]}" "${TRAIN[@]}" --set "run_dir=$TMP/setdev" \
   --set dist.device_binding=set-device --set train.max_steps=20 --set train.eval_every_epochs=0

@@ -6,7 +6,10 @@
 #     tensor's crc32 verifies in `dptrain inspect`, and a new run resumes from it);
 #   - SIGSTOP one rank (rank 2) mid-training: the collective watchdog fires within
 #     dist.collective_timeout_s (5 s here) plus slack, rank 0's message names rank 2 as the rank
-#     that did not arrive, the job exits 5 and no process is left (the stopped one included).
+#     that did not arrive, the job exits 5 and no process is left (the stopped one included);
+#   - a rank that SIGKILLs itself with its gradient allreduce in flight (2 ranks, the test hook
+#     DPTRAIN_TEST_KILL_IN_COLLECTIVE; cuda.fmnist runs the same case over NCCL): every rank is
+#     gone within dist.collective_timeout_s + 10 s, and the output names the rank.
 # Skipped (exit 77) without the converted data (make data).
 # shellcheck disable=SC2034  # CASE is read by lib.sh's expect_ok
 # shellcheck source=lib.sh
@@ -176,5 +179,9 @@ else
   wait "$JOB_PID" 2>/dev/null
   reap_tagged "$tag" >/dev/null
 fi
+
+# ---- a rank lost mid-allreduce ------------------------------------------------------------
+kill_in_collective "rank 1 killed mid-allreduce [2 ranks, MPI]" 5 "${MPI2[@]}" "$DPTRAIN_HOOKED" \
+  "${COMMON[@]}" --set "run_dir=$TMP/killcoll" --set train.log_every_steps=1
 
 finish

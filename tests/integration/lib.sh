@@ -291,6 +291,32 @@ every_epochs = 0
 EOF
 }
 
+# kill_in_collective NAME TIMEOUT_S COMMAND...: runs a 2-rank training COMMAND (dptrain_hooked,
+# dist.collective_timeout_s=TIMEOUT_S) in which rank 1 SIGKILLs itself in step 11 with its
+# gradient collectives enqueued (DPTRAIN_TEST_KILL_IN_COLLECTIVE=1:10), rank 0 inside them. Checks
+# that every rank is gone within TIMEOUT_S + 10 s of the kill, the exit is non-zero, the output
+# names rank 1, and no process is left.
+kill_in_collective() {
+  local name=$1 timeout_s=$2 killed_at ended gone
+  shift 2
+  RUN_LIMIT=$((timeout_s + 120)) run_limited env DPTRAIN_TEST_KILL_IN_COLLECTIVE=1:10 "$@" \
+    --set dist.collective_timeout_s="$timeout_s"
+  ended=$(date +%s.%N)
+  killed_at=$(grep -oE 'collectives in flight, at unix time [0-9.]+' "$TMP/last.err" | grep -oE '[0-9.]+$')
+  if [[ -z $killed_at ]]; then
+    fail "$name: rank 1 never reached the kill in step 11 (exit $LAST_RC)"
+    show_last "$@"
+    return
+  fi
+  gone=$(awk -v a="$killed_at" -v b="$ended" 'BEGIN { printf "%.1f", b - a }')
+  check "$name: every rank gone ${gone}s after rank 1 died mid-allreduce (bound $((timeout_s + 10)) s)" \
+    awk -v s="$gone" -v b=$((timeout_s + 10)) 'BEGIN { exit !(s <= b) }'
+  check "$name: the job exits non-zero (exit $LAST_RC)" test "$LAST_RC" != 0
+  check "$name: the output names rank 1 as the rank that died" \
+    grep -qE '(process rank|rank) 1 .*(signal 9|Killed|died|exited)' "$TMP/last.out" "$TMP/last.err"
+  check "$name: no process left${LAST_LEFT:+: $LAST_LEFT}" test -z "$LAST_LEFT"
+}
+
 # Prints the closing line and exits: non-zero if anything failed.
 finish() {
   echo "time: $((SECONDS - SCRIPT_START)) s"

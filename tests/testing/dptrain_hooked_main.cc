@@ -6,6 +6,8 @@
 //   DPTRAIN_TEST_INF_GRAD=RANK:STEP               an infinite gradient on RANK before step STEP
 //   DPTRAIN_TEST_FLIP_PARAM=RANK:STEP             one parameter of RANK nudged after step STEP
 //   DPTRAIN_TEST_OOM=RANK:STEP                    an out-of-memory on RANK in step STEP (once)
+//   DPTRAIN_TEST_KILL_IN_COLLECTIVE=RANK:STEP     RANK SIGKILLs itself with STEP+1's collectives
+//                                                 in flight
 //   DPTRAIN_TEST_CHECKPOINT_PAUSE_S=SECONDS       the checkpoint writer pauses mid-file
 //   DPTRAIN_TEST_CHECKPOINT_PAUSE_STEP=STEP       ... only in the write of that step
 //   DPTRAIN_TEST_SHARE_GPU=1                      ranks may share a GPU (NCCL over sockets)
@@ -36,6 +38,7 @@ int main(int argc, char** argv) {
   RankStep("DPTRAIN_TEST_INF_GRAD", &hooks.inf_grad_rank, &hooks.inf_grad_step);
   RankStep("DPTRAIN_TEST_FLIP_PARAM", &hooks.flip_param_rank, &hooks.flip_param_step);
   RankStep("DPTRAIN_TEST_OOM", &hooks.oom_rank, &hooks.oom_step);
+  RankStep("DPTRAIN_TEST_KILL_IN_COLLECTIVE", &hooks.kill_rank, &hooks.kill_step);
   if (const char* v = std::getenv("DPTRAIN_TEST_CHECKPOINT_PAUSE_S"); v != nullptr && *v != 0) {
     hooks.checkpoint_pause.seconds = std::atof(v);
   }

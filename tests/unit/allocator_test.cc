@@ -6,8 +6,8 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <deque>
 #include <thread>
-#include <vector>
 
 #include "core/error.h"
 #include "core/memory/caching_allocator.h"
@@ -112,24 +112,34 @@ TEST(AllocatorTest, AllocationScopeNamesTheLayerInLabelsAndReports) {
   EXPECT_EQ(a.Allocate(64, "plain")->label(), "plain");
 }
 
-// A device with streams: fences are numbered; the test decides when each has passed.
+// A device with streams: fences are numbered; the test decides when each has passed, from
+// another thread too (`done` is atomic, and a deque keeps each fence where it is). Counts the
+// blocks given back and whether one was given back while a fence was pending.
 class FencedRaw final : public RawAllocator {
  public:
   void* Alloc(size_t bytes) noexcept override { return std::aligned_alloc(64, bytes); }
-  void Free(void* p) noexcept override { std::free(p); }
+  void Free(void* p) noexcept override {
+    std::free(p);
+    ++frees;
+    for (const F& f : fences) freed_while_busy = freed_while_busy || !f.done.load();
+  }
   Device device() const override { return Device::kCuda; }
   void* RecordFence(void* stream) noexcept override {
-    fences.push_back({stream, false, false});
+    fences.emplace_back(stream);
     return reinterpret_cast<void*>(fences.size());  // 1-based id
   }
-  bool FenceDone(void* f) noexcept override { return Fence(f).done; }
+  bool FenceDone(void* f) noexcept override { return Fence(f).done.load(); }
   void DestroyFence(void* f) noexcept override { Fence(f).destroyed = true; }
   struct F {
+    explicit F(void* s) : stream(s) {}
     void* stream;
-    bool done, destroyed;
+    std::atomic<bool> done{false};
+    bool destroyed = false;
   };
   F& Fence(void* f) { return fences[reinterpret_cast<size_t>(f) - 1]; }
-  std::vector<F> fences;
+  std::deque<F> fences;
+  int frees = 0;
+  bool freed_while_busy = false;
 };
 
 TEST(AllocatorTest, BlocksUsedByAnotherStreamWaitForItsFence) {
@@ -256,34 +266,19 @@ TEST(AllocatorTest, ForgottenStreamKeepsTheFenceOfItsLastUse) {
 // Issue 63: emptying the cache frees device memory (cudaFree), which waits for the whole
 // device; with a collective in flight it would block behind it. The cache is not emptied until
 // the other streams' fenced work is done.
-class OneFenceRaw final : public RawAllocator {
- public:
-  void* Alloc(size_t bytes) noexcept override { return std::aligned_alloc(64, bytes); }
-  void Free(void* p) noexcept override {
-    std::free(p);
-    ++frees;
-    freed_while_busy = freed_while_busy || !done.load();
-  }
-  Device device() const override { return Device::kCuda; }
-  void* RecordFence(void*) noexcept override { return this; }
-  bool FenceDone(void*) noexcept override { return done.load(); }
-  std::atomic<bool> done{false};
-  int frees = 0;
-  bool freed_while_busy = false;
-};
-
 TEST(AllocatorTest, CacheIsNotEmptiedWhileACollectiveIsInFlight) {
-  auto raw = std::make_unique<OneFenceRaw>();
-  OneFenceRaw* r = raw.get();
+  auto raw = std::make_unique<FencedRaw>();
+  FencedRaw* r = raw.get();
   CachingAllocator a(std::move(raw));
   void* nccl = reinterpret_cast<void*>(0x5);
   auto bucket = a.Allocate(1 << 20, "gradient group");
   bucket->RecordStream(nccl);
   bucket->FenceStreamUse(nccl);  // its reduce-scatter is queued
   a.Allocate(4096, "cached");    // released at once: a cached free block
+  ASSERT_EQ(r->fences.size(), 1u);
   std::thread collective([r] {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    r->done = true;
+    r->fences[0].done = true;
   });
   const auto start = std::chrono::steady_clock::now();
   a.EmptyCache();
