@@ -10,6 +10,7 @@
 #       LARS's per-tensor trust ratio on those)
 #       from the file's own initializers in DIR/after.pt, taken by PyTorch in float32 (NCHW and
 #       channels_last) and in float64.
+#   onnx_oracle.py model MODEL DIR   only DIR/model.onnx, as `export` writes it (move_check.sh)
 #   onnx_oracle.py compare MODEL DIR CKPT [channels_last]   every parameter of the dptrain
 #       checkpoint equals PyTorch's step to 1e-3 of the update's size, every batch-norm buffer to
 #       1e-4, and the checkpoint loads into torchvision's MODEL with strict=True. With
@@ -209,6 +210,13 @@ def export(name, out, smoothing=0.0, clip=0.0, wd=0.0, lars_eta=0.0):
                 "after64": steps["f64"], "ambiguous": amb, "gates": gates}, f"{out}/after.pt")
 
 
+def model_only(name, out):
+    """Only the export: out/model.onnx in training mode, as `export` writes it."""
+    m = build(name).train()
+    x = torch.randn(16, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    torch.onnx.export(m, x, f"{out}/model.onnx", **EXPORT)
+
+
 def fuse_pad(src, dst):
     """src with its Pad node folded into the Conv reading it (ONNX pads: begins, then ends)."""
     m = onnx.load(src)
@@ -339,6 +347,8 @@ def close(a, b, rel):
 if __name__ == "__main__":
     if sys.argv[1] == "export":
         export(sys.argv[2], sys.argv[3], *[float(a) for a in sys.argv[4:8]])
+    elif sys.argv[1] == "model":
+        model_only(sys.argv[2], sys.argv[3])
     elif sys.argv[1] == "load":
         load(sys.argv[2], sys.argv[4])
     elif sys.argv[1] == "torch_ckpt":
