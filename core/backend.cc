@@ -45,50 +45,6 @@ void Backend::LinearBackward(const OpPlan& plan, const Tensor& x, const Tensor& 
   if (dx != nullptr) LinearBackwardData(plan, dy, w, dx);
 }
 
-void Backend::ConvPoolForward(const ConvPoolDesc& d, const Tensor& /*x*/, const Tensor& /*w*/,
-                              const Tensor* /*b*/, Tensor* /*y*/, Tensor* /*ws*/) {
-  DPT_THROW(InternalError) << name() << ": no fused " << d.ToString();
-}
-
-void Backend::ConvPoolBackward(const ConvPoolDesc& d, const Tensor& /*x*/, const Tensor& /*y*/,
-                               const Tensor& /*dy*/, const Tensor& /*ws*/, Tensor* /*dw*/,
-                               Tensor* /*db*/, bool /*accumulate*/) {
-  DPT_THROW(InternalError) << name() << ": no fused " << d.ToString();
-}
-
-void Backend::ReluBackwardSum(const Tensor& /*y*/, const Tensor& /*dy_a*/, const Tensor& /*dy_b*/,
-                              int64_t /*b_stride*/, Tensor* /*dx*/) {
-  DPT_THROW(InternalError) << name() << ": no ReLU backward of a gradient in two parts";
-}
-
-void Backend::BatchNormBackwardSum(const BatchNormArgs& /*a*/, const Tensor& /*x*/,
-                                   const Tensor& /*dy_a*/, const Tensor& /*dy_b*/,
-                                   const Tensor* /*relu_y*/, const Tensor& /*gamma*/,
-                                   const Tensor& /*beta*/, const Tensor& /*save_mean*/,
-                                   const Tensor& /*save_invstd*/, Tensor* /*dx*/,
-                                   Tensor* /*dgamma*/, Tensor* /*dbeta*/, bool /*accumulate*/) {
-  DPT_THROW(InternalError) << name() << ": no batch norm backward of a gradient in two parts";
-}
-
-void Backend::BatchNormAffineTraining(const BatchNormArgs& /*a*/, const Tensor& /*x*/,
-                                      const Tensor& /*gamma*/, const Tensor& /*beta*/,
-                                      Tensor* /*running_mean*/, Tensor* /*running_var*/,
-                                      Tensor* /*affine*/, Tensor* /*save_mean*/,
-                                      Tensor* /*save_invstd*/) {
-  DPT_THROW(InternalError) << name() << ": no batch norm applied by its reader";
-}
-
-void Backend::BatchNormAffineInference(const BatchNormArgs& /*a*/, const Tensor& /*gamma*/,
-                                       const Tensor& /*beta*/, const Tensor& /*running_mean*/,
-                                       const Tensor& /*running_var*/, Tensor* /*affine*/) {
-  DPT_THROW(InternalError) << name() << ": no batch norm applied by its reader";
-}
-
-void Backend::AffineAdd(const Tensor& /*x0*/, const Tensor* /*affine0*/, const Tensor& /*x1*/,
-                        const Tensor* /*affine1*/, bool /*relu*/, Tensor* /*y*/) {
-  DPT_THROW(InternalError) << name() << ": no batch norm applied by its reader";
-}
-
 namespace {
 int64_t NowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(

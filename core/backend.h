@@ -25,6 +25,7 @@
 
 #include "core/elementwise.h"
 #include "core/memory/caching_allocator.h"
+#include "core/ops.h"
 #include "core/tensor.h"
 
 namespace dptrain {
@@ -213,42 +214,86 @@ LayoutDims CheckLayoutChange(const Tensor& x, const Tensor& y, const char* op);
 // (InternalError unless rows divides n).
 int64_t RowLength(int64_t n, int64_t rows, const char* op);
 
+// A backend's own tuning, from the run's config; each backend acts on the fields it has.
+struct BackendOptions {
+  // Compute threads (CPU: OpenMP/oneDNN threads, set for the calling thread at every Configure
+  // when above 0; ignored elsewhere). Before any plan: oneDNN splits a primitive's work for the
+  // threads there are when it is created, so plans made earlier keep their old split.
+  int threads = 0;
+  // train.deterministic: every op gives the same bits on every run (CUDA: only deterministic
+  // cuDNN algorithms, an error naming the layer when a conv has none; the CPU backend is
+  // deterministic for a given thread count).
+  bool deterministic = false;
+  // train.cudnn_benchmark: choose algorithms by timing them on this device (CUDA: cuDNN's
+  // cudnnFind*, under the same rules as the heuristic choice) instead of by heuristics. The
+  // choice may then differ between runs and ranks.
+  bool timed_algorithm_search = false;
+  // train.winograd: fp32 3x3 stride-1 convolutions with at least 32 input and output channels
+  // by Winograd's F(4x4, 3x3) (CPU: oneDNN's jit_wino_4x3; about 2x faster there, with a larger
+  // rounding error than the direct algorithm). Ignored by backends without it (CUDA).
+  bool winograd = false;
+  // Whether Supports offers what only the CPU backend runs between layers: the bf16 handoffs
+  // (Conv2dDesc::dy_bf16 and x_bf16, BatchNormArgs::dx_bf16 and y_bf16, PoolDesc::dx_bf16), the
+  // fused convolution + pool (ConvPoolDesc) and the capabilities below that depend on them; and
+  // whether a plan that layers share keeps a staged input per layer (one per plan, as on CUDA,
+  // without) and a convolution's input gradient may run with a flipped copy of its kernel
+  // (CpuBackend::FlipsBackwardData). `dptrain plan` sizing a GPU job where there is no GPU
+  // builds the model on the CPU backend with them off, so that it plans the tensors the CUDA
+  // backend allocates. Ignored by backends without them.
+  bool cpu_fusions = true;
+};
+
+// What a backend offers the graph beyond the ops every backend runs (all false: nothing).
+struct BackendCapabilities {
+  // Keep 4-D activations channels-last (NHWC) between the ops that take them (convolution,
+  // batch norm, pooling, the elementwise ops): the CPU backend's convolutions run on NHWC without
+  // a reorder in and out of each. A backend that says yes supports the descriptors' nhwc flags
+  // (BatchNormArgs::nhwc on every batch-norm call).
+  bool channels_last = false;
+  // A batch norm applied by the residual sum that alone reads it (BatchNormAffineTraining,
+  // AffineAdd: see "a batch norm applied by the sum" below).
+  bool deferred_batch_norm = false;
+  // AffineAdd writes a bf16 y, and ReluBackward and ReluBackwardSum gate by a bf16 y: for a
+  // residual sum that only bf16 convolutions read (a ResNet block's output, read by the next
+  // block's convolution and shortcut), which then read it without rounding it themselves.
+  bool bf16_sums = false;
+  // A gradient in two parts (ReluBackwardSum, BatchNormBackwardSum: see below).
+  bool gradient_parts = false;
+  // The profile times ops on a device stream (StartDeviceTimer), not on the host.
+  bool device_timers = false;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual Device device() const = 0;
   virtual std::string name() const = 0;  // "cpu", "cuda"
-  // Compute threads for this backend (CPU: OpenMP/oneDNN threads; no-op elsewhere). Before any
-  // Prepare*: oneDNN splits a primitive's work for the threads there are when it is created, so
-  // plans made earlier keep their old split (ReleasePlans drops the cached ones).
-  virtual void SetThreads(int /*threads*/) {}
-  // train.deterministic: every op must give the same bits on every run (CUDA: only
-  // deterministic cuDNN algorithms, an error naming the layer when a conv has none; the CPU
-  // backend is deterministic for a given thread count). Call before preparing plans.
-  virtual void SetDeterministic(bool /*on*/) {}
-  // train.cudnn_benchmark: choose algorithms by timing them on this device (CUDA: cuDNN's
-  // cudnnFind*, under the same rules as the heuristic choice) instead of by heuristics. The
-  // choice may then differ between runs and ranks. Call before preparing plans.
-  virtual void SetTimedAlgorithmSearch(bool /*on*/) {}
-  // train.winograd: fp32 3x3 stride-1 convolutions with at least 32 input and output channels
-  // by Winograd's F(4x4, 3x3) (CPU: oneDNN's jit_wino_4x3; about 2x faster there, with a
-  // larger rounding error than the direct algorithm). Ignored by backends without it (CUDA).
-  // Drops the cached plans when it changes.
-  virtual void SetWinograd(bool /*on*/) {}
-  // Whether Supports offers what only the CPU backend runs between layers: the bf16 handoffs
-  // (Conv2dDesc::dy_bf16 and x_bf16, BatchNormArgs::dx_bf16 and y_bf16, PoolDesc::dx_bf16) and
-  // the fused convolution + pool (ConvPoolDesc); and whether a plan that layers share keeps a
-  // staged input per layer (one per plan, as on CUDA, without) and a convolution's input gradient
-  // may run with a flipped copy of its kernel (CpuBackend::FlipsBackwardData). `dptrain plan`
-  // sizing a GPU job where there is no GPU builds the model on the CPU backend with them off, so
-  // that it plans the tensors the CUDA backend allocates. On by default; ignored by backends
-  // without them.
-  virtual void SetCpuFusions(bool /*on*/) {}
+  // ---- the backend's own tuning (BackendOptions) and what it offers the graph
+  // (BackendCapabilities): one entry each, the named setters and queries below are shorthands ----
+  const BackendOptions& options() const { return options_; }
+  // Sets every option; the backend acts on those it has (BackendOptions says what each does)
+  // and ignores the others. Before preparing plans (a backend drops the cached plans an option
+  // changes).
+  void Configure(const BackendOptions& next) {
+    ApplyOptions(next);
+    options_ = next;
+  }
+  void SetThreads(int threads) { Set(&BackendOptions::threads, threads); }
+  void SetDeterministic(bool on) { Set(&BackendOptions::deterministic, on); }
+  void SetTimedAlgorithmSearch(bool on) { Set(&BackendOptions::timed_algorithm_search, on); }
+  void SetWinograd(bool on) { Set(&BackendOptions::winograd, on); }
+  void SetCpuFusions(bool on) { Set(&BackendOptions::cpu_fusions, on); }
+  virtual BackendCapabilities capabilities() const { return {}; }
+  bool PrefersChannelsLast() const { return capabilities().channels_last; }
+  bool DefersBatchNormApply() const { return capabilities().deferred_batch_norm; }
+  bool WritesBf16Sums() const { return capabilities().bf16_sums; }
+  bool TakesGradientParts() const { return capabilities().gradient_parts; }
+  bool TimesOpsOnDevice() const { return capabilities().device_timers; }
   // Why train.winograd would change nothing here at precision `p`, or "" when it acts.
   virtual std::string WinogradProblem(Precision /*p*/) const {
     return "only the CPU backend has it (cuDNN chooses its own algorithms)";
   }
-  // Whether a convolution was planned by Winograd since SetWinograd last changed it (whether its
+  // Whether a convolution was planned by Winograd since the option last changed (whether its
   // buffers are in the memory a model set up takes).
   virtual bool WinogradPlanned() const { return false; }
 
@@ -273,11 +318,17 @@ class Backend {
   // Row by row: src seen as (rows, src_pitch) and dst as (rows, dst_pitch), rows = dimension 0
   // of both, copies columns [src_col, src_col + cols) of src into [dst_col, dst_col + cols) of
   // dst (the channel concatenation and its gradient). f32; src and dst must not overlap.
-  virtual void CopyColumns(const Tensor& src, int64_t src_col, Tensor* dst, int64_t dst_col,
-                           int64_t cols) = 0;
-  virtual void Zero(Tensor* t) = 0;
-  virtual void Fill(Tensor* t, float value) = 0;  // f32
+  void CopyColumns(const Tensor& src, int64_t src_col, Tensor* dst, int64_t dst_col, int64_t cols) {
+    Run(op::CopyColumns{src, src_col, dst, dst_col, cols});
+  }
+  void Zero(Tensor* t) { Run(op::Zero{t}); }
+  void Fill(Tensor* t, float value) { Run(op::Fill{t, value}); }  // f32
   virtual void Synchronize() = 0;
+
+  // ---- the op-generic entry (core/ops.h): every op below without a plan of its own is one of
+  // Op's alternatives, and the named methods build it and call Run. A backend implements Run with
+  // a case per alternative; a new op is a new alternative, not a new method of this seam. ----
+  virtual void Run(const Op& op) = 0;
 
   // ---- support queries: an unsupported descriptor is an error at setup, never a fallback ----
   // Pure virtual on purpose: every backend states what it can run (shape limits, precisions
@@ -294,11 +345,6 @@ class Backend {
   virtual bool Supports(const BatchNormArgs& a) const {
     return !a.dx_bf16 && !a.y_bf16 && !a.x_bf16;
   }
-  // Whether the graph should keep 4-D activations channels-last (NHWC) between the ops that take
-  // them (convolution, batch norm, pooling, the elementwise ops): the CPU backend's convolutions
-  // run on NHWC without a reorder in and out of each. A backend that says yes supports the
-  // descriptors' nhwc flags (BatchNormArgs::nhwc on every batch-norm call).
-  virtual bool PrefersChannelsLast() const { return false; }
 
   // ---- conv2d: x (N,C,H,W), w (K,C,R,S), b (K), y (N,K,P,Q) ----
   virtual std::shared_ptr<OpPlan> PrepareConv2d(const Conv2dDesc& d) = 0;
@@ -342,73 +388,94 @@ class Backend {
   // 0-1, bit 2 set where the ReLU passed it (y > 0). The same values as Conv2dForward then
   // PoolForward, up to the rounding of the convolution's sums (and so, where two window values
   // come within it, which of them is the maximum).
-  virtual void ConvPoolForward(const ConvPoolDesc& d, const Tensor& x, const Tensor& w,
-                               const Tensor* b, Tensor* y, Tensor* ws);
+  void ConvPoolForward(const ConvPoolDesc& d, const Tensor& x, const Tensor& w, const Tensor* b,
+                       Tensor* y, Tensor* ws) {
+    Run(op::ConvPoolForward{d, x, w, b, y, ws});
+  }
   // dy: the pooled output's gradient; y, ws: the forward's. Gates dy by y > 0 (the ReLU: ws's
   // bit 2; the CPU backend does not read y), then the convolution's weight and bias gradients as
   // PoolBackward then Conv2dBackwardWeights would give them (added to dw, db when accumulating),
   // up to rounding.
-  virtual void ConvPoolBackward(const ConvPoolDesc& d, const Tensor& x, const Tensor& y,
-                                const Tensor& dy, const Tensor& ws, Tensor* dw, Tensor* db,
-                                bool accumulate);
+  void ConvPoolBackward(const ConvPoolDesc& d, const Tensor& x, const Tensor& y, const Tensor& dy,
+                        const Tensor& ws, Tensor* dw, Tensor* db, bool accumulate) {
+    Run(op::ConvPoolBackward{d, x, y, dy, ws, dw, db, accumulate});
+  }
 
   // ---- elementwise ----
-  virtual void ReluForward(const Tensor& x, Tensor* y) = 0;
-  virtual void ReluBackward(const Tensor& y, const Tensor& dy, Tensor* dx) = 0;
+  void ReluForward(const Tensor& x, Tensor* y) { Run(op::Relu{x, y}); }
+  void ReluBackward(const Tensor& y, const Tensor& dy, Tensor* dx) {
+    Run(op::ReluBackward{y, dy, dx});
+  }
   // Clip, sigmoid, hard sigmoid, hard swish, tanh (ew::Activation); backward reads both the
   // forward input x and output y. y and dx must not alias x.
-  virtual void ActivationForward(const ew::Activation& f, const Tensor& x, Tensor* y) = 0;
-  virtual void ActivationBackward(const ew::Activation& f, const Tensor& x, const Tensor& y,
-                                  const Tensor& dy, Tensor* dx) = 0;
-  virtual void Add(const Tensor& a, const Tensor& b, Tensor* y) = 0;  // y may alias a or b
+  void ActivationForward(const ew::Activation& f, const Tensor& x, Tensor* y) {
+    Run(op::Activation{f, x, y});
+  }
+  void ActivationBackward(const ew::Activation& f, const Tensor& x, const Tensor& y,
+                          const Tensor& dy, Tensor* dx) {
+    Run(op::ActivationBackward{f, x, y, dy, dx});
+  }
+  void Add(const Tensor& a, const Tensor& b, Tensor* y) { Run(op::Add{a, b, y}); }  // may alias
   // y = max(a + b, 0): a residual sum with the ReLU that alone reads it folded in (the same bits
   // as Add then ReluForward). y may alias a or b.
-  virtual void AddRelu(const Tensor& a, const Tensor& b, Tensor* y) = 0;
+  void AddRelu(const Tensor& a, const Tensor& b, Tensor* y) { Run(op::AddRelu{a, b, y}); }
   // x seen as (rows, cols) with rows = s.numel(): y[r, j] = x[r, j] * s[r]. cols = 1 is the
   // elementwise product; s of shape (N, C, 1, 1) against x (N, C, H, W) is the channel scaling
   // of a squeeze-and-excitation block. y may alias x.
-  virtual void MulRows(const Tensor& x, const Tensor& s, Tensor* y) = 0;
+  void MulRows(const Tensor& x, const Tensor& s, Tensor* y) { Run(op::MulRows{x, s, y}); }
   // ds[r] = sum_j dy[r, j] * x[r, j] with rows = ds.numel(): MulRows's gradient for s.
-  virtual void RowDot(const Tensor& dy, const Tensor& x, Tensor* ds) = 0;
+  void RowDot(const Tensor& dy, const Tensor& x, Tensor* ds) { Run(op::RowDot{dy, x, ds}); }
   // As MulRows with a sum: y[r, j] = x[r, j] + s[r] (a (N, C, 1, 1) tensor added to every
   // position of its channel). y may alias x.
-  virtual void AddRows(const Tensor& x, const Tensor& s, Tensor* y) = 0;
+  void AddRows(const Tensor& x, const Tensor& s, Tensor* y) { Run(op::AddRows{x, s, y}); }
   // ds[r] = sum_j dy[r, j] with rows = ds.numel(): AddRows's gradient for s.
-  virtual void RowSum(const Tensor& dy, Tensor* ds) = 0;
+  void RowSum(const Tensor& dy, Tensor* ds) { Run(op::RowSum{dy, ds}); }
   // Zero padding of the (H, W) planes of x (N, C, H, W) into y (N, C, H', W'): input (0, 0) lands
   // at (top, left) of y, everything else is 0. Negative offsets crop instead, so the gradient of
   // a padding is Pad2d(dy, -top, -left, dx). y must not alias x.
-  virtual void Pad2d(const Tensor& x, int64_t top, int64_t left, Tensor* y) = 0;
+  void Pad2d(const Tensor& x, int64_t top, int64_t left, Tensor* y) {
+    Run(op::Pad2d{x, top, left, y});
+  }
   // Layout changes of an (N, C, H, W) f32 tensor (a 4-D shape, the same in x and y): y holds x's
   // values channels-last (ToChannelsLast: x NCHW in memory, y NHWC) or back (FromChannelsLast).
   // Exact (a copy). y must not alias x.
-  virtual void ToChannelsLast(const Tensor& x, Tensor* y) = 0;
-  virtual void FromChannelsLast(const Tensor& x, Tensor* y) = 0;
-  virtual void Scale(Tensor* t, float alpha) = 0;
+  void ToChannelsLast(const Tensor& x, Tensor* y) { Run(op::ToChannelsLast{x, y}); }
+  void FromChannelsLast(const Tensor& x, Tensor* y) { Run(op::FromChannelsLast{x, y}); }
+  void Scale(Tensor* t, float alpha) { Run(op::Scale{t, alpha}); }
   // Inverted dropout with a stateless mask from (seed, element index).
-  virtual void DropoutForward(const Tensor& x, float p, uint64_t seed, Tensor* y) = 0;
-  virtual void DropoutBackward(const Tensor& dy, float p, uint64_t seed, Tensor* dx) = 0;
+  void DropoutForward(const Tensor& x, float p, uint64_t seed, Tensor* y) {
+    Run(op::Dropout{x, p, seed, y});
+  }
+  void DropoutBackward(const Tensor& dy, float p, uint64_t seed, Tensor* dx) {
+    Run(op::DropoutBackward{dy, p, seed, dx});
+  }
 
   // ---- batch norm over (N, H, W) per channel; x is (N, C) or (N, C, H, W) ----
   // Training: normalises with batch statistics, saves mean and 1/sqrt(var+eps) for backward and
   // updates running statistics (unbiased variance, as PyTorch).
-  virtual void BatchNormForwardTraining(const BatchNormArgs& a, const Tensor& x,
-                                        const Tensor& gamma, const Tensor& beta,
-                                        Tensor* running_mean, Tensor* running_var, Tensor* y,
-                                        Tensor* save_mean, Tensor* save_invstd) = 0;
-  virtual void BatchNormForwardInference(const BatchNormArgs& a, const Tensor& x,
-                                         const Tensor& gamma, const Tensor& beta,
-                                         const Tensor& running_mean, const Tensor& running_var,
-                                         Tensor* y) = 0;
+  void BatchNormForwardTraining(const BatchNormArgs& a, const Tensor& x, const Tensor& gamma,
+                                const Tensor& beta, Tensor* running_mean, Tensor* running_var,
+                                Tensor* y, Tensor* save_mean, Tensor* save_invstd) {
+    Run(op::BatchNormTraining{a, x, gamma, beta, running_mean, running_var, y, save_mean,
+                              save_invstd});
+  }
+  void BatchNormForwardInference(const BatchNormArgs& a, const Tensor& x, const Tensor& gamma,
+                                 const Tensor& beta, const Tensor& running_mean,
+                                 const Tensor& running_var, Tensor* y) {
+    Run(op::BatchNormInference{a, x, gamma, beta, running_mean, running_var, y});
+  }
   // relu_y: the forward's output when it applied the ReLU (BatchNormArgs::relu), else nullptr;
   // dx may be that same tensor (written in place). `a` as the forward's (its nhwc is read);
   // gamma and beta as the forward's. A backend may gate dy by the ReLU recomputed from x, gamma,
   // beta and the saved statistics instead of reading relu_y, when that gives the forward's
   // output to the bit (the CPU backend does: a pass over memory less).
-  virtual void BatchNormBackward(const BatchNormArgs& a, const Tensor& x, const Tensor& dy,
-                                 const Tensor* relu_y, const Tensor& gamma, const Tensor& beta,
-                                 const Tensor& save_mean, const Tensor& save_invstd, Tensor* dx,
-                                 Tensor* dgamma, Tensor* dbeta, bool accumulate) = 0;
+  void BatchNormBackward(const BatchNormArgs& a, const Tensor& x, const Tensor& dy,
+                         const Tensor* relu_y, const Tensor& gamma, const Tensor& beta,
+                         const Tensor& save_mean, const Tensor& save_invstd, Tensor* dx,
+                         Tensor* dgamma, Tensor* dbeta, bool accumulate) {
+    Run(op::BatchNormBackward{a, x, dy, relu_y, gamma, beta, save_mean, save_invstd, dx, dgamma,
+                              dbeta, accumulate});
+  }
 
   // ---- a batch norm applied by the sum that alone reads it, where DefersBatchNormApply says so --
   // A ResNet block's residual sum reads the batch norm that ends its main path, and the block's
@@ -417,49 +484,54 @@ class Backend {
   // them) and writes no output; the sum applies them as it adds (AffineAdd): one pass over memory
   // for both normalisations, the sum and its folded ReLU, and no batch-norm outputs held. The
   // same bits as the batch norms' forward then Add or AddRelu. Channels-last (BatchNormArgs::nhwc)
-  // only; backends without it answer no.
-  virtual bool DefersBatchNormApply() const { return false; }
+  // only; backends without it answer no (BackendCapabilities::deferred_batch_norm).
   // BatchNormForwardTraining without y: the saved and running statistics, and `affine`.
-  virtual void BatchNormAffineTraining(const BatchNormArgs& a, const Tensor& x, const Tensor& gamma,
-                                       const Tensor& beta, Tensor* running_mean,
-                                       Tensor* running_var, Tensor* affine, Tensor* save_mean,
-                                       Tensor* save_invstd);
+  void BatchNormAffineTraining(const BatchNormArgs& a, const Tensor& x, const Tensor& gamma,
+                               const Tensor& beta, Tensor* running_mean, Tensor* running_var,
+                               Tensor* affine, Tensor* save_mean, Tensor* save_invstd) {
+    Run(op::BatchNormAffineTraining{a, x, gamma, beta, running_mean, running_var, affine, save_mean,
+                                    save_invstd});
+  }
   // The scale and shift BatchNormForwardInference applies.
-  virtual void BatchNormAffineInference(const BatchNormArgs& a, const Tensor& gamma,
-                                        const Tensor& beta, const Tensor& running_mean,
-                                        const Tensor& running_var, Tensor* affine);
+  void BatchNormAffineInference(const BatchNormArgs& a, const Tensor& gamma, const Tensor& beta,
+                                const Tensor& running_mean, const Tensor& running_var,
+                                Tensor* affine) {
+    Run(op::BatchNormAffineInference{a, gamma, beta, running_mean, running_var, affine});
+  }
   // y = f0(x0) + f1(x1), then max(., 0) with `relu`: f_k(x) = x * scale + shift per channel
   // (ew::BnApply) where affine_k is given, x itself where it is null (not both: that is Add).
   // x0, x1, y: f32 (N, C, H, W) channels-last; y must alias neither. An x_k with an affine may be
   // bf16 (BatchNormArgs::x_bf16), and y may be bf16 where WritesBf16Sums says so (the f32 y
   // rounded to nearest even).
-  virtual void AffineAdd(const Tensor& x0, const Tensor* affine0, const Tensor& x1,
-                         const Tensor* affine1, bool relu, Tensor* y);
-  // Whether AffineAdd writes a bf16 y, and ReluBackward and ReluBackwardSum gate by a bf16 y: for
-  // a residual sum that only bf16 convolutions read (a ResNet block's output, read by the next
-  // block's convolution and shortcut), which then read it without rounding it themselves.
-  virtual bool WritesBf16Sums() const { return false; }
+  void AffineAdd(const Tensor& x0, const Tensor* affine0, const Tensor& x1, const Tensor* affine1,
+                 bool relu, Tensor* y) {
+    Run(op::AffineAdd{x0, affine0, x1, affine1, relu, y});
+  }
 
   // ---- a gradient in two parts, where TakesGradientParts says so ----
   // An output read by two nodes (a ResNet block's input) gets the sum of their gradients. Where
   // its backward starts with one of these ops, the graph hands the op both parts instead of
   // summing them into a buffer of their own first: one pass over memory and one buffer less.
   // Each adds dy_a + dy_b elementwise in f32 as it reads them, in that order: the same bits as
-  // Add(dy_a, dy_b) then the one-part op. Backends without them answer no (the graph sums).
-  virtual bool TakesGradientParts() const { return false; }
+  // Add(dy_a, dy_b) then the one-part op. Backends without them answer no (the graph sums;
+  // BackendCapabilities::gradient_parts).
   // ReluBackward of dy_a + dy_b. dx may be y (written in place). y may be bf16 where
   // WritesBf16Sums says so, for both (dx then f32, not y). With b_stride above 1, y and dy_a are
   // channels-last and dy_b is a strided 1x1 convolution's input gradient at the pixels it reads
   // (Conv2dDesc::dx_sub): (N, C, H / b_stride, W / b_stride), zero everywhere else, where dy_a
   // is still added to that 0 (the same bits as summing the whole gradient).
-  virtual void ReluBackwardSum(const Tensor& y, const Tensor& dy_a, const Tensor& dy_b,
-                               int64_t b_stride, Tensor* dx);
+  void ReluBackwardSum(const Tensor& y, const Tensor& dy_a, const Tensor& dy_b, int64_t b_stride,
+                       Tensor* dx) {
+    Run(op::ReluBackwardSum{y, dy_a, dy_b, b_stride, dx});
+  }
   // BatchNormBackward of dy_a + dy_b; channels-last (BatchNormArgs::nhwc) only.
-  virtual void BatchNormBackwardSum(const BatchNormArgs& a, const Tensor& x, const Tensor& dy_a,
-                                    const Tensor& dy_b, const Tensor* relu_y, const Tensor& gamma,
-                                    const Tensor& beta, const Tensor& save_mean,
-                                    const Tensor& save_invstd, Tensor* dx, Tensor* dgamma,
-                                    Tensor* dbeta, bool accumulate);
+  void BatchNormBackwardSum(const BatchNormArgs& a, const Tensor& x, const Tensor& dy_a,
+                            const Tensor& dy_b, const Tensor* relu_y, const Tensor& gamma,
+                            const Tensor& beta, const Tensor& save_mean, const Tensor& save_invstd,
+                            Tensor* dx, Tensor* dgamma, Tensor* dbeta, bool accumulate) {
+    Run(op::BatchNormBackwardSum{a, x, dy_a, dy_b, relu_y, gamma, beta, save_mean, save_invstd, dx,
+                                 dgamma, dbeta, accumulate});
+  }
 
   // ---- losses: sums over the batch (the caller divides), written to 1-element f32 tensors ----
   // logits (N, K), labels i32 (N); probs (N, K) kept for backward; correct = argmax hits.
@@ -468,21 +540,28 @@ class Backend {
   // (CopyToHost, Synchronize, the checks). Callers validate labels on the host first (datasets
   // do when they open a file), so this is a backstop.
   // `label_smoothing` in [0, 1) mixes the one-hot target with the uniform one (ew::SoftmaxXentRow).
-  virtual void SoftmaxCrossEntropy(const Tensor& logits, const Tensor& labels,
-                                   float label_smoothing, Tensor* probs, Tensor* loss_sum,
-                                   Tensor* correct) = 0;
+  void SoftmaxCrossEntropy(const Tensor& logits, const Tensor& labels, float label_smoothing,
+                           Tensor* probs, Tensor* loss_sum, Tensor* correct) {
+    Run(op::SoftmaxCrossEntropy{logits, labels, label_smoothing, probs, loss_sum, correct});
+  }
   // dlogits = (probs - smoothed onehot(labels)) * scale
-  virtual void SoftmaxCrossEntropyBackward(const Tensor& probs, const Tensor& labels,
-                                           float label_smoothing, float scale, Tensor* dlogits) = 0;
+  void SoftmaxCrossEntropyBackward(const Tensor& probs, const Tensor& labels, float label_smoothing,
+                                   float scale, Tensor* dlogits) {
+    Run(op::SoftmaxCrossEntropyBackward{probs, labels, label_smoothing, scale, dlogits});
+  }
   // loss_sum = sum((y - t)^2); dy = 2 (y - t) * scale
-  virtual void MseLoss(const Tensor& y, const Tensor& t, Tensor* loss_sum) = 0;
-  virtual void MseBackward(const Tensor& y, const Tensor& t, float scale, Tensor* dy) = 0;
+  void MseLoss(const Tensor& y, const Tensor& t, Tensor* loss_sum) { Run(op::Mse{y, t, loss_sum}); }
+  void MseBackward(const Tensor& y, const Tensor& t, float scale, Tensor* dy) {
+    Run(op::MseBackward{y, t, scale, dy});
+  }
 
   // ---- optimizer updates over flat f32 buffers (params, grads, state of equal length) ----
-  virtual void SgdStep(const ew::SgdHyper& h, Tensor* param, const Tensor& grad,
-                       Tensor* momentum) = 0;
-  virtual void AdamWStep(const ew::AdamWHyper& h, Tensor* param, const Tensor& grad, Tensor* m,
-                         Tensor* v) = 0;
+  void SgdStep(const ew::SgdHyper& h, Tensor* param, const Tensor& grad, Tensor* momentum) {
+    Run(op::SgdStep{h, param, grad, momentum});
+  }
+  void AdamWStep(const ew::AdamWHyper& h, Tensor* param, const Tensor& grad, Tensor* m, Tensor* v) {
+    Run(op::AdamWStep{h, param, grad, m, v});
+  }
 
   // ---- profiling: time per op kind. Off by default. On the host (CPU) each call's wall time;
   // a backend whose ops run on a device stream times them there (TimesOpsOnDevice: a timer
@@ -492,7 +571,6 @@ class Backend {
   bool profiling() const { return profiling_; }
   std::vector<OpStat> Profile();  // sorted by time, descending (waits for device timers)
   void ResetProfile();
-  virtual bool TimesOpsOnDevice() const { return false; }
   // The graph node whose ops run now (Graph sets it around each node; nullptr outside).
   void SetProfileNode(const std::string* node) { profile_node_ = node; }
 
@@ -534,8 +612,20 @@ class Backend {
   // Forgets the stats of timers that FlushDeviceTimers could not read yet (ResetProfile).
   virtual void DropDeviceTimers() noexcept {}
 
+  // Configure's work: acts on the options in `next` that this backend has, compared with
+  // options() (still the previous ones).
+  virtual void ApplyOptions(const BackendOptions& /*next*/) {}
+
  private:
+  template <class T>
+  void Set(T BackendOptions::*field, T value) {
+    BackendOptions next = options_;
+    next.*field = value;
+    Configure(next);
+  }
+
   std::unique_ptr<CachingAllocator> allocator_;
+  BackendOptions options_;
   bool profiling_ = false;
   const std::string* profile_node_ = nullptr;
   std::map<std::pair<std::string, std::string>, OpStat> stats_;  // by (node, op)

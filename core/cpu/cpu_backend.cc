@@ -18,6 +18,7 @@
 
 #include "core/cpu/cpu_backend_impl.h"
 #include "core/error.h"
+#include "core/op_dispatch.h"
 
 namespace dptrain::cpu {
 namespace {
@@ -41,6 +42,8 @@ CpuBackend::CpuBackend()
 
 CpuBackend::~CpuBackend() = default;
 
+void CpuBackend::Run(const Op& op) { RunOp(*this, op); }
+
 size_t CpuBackend::SharedWorkspaceBytes() const {
   return (impl_->scratchpad.defined() ? impl_->scratchpad.bytes() : 0) +
          (impl_->transient.defined() ? impl_->transient.bytes() : 0);
@@ -55,25 +58,22 @@ void CpuBackend::ReleasePlans() {
   impl_->transient = Tensor();
 }
 
-void CpuBackend::SetCpuFusions(bool on) {
-  if (on == fusions_) return;
-  fusions_ = on;
-  ReleasePlans();
-}
-
-void CpuBackend::SetWinograd(bool on) {
-  bool changed = false;
+void CpuBackend::ApplyOptions(const BackendOptions& next) {
+  if (next.threads > 0) omp_set_num_threads(next.threads);
+  bool release = false;
+  if (next.cpu_fusions != fusions_) {
+    fusions_ = next.cpu_fusions;
+    release = true;
+  }
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
-    changed = impl_->winograd != on;
-    impl_->winograd = on;
-    if (changed) impl_->winograd_planned = false;
+    if (impl_->winograd != next.winograd) {
+      impl_->winograd = next.winograd;
+      impl_->winograd_planned = false;
+      release = true;
+    }
   }
-  if (changed) ReleasePlans();
-}
-
-void CpuBackend::SetThreads(int threads) {
-  if (threads > 0) omp_set_num_threads(threads);
+  if (release) ReleasePlans();
 }
 
 // ---- memory ------------------------------------------------------------------------------

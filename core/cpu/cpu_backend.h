@@ -20,8 +20,13 @@ class CpuBackend final : public Backend {
 
   Device device() const override { return Device::kCpu; }
   std::string name() const override { return "cpu"; }
-  void SetThreads(int threads) override;
-  void SetWinograd(bool on) override;
+  // channels_last always; deferred batch norm, bf16 sums and gradient parts with cpu_fusions.
+  BackendCapabilities capabilities() const override {
+    BackendCapabilities c;
+    c.channels_last = true;
+    c.deferred_batch_norm = c.bf16_sums = c.gradient_parts = fusions_;
+    return c;
+  }
   // "" for fp32 where oneDNN has a Winograd kernel for this CPU (probed once: AVX-512).
   std::string WinogradProblem(Precision p) const override;
   bool WinogradPlanned() const override;
@@ -37,10 +42,11 @@ class CpuBackend final : public Backend {
   void CopyFromHost(const void* src, Tensor* dst) override;
   void CopyToHost(const Tensor& src, void* dst) override;
   void Copy(const Tensor& src, Tensor* dst) override;
-  void CopyColumns(const Tensor& src, int64_t src_col, Tensor* dst, int64_t dst_col,
-                   int64_t cols) override;
-  void Zero(Tensor* t) override;
-  void Fill(Tensor* t, float value) override;
+  void CopyColumns(const Tensor& src, int64_t src_col, Tensor* dst, int64_t dst_col, int64_t cols);
+  void Zero(Tensor* t);
+  void Fill(Tensor* t, float value);
+  // Every op of core/ops.h, each by the method of the same name below (cpu_backend.cc).
+  void Run(const Op& op) override;
   void Synchronize() override {}
 
   bool Supports(const Conv2dDesc& d) const override;
@@ -50,10 +56,6 @@ class CpuBackend final : public Backend {
   bool Supports(const BatchNormArgs& a) const override {
     return (fusions_ || (!a.dx_bf16 && !a.y_bf16 && !a.x_bf16)) && (!a.x_bf16 || a.nhwc);
   }
-  // Drops the cached plans when it changes: whether a convolution plan flips its input gradient,
-  // runs as GEMMs, subsamples its input and keeps per-layer staged inputs depends on it (ConvKey
-  // does not say).
-  void SetCpuFusions(bool on) override;
   // Whether conv2d computes its weight gradient as one GEMM over the input unfolded (im2col)
   // rather than oneDNN's convolution kernel: bf16, channels-last on both sides, not grouped, at
   // most 16 output pixels per image (ResNet-18's last stage at 32x32 input, 4x4). There oneDNN
@@ -131,9 +133,8 @@ class CpuBackend final : public Backend {
   static bool TilesByDotProducts();
   // Whether a conv2d plan runs its weight gradient so. For tests.
   static bool PlannedTiles(const OpPlan& plan);
-  // oneDNN's convolutions read and write NHWC as fast as their blocked layouts, without the
-  // reorders NCHW costs at both ends of each (cpu_conv.cc).
-  bool PrefersChannelsLast() const override { return true; }
+  // channels_last (capabilities): oneDNN's convolutions read and write NHWC as fast as their
+  // blocked layouts, without the reorders NCHW costs at both ends of each (cpu_conv.cc).
 
   std::shared_ptr<OpPlan> PrepareConv2d(const Conv2dDesc& d) override;
   void Conv2dForward(const OpPlan& plan, const Tensor& x, const Tensor& w, const Tensor* b,
@@ -160,66 +161,62 @@ class CpuBackend final : public Backend {
   void PoolBackward(const OpPlan& plan, const Tensor& dy, const Tensor* ws, Tensor* dx) override;
 
   void ConvPoolForward(const ConvPoolDesc& d, const Tensor& x, const Tensor& w, const Tensor* b,
-                       Tensor* y, Tensor* ws) override;
+                       Tensor* y, Tensor* ws);
   void ConvPoolBackward(const ConvPoolDesc& d, const Tensor& x, const Tensor& y, const Tensor& dy,
-                        const Tensor& ws, Tensor* dw, Tensor* db, bool accumulate) override;
+                        const Tensor& ws, Tensor* dw, Tensor* db, bool accumulate);
 
-  void ReluForward(const Tensor& x, Tensor* y) override;
-  void ReluBackward(const Tensor& y, const Tensor& dy, Tensor* dx) override;
-  bool TakesGradientParts() const override { return fusions_; }
-  bool DefersBatchNormApply() const override { return fusions_; }
-  bool WritesBf16Sums() const override { return fusions_; }
+  void ReluForward(const Tensor& x, Tensor* y);
+  void ReluBackward(const Tensor& y, const Tensor& dy, Tensor* dx);
   void AffineAdd(const Tensor& x0, const Tensor* affine0, const Tensor& x1, const Tensor* affine1,
-                 bool relu, Tensor* y) override;
+                 bool relu, Tensor* y);
   void ReluBackwardSum(const Tensor& y, const Tensor& dy_a, const Tensor& dy_b, int64_t b_stride,
-                       Tensor* dx) override;
-  void ActivationForward(const ew::Activation& f, const Tensor& x, Tensor* y) override;
+                       Tensor* dx);
+  void ActivationForward(const ew::Activation& f, const Tensor& x, Tensor* y);
   void ActivationBackward(const ew::Activation& f, const Tensor& x, const Tensor& y,
-                          const Tensor& dy, Tensor* dx) override;
-  void Add(const Tensor& a, const Tensor& b, Tensor* y) override;
-  void AddRelu(const Tensor& a, const Tensor& b, Tensor* y) override;
-  void MulRows(const Tensor& x, const Tensor& s, Tensor* y) override;
-  void RowDot(const Tensor& dy, const Tensor& x, Tensor* ds) override;
-  void AddRows(const Tensor& x, const Tensor& s, Tensor* y) override;
-  void RowSum(const Tensor& dy, Tensor* ds) override;
-  void Pad2d(const Tensor& x, int64_t top, int64_t left, Tensor* y) override;
-  void ToChannelsLast(const Tensor& x, Tensor* y) override;
-  void FromChannelsLast(const Tensor& x, Tensor* y) override;
-  void Scale(Tensor* t, float alpha) override;
-  void DropoutForward(const Tensor& x, float p, uint64_t seed, Tensor* y) override;
-  void DropoutBackward(const Tensor& dy, float p, uint64_t seed, Tensor* dx) override;
+                          const Tensor& dy, Tensor* dx);
+  void Add(const Tensor& a, const Tensor& b, Tensor* y);
+  void AddRelu(const Tensor& a, const Tensor& b, Tensor* y);
+  void MulRows(const Tensor& x, const Tensor& s, Tensor* y);
+  void RowDot(const Tensor& dy, const Tensor& x, Tensor* ds);
+  void AddRows(const Tensor& x, const Tensor& s, Tensor* y);
+  void RowSum(const Tensor& dy, Tensor* ds);
+  void Pad2d(const Tensor& x, int64_t top, int64_t left, Tensor* y);
+  void ToChannelsLast(const Tensor& x, Tensor* y);
+  void FromChannelsLast(const Tensor& x, Tensor* y);
+  void Scale(Tensor* t, float alpha);
+  void DropoutForward(const Tensor& x, float p, uint64_t seed, Tensor* y);
+  void DropoutBackward(const Tensor& dy, float p, uint64_t seed, Tensor* dx);
 
   void BatchNormForwardTraining(const BatchNormArgs& a, const Tensor& x, const Tensor& gamma,
                                 const Tensor& beta, Tensor* running_mean, Tensor* running_var,
-                                Tensor* y, Tensor* save_mean, Tensor* save_invstd) override;
+                                Tensor* y, Tensor* save_mean, Tensor* save_invstd);
   void BatchNormForwardInference(const BatchNormArgs& a, const Tensor& x, const Tensor& gamma,
                                  const Tensor& beta, const Tensor& running_mean,
-                                 const Tensor& running_var, Tensor* y) override;
+                                 const Tensor& running_var, Tensor* y);
   void BatchNormBackward(const BatchNormArgs& a, const Tensor& x, const Tensor& dy,
                          const Tensor* relu_y, const Tensor& gamma, const Tensor& beta,
                          const Tensor& save_mean, const Tensor& save_invstd, Tensor* dx,
-                         Tensor* dgamma, Tensor* dbeta, bool accumulate) override;
+                         Tensor* dgamma, Tensor* dbeta, bool accumulate);
   void BatchNormAffineTraining(const BatchNormArgs& a, const Tensor& x, const Tensor& gamma,
                                const Tensor& beta, Tensor* running_mean, Tensor* running_var,
-                               Tensor* affine, Tensor* save_mean, Tensor* save_invstd) override;
+                               Tensor* affine, Tensor* save_mean, Tensor* save_invstd);
   void BatchNormAffineInference(const BatchNormArgs& a, const Tensor& gamma, const Tensor& beta,
                                 const Tensor& running_mean, const Tensor& running_var,
-                                Tensor* affine) override;
+                                Tensor* affine);
   void BatchNormBackwardSum(const BatchNormArgs& a, const Tensor& x, const Tensor& dy_a,
                             const Tensor& dy_b, const Tensor* relu_y, const Tensor& gamma,
                             const Tensor& beta, const Tensor& save_mean, const Tensor& save_invstd,
-                            Tensor* dx, Tensor* dgamma, Tensor* dbeta, bool accumulate) override;
+                            Tensor* dx, Tensor* dgamma, Tensor* dbeta, bool accumulate);
 
   void SoftmaxCrossEntropy(const Tensor& logits, const Tensor& labels, float label_smoothing,
-                           Tensor* probs, Tensor* loss_sum, Tensor* correct) override;
+                           Tensor* probs, Tensor* loss_sum, Tensor* correct);
   void SoftmaxCrossEntropyBackward(const Tensor& probs, const Tensor& labels, float label_smoothing,
-                                   float scale, Tensor* dlogits) override;
-  void MseLoss(const Tensor& y, const Tensor& t, Tensor* loss_sum) override;
-  void MseBackward(const Tensor& y, const Tensor& t, float scale, Tensor* dy) override;
+                                   float scale, Tensor* dlogits);
+  void MseLoss(const Tensor& y, const Tensor& t, Tensor* loss_sum);
+  void MseBackward(const Tensor& y, const Tensor& t, float scale, Tensor* dy);
 
-  void SgdStep(const ew::SgdHyper& h, Tensor* param, const Tensor& grad, Tensor* momentum) override;
-  void AdamWStep(const ew::AdamWHyper& h, Tensor* param, const Tensor& grad, Tensor* m,
-                 Tensor* v) override;
+  void SgdStep(const ew::SgdHyper& h, Tensor* param, const Tensor& grad, Tensor* momentum);
+  void AdamWStep(const ew::AdamWHyper& h, Tensor* param, const Tensor& grad, Tensor* m, Tensor* v);
 
   int64_t CountNonFinite(const Tensor& t) override;
   double SumSquares(const Tensor& t) override;
@@ -241,8 +238,12 @@ class CpuBackend final : public Backend {
                      const Tensor* relu_y, const Tensor& gamma, const Tensor& beta,
                      const Tensor& save_mean, const Tensor& save_invstd, Tensor* dx, Tensor* dgamma,
                      Tensor* dbeta, bool accumulate);
+  // Threads (every call), Winograd, and cpu_fusions, which drops the cached plans when it
+  // changes: whether a convolution plan flips its input gradient, runs as GEMMs, subsamples its
+  // input and keeps per-layer staged inputs depends on it (ConvKey does not say).
+  void ApplyOptions(const BackendOptions& next) override;
   std::unique_ptr<Impl> impl_;
-  bool fusions_ = true;  // SetCpuFusions
+  bool fusions_ = true;  // BackendOptions::cpu_fusions
 };
 
 // The oneDNN library this binary runs with, "2.6.3" (for `dptrain info`).

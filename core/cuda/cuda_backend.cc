@@ -35,6 +35,7 @@
 #include "core/cuda/cuda_rules.h"
 #include "core/cuda/kernels.h"
 #include "core/error.h"
+#include "core/op_dispatch.h"
 
 namespace dptrain::cuda {
 namespace {
@@ -305,6 +306,8 @@ void CudaBackend::Fill(Tensor* t, float value) {
   CheckF32(*t, "Fill");
   kernels::Fill(t->data<float>(), t->numel(), value, stream_);
 }
+
+void CudaBackend::Run(const Op& op) { RunOp(*this, op); }
 
 void CudaBackend::Synchronize() {
   MakeCurrent();

@@ -66,13 +66,19 @@ class CudaBackend final : public Backend {
   void CopyFromHostAsync(const void* src, Tensor* dst) override;
   void CopyToHost(const Tensor& src, void* dst) override;
   void Copy(const Tensor& src, Tensor* dst) override;
-  void CopyColumns(const Tensor& src, int64_t src_col, Tensor* dst, int64_t dst_col,
-                   int64_t cols) override;
-  void Zero(Tensor* t) override;
-  void Fill(Tensor* t, float value) override;
+  void CopyColumns(const Tensor& src, int64_t src_col, Tensor* dst, int64_t dst_col, int64_t cols);
+  void Zero(Tensor* t);
+  void Fill(Tensor* t, float value);
+  // Every op of core/ops.h, each by the method of the same name below (cuda_backend.cc); the CPU
+  // backend's fusions (ConvPoolForward, AffineAdd, ...) are an InternalError here.
+  void Run(const Op& op) override;
   void Synchronize() override;
   // The profile times ops with events on the compute stream (no synchronisation per op).
-  bool TimesOpsOnDevice() const override { return true; }
+  BackendCapabilities capabilities() const override {
+    BackendCapabilities c;
+    c.device_timers = true;
+    return c;
+  }
 
   bool Supports(const Conv2dDesc& d) const override;
   bool Supports(const LinearDesc& d) const override;
@@ -98,45 +104,44 @@ class CudaBackend final : public Backend {
   void PoolForward(const OpPlan& plan, const Tensor& x, Tensor* y, Tensor* ws) override;
   void PoolBackward(const OpPlan& plan, const Tensor& dy, const Tensor* ws, Tensor* dx) override;
 
-  void ReluForward(const Tensor& x, Tensor* y) override;
-  void ReluBackward(const Tensor& y, const Tensor& dy, Tensor* dx) override;
-  void ActivationForward(const ew::Activation& f, const Tensor& x, Tensor* y) override;
+  void ReluForward(const Tensor& x, Tensor* y);
+  void ReluBackward(const Tensor& y, const Tensor& dy, Tensor* dx);
+  void ActivationForward(const ew::Activation& f, const Tensor& x, Tensor* y);
   void ActivationBackward(const ew::Activation& f, const Tensor& x, const Tensor& y,
-                          const Tensor& dy, Tensor* dx) override;
-  void Add(const Tensor& a, const Tensor& b, Tensor* y) override;
-  void AddRelu(const Tensor& a, const Tensor& b, Tensor* y) override;
-  void MulRows(const Tensor& x, const Tensor& s, Tensor* y) override;
-  void RowDot(const Tensor& dy, const Tensor& x, Tensor* ds) override;
-  void AddRows(const Tensor& x, const Tensor& s, Tensor* y) override;
-  void RowSum(const Tensor& dy, Tensor* ds) override;
-  void Pad2d(const Tensor& x, int64_t top, int64_t left, Tensor* y) override;
-  void ToChannelsLast(const Tensor& x, Tensor* y) override;
-  void FromChannelsLast(const Tensor& x, Tensor* y) override;
-  void Scale(Tensor* t, float alpha) override;
-  void DropoutForward(const Tensor& x, float p, uint64_t seed, Tensor* y) override;
-  void DropoutBackward(const Tensor& dy, float p, uint64_t seed, Tensor* dx) override;
+                          const Tensor& dy, Tensor* dx);
+  void Add(const Tensor& a, const Tensor& b, Tensor* y);
+  void AddRelu(const Tensor& a, const Tensor& b, Tensor* y);
+  void MulRows(const Tensor& x, const Tensor& s, Tensor* y);
+  void RowDot(const Tensor& dy, const Tensor& x, Tensor* ds);
+  void AddRows(const Tensor& x, const Tensor& s, Tensor* y);
+  void RowSum(const Tensor& dy, Tensor* ds);
+  void Pad2d(const Tensor& x, int64_t top, int64_t left, Tensor* y);
+  void ToChannelsLast(const Tensor& x, Tensor* y);
+  void FromChannelsLast(const Tensor& x, Tensor* y);
+  void Scale(Tensor* t, float alpha);
+  void DropoutForward(const Tensor& x, float p, uint64_t seed, Tensor* y);
+  void DropoutBackward(const Tensor& dy, float p, uint64_t seed, Tensor* dx);
 
   void BatchNormForwardTraining(const BatchNormArgs& a, const Tensor& x, const Tensor& gamma,
                                 const Tensor& beta, Tensor* running_mean, Tensor* running_var,
-                                Tensor* y, Tensor* save_mean, Tensor* save_invstd) override;
+                                Tensor* y, Tensor* save_mean, Tensor* save_invstd);
   void BatchNormForwardInference(const BatchNormArgs& a, const Tensor& x, const Tensor& gamma,
                                  const Tensor& beta, const Tensor& running_mean,
-                                 const Tensor& running_var, Tensor* y) override;
+                                 const Tensor& running_var, Tensor* y);
   void BatchNormBackward(const BatchNormArgs& a, const Tensor& x, const Tensor& dy,
                          const Tensor* relu_y, const Tensor& gamma, const Tensor& beta,
                          const Tensor& save_mean, const Tensor& save_invstd, Tensor* dx,
-                         Tensor* dgamma, Tensor* dbeta, bool accumulate) override;
+                         Tensor* dgamma, Tensor* dbeta, bool accumulate);
 
   void SoftmaxCrossEntropy(const Tensor& logits, const Tensor& labels, float label_smoothing,
-                           Tensor* probs, Tensor* loss_sum, Tensor* correct) override;
+                           Tensor* probs, Tensor* loss_sum, Tensor* correct);
   void SoftmaxCrossEntropyBackward(const Tensor& probs, const Tensor& labels, float label_smoothing,
-                                   float scale, Tensor* dlogits) override;
-  void MseLoss(const Tensor& y, const Tensor& t, Tensor* loss_sum) override;
-  void MseBackward(const Tensor& y, const Tensor& t, float scale, Tensor* dy) override;
+                                   float scale, Tensor* dlogits);
+  void MseLoss(const Tensor& y, const Tensor& t, Tensor* loss_sum);
+  void MseBackward(const Tensor& y, const Tensor& t, float scale, Tensor* dy);
 
-  void SgdStep(const ew::SgdHyper& h, Tensor* param, const Tensor& grad, Tensor* momentum) override;
-  void AdamWStep(const ew::AdamWHyper& h, Tensor* param, const Tensor& grad, Tensor* m,
-                 Tensor* v) override;
+  void SgdStep(const ew::SgdHyper& h, Tensor* param, const Tensor& grad, Tensor* momentum);
+  void AdamWStep(const ew::AdamWHyper& h, Tensor* param, const Tensor& grad, Tensor* m, Tensor* v);
 
   int64_t CountNonFinite(const Tensor& t) override;
   double SumSquares(const Tensor& t) override;
@@ -206,15 +211,15 @@ class CudaBackend final : public Backend {
   unsigned long long* bad_label_host_ = nullptr;
   int64_t bad_label_classes_ = 0;
 
-  void SetDeterministic(bool on) override {
+  // deterministic and timed_algorithm_search: a change drops the convolution plans (chosen under
+  // the other rule).
+  void ApplyOptions(const BackendOptions& next) override {
     std::lock_guard<std::mutex> lock(mu_);
-    if (on != deterministic_) conv_plans_.clear();  // chosen under the other rule
-    deterministic_ = on;
-  }
-  void SetTimedAlgorithmSearch(bool on) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (on != timed_search_) conv_plans_.clear();
-    timed_search_ = on;
+    if (next.deterministic != deterministic_ || next.timed_algorithm_search != timed_search_) {
+      conv_plans_.clear();
+    }
+    deterministic_ = next.deterministic;
+    timed_search_ = next.timed_algorithm_search;
   }
   void ReleasePlans() override {
     std::lock_guard<std::mutex> lock(mu_);
