@@ -10,6 +10,7 @@
 #include <csignal>
 #include <cstdio>
 #include <limits>
+#include <string>
 
 #include "core/error.h"
 #include "datasets/synthetic.h"
@@ -250,10 +251,11 @@ void Trainer::KillHookInCollective() const {
   // Test hook: this rank is lost with its gradient collectives enqueued, its peers inside them.
   const double now =
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-  std::fprintf(stderr,
-               "test hook: rank %d kills itself (SIGKILL) with its step-%lld gradient "
-               "collectives in flight, at unix time %.3f\n",
-               comm_.rank(), static_cast<long long>(step_ + 1), now);
+  const std::string line = fmt::format(
+      "test hook: rank {} kills itself (SIGKILL) with its step-{} gradient collectives "
+      "in flight, at unix time {:.3f}\n",
+      comm_.rank(), step_ + 1, now);
+  std::fputs(line.c_str(), stderr);
   std::fflush(stderr);
   std::raise(SIGKILL);
 }
