@@ -19,8 +19,9 @@
 # Compared with (the first that applies):
 #   MOVE_CHECK_BEFORE=DIR  another build tree (the commit before the change): both run here and
 #                          every run's details are diffed;
-#   tests/golden/move/CLASS.tsv, the digests recorded on a CPU of this class (vendor and the
-#                          vector ISA oneDNN picks: kernels differ between them), committed;
+#   tests/golden/move/CLASS.tsv, the digests recorded on a CPU of this class (vendor, the
+#                          vector ISA oneDNN picks and the L1d and L2 sizes it blocks by:
+#                          kernels differ between them), committed;
 #   neither: skipped, naming the class; MOVE_CHECK_RECORD=1 writes the file to commit.
 # The ONNX rows are compared only when model.onnx is the recorded one (its sha256 is part of
 # the row's name: another torch exports other bytes).
@@ -40,7 +41,11 @@ cpu_class() {
   [[ $flags == *" avx512f "* ]] && isa=avx512
   [[ $flags == *" avx512_bf16 "* ]] && isa=avx512bf16
   [[ $flags == *" amx_tile "* && $flags == *" amx_bf16 "* ]] && isa=amx
-  echo "${vendor:-unknown}-$isa"
+  # oneDNN sizes its blocks by the caches: the L1 data and L2 sizes are part of the class.
+  local l1 l2
+  l1=$(getconf LEVEL1_DCACHE_SIZE 2>/dev/null || echo 0)
+  l2=$(getconf LEVEL2_CACHE_SIZE 2>/dev/null || echo 0)
+  echo "${vendor:-unknown}-$isa-L1d_$((${l1:-0} / 1024))K-L2_$((${l2:-0} / 1024))K"
 }
 CLASS=$(cpu_class)
 GOLDEN=$DPTRAIN_SRC/tests/golden/move/$CLASS.tsv
