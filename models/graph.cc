@@ -112,41 +112,8 @@ Shape Graph::Setup(const Shape& in, const SetupOptions& opts) {
     }
   }
   ++nodes_.back().readers;
-  for (auto& n : nodes_) {
-    if (n.inputs.size() != 1 || n.inputs[0] == kInput) continue;
-    Node& producer = nodes_[static_cast<size_t>(n.inputs[0])];
-    if (producer.readers == 1) n.layer->ReadsOnlyOutputOf(*producer.layer);
-  }
-  for (auto& n : nodes_) {
-    // Not the last node: the model's output is not a folded producer's, which gates its
-    // gradient over its own output (a view of one, through a flatten at the end, still is:
-    // Model::Forward's output is read before Backward).
-    if (!fold_ || n.inputs.size() != 1 || n.inputs[0] == kInput || &n == &nodes_.back()) continue;
-    Node& producer = nodes_[static_cast<size_t>(n.inputs[0])];
-    if (producer.readers == 1) n.layer->FoldIntoInput(*producer.layer);
-  }
-  for (auto& n : nodes_) {
-    if (!fold_ || n.inputs.size() != 2) continue;
-    for (size_t k = 0; k < 2; ++k) {
-      const int j = n.inputs[k];
-      if (j != kInput && nodes_[static_cast<size_t>(j)].readers == 1)
-        n.layer->FoldIntoInputs(k, *nodes_[static_cast<size_t>(j)].layer);
-    }
-  }
-  // An output that several layers read, each of which would read it in bf16 (Layer::
-  // OfferBf16OutputToAll).
-  for (size_t j = 0; fold_ && j + 1 < nodes_.size(); ++j) {
-    if (nodes_[j].readers < 2) continue;
-    std::vector<Layer*> readers;
-    for (const Node& n : nodes_) {
-      if (n.inputs.size() == 1 && n.inputs[0] == static_cast<int>(j))
-        readers.push_back(n.layer.get());
-    }
-    const bool all = static_cast<int>(readers.size()) == nodes_[j].readers &&
-                     std::all_of(readers.begin(), readers.end(),
-                                 [](const Layer* r) { return r->WantsBf16Input(); });
-    if (all) nodes_[j].layer->OfferBf16OutputToAll(readers);
-  }
+  passes_ = std::make_unique<GraphPasses>(*this, backend_);
+  passes_->Fuse(fold_);
   std::vector<char> refused(nodes_.size(), 0);
   grad_arena_ = out_arena_ = Tensor();
   slot_buffers_.clear();
@@ -155,7 +122,8 @@ Shape Graph::Setup(const Shape& in, const SetupOptions& opts) {
   segments_ = 1;
   fwd_x_ = Tensor();
   for (;;) {
-    PlanLayouts(&refused);
+    const std::vector<char> nhwc = passes_->PlanLayouts(channels_last_, &refused);
+    for (size_t i = 0; i < nodes_.size(); ++i) nodes_[i].nhwc = nhwc[i] != 0;
     size_t failed = 0;
     try {
       SetupNodes(in, opts, &failed);
@@ -171,49 +139,6 @@ Shape Graph::Setup(const Shape& in, const SetupOptions& opts) {
   PlaceInputGrads(in[0]);
   PlanRecompute(in[0]);
   return nodes_.back().shape;
-}
-
-void Graph::PlanLayouts(std::vector<char>* refused) {
-  const size_t count = nodes_.size();
-  for (auto& n : nodes_) n.nhwc = false;
-  if (!channels_last_ || !backend_.PrefersChannelsLast()) return;
-  std::vector<std::vector<size_t>> readers(count);
-  for (size_t i = 0; i < count; ++i) {
-    for (int j : nodes_[i].inputs) {
-      if (j != kInput) readers[static_cast<size_t>(j)].push_back(i);
-    }
-  }
-  const auto takes = [&](size_t i) { return !(*refused)[i] && nodes_[i].layer->TakesNhwc(); };
-  const auto chooses = [&](size_t i) { return nodes_[i].layer->ChoosesNhwcOut(); };
-  for (;;) {
-    // ok[i]: node i's output may be NHWC: not the graph's output, and every reader takes NHWC
-    // and, unless it chooses its own output's layout, may write NHWC itself.
-    std::vector<char> ok(count, 0);
-    for (size_t i = count - 1; i-- > 0;) {
-      bool all = true;
-      for (size_t r : readers[i]) all = all && takes(r) && (chooses(r) || ok[r]);
-      ok[i] = all ? 1 : 0;
-    }
-    // In node order: a chooser writes NHWC where it may; a taker follows its inputs, which must
-    // agree (else it is refused, and the plan made again).
-    bool mixed = false;
-    for (size_t i = 0; i < count && !mixed; ++i) {
-      Node& n = nodes_[i];
-      if (chooses(i)) {
-        n.nhwc = ok[i] != 0;
-        continue;
-      }
-      size_t nhwc_inputs = 0;
-      for (int j : n.inputs) nhwc_inputs += j != kInput && nodes_[static_cast<size_t>(j)].nhwc;
-      n.nhwc = nhwc_inputs > 0;
-      if (nhwc_inputs > 0 && nhwc_inputs < n.inputs.size()) {
-        (*refused)[i] = 1;
-        mixed = true;
-      }
-    }
-    if (!mixed) return;
-    for (auto& n : nodes_) n.nhwc = false;
-  }
 }
 
 void Graph::SetupNodes(const Shape& in, const SetupOptions& opts, size_t* failed) {
@@ -236,10 +161,6 @@ void Graph::SetupNodes(const Shape& in, const SetupOptions& opts, size_t* failed
     o.nhwc_in = !n.inputs.empty();
     for (int j : n.inputs)
       o.nhwc_in = o.nhwc_in && j != kInput && nodes_[static_cast<size_t>(j)].nhwc;
-    // A layer whose readers would each transpose its channels-last output (flattens) writes NCHW
-    // where it can as it goes (a max pool): ref_cnn's last pool, which saves both transposes.
-    if (n.nhwc && o.nhwc_in && ReadersPreferNchw(i) && n.layer->CanWriteNchwFromNhwc(shapes[0]))
-      n.nhwc = false;
     o.nhwc_out = n.nhwc;
     o.need_dx = opts.need_dx || !reads_graph_input_only;
     o.fuse_conv_pool = opts.fuse_conv_pool && fuse_conv_pool_;
@@ -269,14 +190,15 @@ void Graph::SetupNodes(const Shape& in, const SetupOptions& opts, size_t* failed
     // Out-of-memory reports name the node whose buffers were being allocated.
     const AllocationScope scope(what);
     *failed = i;
+    passes_->Choose(i, shapes, &n.nhwc, &o);  // the node's descriptor, for its shapes
     n.shape = n.layer->SetupInputs(shapes, o);
     n.grad_sum = Tensor();
     size_t summed_at = 0;
     n.sums_parts = sum_gradient_parts_ && n.readers == 2 && i + 1 < nodes_.size() &&
                    SumsPartsFrom(i, &summed_at);
-    n.sums_sampled = n.sums_parts && nodes_[summed_at].layer->SumsSampledPart();
+    n.sums_sampled = n.sums_parts && nodes_[summed_at].layer->flow().sums_sampled_part;
     n.sampled_reader = kNoNode;  // its readers, set up next, may take it
-    if (n.layer->InputGradStride() != 1) {
+    if (n.layer->flow().input_grad_stride != 1) {
       DPT_CHECK(o.sampled_input_grad)
           << "layer '" << what << "' hands its input gradient sampled without the graph's offer";
       from->sampled_reader = i;
@@ -290,23 +212,11 @@ void Graph::SetupNodes(const Shape& in, const SetupOptions& opts, size_t* failed
   }
 }
 
-bool Graph::ReadersPreferNchw(size_t i) const {
-  bool any = false;
-  for (size_t k = i + 1; k < nodes_.size(); ++k) {
-    for (int j : nodes_[k].inputs) {
-      if (j != static_cast<int>(i)) continue;
-      if (!nodes_[k].layer->PrefersNchwIn()) return false;
-      any = true;
-    }
-  }
-  return any;
-}
-
 bool Graph::SumsPartsFrom(size_t i, size_t* at) const {
   size_t k = i;
-  while (nodes_[k].layer->PassesGradientAsIs()) {
+  while (nodes_[k].layer->flow().passes_gradient_as_is) {
     // The memory plans keep a passed gradient alive through the layers that say PassesGradient.
-    DPT_CHECK(nodes_[k].layer->PassesGradient())
+    DPT_CHECK(nodes_[k].layer->flow().passes_gradient)
         << "layer '" << nodes_[k].label << "' passes its gradient as it is, but not PassesGradient";
     const std::vector<int>& in = nodes_[k].inputs;
     if (in.size() != 1 || in[0] == kInput) return false;
@@ -314,7 +224,7 @@ bool Graph::SumsPartsFrom(size_t i, size_t* at) const {
     if (nodes_[k].readers != 1) return false;
   }
   *at = k;
-  return nodes_[k].layer->SumsGradientParts();
+  return nodes_[k].layer->flow().sums_gradient_parts;
 }
 
 void Graph::PlaceInputGrads(int64_t batch) {
@@ -325,11 +235,11 @@ void Graph::PlaceInputGrads(int64_t batch) {
   }
   // Backward runs node count - 1 first: node j's backward is at step count - 1 - j. last[j]: the
   // last step that may read the gradient of node j's output: j's backward, or that of an input
-  // of j's when j may pass the gradient on (Layer::PassesGradient), and so on.
+  // of j's when j may pass the gradient on (LayerFlow::passes_gradient), and so on.
   std::vector<size_t> last(count);
   for (size_t j = 0; j < count; ++j) {
     last[j] = count - 1 - j;
-    if (!nodes_[j].layer->PassesGradient()) continue;
+    if (!nodes_[j].layer->flow().passes_gradient) continue;
     for (int p : nodes_[j].inputs) {
       if (p != kInput) last[j] = std::max(last[j], last[static_cast<size_t>(p)]);
     }
@@ -424,7 +334,7 @@ void Graph::PlanRecompute(int64_t batch) {
     size_t node = 0;
     size_t bytes = 0;  // aligned, as placed
     size_t last = 0;   // the last node that reads it
-    size_t first = 0;  // the first node whose backward reads it (Layer::GradientInOutput)
+    size_t first = 0;  // the first node whose backward reads it (LayerFlow::gradient_in_output)
     bool graph_output = false;
   };
   constexpr size_t kAlign = 512;
@@ -444,7 +354,7 @@ void Graph::PlanRecompute(int64_t batch) {
   if (slots.empty()) return;
   // A layer that may return its input has its readers read the input's buffer (Forward checks).
   for (size_t j = 0; j < count; ++j) {
-    if (!nodes_[j].layer->ForwardPassesInput()) continue;
+    if (!nodes_[j].layer->flow().forward_passes_input) continue;
     for (int p : nodes_[j].inputs) {
       if (p != kInput) {
         const auto& a = alias[static_cast<size_t>(p)];
@@ -463,7 +373,7 @@ void Graph::PlanRecompute(int64_t batch) {
   // the inputs' producers (and of theirs, through layers that pass a gradient on).
   for (size_t k = 0; k < slots.size(); ++k) {
     const size_t j = slots[k].node;
-    if (nodes_[j].out_slot != slots[k].buffer.get() || !nodes_[j].layer->GradientInOutput())
+    if (nodes_[j].out_slot != slots[k].buffer.get() || !nodes_[j].layer->flow().gradient_in_output)
       continue;
     std::vector<int> todo = nodes_[j].inputs;
     while (!todo.empty()) {
@@ -472,7 +382,8 @@ void Graph::PlanRecompute(int64_t batch) {
       if (p == kInput) continue;
       const Node& pn = nodes_[static_cast<size_t>(p)];
       slots[k].first = std::min(slots[k].first, static_cast<size_t>(p));
-      if (pn.layer->PassesGradient()) todo.insert(todo.end(), pn.inputs.begin(), pn.inputs.end());
+      if (pn.layer->flow().passes_gradient)
+        todo.insert(todo.end(), pn.inputs.begin(), pn.inputs.end());
     }
   }
   const auto kept_in = [&](const Slot& s, const std::vector<size_t>& seg) {
@@ -555,7 +466,7 @@ void Graph::ForwardNode(size_t i, const Tensor& x, const ForwardContext& ctx) {
   if (b != n.out_slot && out_slot_buffers_.count(b) != 0) {
     bool passed = false;
     for (const Tensor* in : xs_) passed = passed || in->buffer().get() == b;
-    DPT_CHECK(passed && n.layer->ForwardPassesInput())
+    DPT_CHECK(passed && n.layer->flow().forward_passes_input)
         << "layer '" << n.label << "' returned its output in a shared buffer not planned for it ('"
         << b->label() << "')";
   }
@@ -594,7 +505,7 @@ void Graph::BackwardNode(size_t i, bool accumulate) {
   Node& n = nodes_[i];
   DPT_CHECK(n.grad != nullptr) << "graph node " << i << " has no gradient";
   DPT_CHECK(n.grad_stride == 1) << "graph node " << i << " has only a sampled gradient part";
-  if (n.grad2 != nullptr && n.layer->PassesGradientAsIs()) {
+  if (n.grad2 != nullptr && n.layer->flow().passes_gradient_as_is) {
     // Both parts go on as they are to the one input (SumsPartsFrom), its only reader this node.
     Node& p = nodes_[static_cast<size_t>(n.inputs[0])];
     DPT_CHECK(p.grad == nullptr) << "graph node " << i << " hands on a gradient in two parts";
@@ -619,22 +530,22 @@ void Graph::BackwardNode(size_t i, bool accumulate) {
     const Buffer* b = dxs_[k]->buffer().get();
     if (slot_buffers_.count(b) != 0) {
       const bool own = k < n.input_slots.size() && n.input_slots[k] == b;
-      const bool passed = n.layer->PassesGradient() && n.grad->buffer().get() == b;
+      const bool passed = n.layer->flow().passes_gradient && n.grad->buffer().get() == b;
       DPT_CHECK(own || passed) << "layer '" << n.label << "' returned the gradient of input " << k
                                << " in a shared buffer not planned for it ('" << b->label() << "')";
     }
     // An activation buffer holds a gradient only where its layer declared so (GradientInOutput),
     // and from there through the layers that pass it on.
     if (out_slot_buffers_.count(b) != 0) {
-      const bool own = b == n.out_slot && n.layer->GradientInOutput();
-      const bool passed = n.layer->PassesGradient() && n.grad->buffer().get() == b;
+      const bool own = b == n.out_slot && n.layer->flow().gradient_in_output;
+      const bool passed = n.layer->flow().passes_gradient && n.grad->buffer().get() == b;
       DPT_CHECK(own || passed) << "layer '" << n.label << "' returned the gradient of input " << k
                                << " in an activation buffer not planned for it ('" << b->label()
                                << "')";
     }
     const size_t j = static_cast<size_t>(n.inputs[k]);
     AddGradient(n.inputs[k], *dxs_[k],
-                nodes_[j].sampled_reader == i ? n.layer->InputGradStride() : 1);
+                nodes_[j].sampled_reader == i ? n.layer->flow().input_grad_stride : 1);
   }
   backend_.SetProfileNode(nullptr);
 }

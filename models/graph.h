@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "models/layer.h"
+#include "models/passes/passes.h"
 
 namespace dptrain {
 
@@ -41,11 +42,12 @@ class Graph {
 
   // Sets every node up for inputs of shape `in` (dimension 0 = the largest batch) and returns
   // the output shape. A node whose output nobody reads (other than the last) is a ConfigError,
-  // as are shapes a layer refuses. Out-of-memory reports name the node being set up. First
-  // folds a ReLU into the batch norm, convolution or residual sum whose output only it reads
-  // (Layer::FoldIntoInput): the same numbers, one pass over the activation instead of two, no
-  // ReLU buffers; and offers a two-input node each producer only it reads (Layer::FoldIntoInputs:
-  // a residual sum applies the batch norm before it).
+  // as are shapes a layer refuses. Out-of-memory reports name the node being set up. The graph's
+  // passes (models/passes) decide first what runs where: a ReLU folded into the batch norm,
+  // convolution or residual sum whose output only it reads (the same numbers, one pass over the
+  // activation instead of two, no ReLU buffers), a residual sum applying the batch norms before
+  // it, the channels-last regions; and, as each node is set up, which fused or 16-bit
+  // descriptors the backend runs for its shapes.
   Shape Setup(const Shape& in, const SetupOptions& opts);
   // Off: no folding at the next Setup (the tests that prove folding changes no number).
   void set_fold(bool on) { fold_ = on; }
@@ -54,16 +56,13 @@ class Graph {
   // fused op sums in another order: the tests that prove folding changes no number turn it off.
   void set_fuse_conv_pool(bool on) { fuse_conv_pool_ = on; }
   // Off: an output's two gradients are summed into a buffer of their own at the next Setup even
-  // where the layer reading the sum could add them as it reads (Layer::SumsGradientParts; the
+  // where the layer reading the sum could add them as it reads (LayerFlow::sums_gradient_parts; the
   // tests that prove taking them in parts changes no number).
   void set_sum_gradient_parts(bool on) { sum_gradient_parts_ = on; }
-  // Channels-last activations, on a backend that prefers them (Backend::PrefersChannelsLast):
-  // Setup plans which outputs are NHWC. A node's output is NHWC when the node chooses its
-  // output's layout (a convolution) and every reader takes NHWC inputs, or when the node takes
-  // NHWC inputs (batch norm, pooling, the elementwise layers) and is given them; the graph's
-  // input and output are NCHW (a global pool's (N, C, 1, 1) output is both). A node that refuses
-  // at Setup (a broadcast add) is planned again on NCHW. Off: every activation NCHW (the tests that
-  // prove the layout changes no number beyond rounding).
+  // Channels-last activations, on a backend that keeps them (BackendCapabilities::channels_last):
+  // Setup plans which outputs are NHWC (the layout pass, models/passes/layout.cc). A node that
+  // refuses at Setup (a broadcast add) is planned again on NCHW. Off: every activation NCHW (the
+  // tests that prove the layout changes no number beyond rounding).
   void set_channels_last(bool on) { channels_last_ = on; }
   // Whether node i's output is NHWC (valid after Setup).
   bool output_nhwc(size_t i) const { return nodes_[i].nhwc; }
@@ -100,7 +99,7 @@ class Graph {
   // Backward in reverse node order from d(loss)/d(output). `before(i)` runs before node i's
   // backward, `after(i)` once it is done (node i's parameter gradients are final). A node
   // output read by several nodes gets the sum of their gradients (in a buffer set up for it, or,
-  // read by two, added by the backward that reads it: Layer::SumsGradientParts).
+  // read by two, added by the backward that reads it: LayerFlow::sums_gradient_parts).
   template <class B, class F>
   void BackwardEach(const Tensor& dy, bool accumulate, B before, F after) {
     StartBackward(dy);
@@ -152,12 +151,12 @@ class Graph {
     const Tensor* grad = nullptr;  // d(loss)/d(out) in the running backward
     Tensor grad_view;              // grad_sum for the current batch
     // Two readers, and the backward that first reads the gradient (this node's, or an input's
-    // through layers that pass it as it is) takes it in two parts (Layer::SumsGradientParts):
+    // through layers that pass it as it is) takes it in two parts (LayerFlow::sums_gradient_parts):
     // no grad_sum; the second reader's gradient waits in grad2 instead.
     bool sums_parts = false;
     const Tensor* grad2 = nullptr;
     // With sums_parts, where the backward that sums the parts takes a sampled one
-    // (Layer::SumsSampledPart): the reader that hands its gradient so (Layer::InputGradStride),
+    // (LayerFlow::sums_sampled_part): the reader that hands its gradient so (input_grad_stride),
     // or kNoNode. In a running backward, each part's stride (1: the whole gradient); once both
     // are in, the sampled one is grad2.
     bool sums_sampled = false;
@@ -182,16 +181,13 @@ class Graph {
     size_t node = 0, input = 0;
     std::weak_ptr<Buffer> buffer;
   };
-  // Plans Node::nhwc for every node, with the nodes in `refused` taking NCHW inputs only.
-  void PlanLayouts(std::vector<char>* refused);
-  // Sets up every node (after folding and planning); throws NhwcRefused with *failed = the node.
+  // Sets up every node (after the passes before Setup, with GraphPasses::Choose for each); throws
+  // NhwcRefused with *failed = the node.
   void SetupNodes(const Shape& in, const SetupOptions& opts, size_t* failed);
   // Whether the gradient of node i's output may stay in two parts (Node::sums_parts): the first
   // layer from node i down through layers that pass a gradient as it is sums them as it reads.
   // *at: that layer's node.
   bool SumsPartsFrom(size_t i, size_t* at) const;
-  // Whether node i has readers and every one prefers NCHW inputs (Layer::PrefersNchwIn).
-  bool ReadersPreferNchw(size_t i) const;
   // Places the input-gradient buffers asked for at Setup in one allocation (batch: the largest).
   void PlaceInputGrads(int64_t batch);
   // Cuts the graph into recompute segments and places the outputs and saved buffers asked for at
@@ -210,6 +206,7 @@ class Graph {
 
   Backend& backend_;
   std::vector<Node> nodes_;
+  std::unique_ptr<GraphPasses> passes_;  // the last Setup's
   std::map<std::string, std::vector<float>> initial_;
   std::string origin_;
   bool fold_ = true;

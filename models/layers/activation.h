@@ -19,7 +19,6 @@ class Activation final : public Layer {
   const Tensor& Forward(const Tensor& x, const ForwardContext& ctx) override;
   const Tensor& Backward(const Tensor& dy, bool accumulate) override;
   int64_t ActivationBytesPerSample() const override { return 4 * 2 * per_sample_; }
-  bool TakesNhwc() const override { return true; }  // elementwise: any layout
 
  private:
   ew::Activation f_;

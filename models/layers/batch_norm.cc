@@ -10,29 +10,27 @@ Shape BatchNorm::Setup(const Shape& in, const SetupOptions& opts) {
   DPT_CHECK_AS(ConfigError, in.rank() == 2 || in.rank() == 4)
       << "batchnorm '" << name_ << "' needs (N, C) or (N, C, H, W) input, got " << in.ToString();
   channels_ = in[1];
+  args_ = BaseArgs();
   args_.nhwc = opts.nhwc_in && in.rank() == 4;
+  args_.x_bf16 = fusion_.x_bf16;
+  args_.y_bf16 = fusion_.y_bf16;
+  args_.dx_bf16 = fusion_.dx_bf16;
   per_sample_ = in.numel() / in[0];
   need_dx_ = opts.need_dx;
-  args_.dx_bf16 = conv_ != nullptr && conv_->reads_dy_bf16();
   DPT_CHECK(need_dx_ || !args_.dx_bf16) << label() << ": a bf16 input gradient nobody reads";
-  // y in bf16 for the bf16 convolution that alone reads it; not without need_dx, where the
-  // backward writes its f32 dx over the output buffer.
-  args_.y_bf16 = false;
-  if (reader_ != nullptr) {
-    BatchNormArgs a = args_;
-    a.y_bf16 = true;
-    args_.y_bf16 = need_dx_ && in.rank() == 4 && backend_.Supports(a) &&
-                   reader_->CanReadBf16Input(in, args_.nhwc, opts.precision);
-    reader_->ReadBf16Input(args_.y_bf16);
-  }
+  // Without need_dx the backward writes its f32 dx over the output buffer: it must be f32 and
+  // there (no bf16 output, no deferred apply).
+  DPT_CHECK(need_dx_ || (!args_.y_bf16 && !fusion_.deferred))
+      << label() << ": a bf16 or deferred output without an input gradient buffer";
+  DPT_CHECK(!fusion_.deferred || (args_.nhwc && !args_.relu && !args_.y_bf16))
+      << label() << ": a deferred apply of an NCHW, ReLU or bf16 output";
+  flow_ = LayerFlow{};
+  flow_.forward_passes_input = fusion_.deferred;
+  flow_.sums_gradient_parts = args_.nhwc && backend_.capabilities().gradient_parts;
   save_mean_ = backend_.Empty(Shape{channels_}, DType::kF32, label() + " saved mean");
   save_invstd_ = backend_.Empty(Shape{channels_}, DType::kF32, label() + " saved invstd");
-  // The reading sum applies it (OfferDeferredApply). Without need_dx the backward would write
-  // its dx over the output buffer, which there is not then.
-  deferred_ = defer_offered_ && !args_.relu && !args_.y_bf16 && need_dx_ && in.rank() == 4 &&
-              args_.nhwc && backend_.DefersBatchNormApply();
   out_ = affine_ = Tensor();
-  if (deferred_) {
+  if (fusion_.deferred) {
     affine_ = backend_.Empty(Shape{2 * channels_}, DType::kF32, label() + " scale and shift");
   } else {
     out_ = OutputBuffer(backend_, opts, in, args_.y_bf16 ? DType::kBF16 : DType::kF32,
@@ -54,29 +52,6 @@ Shape BatchNorm::Setup(const Shape& in, const SetupOptions& opts) {
   return in;
 }
 
-void BatchNorm::FoldIntoInput(Layer& producer) {
-  conv_ = dynamic_cast<Conv2d*>(&producer);
-  if (conv_ != nullptr) conv_->OfferBf16Dy(this);
-}
-
-void BatchNorm::ReadsOnlyOutputOf(Layer& producer) {
-  if (auto* conv = dynamic_cast<Conv2d*>(&producer)) conv->OfferBf16Output(*this);
-}
-
-bool BatchNorm::CanReadBf16Input(const Shape& in, bool nhwc, Precision p) const {
-  BatchNormArgs a = args_;
-  a.nhwc = nhwc;
-  a.x_bf16 = true;
-  return p == Precision::kBF16 && nhwc && in.rank() == 4 && backend_.Supports(a);
-}
-
-bool BatchNorm::CanWriteBf16Dx(const Shape& in, bool nhwc) const {
-  BatchNormArgs a = args_;
-  a.nhwc = nhwc && in.rank() == 4;
-  a.dx_bf16 = true;
-  return backend_.Supports(a);
-}
-
 void BatchNorm::ListParams(std::vector<ParamRef>* out) {
   out->push_back({"weight", Shape{channels_}, Init::kOnes, 1, &gamma_, &ggamma_});
   out->push_back({"bias", Shape{channels_}, Init::kZeros, 1, &beta_, &gbeta_});
@@ -91,7 +66,7 @@ const Tensor& BatchNorm::Forward(const Tensor& x, const ForwardContext& ctx) {
   x_ = x;
   // deferred: the statistics and the scale and shift only; the reading sum applies them
   if (!ctx.training) {
-    if (deferred_) {
+    if (fusion_.deferred) {
       backend_.BatchNormAffineInference(args_, gamma_, beta_, running_mean_, running_var_,
                                         &affine_);
       return x_;
@@ -106,7 +81,7 @@ const Tensor& BatchNorm::Forward(const Tensor& x, const ForwardContext& ctx) {
   DPT_CHECK(!again || discard_mean_.defined()) << label() << ": recomputed but not set up for it";
   Tensor* mean = again ? &discard_mean_ : &running_mean_;
   Tensor* var = again ? &discard_var_ : &running_var_;
-  if (deferred_) {
+  if (fusion_.deferred) {
     backend_.BatchNormAffineTraining(args_, x, gamma_, beta_, mean, var, &affine_, &save_mean_,
                                      &save_invstd_);
     return x_;
@@ -123,7 +98,7 @@ const Tensor& BatchNorm::Backward(const Tensor& dy, bool accumulate) {
 
 void BatchNorm::BackwardInputsSum(const Tensor& dy_a, const Tensor& dy_b, int64_t b_stride,
                                   bool accumulate, std::vector<const Tensor*>* dx) {
-  DPT_CHECK(b_stride == 1) << label() << ": a sampled gradient part (SumsSampledPart says no)";
+  DPT_CHECK(b_stride == 1) << label() << ": a sampled gradient part (sums_sampled_part says no)";
   dx->assign(1, &Grad(dy_a, &dy_b, accumulate));
 }
 
@@ -132,7 +107,7 @@ const Tensor& BatchNorm::Grad(const Tensor& dy, const Tensor* dy2, bool accumula
   // into the output buffer, which is no longer needed once backward has reached this layer.
   dx_ = need_dx_ ? dx_buf_.Batch(dy.shape()[0]) : out_.Batch(dy.shape()[0]);
   // With a folded ReLU, y_ gates dy; written over by dx_ when dx_ is the output buffer.
-  const Tensor* gate = args_.relu && !gate_handed_ ? &y_ : nullptr;
+  const Tensor* gate = args_.relu && !fusion_.gate_handed ? &y_ : nullptr;
   if (dy2 != nullptr) {
     backend_.BatchNormBackwardSum(args_, x_, dy, *dy2, gate, gamma_, beta_, save_mean_,
                                   save_invstd_, &dx_, &ggamma_, &gbeta_, accumulate);

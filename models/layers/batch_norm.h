@@ -5,15 +5,31 @@
 #pragma once
 
 #include "models/layer.h"
-#include "models/layers/conv2d.h"
 
 namespace dptrain {
+
+// What the graph's passes (models/passes) decided for a batch norm, written before its Setup.
+struct BatchNormFusion {
+  // Before Setup (fuse.cc): the ReLU that alone reads the output is applied here
+  // (BatchNormArgs::relu), and the max pool that alone reads the ReLU's output gates dy instead
+  // of this layer (gate_handed).
+  bool relu = false;
+  bool gate_handed = false;
+  // At Setup (choose.cc): the input is read in bf16 (the convolution before writes it so), the
+  // output written in bf16 for the convolution that alone reads it, the input gradient written in
+  // bf16 for the convolution before that reads it so (BatchNormArgs::x_bf16, y_bf16, dx_bf16) ...
+  bool x_bf16 = false, y_bf16 = false, dx_bf16 = false;
+  // ... or the residual sum that alone reads the output applies the normalisation itself
+  // (Backend::AffineAdd, AddFusion::applies): Forward then computes the statistics and the scale
+  // and shift (deferred_affine) and returns its input, and holds no output.
+  bool deferred = false;
+};
 
 class BatchNorm final : public Layer {
  public:
   // args: momentum and eps as PyTorch means them (defaults 0.1, 1e-5).
   BatchNorm(Backend& be, std::string name, const BatchNormArgs& args = {})
-      : Layer(be, std::move(name)), args_(args) {}
+      : Layer(be, std::move(name)), base_(args), args_(args) {}
   std::string type() const override { return "batchnorm"; }
   Shape Setup(const Shape& in, const SetupOptions& opts) override;
   void ListParams(std::vector<ParamRef>* out) override;
@@ -23,51 +39,34 @@ class BatchNorm final : public Layer {
   // the output and, when one is wanted, the input gradient (each f32, or bf16 for a convolution
   // that reads it so)
   int64_t ActivationBytesPerSample() const override {
-    return ((deferred_      ? 0
-             : args_.y_bf16 ? 2
-                            : 4) +
+    return ((fusion_.deferred ? 0
+             : args_.y_bf16   ? 2
+                              : 4) +
             (need_dx_ ? (args_.dx_bf16 ? 2 : 4) : 0)) *
            per_sample_;
   }
-  // The convolution that alone reads the output may read it in bf16 (Layer::OfferBf16Output).
-  void OfferBf16Output(Layer& reader) override { reader_ = &reader; }
-  // A convolution's batch norm offers to write its gradient in bf16 (Conv2d::OfferBf16Dy).
-  void FoldIntoInput(Layer& producer) override;
-  bool CanWriteBf16Dx(const Shape& in, bool nhwc) const override;
-  // In bf16 the convolution before it may write its output in bf16 (Conv2dDesc::y_bf16), which
-  // this batch norm then reads (BatchNormArgs::x_bf16): offered whatever the folding.
-  void ReadsOnlyOutputOf(Layer& producer) override;
-  bool CanReadBf16Input(const Shape& in, bool nhwc, Precision p) const override;
-  void ReadBf16Input(bool bf16) override { args_.x_bf16 = bf16; }
-  bool FoldRelu() override {
-    args_.relu = true;
-    return true;
-  }
-  bool HandOverReluGate() override {
-    gate_handed_ = args_.relu;
-    return args_.relu;
-  }
-  bool TakesNhwc() const override { return true; }
-  // The residual sum that alone reads the output offers to apply the normalisation itself
-  // (Backend::AffineAdd). Taken at Setup where the backend runs it (DefersBatchNormApply) on
-  // channels-last images without a folded ReLU: Forward then computes the statistics and the
-  // scale and shift (deferred_affine) and returns its input, and holds no output.
-  void OfferDeferredApply() { defer_offered_ = true; }
-  const Tensor* deferred_affine() const { return deferred_ ? &affine_ : nullptr; }
-  bool ForwardPassesInput() const override { return deferred_; }
-  // Channels-last on a backend that takes it (Backend::BatchNormBackwardSum).
-  bool SumsGradientParts() const override { return args_.nhwc && backend_.TakesGradientParts(); }
+  // Channels-last on a backend that takes it (BackendCapabilities::gradient_parts,
+  // Backend::BatchNormBackwardSum): LayerFlow::sums_gradient_parts.
   void BackwardInputsSum(const Tensor& dy_a, const Tensor& dy_b, int64_t b_stride, bool accumulate,
                          std::vector<const Tensor*>* dx) override;
+
+  BatchNormFusion& fusion() { return fusion_; }
+  const BatchNormFusion& fusion() const { return fusion_; }
+  // The arguments it was made with, and the folded ReLU: what the passes ask the backend about.
+  BatchNormArgs BaseArgs() const {
+    BatchNormArgs a = base_;
+    a.relu = fusion_.relu;
+    return a;
+  }
+  // After Setup: the scale and shift the reading sum applies, when deferred (else null).
+  const Tensor* deferred_affine() const { return fusion_.deferred ? &affine_ : nullptr; }
 
  private:
   int64_t channels_ = 0, per_sample_ = 0;
   bool need_dx_ = true;
-  bool gate_handed_ = false;  // the max pool after the folded ReLU gates dy (HandOverReluGate)
-  bool defer_offered_ = false, deferred_ = false;  // OfferDeferredApply, and taken at Setup
-  BatchNormArgs args_;
-  Conv2d* conv_ = nullptr;   // the convolution this batch norm alone reads (FoldIntoInput)
-  Layer* reader_ = nullptr;  // the convolution that alone reads this output (OfferBf16Output)
+  BatchNormFusion fusion_;
+  const BatchNormArgs base_;  // as made
+  BatchNormArgs args_;        // as set up
   Tensor gamma_, beta_, ggamma_, gbeta_, running_mean_, running_var_;
   Tensor save_mean_, save_invstd_;
   Tensor discard_mean_, discard_var_;  // the running update of a recomputed forward

@@ -19,24 +19,34 @@ Conv2d::Conv2d(Backend& be, std::string name, int64_t out_channels, int64_t kern
       dilation_(dilation),
       bias_(bias) {}
 
-Shape Conv2d::Setup(const Shape& in, const SetupOptions& opts) {
+Conv2dDesc Conv2d::DescFor(const Shape& in, Precision p, bool x_nhwc, bool y_nhwc) const {
+  Conv2dDesc d{in[0],   in[1], in[2], in[3], out_channels_, kernel_,  kernel_,
+               stride_, pad_,  bias_, p,     groups_,       dilation_};
+  d.relu = fusion_.relu;
+  d.x_nhwc = x_nhwc;
+  d.y_nhwc = y_nhwc;
+  d.x_bf16 = fusion_.x_bf16;
+  return d;
+}
+
+Conv2dDesc Conv2d::Describe(const Shape& in, const SetupOptions& opts) const {
   DPT_CHECK_AS(ConfigError, in.rank() == 4)
       << "conv2d '" << name_ << "' needs (N, C, H, W) input, got " << in.ToString();
-  desc_ = Conv2dDesc{in[0],   in[1], in[2], in[3],          out_channels_, kernel_,  kernel_,
-                     stride_, pad_,  bias_, opts.precision, groups_,       dilation_};
-  desc_.relu = relu_;
-  desc_.x_nhwc = opts.nhwc_in;
-  desc_.y_nhwc = opts.nhwc_out;
-  desc_.x_bf16 = x_bf16_;
+  const Conv2dDesc d = DescFor(in, opts.precision, opts.nhwc_in, opts.nhwc_out);
   DPT_CHECK_AS(ConfigError, groups_ > 0 && in[1] % groups_ == 0 && out_channels_ % groups_ == 0)
       << "conv2d '" << name_ << "': groups " << groups_ << " must divide the " << in[1]
       << " input channels and the " << out_channels_ << " output channels";
   const int64_t span = dilation_ * (kernel_ - 1) + 1;
-  DPT_CHECK_AS(ConfigError, span <= in[2] + 2 * pad_ && span <= in[3] + 2 * pad_ &&
-                                desc_.out_h() > 0 && desc_.out_w() > 0)
+  DPT_CHECK_AS(ConfigError, span <= in[2] + 2 * pad_ && span <= in[3] + 2 * pad_ && d.out_h() > 0 &&
+                                d.out_w() > 0)
       << "conv2d '" << name_ << "': kernel " << kernel_
       << (dilation_ != 1 ? " dilated " + std::to_string(dilation_) : std::string()) << " with pad "
       << pad_ << " does not fit input " << in.ToString();
+  return d;
+}
+
+Shape Conv2d::Setup(const Shape& in, const SetupOptions& opts) {
+  desc_ = Describe(in, opts);
   if (!backend_.Supports(desc_)) {
     DPT_THROW(UnsupportedError)
         << "the " << backend_.name() << " backend does not support " << desc_.ToString()
@@ -45,40 +55,22 @@ Shape Conv2d::Setup(const Shape& in, const SetupOptions& opts) {
         << "(lower train.micro_batch) and bf16 needs compute capability 8.0";
   }
   need_dx_ = opts.need_dx;
-  Shape out{in[0], out_channels_, desc_.out_h(), desc_.out_w()};
-  pool_fused_ = false;  // Setup may run again (the graph planning its layouts again)
-  if (pool_offered_ && opts.fuse_conv_pool && !need_dx_) {
-    fused_.conv = desc_;
-    fused_.pool = pool_offer_;
-    fused_.pool.n = out[0], fused_.pool.c = out[1], fused_.pool.h = out[2], fused_.pool.w = out[3];
-    fused_.pool.nhwc = desc_.y_nhwc;  // the pool writes its input's layout
-    pool_fused_ = backend_.Supports(fused_);
-    if (pool_fused_) {  // the pool's Setup allocates what the fused op needs
-      plan_.reset();
-      out_ = dx_buf_ = Tensor();
-      return out;
-    }
-  }
-  if (dy_writer_ != nullptr && desc_.precision == Precision::kBF16) {  // OfferBf16Dy
-    Conv2dDesc d = desc_;
-    d.dy_bf16 = true;
-    desc_.dy_bf16 = backend_.Supports(d) && dy_writer_->CanWriteBf16Dx(out, desc_.y_nhwc);
-  }
-  // y in bf16 for the batch norm that alone reads it (OfferBf16Output), told before its Setup.
-  desc_.y_bf16 = false;
-  if (y_reader_ != nullptr && desc_.precision == Precision::kBF16) {
-    Conv2dDesc d = desc_;
-    d.y_bf16 = true;
-    desc_.y_bf16 =
-        backend_.Supports(d) && y_reader_->CanReadBf16Input(out, desc_.y_nhwc, desc_.precision);
-  }
-  if (y_reader_ != nullptr) y_reader_->ReadBf16Input(desc_.y_bf16);
-  if (opts.sampled_input_grad && need_dx_) {
-    Conv2dDesc d = desc_;
-    d.dx_sub = true;
-    desc_.dx_sub = backend_.Supports(d);
-  }
+  const Shape out{in[0], out_channels_, desc_.out_h(), desc_.out_w()};
+  // Setup may run again (the graph planning its layouts again): nothing of the last one is kept.
   plan_.reset();  // a cached plan counts the layers holding it (one staged input each)
+  out_ = dx_buf_ = Tensor();
+  flow_ = LayerFlow{};
+  if (fusion_.pool_fused) {  // the pool's Setup allocates what the fused op needs
+    DPT_CHECK(!need_dx_) << label() << ": fused with its pool, but an input gradient is wanted";
+    fused_ = fusion_.pool;
+    flow_.forward_passes_input = true;
+    return out;
+  }
+  desc_.dy_bf16 = fusion_.dy_bf16;
+  desc_.y_bf16 = fusion_.y_bf16;
+  desc_.dx_sub = fusion_.dx_sub;
+  DPT_CHECK(!desc_.dx_sub || opts.sampled_input_grad) << label() << ": dx_sub without the offer";
+  flow_.input_grad_stride = desc_.dx_sub ? stride_ : 1;
   plan_ = backend_.PrepareConv2d(desc_);
   out_ = OutputBuffer(backend_, opts, out, desc_.y_bf16 ? DType::kBF16 : DType::kF32,
                       label() + " output");
@@ -87,16 +79,6 @@ Shape Conv2d::Setup(const Shape& in, const SetupOptions& opts) {
     dx_buf_ = InputGradBuffer(backend_, opts, 0, dx, DType::kF32, label() + " input gradient");
   }
   return out;
-}
-
-bool Conv2d::CanReadBf16Input(const Shape& in, bool nhwc, Precision p) const {
-  if (pool_offered_ || p != Precision::kBF16 || in.rank() != 4) return false;
-  Conv2dDesc d{in[0],   in[1], in[2], in[3], out_channels_, kernel_,  kernel_,
-               stride_, pad_,  bias_, p,     groups_,       dilation_};
-  d.relu = relu_;
-  d.x_nhwc = d.y_nhwc = nhwc;
-  d.x_bf16 = true;
-  return backend_.Supports(d);
 }
 
 void Conv2d::ListParams(std::vector<ParamRef>* out) {
@@ -119,7 +101,7 @@ void Conv2d::PrepareFor(int64_t n) {
 
 const Tensor& Conv2d::Forward(const Tensor& x, const ForwardContext& /*ctx*/) {
   x_ = x;
-  if (pool_fused_) {
+  if (fusion_.pool_fused) {
     fused_.conv.n = fused_.pool.n = x.shape()[0];
     return x;  // the pool reads the input and runs the fused op
   }
@@ -130,11 +112,11 @@ const Tensor& Conv2d::Forward(const Tensor& x, const ForwardContext& /*ctx*/) {
 }
 
 const Tensor& Conv2d::Backward(const Tensor& dy, bool accumulate) {
-  if (pool_fused_) return dx_;  // the pool wrote the gradients; no input gradient is wanted
+  if (fusion_.pool_fused) return dx_;  // the pool wrote the gradients; no input gradient is wanted
   if (need_dx_) dx_ = dx_buf_.Batch(desc_.n);
   // With a folded ReLU, dy is gated by the output, written over it: every reader of the output
   // (the ReLU's readers) has run its backward before this layer's.
-  const bool gate = relu_ && !gate_handed_;
+  const bool gate = fusion_.relu && !fusion_.gate_handed;
   if (gate) backend_.ReluBackward(y_, dy, &y_);
   backend_.Conv2dBackward(*plan_, x_, gate ? y_ : dy, w_, need_dx_ ? &dx_ : nullptr, &gw_,
                           bias_ ? &gb_ : nullptr, accumulate);
@@ -142,7 +124,7 @@ const Tensor& Conv2d::Backward(const Tensor& dy, bool accumulate) {
 }
 
 int64_t Conv2d::ActivationBytesPerSample() const {
-  if (pool_fused_) return 0;  // the pool holds the output (pooled) and nothing else is kept
+  if (fusion_.pool_fused) return 0;  // the pool holds the output (pooled) and nothing else is kept
   const int64_t out = out_channels_ * desc_.out_h() * desc_.out_w();
   const int64_t dx = desc_.c * (desc_.dx_sub ? desc_.out_h() * desc_.out_w() : desc_.h * desc_.w);
   return (desc_.y_bf16 ? 2 : 4) * out + (need_dx_ ? 4 * dx : 0);

@@ -10,6 +10,29 @@
 
 namespace dptrain {
 
+// What the graph's passes (models/passes) decided for a convolution, written before its Setup:
+// the layer runs what this says and asks nobody anything.
+struct Conv2dFusion {
+  // Before Setup, from the graph's structure (models/passes/fuse.cc):
+  // the ReLU that alone reads the output is applied here (Conv2dDesc::relu); backward gates dy by
+  // the output, in place over it (no reader of the output is left by then) ...
+  bool relu = false;
+  // ... unless the max pool that alone reads the ReLU's output gates it (Pool2dFusion::gate_relu).
+  bool gate_handed = false;
+  // At Setup, from the shapes and the backend (models/passes/choose.cc): the input is read in
+  // bf16 (Conv2dDesc::x_bf16), its producer writing it so ...
+  bool x_bf16 = false;
+  // ... the output written in bf16 for the layer that alone reads it (Conv2dDesc::y_bf16), the
+  // output's gradient read in bf16 from the layer that alone writes it (Conv2dDesc::dy_bf16), the
+  // input gradient handed on sampled (Conv2dDesc::dx_sub, LayerFlow::input_grad_stride) ...
+  bool y_bf16 = false, dy_bf16 = false, dx_sub = false;
+  // ... or the 2x2 max pool after the ReLU runs both as one op (`pool`, with the shapes, where the
+  // backend supports it and no input gradient is wanted): this layer then computes nothing, its
+  // forward hands its input to the pool, and the pool computes the output and the gradients.
+  bool pool_fused = false;
+  ConvPoolDesc pool;
+};
+
 class Conv2d final : public Layer {
  public:
   Conv2d(Backend& be, std::string name, int64_t out_channels, int64_t kernel, int64_t stride,
@@ -20,58 +43,24 @@ class Conv2d final : public Layer {
   const Tensor& Forward(const Tensor& x, const ForwardContext& ctx) override;
   const Tensor& Backward(const Tensor& dy, bool accumulate) override;
   int64_t ActivationBytesPerSample() const override;
-  // A strided 1x1 convolution offered to hand its input gradient sampled does so where the
-  // backend writes it (Conv2dDesc::dx_sub).
-  int64_t InputGradStride() const override { return desc_.dx_sub ? stride_ : 1; }
   void ListPlans(std::vector<const OpPlan*>* out) const override {
     if (plan_ != nullptr) out->push_back(plan_.get());
   }
-  // The convolution applies the ReLU that alone reads it (Conv2dDesc::relu); backward gates dy by
-  // the output, in place over it (no reader of the output is left by then).
-  bool FoldRelu() override {
-    relu_ = true;
-    return true;
-  }
-  bool HandOverReluGate() override {
-    gate_handed_ = relu_;
-    return relu_;
-  }
-  bool TakesNhwc() const override { return true; }
-  bool ChoosesNhwcOut() const override { return true; }
-  // Fused with the pool after it, the pool reads this layer's input (Forward returns it).
-  bool ForwardPassesInput() const override { return pool_fused_; }
 
-  // A 2x2 max pool that alone reads this convolution's output (through its folded ReLU) offers to
-  // run both as one op (ConvPoolDesc), before Setup; `pool` is the pool's descriptor without the
-  // shapes. Setup takes the offer when the backend runs the fused op for the shapes it sees
-  // (SetupOptions::fuse_conv_pool, no input gradient wanted): this layer then computes nothing,
-  // its forward hands its input to the pool, and the pool computes the output and the gradients.
-  void OfferPool(const PoolDesc& pool) {
-    pool_offer_ = pool;
-    pool_offered_ = true;
-  }
-  // After Setup: whether the pool runs this convolution, and the fused op's descriptor for the
-  // pool's Setup and batch size (null otherwise).
-  const ConvPoolDesc* pool_fused() const { return pool_fused_ ? &fused_ : nullptr; }
-  // A layer that alone reads this convolution's output offers to write its gradient in bf16 (a
-  // batch norm; the 2x2 max pool after the folded ReLU), before Setup. In bf16 the backward
-  // rounds dy to bf16 before it reads it: Setup takes the offer where the backend runs both
-  // (Conv2dDesc::dy_bf16 and Layer::CanWriteBf16Dx), and the reader asks reads_dy_bf16() at its
-  // own Setup. The same bits, without the f32 gradient and the pass that rounded it.
-  void OfferBf16Dy(const Layer* writer) { dy_writer_ = writer; }
-  bool reads_dy_bf16() const { return !pool_fused_ && desc_.dy_bf16; }
-  // Reading x in bf16 (Layer::OfferBf16Output): offered to the layer whose output only this one
-  // reads, which answers before this layer's Setup.
-  void FoldIntoInput(Layer& producer) override { producer.OfferBf16Output(*this); }
-  bool WantsBf16Input() const override { return !pool_offered_; }
-  bool CanReadBf16Input(const Shape& in, bool nhwc, Precision p) const override;
-  void ReadBf16Input(bool bf16) override { x_bf16_ = bf16; }
-  // Writing y in bf16 (Conv2dDesc::y_bf16): offered by the batch norm that alone reads it
-  // (BatchNorm::ReadsOnlyOutputOf), whatever the folding. Setup takes the offer in bf16 where the
-  // backend writes it and the batch norm reads it (CanReadBf16Input), and tells the batch norm
-  // either way (ReadBf16Input) before its Setup.
-  void OfferBf16Output(Layer& reader) override { y_reader_ = &reader; }
-  bool writes_bf16_output() const { return desc_.y_bf16; }  // after Setup
+  Conv2dFusion& fusion() { return fusion_; }
+  const Conv2dFusion& fusion() const { return fusion_; }
+  // The descriptor for input `in` in the given layouts, with the ReLU and bf16 input the fusion
+  // says, the rest unfused (what the passes ask the backend about). No checks.
+  Conv2dDesc DescFor(const Shape& in, Precision p, bool x_nhwc, bool y_nhwc) const;
+  // DescFor the Setup options, after the checks that name a shape this layer cannot take
+  // (ConfigError).
+  Conv2dDesc Describe(const Shape& in, const SetupOptions& opts) const;
+
+  // After Setup: the fused op's descriptor (batch size of the last forward) where the pool after
+  // this layer runs it, else null; whether backward reads dy in bf16; whether y is bf16.
+  const ConvPoolDesc* pool_fused() const { return fusion_.pool_fused ? &fused_ : nullptr; }
+  bool reads_dy_bf16() const { return !fusion_.pool_fused && desc_.dy_bf16; }
+  bool writes_bf16_output() const { return desc_.y_bf16; }
   // What the pool's fused calls read: the input of the last forward, the parameters, gradients.
   const Tensor& input() const { return x_; }
   const Tensor& weight() const { return w_; }
@@ -84,15 +73,9 @@ class Conv2d final : public Layer {
 
   int64_t out_channels_, kernel_, stride_, pad_, groups_, dilation_;
   bool bias_;
-  bool relu_ = false;
-  bool gate_handed_ = false;  // the max pool after the folded ReLU gates dy (HandOverReluGate)
   bool need_dx_ = true;
-  bool pool_offered_ = false, pool_fused_ = false;
-  bool x_bf16_ = false;  // ReadBf16Input
-  PoolDesc pool_offer_;
-  const Layer* dy_writer_ = nullptr;  // OfferBf16Dy
-  Layer* y_reader_ = nullptr;         // OfferBf16Output
-  ConvPoolDesc fused_;
+  Conv2dFusion fusion_;
+  ConvPoolDesc fused_;  // fusion_.pool, its batch size the last forward's
   Conv2dDesc desc_;
   std::shared_ptr<OpPlan> plan_;
   Tensor w_, b_, gw_, gb_;

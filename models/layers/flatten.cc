@@ -16,6 +16,8 @@ Shape Flatten::Setup(const Shape& in, const SetupOptions& opts) {
   // One channel or one position (a global pool's (N, C, 1, 1)) is the same bytes in both
   // layouts: a view, as NCHW.
   transpose_ = opts.nhwc_in && in.rank() == 4 && in[1] > 1 && in[2] * in[3] > 1;
+  flow_ = LayerFlow{};
+  flow_.passes_gradient = flow_.forward_passes_input = !transpose_;  // views of dy and x
   if (transpose_) {
     out_ = OutputBuffer(backend_, opts, in, DType::kF32, label() + " output (NCHW order)");
     if (opts.need_dx)
@@ -56,6 +58,7 @@ int64_t Flatten::ActivationBytesPerSample() const {
 
 Shape Reshape::Setup(const Shape& in, const SetupOptions& /*opts*/) {
   in_ = in;
+  flow_.passes_gradient = flow_.forward_passes_input = true;  // views of dy and x
   const int64_t per_sample = in.numel() / in[0];
   std::vector<int64_t> out{in[0]};
   int64_t known = 1, infer = -1;

@@ -22,11 +22,6 @@ class Flatten final : public Layer {
   Shape Setup(const Shape& in, const SetupOptions& opts) override;
   const Tensor& Forward(const Tensor& x, const ForwardContext& ctx) override;
   const Tensor& Backward(const Tensor& dy, bool accumulate) override;
-  bool PassesGradient() const override { return !transpose_; }      // a view of dy
-  bool ForwardPassesInput() const override { return !transpose_; }  // a view of x
-  bool TakesNhwc() const override { return true; }
-  bool ChoosesNhwcOut() const override { return true; }
-  bool PrefersNchwIn() const override { return true; }
   int64_t ActivationBytesPerSample() const override;
 
  private:
@@ -47,8 +42,6 @@ class Reshape final : public Layer {
   Shape Setup(const Shape& in, const SetupOptions& opts) override;
   const Tensor& Forward(const Tensor& x, const ForwardContext& ctx) override;
   const Tensor& Backward(const Tensor& dy, bool accumulate) override;
-  bool PassesGradient() const override { return true; }      // a view of dy
-  bool ForwardPassesInput() const override { return true; }  // a view of x
 
  private:
   std::vector<int64_t> dims_;

@@ -30,10 +30,15 @@ bool PerChannel(const Shape& s, const Shape& w) {
 
 }  // namespace
 
+bool Add::Broadcasts(const std::vector<Shape>& in, size_t* wide) {
+  const size_t w = in.size() == 2 && in[1].numel() > in[0].numel() ? 1 : 0;
+  if (wide != nullptr) *wide = w;
+  return in.size() == 2 && PerChannel(in[1 - w], in[w]) && in[0] != in[1];
+}
+
 Shape Add::SetupInputs(const std::vector<Shape>& in, const SetupOptions& opts) {
   if (in.size() < 2) NeedsInputs(*this);
-  wide_ = in.size() == 2 && in[1].numel() > in[0].numel() ? 1 : 0;
-  broadcast_ = in.size() == 2 && PerChannel(in[1 - wide_], in[wide_]) && in[0] != in[1];
+  broadcast_ = Broadcasts(in, &wide_);
   if (!broadcast_) {
     for (size_t k = 1; k < in.size(); ++k) {
       DPT_CHECK_AS(ConfigError, in[k] == in[0])
@@ -42,27 +47,28 @@ Shape Add::SetupInputs(const std::vector<Shape>& in, const SetupOptions& opts) {
           << "; dptrain adds equal shapes, or (N, C, H, W) and (N, C, 1, 1)";
     }
   }
-  // The broadcast sums (N, C) into (N, C, H, W) viewed as N * C rows: NCHW only.
-  if (broadcast_ && opts.nhwc_in) throw NhwcRefused{};
+  // The broadcast sums (N, C) into (N, C, H, W) viewed as N * C rows: NCHW only (the layout pass
+  // plans it so).
+  DPT_CHECK(!broadcast_ || !opts.nhwc_in) << label() << ": a broadcast sum of channels-last inputs";
   inputs_ = in.size();
   need_dx_ = opts.need_dx;
   nhwc_ = opts.nhwc_in;
   const Shape& out = in[wide_];
   per_sample_ = out.numel() / out[0];
   rows_ = broadcast_ ? in[1 - wide_].numel() / in[1 - wide_][0] : 0;
-  // A bf16 output for the bf16 convolutions that alone read it (OfferBf16OutputToAll): where a
-  // batch norm it applies was deferred to it (AffineAdd writes it).
-  y_bf16_ = false;
-  if (!readers_.empty()) {
-    const bool applies = (applies_[0] != nullptr && applies_[0]->deferred_affine() != nullptr) ||
-                         (applies_[1] != nullptr && applies_[1]->deferred_affine() != nullptr);
-    y_bf16_ = applies && relu_ && !broadcast_ && inputs_ == 2 && need_dx_ && opts.nhwc_in &&
-              opts.precision == Precision::kBF16 && backend_.WritesBf16Sums();
-    for (Layer* r : readers_) {
-      y_bf16_ = y_bf16_ && r->CanReadBf16Input(out, opts.nhwc_in, opts.precision);
-    }
-    for (Layer* r : readers_) r->ReadBf16Input(y_bf16_);
-  }
+  y_bf16_ = fusion_.y_bf16;
+  const bool deferred =
+      (fusion_.applies[0] != nullptr && fusion_.applies[0]->deferred_affine() != nullptr) ||
+      (fusion_.applies[1] != nullptr && fusion_.applies[1]->deferred_affine() != nullptr);
+  DPT_CHECK(!deferred || (!broadcast_ && inputs_ == 2))
+      << label() << ": a deferred batch norm's sum";
+  DPT_CHECK(!y_bf16_ || (deferred && fusion_.relu && need_dx_))
+      << label() << ": a bf16 output without a batch norm to apply";
+  flow_ = LayerFlow{};
+  flow_.passes_gradient = !fusion_.relu;
+  flow_.gradient_in_output = fusion_.relu && !y_bf16_;
+  flow_.sums_gradient_parts = fusion_.relu && !broadcast_ && backend_.capabilities().gradient_parts;
+  flow_.sums_sampled_part = flow_.sums_gradient_parts && nhwc_;
   out_ =
       OutputBuffer(backend_, opts, out, y_bf16_ ? DType::kBF16 : DType::kF32, label() + " output");
   // the gated gradient, which both inputs get (placed with the other input gradients)
@@ -76,25 +82,20 @@ Shape Add::SetupInputs(const std::vector<Shape>& in, const SetupOptions& opts) {
   return out;
 }
 
-void Add::FoldIntoInputs(size_t k, Layer& producer) {
-  auto* bn = dynamic_cast<BatchNorm*>(&producer);
-  if (bn == nullptr || k >= 2) return;
-  bn->OfferDeferredApply();
-  applies_[k] = bn;
-}
-
 const Tensor& Add::ForwardInputs(const std::vector<const Tensor*>& x,
                                  const ForwardContext& /*ctx*/) {
   y_ = out_.Batch(x[0]->shape()[0]);
-  const Tensor* a0 = applies_[0] != nullptr ? applies_[0]->deferred_affine() : nullptr;
-  const Tensor* a1 = applies_[1] != nullptr ? applies_[1]->deferred_affine() : nullptr;
+  const Tensor* a0 =
+      fusion_.applies[0] != nullptr ? fusion_.applies[0]->deferred_affine() : nullptr;
+  const Tensor* a1 =
+      fusion_.applies[1] != nullptr ? fusion_.applies[1]->deferred_affine() : nullptr;
   if (a0 != nullptr || a1 != nullptr) {  // the batch norms' outputs, summed (and the ReLU)
     DPT_CHECK(!broadcast_ && x.size() == 2) << label() << ": a deferred batch norm's sum";
-    backend_.AffineAdd(*x[0], a0, *x[1], a1, relu_, &y_);
+    backend_.AffineAdd(*x[0], a0, *x[1], a1, fusion_.relu, &y_);
     return y_;
   }
   DPT_CHECK(!y_bf16_) << label() << ": a bf16 output without a batch norm to apply";
-  if (!broadcast_ && relu_ && x.size() == 2) {
+  if (!broadcast_ && fusion_.relu && x.size() == 2) {
     backend_.AddRelu(*x[0], *x[1], &y_);  // a residual block's sum and ReLU in one pass
     return y_;
   }
@@ -104,7 +105,7 @@ const Tensor& Add::ForwardInputs(const std::vector<const Tensor*>& x,
     backend_.Add(*x[0], *x[1], &y_);
     for (size_t k = 2; k < x.size(); ++k) backend_.Add(y_, *x[k], &y_);
   }
-  if (relu_) backend_.ReluForward(y_, &y_);
+  if (fusion_.relu) backend_.ReluForward(y_, &y_);
   return y_;
 }
 
@@ -112,7 +113,7 @@ void Add::BackwardInputs(const Tensor& dy, bool /*accumulate*/, std::vector<cons
   // A folded ReLU gates dy over the output: its one reader (the ReLU's readers) has run its
   // backward, and the inputs' gradients may be that tensor itself until the next forward.
   const Tensor* g = &dy;
-  if (relu_) {
+  if (fusion_.relu) {
     Tensor* gated = GateInto();
     backend_.ReluBackward(y_, dy, gated);
     g = gated;
@@ -129,7 +130,8 @@ void Add::BackwardInputs(const Tensor& dy, bool /*accumulate*/, std::vector<cons
 
 void Add::BackwardInputsSum(const Tensor& dy_a, const Tensor& dy_b, int64_t b_stride,
                             bool /*accumulate*/, std::vector<const Tensor*>* dx) {
-  DPT_CHECK(relu_ && !broadcast_) << label() << ": a gradient in two parts without a folded ReLU";
+  DPT_CHECK(fusion_.relu && !broadcast_)
+      << label() << ": a gradient in two parts without a folded ReLU";
   DPT_CHECK(b_stride == 1 || nhwc_) << label() << ": a sampled gradient part of an NCHW sum";
   Tensor* gated = GateInto();
   backend_.ReluBackwardSum(y_, dy_a, dy_b, b_stride, gated);  // as BackwardInputs, of the sum

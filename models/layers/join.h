@@ -25,6 +25,20 @@ class Join : public Layer {
 
 // The sum of two or more inputs of equal shapes, or of two where one is (N, C, H, W) and the
 // other (N, C, 1, 1), added to every position of its channel (either order).
+// What the graph's passes (models/passes) decided for a residual sum, written before its Setup.
+struct AddFusion {
+  // Before Setup (fuse.cc): the ReLU that alone reads the sum is applied here (backward gates dy
+  // by the output, in place over it), and the batch norms that feed inputs 0 and 1, whose outputs
+  // only this sum reads, are applied by it where they deferred it (BatchNormFusion::deferred:
+  // Backend::AffineAdd).
+  bool relu = false;
+  BatchNorm* applies[2] = {nullptr, nullptr};
+  // At Setup (choose.cc): the sum written in bf16 for the bf16 convolutions that alone read it
+  // (BackendCapabilities::bf16_sums; a ResNet block's output, read by the next block's
+  // convolution and shortcut).
+  bool y_bf16 = false;
+};
+
 class Add final : public Join {
  public:
   Add(Backend& be, std::string name) : Join(be, std::move(name)) {}
@@ -32,52 +46,24 @@ class Add final : public Join {
   Shape SetupInputs(const std::vector<Shape>& in, const SetupOptions& opts) override;
   const Tensor& ForwardInputs(const std::vector<const Tensor*>& x,
                               const ForwardContext& ctx) override;
-  // An input of the output's shape gets dy itself (no copy); a broadcast one, dy's channel sums.
-  // With a folded ReLU, dy gated by the output, written over it.
   void BackwardInputs(const Tensor& dy, bool accumulate, std::vector<const Tensor*>* dx) override;
-  // With a folded ReLU on equal shapes, the gate takes a gradient in two parts (a block's output
-  // read by the next block's convolution and shortcut).
-  bool SumsGradientParts() const override {
-    return relu_ && !broadcast_ && backend_.TakesGradientParts();
-  }
-  // Channels-last, the second part may be a strided shortcut's sampled input gradient.
-  bool SumsSampledPart() const override { return SumsGradientParts() && nhwc_; }
   void BackwardInputsSum(const Tensor& dy_a, const Tensor& dy_b, int64_t b_stride, bool accumulate,
                          std::vector<const Tensor*>* dx) override;
-  bool PassesGradient() const override { return !relu_; }
-  // With a bf16 output its gradient has a buffer of its own (an input gradient: GateInto).
-  bool GradientInOutput() const override { return relu_ && !y_bf16_; }
   int64_t ActivationBytesPerSample() const override {
     return (y_bf16_ ? 2 + 4 : 4) * per_sample_ + 4 * (broadcast_ && need_dx_ ? rows_ : 0);
   }
-  // In bf16, the sum of a block whose output only bf16 convolutions read (the next block's
-  // convolution and shortcut, through the folded ReLU) writes it in bf16 for them, where it
-  // applies a batch norm as it adds (AffineAdd, Backend::WritesBf16Sums): the values they would
-  // round it to, without the f32 output and their own staging passes. The ReLU's backward gate
-  // then reads the bf16 output (the same sign and zeros, but for an f32 sum below 2^-133, which
-  // rounds to 0), and writes the gradient into a buffer of its own: the one input gradient that
-  // both inputs get, which the graph places with the other input gradients (kEveryInput).
-  void OfferBf16OutputToAll(const std::vector<Layer*>& readers) override { readers_ = readers; }
+
+  AddFusion& fusion() { return fusion_; }
   bool writes_bf16_output() const { return y_bf16_; }  // after Setup
-  // The ReLU that alone reads a residual sum (each ResNet block's last): one pass for both.
-  bool FoldRelu() override {
-    relu_ = true;
-    return true;
-  }
-  // Equal shapes are elementwise: any layout (a broadcast refuses NHWC at Setup).
-  bool TakesNhwc() const override { return true; }
-  // A batch norm only this sum reads (of two inputs) may leave its normalisation to the sum
-  // (BatchNorm::OfferDeferredApply): Forward then applies it as it adds (Backend::AffineAdd).
-  void FoldIntoInputs(size_t k, Layer& producer) override;
+  // Whether inputs of these shapes are summed by broadcasting an (N, C, 1, 1) over an
+  // (N, C, H, W) (NCHW only: the sum runs over N * C rows), and which input is the wide one.
+  static bool Broadcasts(const std::vector<Shape>& in, size_t* wide = nullptr);
 
  private:
-  // Where the folded ReLU's gated gradient goes: over the output, or grad_ (y_bf16_).
   Tensor* GateInto();
-  BatchNorm* applies_[2] = {nullptr, nullptr};  // offered to (FoldIntoInputs); deferred or not
-  std::vector<Layer*> readers_;                 // OfferBf16OutputToAll
-  bool y_bf16_ = false;                         // taken at Setup
-  bool nhwc_ = false;                           // channels-last (SetupOptions::nhwc_in)
-  bool relu_ = false;
+  AddFusion fusion_;
+  bool y_bf16_ = false;  // as set up
+  bool nhwc_ = false;    // channels-last (SetupOptions::nhwc_in)
   size_t inputs_ = 0;
   int64_t per_sample_ = 0;
   bool broadcast_ = false;  // two inputs, input 1 - wide_ of shape (N, C, 1, 1)
@@ -88,8 +74,6 @@ class Add final : public Join {
   Tensor grad_buf_, grad_;  // y_bf16_: the gated gradient (f32), not over the output
 };
 
-// The product of two inputs: of equal shapes, or one (N, C, H, W) and the other (N, C, 1, 1)
-// scaling each channel (squeeze-and-excitation), in either order.
 class Mul final : public Join {
  public:
   Mul(Backend& be, std::string name) : Join(be, std::move(name)) {}

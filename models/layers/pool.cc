@@ -4,7 +4,6 @@
 #include "models/layers/pool.h"
 
 #include "core/error.h"
-#include "models/layers/relu.h"
 
 namespace dptrain {
 
@@ -18,20 +17,6 @@ Pool2d::Pool2d(Backend& be, std::string name, PoolKind kind, int64_t kernel, int
       ceil_mode_(ceil_mode),
       count_include_pad_(count_include_pad) {}
 
-void Pool2d::FoldIntoInput(Layer& producer) {
-  gate_relu_ = kind_ == PoolKind::kMax && producer.HandOverReluGate();
-  if (!gate_relu_ || kernel_ != 2 || (stride_ != 2 && stride_ != 0) || pad_ != 0) return;
-  Layer* p = &producer;
-  if (auto* relu = dynamic_cast<Relu*>(p); relu != nullptr) p = relu->folded_into();
-  conv_ = dynamic_cast<Conv2d*>(p);
-  if (conv_ == nullptr) return;
-  PoolDesc offer;
-  offer.kind = kind_, offer.kernel = 2, offer.stride = 2, offer.pad = 0;
-  offer.ceil_mode = ceil_mode_;
-  conv_->OfferPool(offer);
-  conv_->OfferBf16Dy(this);
-}
-
 PoolDesc Pool2d::DescFor(const Shape& in, bool nhwc, bool nchw_out) const {
   const int64_t kernel = kernel_ == 0 ? in[2] : kernel_;  // 0: global pooling
   const int64_t stride = kernel_ == 0 ? in[2] : (stride_ == 0 ? kernel : stride_);
@@ -43,20 +28,6 @@ PoolDesc Pool2d::DescFor(const Shape& in, bool nhwc, bool nchw_out) const {
   return d;
 }
 
-bool Pool2d::CanWriteNchwFromNhwc(const Shape& in) const {
-  // Fused with the convolution before it, the pool writes that op's layout.
-  if (in.rank() != 4 || (conv_ != nullptr && conv_->pool_fused() != nullptr)) return false;
-  PoolDesc d = DescFor(in, true, true);
-  d.dx_bf16 = conv_ != nullptr && conv_->reads_dy_bf16();  // as Setup will ask
-  return d.y_nchw && d.Valid() && backend_.Supports(d);
-}
-
-bool Pool2d::CanWriteBf16Dx(const Shape& in, bool nhwc) const {
-  PoolDesc d = DescFor(in, nhwc);
-  d.dx_bf16 = true;
-  return in.rank() == 4 && d.Valid() && backend_.Supports(d);
-}
-
 Shape Pool2d::Setup(const Shape& in, const SetupOptions& opts) {
   DPT_CHECK_AS(ConfigError, in.rank() == 4)
       << type() << " '" << name_ << "' needs (N, C, H, W) input, got " << in.ToString();
@@ -66,9 +37,12 @@ Shape Pool2d::Setup(const Shape& in, const SetupOptions& opts) {
   }
   desc_ = DescFor(in, opts.nhwc_in, !opts.nhwc_out);
   const int64_t kernel = desc_.kernel;
-  fused_ = conv_ != nullptr ? conv_->pool_fused() : nullptr;
+  fused_ = fusion_.conv != nullptr ? fusion_.conv->pool_fused() : nullptr;
   // The bf16 convolution before this pool reads its gradient in bf16: written so here.
-  desc_.dx_bf16 = fused_ == nullptr && conv_ != nullptr && conv_->reads_dy_bf16();
+  desc_.dx_bf16 = fusion_.dx_bf16;
+  DPT_CHECK(!desc_.dx_bf16 ||
+            (fused_ == nullptr && fusion_.conv != nullptr && fusion_.conv->reads_dy_bf16()))
+      << label() << ": a bf16 input gradient its convolution does not read";
   DPT_CHECK_AS(ConfigError, desc_.Valid())
       << type() << " '" << label() << "': kernel " << kernel << " stride " << desc_.stride
       << " pad " << pad_ << " does not fit input " << in.ToString()
@@ -109,7 +83,7 @@ const Tensor& Pool2d::Forward(const Tensor& x, const ForwardContext& ctx) {
   y_ = out_.Batch(n);
   have_ws_ = ctx.training && ws_.defined();
   if (fused_ != nullptr) {  // x is the convolution's input (Conv2d::Forward)
-    backend_.ConvPoolForward(*fused_, x, conv_->weight(), conv_->bias(), &y_,
+    backend_.ConvPoolForward(*fused_, x, fusion_.conv->weight(), fusion_.conv->bias(), &y_,
                              have_ws_ ? &ws_ : nullptr);
     return y_;
   }
@@ -121,14 +95,14 @@ const Tensor& Pool2d::Backward(const Tensor& dy, bool accumulate) {
   if (!need_dx_) return dx_;
   DPT_CHECK(have_ws_ || kind_ == PoolKind::kAvg) << "pool backward without a training forward";
   if (fused_ != nullptr) {  // the convolution's gradients; it wants no input gradient
-    backend_.ConvPoolBackward(*fused_, conv_->input(), y_, dy, ws_, conv_->weight_grad(),
-                              conv_->bias_grad(), accumulate);
+    backend_.ConvPoolBackward(*fused_, fusion_.conv->input(), y_, dy, ws_,
+                              fusion_.conv->weight_grad(), fusion_.conv->bias_grad(), accumulate);
     return dx_;
   }
   dx_ = dx_buf_.Batch(desc_.n);
   // dy gated by the output, written over it: every reader of the output has run its backward.
-  if (gate_relu_) backend_.ReluBackward(y_, dy, &y_);
-  backend_.PoolBackward(*plan_, gate_relu_ ? y_ : dy, have_ws_ ? &ws_ : nullptr, &dx_);
+  if (fusion_.gate_relu) backend_.ReluBackward(y_, dy, &y_);
+  backend_.PoolBackward(*plan_, fusion_.gate_relu ? y_ : dy, have_ws_ ? &ws_ : nullptr, &dx_);
   return dx_;
 }
 

@@ -106,7 +106,7 @@ TEST(MemoryPlanTest, RecomputeEstimateWithin15PercentAndPeakDrops) {
         << zoo << ": estimate " << less.total << " measured " << peak << "\n"
         << less.ToTable();
     // resnet18_cifar at 16: 293 -> 251 MiB (its batch norms before the residual sums hold no
-    // outputs either way, BatchNorm::OfferDeferredApply)
+    // outputs either way, BatchNormFusion::deferred)
     EXPECT_LT(static_cast<double>(peak), 0.9 * static_cast<double>(before)) << zoo;
     ASSERT_FALSE(less.layers.empty());
     EXPECT_EQ(less.layers.back().type, "recomputed");

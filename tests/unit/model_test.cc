@@ -187,7 +187,7 @@ TEST(ModelTest, ProfileNamesTheGraphNodeOfEachOp) {
 // unfolded model's outputs, gradients and running statistics, and evaluation its outputs, with less
 // activation memory (each folded ReLU held an output and an input gradient). In bf16 too, where
 // the layers that alone read a convolution's output (each batch norm; ref_cnn's 2x2 pools) write
-// its gradient in bf16 (Conv2d::OfferBf16Dy): 2 bytes an element less again. And a block input
+// its gradient in bf16 (Conv2dFusion::dy_bf16): 2 bytes an element less again. And a block input
 // that a convolution and the shortcut read has its two gradients added by the backward of the
 // layer the ReLU is folded into (the stem's batch norm, the previous block's sum), as it reads
 // them: no gradient-sum buffer, and still the same numbers. The batch norms that only a residual
@@ -202,13 +202,13 @@ struct FoldCase {
   // ReLU): written in bf16 for it (BatchNormArgs::y_bf16)
   int64_t bf16_outputs_per_sample = 0;
   // elements of the outputs two layers read whose gradient the folded layer's backward takes in
-  // two parts (Layer::SumsGradientParts): no gradient-sum buffer
+  // two parts (LayerFlow::sums_gradient_parts): no gradient-sum buffer
   int64_t sums_in_parts_per_sample = 0;
   // elements of the batch norms' outputs that a residual sum alone reads: the sum applies them
-  // (BatchNorm::OfferDeferredApply), no output held
+  // (BatchNormFusion::deferred), no output held
   int64_t applied_by_sums_per_sample = 0;
   // elements of the residual sums' outputs that only bf16 convolutions read: in bf16 written so,
-  // with their gradient in a buffer of its own (Add::OfferBf16OutputToAll): 2 bytes more each
+  // with their gradient in a buffer of its own (AddFusion::y_bf16): 2 bytes more each
   int64_t bf16_sums_per_sample = 0;
   // elements of the strided shortcuts' input gradients that they hand the sum that reads them
   // sampled (Conv2dDesc::dx_sub): not held
@@ -618,8 +618,8 @@ std::unique_ptr<Graph> BuildAddReluChain(Backend& be) {
 }
 
 // Outputs read by two layers whose gradient the reading layer takes in two parts
-// (Layer::SumsGradientParts): a batch norm's folded ReLU read by a convolution and by a sum that
-// passes its gradient on (that part is the sum's own gradient sum, read by a convolution too),
+// (LayerFlow::sums_gradient_parts): a batch norm's folded ReLU read by a convolution and by a sum
+// that passes its gradient on (that part is the sum's own gradient sum, read by a convolution too),
 // and a residual sum's folded ReLU read by a convolution and the next residual sum (that part in
 // the sum's output buffer), the next sum's folded ReLU read by the pool alone.
 std::unique_ptr<Graph> BuildGradientParts(Backend& be) {
@@ -694,8 +694,8 @@ TEST(GradientPartsTest, ChangeNoNumberAndHoldLess) {
 }
 
 // resnet8's strided shortcuts (channels-last, fp32 and bf16) hand their input gradient sampled to
-// the residual sum that adds it as it reads it (Layer::InputGradStride, Conv2dDesc::dx_sub): a
-// quarter of the bytes. Not with the parts summed first, nor NCHW. The numbers are those of
+// the residual sum that adds it as it reads it (LayerFlow::input_grad_stride, Conv2dDesc::dx_sub):
+// a quarter of the bytes. Not with the parts summed first, nor NCHW. The numbers are those of
 // summing first (ChangeNoNumberAndHoldLess).
 TEST(GradientPartsTest, StridedShortcutsHandTheirGradientSampled) {
   Backend& be = GetBackend("cpu");
@@ -713,8 +713,8 @@ TEST(GradientPartsTest, StridedShortcutsHandTheirGradientSampled) {
     *bytes = 0;  // the shortcuts' own
     for (size_t i = 0; i < m.net().size(); ++i) {
       const Layer& l = m.net().layer(i);
-      if (l.InputGradStride() != 1)
-        labels.push_back(l.label() + "/" + std::to_string(l.InputGradStride()));
+      if (l.flow().input_grad_stride != 1)
+        labels.push_back(l.label() + "/" + std::to_string(l.flow().input_grad_stride));
       if (l.label().find(".shortcut.0") != std::string::npos)
         *bytes += l.ActivationBytesPerSample();
     }
@@ -755,7 +755,7 @@ std::unique_ptr<Graph> BuildBatchNormsIntoSums(Backend& be) {
   return g;
 }
 
-// A batch norm applied by the sum that alone reads it (BatchNorm::OfferDeferredApply) changes no
+// A batch norm applied by the sum that alone reads it (BatchNormFusion::deferred) changes no
 // number against the model without any folding, with input gradients shared or not and with
 // activation recompute cut every one or two nodes or not at all, where it applies (resnet8's
 // second batch norms and shortcuts; a batch norm as a sum's input 1) and where it does not.
@@ -940,16 +940,19 @@ TEST(InputGradSharingTest, AChainNeedsTwoBuffers) {
 }
 
 // A layer that returns its input as its output and hands back the gradient it was given, and
-// says so only for the gradient when told to (Layer::PassesGradient; never ForwardPassesInput).
+// says so only for the gradient when told to (LayerFlow::passes_gradient; never
+// forward_passes_input).
 class Sneaky final : public Layer {
  public:
   Sneaky(Backend& be, bool declares_gradient)
       : Layer(be, "sneaky"), declares_gradient_(declares_gradient) {}
   std::string type() const override { return "sneaky"; }
-  Shape Setup(const Shape& in, const SetupOptions& /*opts*/) override { return in; }
+  Shape Setup(const Shape& in, const SetupOptions& /*opts*/) override {
+    flow_.passes_gradient = declares_gradient_;
+    return in;
+  }
   const Tensor& Forward(const Tensor& x, const ForwardContext& /*ctx*/) override { return x; }
   const Tensor& Backward(const Tensor& dy, bool /*accumulate*/) override { return dy; }
-  bool PassesGradient() const override { return declares_gradient_; }
 
  private:
   bool declares_gradient_;
@@ -970,7 +973,7 @@ std::unique_ptr<Model> SneakyModel(Backend& be, bool declares_gradient, size_t r
   return m;
 }
 
-// A layer that hands back the gradient it was given without saying so (Layer::PassesGradient)
+// A layer that hands back the gradient it was given without saying so (LayerFlow::passes_gradient)
 // would have its buffer reused while an earlier layer still reads it: the graph refuses.
 TEST(InputGradSharingTest, AnUndeclaredPassThroughIsCaught) {
   Backend& be = GetBackend("cpu");
@@ -1056,7 +1059,8 @@ TEST(RecomputeTest, HoldsLess) {
   }
 }
 
-// A layer that returns its input as its output without saying so (Layer::ForwardPassesInput)
+// A layer that returns its input as its output without saying so
+// (LayerFlow::forward_passes_input)
 // would have its readers read a buffer another segment writes over: the graph refuses.
 TEST(RecomputeTest, AnUndeclaredForwardPassThroughIsCaught) {
   Backend& be = GetBackend("cpu");
