@@ -9,9 +9,11 @@
 #   resnet8_resume             resnet8_fp32's run resumed from its step-4 checkpoint to step 6
 #   resnet8_adamw_sharded      2 ranks, AdamW, dist.shard = "gradients"
 #   onnx_resnet18              torchvision resnet18 through model.onnx, 2 steps (needs torch)
+#   onnx_mobilenet_v3_small    the same in bf16: squeeze-excitation (a broadcast product, which
+#                              the layout pass keeps NCHW), hard swish, 16-bit hand-offs
 #   eval                       `dptrain eval` of resnet8_fp32's checkpoint
 #   plan_*                     `dptrain plan --json` of ref_cnn, resnet8 (2 ranks, sharded) and
-#                              the ONNX resnet18
+#                              the ONNX models
 # Each run's digest is the sha256 of what it wrote: every step's loss and gradient norm and
 # every eval record from metrics.jsonl (as written: full double precision), every tensor's crc32
 # in every checkpoint (`dptrain inspect`), eval's result line, the plan's JSON.
@@ -122,12 +124,14 @@ run_all() {
   plan plan_ref_cnn "${ref[@]}" --ranks 1
   plan plan_resnet8_sharded "${r8[@]}" --ranks 2 --set dist.shard=gradients \
     --set train.optimizer=adamw
-  if [[ -f $ONNX ]]; then
-    local onnx=(--set "model.onnx=$ONNX" --set model.classes=10 --set data.synthetic_samples=64
+  local m onnx
+  for m in "${!ONNX[@]}"; do
+    onnx=(--set "model.onnx=${ONNX[$m]}" --set model.classes=10 --set data.synthetic_samples=64
       --set train.global_batch=16 --set train.max_steps=2 --set checkpoint.every_steps=2)
-    one "onnx_resnet18_$ONNX_SHA" 1 "${onnx[@]}"
-    plan "plan_onnx_resnet18_$ONNX_SHA" "${onnx[@]}" --ranks 1
-  fi
+    [[ $m == resnet18 ]] || onnx+=(--set train.precision=bf16)
+    one "onnx_${m}_${ONNX_SHA[$m]}" 1 "${onnx[@]}"
+    plan "plan_onnx_${m}_${ONNX_SHA[$m]}" "${onnx[@]}" --ranks 1
+  done
 }
 
 # digests OUT: "NAME<TAB>sha256" per run, sorted.
@@ -138,17 +142,18 @@ digests() {
   done | sort
 }
 
-ONNX=""
-ONNX_SHA=""
+declare -A ONNX=() ONNX_SHA=()  # torchvision model -> its model.onnx, and that file's sha256
 if "$PY" -c 'import torch, torchvision, onnx' 2>/dev/null; then
-  mkdir -p "$TMP/onnx"
-  if "$PY" "$ORACLE" model resnet18 "$TMP/onnx" >"$TMP/onnx.log" 2>&1; then
-    ONNX=$TMP/onnx/model.onnx
-    ONNX_SHA=$(sha256sum <"$ONNX" | cut -c1-12)
-  else
-    fail "exporting torchvision resnet18 to ONNX"
-    tail -n 20 "$TMP/onnx.log"
-  fi
+  for m in resnet18 mobilenet_v3_small; do
+    mkdir -p "$TMP/onnx/$m"
+    if "$PY" "$ORACLE" model "$m" "$TMP/onnx/$m" >"$TMP/onnx/$m.log" 2>&1; then
+      ONNX[$m]=$TMP/onnx/$m/model.onnx
+      ONNX_SHA[$m]=$(sha256sum <"${ONNX[$m]}" | cut -c1-12)
+    else
+      fail "exporting torchvision $m to ONNX"
+      tail -n 20 "$TMP/onnx/$m.log"
+    fi
+  done
 else
   echo "note: no python3 with torch, torchvision and onnx: the ONNX rows are not run"
 fi
@@ -181,7 +186,7 @@ elif [[ -f $GOLDEN ]]; then
     got=$(awk -F'\t' -v n="$name" '$1 == n {print $2}' "$TMP/after.tsv")
     if [[ -z $got ]]; then
       case $name in
-        *onnx_resnet18_*) echo "note: $name not comparable (no torch, or another model.onnx)" ;;
+        *onnx_*) echo "note: $name not comparable (no torch, or another model.onnx)" ;;
         *) fail "$name: recorded in $GOLDEN but not run" ;;
       esac
       continue
