@@ -21,6 +21,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <variant>
 #include <vector>
 
 #include "core/elementwise.h"
@@ -43,7 +44,7 @@ struct Conv2dDesc {
   bool bias = true;
   Precision precision = Precision::kF32;
   int64_t groups = 1, dilation = 1;
-  // y = max(conv + bias, 0): a ReLU folded into the convolution (Layer::FoldRelu). Forward only:
+  // y = max(conv + bias, 0): a ReLU folded into the convolution (Conv2dFusion::relu). Forward only:
   // the caller gates dy by y before the backward passes.
   bool relu = false;
   // Channels-last (NHWC) activations: x and dx (x_nhwc), y and dy (y_nhwc) hold (N, C, H, W)
@@ -108,7 +109,7 @@ struct PoolDesc {
   bool nhwc = false;  // x, y and their gradients channels-last (Conv2dDesc::x_nhwc)
   // With nhwc, y and dy NCHW instead (x and dx stay channels-last): a max pool whose one reader
   // is a flatten writes the order the flatten hands on as it is, so no transpose follows it
-  // (Layer::CanWriteNchwFromNhwc).
+  // (GraphPasses::CanWriteNchwFromNhwc).
   bool y_nchw = false;
   // Max pooling's backward writes dx in bf16 (dy stays f32), for the bf16 convolution that
   // produced x and reads its gradient so (Conv2dDesc::dy_bf16): the values it would round to
@@ -141,6 +142,12 @@ struct ConvPoolDesc {
   bool Valid() const;
   std::string ToString() const;
 };
+
+// The descriptors of the planned ops behind the op-generic planned entry (Backend::Prepare and
+// Run(plan, op), core/ops.h's PlannedOp): one alternative per op family, each planned once per
+// shape and run many times. Pooling is the first; a new planned op (the transformer's attention,
+// layer norm, ...) is a new alternative here and in PlannedOp, not new methods of the seam.
+using PlanDesc = std::variant<PoolDesc>;
 
 // What Prepare* returns: backend-specific state for one shape. `workspace_bytes` is the size of
 // the per-call workspace a layer must allocate once and pass back (max-pool indices).
@@ -336,7 +343,9 @@ class Backend {
   // Setup throws UnsupportedError when the answer is false; conformance tests skip the case.
   virtual bool Supports(const Conv2dDesc& d) const = 0;
   virtual bool Supports(const LinearDesc& d) const = 0;
-  virtual bool Supports(const PoolDesc& d) const = 0;
+  // The planned ops' descriptors (PlanDesc): pure virtual too.
+  virtual bool Supports(const PlanDesc& d) const = 0;
+  bool Supports(const PoolDesc& d) const { return Supports(PlanDesc{d}); }
   // A fusion, not an op a model needs: a backend without it answers no and the graph runs the
   // convolution and the pool as two ops.
   virtual bool Supports(const ConvPoolDesc& /*d*/) const { return false; }
@@ -376,11 +385,22 @@ class Backend {
   virtual void LinearBackward(const OpPlan& plan, const Tensor& x, const Tensor& dy,
                               const Tensor& w, Tensor* dx, Tensor* dw, Tensor* db, bool accumulate);
 
+  // ---- the planned op-generic entry: a descriptor (PlanDesc) planned once per shape (a cached
+  // plan: an algorithm, a workspace size), then any of the family's ops (PlannedOp, core/ops.h)
+  // run with that plan. A backend implements the two with a case per alternative
+  // (core/op_dispatch.h); the named methods below are shorthands. ----
+  virtual std::shared_ptr<OpPlan> Prepare(const PlanDesc& d) = 0;
+  virtual void Run(const OpPlan& plan, const PlannedOp& op) = 0;
+
   // ---- pooling: `ws` (plan.workspace_bytes, u8) is written in training forward, read in
   // backward; pass nullptr for inference. ----
-  virtual std::shared_ptr<OpPlan> PreparePool(const PoolDesc& d) = 0;
-  virtual void PoolForward(const OpPlan& plan, const Tensor& x, Tensor* y, Tensor* ws) = 0;
-  virtual void PoolBackward(const OpPlan& plan, const Tensor& dy, const Tensor* ws, Tensor* dx) = 0;
+  std::shared_ptr<OpPlan> PreparePool(const PoolDesc& d) { return Prepare(PlanDesc{d}); }
+  void PoolForward(const OpPlan& plan, const Tensor& x, Tensor* y, Tensor* ws) {
+    Run(plan, op::PoolForward{x, y, ws});
+  }
+  void PoolBackward(const OpPlan& plan, const Tensor& dy, const Tensor* ws, Tensor* dx) {
+    Run(plan, op::PoolBackward{dy, ws, dx});
+  }
 
   // ---- convolution + ReLU + 2x2 max pool (ConvPoolDesc), where Supports says yes ----
   // y: the pooled output (N, K, P/2, Q/2). ws: (N, K, P/2, Q/2) u8, written in training (nullptr

@@ -6,6 +6,7 @@
 // backend, as Backend::Supports and the capability queries tell callers beforehand.
 #pragma once
 
+#include <memory>
 #include <variant>
 
 #include "core/backend.h"
@@ -140,6 +141,34 @@ void RunOp(B& be, const Op& op) {
                  [&](const op::MseBackward& o) { be.MseBackward(o.y, o.t, o.scale, o.dy); },
                  [&](const op::SgdStep& o) { be.SgdStep(o.h, o.param, o.grad, o.momentum); },
                  [&](const op::AdamWStep& o) { be.AdamWStep(o.h, o.param, o.grad, o.m, o.v); },
+             },
+             op);
+}
+
+// For backend implementations only: the planned entry (Backend::Supports(PlanDesc), Prepare,
+// Run(plan, op)) by the backend's own methods of each family: SupportsPlanned(*this, d),
+// PrepareOp(*this, d), RunPlannedOp(*this, plan, op). Every planned op is required: a backend
+// declares Supports, Prepare* and the runs of each family itself.
+template <class B>
+bool SupportsPlanned(const B& be, const PlanDesc& d) {
+  static_assert(DeclaredBy<B>(static_cast<bool (B::*)(const PoolDesc&) const>(&B::Supports)),
+                "a backend answers Supports for every planned op itself");
+  return std::visit(Cases{[&](const PoolDesc& p) { return be.Supports(p); }}, d);
+}
+
+template <class B>
+std::shared_ptr<OpPlan> PrepareOp(B& be, const PlanDesc& d) {
+  static_assert(DeclaredBy<B>(&B::PreparePool), "a backend prepares every planned op itself");
+  return std::visit(Cases{[&](const PoolDesc& p) { return be.PreparePool(p); }}, d);
+}
+
+template <class B>
+void RunPlannedOp(B& be, const OpPlan& plan, const PlannedOp& op) {
+  static_assert(DeclaredBy<B>(&B::PoolForward) && DeclaredBy<B>(&B::PoolBackward),
+                "a backend runs every planned op itself");
+  std::visit(Cases{
+                 [&](const op::PoolForward& o) { be.PoolForward(plan, o.x, o.y, o.ws); },
+                 [&](const op::PoolBackward& o) { be.PoolBackward(plan, o.dy, o.ws, o.dx); },
              },
              op);
 }

@@ -211,7 +211,23 @@ struct AdamWStep {
   Tensor *m, *v;
 };
 
+// ---- planned ops (Backend::Run(plan, op), planned by Backend::Prepare(PlanDesc)) ----
+struct PoolForward {
+  const Tensor& x;
+  Tensor* y;
+  Tensor* ws;
+};
+struct PoolBackward {
+  const Tensor& dy;
+  const Tensor* ws;
+  Tensor* dx;
+};
+
 }  // namespace op
+
+// The ops run with a plan (Backend::Run(const OpPlan&, const PlannedOp&)); their descriptors are
+// core/backend.h's PlanDesc.
+using PlannedOp = std::variant<op::PoolForward, op::PoolBackward>;
 
 using Op =
     std::variant<op::Zero, op::Fill, op::Scale, op::CopyColumns, op::Relu, op::ReluBackward,
@@ -228,6 +244,10 @@ using Op =
 // B::Run that calls B's own ReluForward must not reach Backend::ReluForward (which calls Run).
 template <class B, class C, class R, class... A>
 constexpr bool DeclaredBy(R (C::*)(A...)) {
+  return std::is_same_v<B, C>;
+}
+template <class B, class C, class R, class... A>
+constexpr bool DeclaredBy(R (C::*)(A...) const) {
   return std::is_same_v<B, C>;
 }
 

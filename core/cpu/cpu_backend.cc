@@ -43,6 +43,9 @@ CpuBackend::CpuBackend()
 CpuBackend::~CpuBackend() = default;
 
 void CpuBackend::Run(const Op& op) { RunOp(*this, op); }
+bool CpuBackend::Supports(const PlanDesc& d) const { return SupportsPlanned(*this, d); }
+std::shared_ptr<OpPlan> CpuBackend::Prepare(const PlanDesc& d) { return PrepareOp(*this, d); }
+void CpuBackend::Run(const OpPlan& plan, const PlannedOp& op) { RunPlannedOp(*this, plan, op); }
 
 size_t CpuBackend::SharedWorkspaceBytes() const {
   return (impl_->scratchpad.defined() ? impl_->scratchpad.bytes() : 0) +

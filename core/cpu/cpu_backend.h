@@ -47,11 +47,15 @@ class CpuBackend final : public Backend {
   void Fill(Tensor* t, float value);
   // Every op of core/ops.h, each by the method of the same name below (cpu_backend.cc).
   void Run(const Op& op) override;
+  // The planned entry (core/op_dispatch.h), by the methods of each family below.
+  bool Supports(const PlanDesc& d) const override;
+  std::shared_ptr<OpPlan> Prepare(const PlanDesc& d) override;
+  void Run(const OpPlan& plan, const PlannedOp& op) override;
   void Synchronize() override {}
 
   bool Supports(const Conv2dDesc& d) const override;
   bool Supports(const LinearDesc& d) const override;
-  bool Supports(const PoolDesc& d) const override;
+  bool Supports(const PoolDesc& d) const;
   bool Supports(const ConvPoolDesc& d) const override;  // fp32 and bf16 (cpu_conv_pool.cc)
   bool Supports(const BatchNormArgs& a) const override {
     return (fusions_ || (!a.dx_bf16 && !a.y_bf16 && !a.x_bf16)) && (!a.x_bf16 || a.nhwc);
@@ -156,9 +160,9 @@ class CpuBackend final : public Backend {
   void LinearBackward(const OpPlan& plan, const Tensor& x, const Tensor& dy, const Tensor& w,
                       Tensor* dx, Tensor* dw, Tensor* db, bool accumulate) override;
 
-  std::shared_ptr<OpPlan> PreparePool(const PoolDesc& d) override;
-  void PoolForward(const OpPlan& plan, const Tensor& x, Tensor* y, Tensor* ws) override;
-  void PoolBackward(const OpPlan& plan, const Tensor& dy, const Tensor* ws, Tensor* dx) override;
+  std::shared_ptr<OpPlan> PreparePool(const PoolDesc& d);
+  void PoolForward(const OpPlan& plan, const Tensor& x, Tensor* y, Tensor* ws);
+  void PoolBackward(const OpPlan& plan, const Tensor& dy, const Tensor* ws, Tensor* dx);
 
   void ConvPoolForward(const ConvPoolDesc& d, const Tensor& x, const Tensor& w, const Tensor* b,
                        Tensor* y, Tensor* ws);

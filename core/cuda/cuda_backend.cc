@@ -308,6 +308,9 @@ void CudaBackend::Fill(Tensor* t, float value) {
 }
 
 void CudaBackend::Run(const Op& op) { RunOp(*this, op); }
+bool CudaBackend::Supports(const PlanDesc& d) const { return SupportsPlanned(*this, d); }
+std::shared_ptr<OpPlan> CudaBackend::Prepare(const PlanDesc& d) { return PrepareOp(*this, d); }
+void CudaBackend::Run(const OpPlan& plan, const PlannedOp& op) { RunPlannedOp(*this, plan, op); }
 
 void CudaBackend::Synchronize() {
   MakeCurrent();

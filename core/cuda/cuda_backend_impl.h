@@ -72,6 +72,10 @@ class CudaBackend final : public Backend {
   // Every op of core/ops.h, each by the method of the same name below (cuda_backend.cc); the CPU
   // backend's fusions (ConvPoolForward, AffineAdd, ...) are an InternalError here.
   void Run(const Op& op) override;
+  // The planned entry (core/op_dispatch.h), by the methods of each family below.
+  bool Supports(const PlanDesc& d) const override;
+  std::shared_ptr<OpPlan> Prepare(const PlanDesc& d) override;
+  void Run(const OpPlan& plan, const PlannedOp& op) override;
   void Synchronize() override;
   // The profile times ops with events on the compute stream (no synchronisation per op).
   BackendCapabilities capabilities() const override {
@@ -82,7 +86,7 @@ class CudaBackend final : public Backend {
 
   bool Supports(const Conv2dDesc& d) const override;
   bool Supports(const LinearDesc& d) const override;
-  bool Supports(const PoolDesc& d) const override;
+  bool Supports(const PoolDesc& d) const;
 
   std::shared_ptr<OpPlan> PrepareConv2d(const Conv2dDesc& d) override;
   void Conv2dForward(const OpPlan& plan, const Tensor& x, const Tensor& w, const Tensor* b,
@@ -100,9 +104,9 @@ class CudaBackend final : public Backend {
   void LinearBackwardWeights(const OpPlan& plan, const Tensor& x, const Tensor& dy, Tensor* dw,
                              Tensor* db, bool accumulate) override;
 
-  std::shared_ptr<OpPlan> PreparePool(const PoolDesc& d) override;
-  void PoolForward(const OpPlan& plan, const Tensor& x, Tensor* y, Tensor* ws) override;
-  void PoolBackward(const OpPlan& plan, const Tensor& dy, const Tensor* ws, Tensor* dx) override;
+  std::shared_ptr<OpPlan> PreparePool(const PoolDesc& d);
+  void PoolForward(const OpPlan& plan, const Tensor& x, Tensor* y, Tensor* ws);
+  void PoolBackward(const OpPlan& plan, const Tensor& dy, const Tensor* ws, Tensor* dx);
 
   void ReluForward(const Tensor& x, Tensor* y);
   void ReluBackward(const Tensor& y, const Tensor& dy, Tensor* dx);
