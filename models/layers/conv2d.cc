@@ -55,7 +55,7 @@ Shape Conv2d::Setup(const Shape& in, const SetupOptions& opts) {
         << "(lower train.micro_batch) and bf16 needs compute capability 8.0";
   }
   need_dx_ = opts.need_dx;
-  const Shape out{in[0], out_channels_, desc_.out_h(), desc_.out_w()};
+  Shape out{in[0], out_channels_, desc_.out_h(), desc_.out_w()};
   // Setup may run again (the graph planning its layouts again): nothing of the last one is kept.
   plan_.reset();  // a cached plan counts the layers holding it (one staged input each)
   out_ = dx_buf_ = Tensor();
