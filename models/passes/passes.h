@@ -78,7 +78,8 @@ class GraphPasses {
   bool CanReadBf16Input(int r, const Shape& in, bool nhwc, Precision p) const;
   bool CanWriteBf16Dx(int w, const Shape& in, bool nhwc) const;
   void ReadBf16Input(int r, bool bf16);
-  // The relu's node folded into node i, when node i is a ReLU folded into another; else i.
+  // The node whose layer computes node i's output: i itself, or, for a ReLU folded into the
+  // layer before it, that layer's node (kNone for a ReLU layer not folded).
   int Applier(int i) const;
 
   void ChooseConv(size_t i, const Shape& in, const SetupOptions& opts);
