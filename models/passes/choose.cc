@@ -3,14 +3,11 @@
 // which of the offers fuse.cc found the backend runs (Backend::Supports of the fused or 16-bit
 // descriptor), written into the node's descriptor, and told to the node's neighbours that
 // depend on it (a convolution's bf16 output is its batch norm's bf16 input).
-#include <algorithm>
-
 #include "models/graph.h"
 #include "models/layers/batch_norm.h"
 #include "models/layers/conv2d.h"
 #include "models/layers/join.h"
 #include "models/layers/pool.h"
-#include "models/layers/relu.h"
 #include "models/passes/passes.h"
 
 namespace dptrain {

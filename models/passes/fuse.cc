@@ -27,9 +27,9 @@ GraphPasses::GraphPasses(const Graph& graph, Backend& backend)
 }
 
 int GraphPasses::Applier(int i) const {
-  auto* relu = dynamic_cast<Relu*>(&graph_.layer(static_cast<size_t>(i)));
-  if (relu == nullptr) return i;
-  return relu->folded() ? offers_[static_cast<size_t>(i)].relu_into : kNone;
+  // relu_into is kNone for a ReLU that is not folded.
+  if (dynamic_cast<Relu*>(&graph_.layer(static_cast<size_t>(i))) == nullptr) return i;
+  return offers_[static_cast<size_t>(i)].relu_into;
 }
 
 namespace {
