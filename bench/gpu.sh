@@ -21,9 +21,12 @@
 #
 #   bash bench/gpu.sh [BUILD_DIR]      (a build with -DDPTRAIN_WITH_CUDA=ON)
 #   GPU_BENCH_STEPS=N                  profiled steps per run (default 60)
-#   GPU_BENCH_JOBS="M B P;..."         model, batch, precision of each row (default: resnet18_cifar
-#                                      256 and resnet50 64, each fp32 and bf16); scripts/gpu-check.sh
-#                                      runs one row per GPU run, in rotation
+#   GPU_BENCH_JOBS="M B P;..."         model, batch, precision of each row: fp32 (strict,
+#                                      train.tf32 = false; PyTorch with TF32 off), tf32 (fp32 with
+#                                      train.tf32 = true, the default; PyTorch's default fp32) or
+#                                      bf16 (default: resnet18_cifar 256 and resnet50 64, each in
+#                                      the three, and resnet50 128 in tf32 and bf16);
+#                                      scripts/gpu-check.sh runs one row per GPU run, in rotation
 #   GPU_BENCH_NCCL=0                   leave out the NCCL part
 #   GPU_BENCH_PYTORCH=PYTHON           the python3 with PyTorch (default python3)
 #   DPTRAIN=PATH, ALLREDUCE_BENCH=PATH the binaries, when not in BUILD_DIR (a bundle's)
@@ -32,7 +35,7 @@ cd "$(dirname "$0")/.."
 build=${1:-build}
 dptrain=${DPTRAIN:-$build/launcher/dptrain}
 allreduce_bench=${ALLREDUCE_BENCH:-$build/bench/allreduce_bench}
-jobs=${GPU_BENCH_JOBS:-resnet18_cifar 256 fp32;resnet18_cifar 256 bf16;resnet50 64 fp32;resnet50 64 bf16}
+jobs=${GPU_BENCH_JOBS:-resnet18_cifar 256 fp32;resnet18_cifar 256 tf32;resnet18_cifar 256 bf16;resnet50 64 fp32;resnet50 64 tf32;resnet50 64 bf16;resnet50 128 tf32;resnet50 128 bf16}
 torch_py=${GPU_BENCH_PYTORCH:-python3}
 # shellcheck source=scripts/mpi-env.sh
 . scripts/mpi-env.sh
@@ -71,15 +74,22 @@ printf '%-16s %6s %5s %11s %9s %9s %10s %s\n' model batch prec samples/s step_ms
 IFS=';' read -r -a job_list <<<"$jobs"
 for job in "${job_list[@]}"; do
   read -r model batch prec <<<"$job"
+  # tf32 is fp32 with train.tf32 on (its default); fp32 is strict fp32.
+  train_prec=$prec tf32_on=false torch_tf32=default
+  case $prec in
+    fp32) torch_tf32=off ;;
+    tf32) train_prec=fp32 tf32_on=true ;;
+  esac
   {
-    dir=$work/$model-$prec
+    dir=$work/$model-$batch-$prec
     log=$dir.log
     if ! CUDA_VISIBLE_DEVICES=${devices[0]} "$dptrain" train \
       --config configs/resnet8.toml --set model.name="$model" --set run_dir="$dir" \
       --set dist.device=cuda --set data.train=synthetic --set data.test= \
       --set data.augment=none --set data.synthetic_samples=$((batch * (steps + 2))) \
       --set train.global_batch="$batch" --set train.max_steps=$((steps + 1)) \
-      --set train.precision="$prec" --set train.profile=true --set train.warmup_steps=0 \
+      --set train.precision="$train_prec" --set train.tf32="$tf32_on" \
+      --set train.profile=true --set train.warmup_steps=0 \
       --set checkpoint.every_epochs=0 --set checkpoint.resume=never >"$log" 2>&1; then
       echo "$model $prec: dptrain failed:"
       tail -5 "$log"
@@ -99,16 +109,15 @@ print(f"{model:<16} {batch:>6} {prec:>5} {sps:>11} {prof['step_ms']:>9.2f} {prof
       f"{ratio:>9.2f}x <=1.2x {verdict}")
 EOF
     [ -n "$torch_py" ] || continue
-    # PyTorch in the same run: its best on this GPU; in fp32 with TF32 (its default) and without.
+    # PyTorch in the same run: its best on this GPU, with TF32 as dptrain's row (off for strict
+    # fp32, its default for tf32).
     dptrain_sps=$(sed -n 's/^done:.* \([0-9.]*\) samples\/s.*/\1/p' "$log" | tail -1)
-    tf32s=(default)
-    [ "$prec" = fp32 ] && tf32s=(off default)
-    for tf32 in "${tf32s[@]}"; do
+    for tf32 in "$torch_tf32"; do
       # PyTorch at its best: the best of GPU_BENCH_PYTORCH_REPEAT processes (default 5).
       torch_sps=""
       for _ in $(seq "${GPU_BENCH_PYTORCH_REPEAT:-5}"); do
         line=$("$torch_py" bench/pytorch_baseline.py --device cuda --model "$model" \
-          --batch "$batch" --precision "$prec" --tf32 "$tf32" --warmup 15 --steps "$steps" 2>&1 |
+          --batch "$batch" --precision "$train_prec" --tf32 "$tf32" --warmup 15 --steps "$steps" 2>&1 |
           tail -1)
         echo "  $line"
         sps=$(sed -n 's/.*samples_per_s \([0-9.]*\).*/\1/p' <<<"$line")

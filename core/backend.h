@@ -239,14 +239,21 @@ struct BackendOptions {
   // by Winograd's F(4x4, 3x3) (CPU: oneDNN's jit_wino_4x3; about 2x faster there, with a larger
   // rounding error than the direct algorithm). Ignored by backends without it (CUDA).
   bool winograd = false;
-  // Whether Supports offers what only the CPU backend runs between layers: the bf16 handoffs
+  // train.tf32: fp32 convolutions may run on tensor cores in TF32 (inputs rounded to a 10-bit
+  // mantissa, f32 accumulation), as PyTorch's default torch.backends.cudnn.allow_tf32 = True.
+  // Off: FMA-only fp32, the numerics the CPU backend and the conformance suite define. Matmuls
+  // (linear layers) stay fp32 either way, as PyTorch's default
+  // torch.backends.cuda.matmul.allow_tf32 = False. Ignored by backends without TF32 (the CPU).
+  bool tf32 = false;
+  // Whether the CPU backend's Supports offers what it runs between layers: the bf16 handoffs
   // (Conv2dDesc::dy_bf16 and x_bf16, BatchNormArgs::dx_bf16 and y_bf16, PoolDesc::dx_bf16), the
   // fused convolution + pool (ConvPoolDesc) and the capabilities below that depend on them; and
   // whether a plan that layers share keeps a staged input per layer (one per plan, as on CUDA,
   // without) and a convolution's input gradient may run with a flipped copy of its kernel
   // (CpuBackend::FlipsBackwardData). `dptrain plan` sizing a GPU job where there is no GPU
-  // builds the model on the CPU backend with them off, so that it plans the tensors the CUDA
-  // backend allocates. Ignored by backends without them.
+  // builds the model on the CPU backend with them off, so that it plans about the tensors the
+  // CUDA backend allocates (which now takes the convolution and batch-norm handoffs too: an
+  // over-estimate of those in bf16). Ignored by backends without them.
   bool cpu_fusions = true;
 };
 
@@ -289,6 +296,7 @@ class Backend {
   void SetDeterministic(bool on) { Set(&BackendOptions::deterministic, on); }
   void SetTimedAlgorithmSearch(bool on) { Set(&BackendOptions::timed_algorithm_search, on); }
   void SetWinograd(bool on) { Set(&BackendOptions::winograd, on); }
+  void SetTf32(bool on) { Set(&BackendOptions::tf32, on); }
   void SetCpuFusions(bool on) { Set(&BackendOptions::cpu_fusions, on); }
   virtual BackendCapabilities capabilities() const { return {}; }
   bool PrefersChannelsLast() const { return capabilities().channels_last; }

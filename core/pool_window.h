@@ -55,6 +55,26 @@ DPT_HD PoolCover Covering(const PoolGeom& g, int64_t ih, int64_t iw) {
   return r;
 }
 
+// Where (N, C, HW) data keeps position `pos` of plane `plane` (sample plane / c, channel
+// plane % c): NCHW, or channels-last (NHWC: the channels of a position side by side). A plane's
+// positions then lie 1 (NCHW) or c (NHWC) elements apart (PlaneStep).
+DPT_HD int64_t PlaneIndex(int64_t plane, int64_t pos, int64_t c, int64_t hw, bool nhwc) {
+  return nhwc ? ((plane / c) * hw + pos) * c + plane % c : plane * hw + pos;
+}
+DPT_HD int64_t PlaneStep(int64_t c, bool nhwc) { return nhwc ? c : 1; }
+// The inverse of PlaneIndex: the plane and position of memory index e.
+DPT_HD void PlanePosition(int64_t e, int64_t c, int64_t hw, bool nhwc, int64_t* plane,
+                          int64_t* pos) {
+  if (nhwc) {
+    const int64_t r = e / c;
+    *pos = r % hw;
+    *plane = (r / hw) * c + e % c;
+  } else {
+    *plane = e / hw;
+    *pos = e % hw;
+  }
+}
+
 // Average pooling of one plane: output (oh, ow) and, for backward, input (ih, iw)'s gradient
 // gathered from every window that reads it (no atomics: deterministic on both backends). A plane's
 // elements lie `step` floats apart: 1 in NCHW, C in channels-last (NHWC), summed in the same order.

@@ -78,6 +78,7 @@ const std::vector<Field>& Schema() {
       DPT_CONFIG_FIELD(train.deterministic),
       DPT_CONFIG_FIELD(train.cudnn_benchmark),
       DPT_CONFIG_FIELD(train.winograd),
+      DPT_CONFIG_FIELD(train.tf32),
       DPT_CONFIG_FIELD(train.profile),
       DPT_CONFIG_FIELD(checkpoint.every_steps),
       DPT_CONFIG_FIELD(checkpoint.every_epochs),

@@ -110,6 +110,7 @@ int RunTrainOrEval(const RunArgs& args, int* argc, char*** argv) {
       backend->SetDeterministic(cfg.train.deterministic);
       backend->SetTimedAlgorithmSearch(cfg.train.cudnn_benchmark);
       backend->SetWinograd(cfg.train.winograd);
+      backend->SetTf32(cfg.train.tf32);
       if (cfg.memory.limit_bytes > 0) backend->allocator().set_budget(cfg.memory.limit_bytes);
     });
     const std::string table = RankTable(*comm, env, device, threads);

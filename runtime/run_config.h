@@ -165,6 +165,9 @@ struct TrainLoopConfig {
   bool deterministic = false;
   bool cudnn_benchmark = false;  // CUDA: time cuDNN's convolution algorithms, take the fastest
   bool winograd = false;  // CPU: fp32 3x3 convolutions (>= 32 channels) by Winograd F(4x4, 3x3)
+  // CUDA: fp32 convolutions may run TF32 on tensor cores (PyTorch's default for convolutions);
+  // false: strict fp32. Linear layers stay fp32 either way (PyTorch's default for matmuls).
+  bool tf32 = true;
   // Per graph node and op: time and calls after the first step, printed at the end and written
   // into metrics.jsonl (kind "profile"). Synchronises after every op: slower while on.
   bool profile = false;

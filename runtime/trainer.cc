@@ -158,13 +158,17 @@ TrainResult Trainer::Run() {
     }
     fmt::print(
         "dptrain: {} ranks x {} threads, model {} ({} parameters), {} train samples, "
-        "global batch {} ({} per rank{}), {} steps/epoch, {} steps{}{}{}\n",
+        "global batch {} ({} per rank{}), {} steps/epoch, {} steps{}{}{}{}\n",
         world_, env_.threads,
         cfg_.model.name.empty() ? std::string("from layers") : cfg_.model.name,
         model_->num_params(), train_->info().size, cfg_.train.global_batch, local_batch_,
         accumulate_ > 1 ? fmt::format(" = {} x {} micro-steps", micro_, accumulate_) : "",
         steps_per_epoch_, total_steps_, cfg_.train.deterministic ? ", deterministic" : "",
-        winograd ? ", winograd" : "", recompute);
+        winograd ? ", winograd" : "", recompute,
+        // train.tf32 acts on fp32 convolutions on GPUs only.
+        cfg_.train.tf32 && cfg_.train.precision == Precision::kF32 && be_.device() == Device::kCuda
+            ? ", tf32 convolutions"
+            : "");
     std::fflush(stdout);
   }
 

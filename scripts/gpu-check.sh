@@ -207,8 +207,10 @@ tier_3() {
 
 tier_4() {
   local rows row
-  rows=$(printf 'speed:%s\n' "resnet18_cifar 256 bf16" "resnet18_cifar 256 fp32" \
-    "resnet50 64 bf16" "resnet50 64 fp32")
+  # bench/gpu.sh's precisions: fp32 strict, tf32 (fp32 with train.tf32, the default), bf16.
+  rows=$(printf 'speed:%s\n' "resnet18_cifar 256 bf16" "resnet18_cifar 256 tf32" \
+    "resnet50 64 bf16" "resnet50 64 tf32" "resnet18_cifar 256 fp32" "resnet50 64 fp32" \
+    "resnet50 128 bf16" "resnet50 128 tf32")
   # The current state: tier 3's update when it ran, else the committed one.
   local state=$GC_STATE
   [[ -f $GC_RUN/rotation.tsv ]] && state=$GC_RUN/rotation.tsv

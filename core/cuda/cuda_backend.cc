@@ -5,7 +5,9 @@
 // elementwise ops, reductions) in kernels.cu over the shared math of core/elementwise.h.
 //
 // Numerics: fp32 descriptors use FMA-only math (cuDNN CUDNN_FMA_MATH; cuBLAS CUBLAS_COMPUTE_32F,
-// which never uses TF32), so fp32 results match the CPU reference within fp32 tolerance. bf16 and
+// which never uses TF32), so fp32 results match the CPU reference within fp32 tolerance; with
+// BackendOptions::tf32 (train.tf32, on by default in a run as in PyTorch) fp32 convolutions may
+// run TF32 on tensor cores (CUDNN_DEFAULT_MATH), while GEMMs stay fp32. bf16 and
 // fp16 precision convert f32 operands to 16-bit staging buffers and run tensor-core math with
 // f32 accumulation; GEMM outputs and linear weight gradients stay f32, cuDNN's outputs (and conv
 // weight gradients) come back in 16 bits and are widened to f32. bf16 needs compute capability 8.0.
@@ -395,9 +397,16 @@ void CudaBackend::FlushDeviceTimers() {
 // cuda_rules.h). bf16 tensor-core math needs compute capability 8.0; fp16 runs on every
 // architecture this binary is built for (7.5+). Activations are NCHW here (PrefersChannelsLast
 // is false: 16-bit convolutions go channels-last inside the op, cuda_conv.cc).
+// Any mix of layouts (Convert stages what the plan's layout does not take as it is); bf16
+// hand-offs in bf16 precision, where cuDNN reads x and dy and writes y in bf16 as they are: a bf16
+// y without a bias or ReLU to add (the batch norm after it has them), a bf16 dy without a bias
+// gradient to sum. No sampled input gradient (dx_sub).
 bool CudaBackend::Supports(const Conv2dDesc& d) const {
-  return ConvFitsLegacyDescriptors(d) && !d.x_nhwc && !d.y_nhwc && !d.dy_bf16 && !d.x_bf16 &&
-         !d.y_bf16 && !d.dx_sub && (d.precision != Precision::kBF16 || identity_.cc_major >= 8);
+  const bool bf16 = d.precision == Precision::kBF16;
+  if (!bf16 && (d.x_bf16 || d.y_bf16 || d.dy_bf16)) return false;
+  if (d.y_bf16 && (d.relu || d.bias)) return false;
+  if (d.dy_bf16 && d.bias) return false;
+  return ConvFitsLegacyDescriptors(d) && !d.dx_sub && (!bf16 || identity_.cc_major >= 8);
 }
 
 bool CudaBackend::Supports(const LinearDesc& d) const {
@@ -408,7 +417,7 @@ bool CudaBackend::Supports(const LinearDesc& d) const {
 // Own kernels (kernels.cu): 64-bit indexing, but max pooling stores each window's argmax as an
 // int32 position within its H x W plane.
 bool CudaBackend::Supports(const PoolDesc& d) const {
-  return d.Valid() && !d.nhwc && !d.dx_bf16 &&
+  return d.Valid() && (d.nhwc || !d.y_nchw) && !d.dx_bf16 &&
          static_cast<double>(d.h) * static_cast<double>(d.w) <= INT_MAX;
 }
 

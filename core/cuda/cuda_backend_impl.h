@@ -78,8 +78,12 @@ class CudaBackend final : public Backend {
   void Run(const OpPlan& plan, const PlannedOp& op) override;
   void Synchronize() override;
   // The profile times ops with events on the compute stream (no synchronisation per op).
+  // Channels-last activations between convolutions, batch norms, pooling and the elementwise ops:
+  // cuDNN's tensor-core convolutions read and write NHWC without transposes, and the batch norm
+  // and pooling kernels take either layout.
   BackendCapabilities capabilities() const override {
     BackendCapabilities c;
+    c.channels_last = true;
     c.device_timers = true;
     return c;
   }
@@ -87,6 +91,8 @@ class CudaBackend final : public Backend {
   bool Supports(const Conv2dDesc& d) const override;
   bool Supports(const LinearDesc& d) const override;
   bool Supports(const PoolDesc& d) const;
+  // Channels-last batch norm takes bf16 x, y and dx (BatchNormArgs::x_bf16, y_bf16, dx_bf16).
+  bool Supports(const BatchNormArgs& a) const override;
 
   std::shared_ptr<OpPlan> PrepareConv2d(const Conv2dDesc& d) override;
   void Conv2dForward(const OpPlan& plan, const Tensor& x, const Tensor& w, const Tensor* b,
@@ -151,8 +157,9 @@ class CudaBackend final : public Backend {
   double SumSquares(const Tensor& t) override;
 
  private:
-  // bn_partials_, at least the size kernels::BatchNormTraining and BatchNormBackward need for d.
-  double* BatchNormScratch(const BatchNormDims& d);
+  // bn_partials_, at least the size kernels::BatchNormTraining and BatchNormBackward (their
+  // channels-last forms with nhwc) need for d.
+  double* BatchNormScratch(const BatchNormDims& d, bool nhwc);
   // Makes this backend's device current in the calling thread (a thread other than the one that
   // created the backend starts on device 0, which is only ours under the remap binding).
   void MakeCurrent() const;
@@ -215,15 +222,17 @@ class CudaBackend final : public Backend {
   unsigned long long* bad_label_host_ = nullptr;
   int64_t bad_label_classes_ = 0;
 
-  // deterministic and timed_algorithm_search: a change drops the convolution plans (chosen under
-  // the other rule).
+  // deterministic, timed_algorithm_search and tf32: a change drops the convolution plans (chosen
+  // under the other rule).
   void ApplyOptions(const BackendOptions& next) override {
     std::lock_guard<std::mutex> lock(mu_);
-    if (next.deterministic != deterministic_ || next.timed_algorithm_search != timed_search_) {
+    if (next.deterministic != deterministic_ || next.timed_algorithm_search != timed_search_ ||
+        next.tf32 != tf32_) {
       conv_plans_.clear();
     }
     deterministic_ = next.deterministic;
     timed_search_ = next.timed_algorithm_search;
+    tf32_ = next.tf32;
   }
   void ReleasePlans() override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -232,17 +241,18 @@ class CudaBackend final : public Backend {
     pool_plans_.clear();
   }
 
-  std::mutex mu_;  // guards the plan caches, deterministic_ and timed_search_
+  std::mutex mu_;  // guards the plan caches, deterministic_, timed_search_ and tf32_
   bool deterministic_ = false;
   bool timed_search_ = false;
+  bool tf32_ = false;
   std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-                      int64_t, bool, int, int64_t, int64_t, bool>,
+                      int64_t, bool, int, int64_t, int64_t, bool, int>,
            std::shared_ptr<OpPlan>>
       conv_plans_;
   std::map<std::tuple<int64_t, int64_t, int64_t, bool, int>, std::shared_ptr<OpPlan>> linear_plans_;
-  std::map<
-      std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool>,
-      std::shared_ptr<OpPlan>>
+  std::map<std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool,
+                      bool, bool, bool>,
+           std::shared_ptr<OpPlan>>
       pool_plans_;
 };
 

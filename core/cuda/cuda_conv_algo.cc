@@ -91,6 +91,8 @@ void ChooseConvAlgorithms(cudnnHandle_t cudnn, ConvPlan* p, bool deterministic, 
                           size_t cap) {
   const Conv2dDesc& d = p->d;
   const bool fp32 = !p->half;
+  // PickConvAlgo's fp32 rules (no tensor-op math, FMA preferred) unless TF32 is allowed.
+  const bool strict = fp32 && !p->tf32;
   // Timed fp32 without train.deterministic, as PyTorch's cudnn.benchmark: the fastest backward
   // algorithm, deterministic or not (a timed choice already gives up bit-identical reruns). On an
   // H100, resnet18 at 32x32 batch 256: fp32 5,123 -> 6,173 samples/s (timed and deterministic
@@ -105,8 +107,8 @@ void ChooseConvAlgorithms(cudnnHandle_t cudnn, ConvPlan* p, bool deterministic, 
   auto pick =
       [&](const auto& perfs, Determinism det, const char* what) {
         std::string relaxed;
-        const auto i = PickConvAlgo(Candidates(perfs), fp32, det, cap, &relaxed);
-        if (i && fp32 && perfs[*i].mathType != CUDNN_FMA_MATH) {
+        const auto i = PickConvAlgo(Candidates(perfs), strict, det, cap, &relaxed);
+        if (i && strict && perfs[*i].mathType != CUDNN_FMA_MATH) {
           const std::string& scope = AllocationScope::Current();
           const std::string layer = scope.empty() ? "" : " (layer " + scope + ")";
           std::fprintf(stderr,
@@ -131,7 +133,7 @@ void ChooseConvAlgorithms(cudnnHandle_t cudnn, ConvPlan* p, bool deterministic, 
   const auto usable = [&](Determinism det) {
     return [&, det](const auto& perfs) {
       std::string relaxed;
-      return PickConvAlgo(Candidates(perfs), fp32, det, cap, &relaxed).has_value();
+      return PickConvAlgo(Candidates(perfs), strict, det, cap, &relaxed).has_value();
     };
   };
   {

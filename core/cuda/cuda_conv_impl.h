@@ -57,47 +57,55 @@ struct ActivationDesc {
 struct ConvPlan final : OpPlan {
   Conv2dDesc d;
   bool half = false;
-  // 16-bit operands staged channels-last (NHWC activations, KRSC filter): see ChannelsLast.
+  // fp32 on tensor cores in TF32 allowed (BackendOptions::tf32): CUDNN_DEFAULT_MATH, and
+  // PickConvAlgo's fp32 rules relaxed to those of 16 bits. Always false for 16-bit plans.
+  bool tf32 = false;
+  // The layout cuDNN computes in: NHWC activations and a KRSC filter, or NCHW and KCRS (see
+  // ComputesChannelsLast).
   bool nhwc = false;
   kernels::Half kind = kernels::Half::kBF16;
-  TensorDesc x, y;                     // in the compute data type (and layout)
-  TensorDesc y32;                      // the f32 output, for the bias add and the bias gradient
-  TensorDesc b32;                      // (1, K, 1, 1) f32
-  FilterDesc w;                        // in the compute data type
-  ConvDesc fwd, bwd_data, bwd_filter;  // one per op: each carries its algorithm's math type
+  kernels::Elem ct = kernels::Elem::kF32;  // the compute element type
+  TensorDesc x, y;                         // in the compute data type and layout
+  TensorDesc y32;                          // f32 NCHW output, for the bias gradient
+  TensorDesc b32;                          // (1, K, 1, 1) f32
+  FilterDesc w;                            // in the compute data type and layout
+  ConvDesc fwd, bwd_data, bwd_filter;      // one per op: each carries its algorithm's math type
   cudnnConvolutionFwdAlgo_t fwd_algo{};
   cudnnConvolutionBwdDataAlgo_t data_algo{};
   cudnnConvolutionBwdFilterAlgo_t filter_algo{};
   size_t fwd_ws = 0, data_ws = 0, filter_ws = 0;
-  // A folded ReLU (d.relu) in fp32 with a bias: convolution, bias and ReLU in one cuDNN call
-  // (cudnnConvolutionBiasActivationForward) until cuDNN reports it unsupported for this plan's
-  // algorithm; otherwise and then, one epilogue kernel after the convolution.
+  // A folded ReLU (d.relu) in fp32 with a bias, y written as it is: convolution, bias and ReLU in
+  // one cuDNN call (cudnnConvolutionBiasActivationForward) until cuDNN reports it unsupported for
+  // this plan's algorithm; otherwise and then, the epilogue after the convolution.
   ActivationDesc relu;
   mutable bool fused = false;
-  // bf16/fp16 staging, reused across the three ops (one stream: one op at a time):
-  // x16 holds x or dx, y16 holds y or dy, w16 holds w or dw.
-  Tensor x16, y16, w16;
+  // Staging in the compute type and layout, for the operands the caller's tensors do not hold so
+  // (kernels::Convert), reused across the three ops (one stream: one op at a time): xs holds x or
+  // dx, ys holds y or dy, ws holds w or dw. Undefined where nothing is staged.
+  Tensor xs, ys, ws;
 };
 
-// Whether a 16-bit convolution stages its operands channels-last: tensor-core kernels read NHWC
-// as it is, where NCHW makes cuDNN transpose inside (extra kernels and memory traffic per call),
-// and the staging kernels that convert to 16 bits transpose at the same time. Dense convolutions
-// whose channel counts are multiples of 8 (whole 16-byte vectors of 16-bit values); others (the
-// 3-channel stem, grouped and depthwise ones) stay NCHW, as does one for which cuDNN offers no
-// algorithm in NHWC that meets the rules (PrepareConv2d tries NHWC first).
-inline bool ChannelsLast(const Conv2dDesc& d, bool half) {
+// Whether a plan computes channels-last: tensor-core kernels read NHWC as it is, where NCHW makes
+// cuDNN transpose inside (extra kernels and memory traffic per call). Every convolution whose
+// input and output are both channels-last already (the graph's layout pass), and in 16 bits also
+// dense ones whose channel counts are multiples of 8 (whole 16-byte vectors), whatever the
+// activations' layout, since their staging converts anyway. Others (a 3-channel stem reading the
+// NCHW input) compute NCHW. PrepareConv2d falls back to NCHW where cuDNN refuses NHWC or offers no
+// algorithm in it that meets the rules; the staging then transposes.
+inline bool ComputesChannelsLast(const Conv2dDesc& d, bool half) {
+  if (d.x_nhwc && d.y_nhwc) return true;
   return half && d.groups == 1 && d.c % 8 == 0 && d.k % 8 == 0;
 }
 
-// Chooses p's forward, backward-data and backward-filter algorithms and PickConvAlgo's rules
-// (cuda_rules.h): deterministic backward algorithms, required when `deterministic`
-// (train.deterministic), otherwise preferred unless `timed` in fp32; sets each descriptor's math
-// type to the one cuDNN reported for its algorithm and records each workspace size. `cap` bounds
-// the workspace where an algorithm allows. The candidates come in cuDNN's heuristic order (no
-// timing, so every rank and every run picks the same ones), or with `timed` (train.cudnn_benchmark)
-// in the order of cuDNN's timings on this GPU (cudnnFind*, which allocates its own scratch outside
-// the caching allocator for the duration of the search). Throws UnsupportedError naming the layer
-// when cuDNN offers no usable algorithm.
+// Chooses p's forward, backward-data and backward-filter algorithms by PickConvAlgo's rules
+// (cuda_rules.h; strict fp32 unless p->tf32): deterministic backward algorithms, required when
+// `deterministic` (train.deterministic), otherwise preferred unless `timed` in fp32; sets each
+// descriptor's math type to the one cuDNN reported for its algorithm and records each workspace
+// size. `cap` bounds the workspace where an algorithm allows. The candidates come in cuDNN's
+// heuristic order (no timing, so every rank and every run picks the same ones), or with `timed`
+// (train.cudnn_benchmark) in the order of cuDNN's timings on this GPU (cudnnFind*, which allocates
+// its own scratch outside the caching allocator for the duration of the search). Throws
+// UnsupportedError naming the layer when cuDNN offers no usable algorithm.
 void ChooseConvAlgorithms(cudnnHandle_t cudnn, ConvPlan* p, bool deterministic, bool timed,
                           size_t cap);
 

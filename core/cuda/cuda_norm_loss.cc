@@ -24,9 +24,9 @@ void CheckChannels(const Tensor& t, int64_t c, const char* what) {
 
 }  // namespace
 
-double* CudaBackend::BatchNormScratch(const BatchNormDims& d) {
-  const int64_t bytes =
-      2 * d.c * BatchNormParts(d.n, d.c, d.hw) * static_cast<int64_t>(sizeof(double));
+double* CudaBackend::BatchNormScratch(const BatchNormDims& d, bool nhwc) {
+  const int64_t parts = nhwc ? BatchNormNhwcParts(d.n * d.hw, d.c) : BatchNormParts(d.n, d.c, d.hw);
+  const int64_t bytes = 2 * d.c * parts * static_cast<int64_t>(sizeof(double));
   // One stream: a replaced buffer's last reader runs before the allocator hands it out again.
   if (!bn_partials_.defined() || bn_partials_.numel() < bytes) {
     bn_partials_ = Empty(Shape{bytes}, DType::kU8, "batch norm partials");
@@ -34,17 +34,37 @@ double* CudaBackend::BatchNormScratch(const BatchNormDims& d) {
   return bn_partials_.data<double>();
 }
 
+namespace {
+
+// A batch-norm activation: f32, or bf16 where the arguments say so (channels-last only:
+// Supports(BatchNormArgs)).
+kernels::Elem BnElem(const Tensor& t, bool bf16, const char* what) {
+  CheckDev(t, what);
+  const DType want = bf16 ? DType::kBF16 : DType::kF32;
+  DPT_CHECK(t.dtype() == want) << what << ": expected " << DTypeName(want) << ", got "
+                               << DTypeName(t.dtype());
+  return bf16 ? kernels::Elem::kBF16 : kernels::Elem::kF32;
+}
+
+}  // namespace
+
 // ---- batch norm ---------------------------------------------------------------------------------
+// NCHW: f32 only, kernels::BatchNorm*; channels-last (a.nhwc): kernels::BatchNorm*Nhwc, with x, y
+// and dx in bf16 where a.x_bf16, y_bf16 and dx_bf16 say (the 16-bit hand-offs with the bf16
+// convolutions around it, decided by the graph passes).
+
+bool CudaBackend::Supports(const BatchNormArgs& a) const {
+  return a.nhwc || (!a.dx_bf16 && !a.y_bf16 && !a.x_bf16);
+}
 
 void CudaBackend::BatchNormForwardTraining(const BatchNormArgs& a, const Tensor& x,
                                            const Tensor& gamma, const Tensor& beta,
                                            Tensor* running_mean, Tensor* running_var, Tensor* y,
                                            Tensor* save_mean, Tensor* save_invstd) {
   OpScope scope(this, "batchnorm_fwd");
-  DPT_CHECK(!a.nhwc)
-      << "cuda: batch norm on channels-last activations (PrefersChannelsLast is false)";
-  CheckF32(x, "batch norm x");
-  CheckF32(*y, "batch norm y");
+  DPT_CHECK(Supports(a)) << "cuda: 16-bit batch-norm tensors on NCHW activations";
+  const kernels::Elem xt = BnElem(x, a.x_bf16, "batch norm x");
+  const kernels::Elem yt = BnElem(*y, a.y_bf16, "batch norm y");
   CheckSame(x, *y, "batch norm");
   const BatchNormDims d = BatchNormShape(x.shape());
   for (const Tensor* t :
@@ -53,10 +73,17 @@ void CudaBackend::BatchNormForwardTraining(const BatchNormArgs& a, const Tensor&
         static_cast<const Tensor*>(save_invstd)}) {
     CheckChannels(*t, d.c, "batch norm per-channel tensor");
   }
+  if (a.nhwc) {
+    kernels::BatchNormTrainingNhwc(
+        d.n * d.hw, d.c, a.momentum, a.eps, a.relu, x.raw(), xt, gamma.data<float>(),
+        beta.data<float>(), running_mean->data<float>(), running_var->data<float>(), y->raw(), yt,
+        save_mean->data<float>(), save_invstd->data<float>(), BatchNormScratch(d, true), stream_);
+    return;
+  }
   kernels::BatchNormTraining(d.n, d.c, d.hw, a.momentum, a.eps, a.relu, x.data<float>(),
                              gamma.data<float>(), beta.data<float>(), running_mean->data<float>(),
                              running_var->data<float>(), y->data<float>(), save_mean->data<float>(),
-                             save_invstd->data<float>(), BatchNormScratch(d), stream_);
+                             save_invstd->data<float>(), BatchNormScratch(d, false), stream_);
 }
 
 void CudaBackend::BatchNormForwardInference(const BatchNormArgs& a, const Tensor& x,
@@ -64,14 +91,19 @@ void CudaBackend::BatchNormForwardInference(const BatchNormArgs& a, const Tensor
                                             const Tensor& running_mean, const Tensor& running_var,
                                             Tensor* y) {
   OpScope scope(this, "batchnorm_infer");
-  DPT_CHECK(!a.nhwc)
-      << "cuda: batch norm on channels-last activations (PrefersChannelsLast is false)";
-  CheckF32(x, "batch norm x");
-  CheckF32(*y, "batch norm y");
+  DPT_CHECK(Supports(a)) << "cuda: 16-bit batch-norm tensors on NCHW activations";
+  const kernels::Elem xt = BnElem(x, a.x_bf16, "batch norm x");
+  const kernels::Elem yt = BnElem(*y, a.y_bf16, "batch norm y");
   CheckSame(x, *y, "batch norm");
   const BatchNormDims d = BatchNormShape(x.shape());
   for (const Tensor* t : {&gamma, &beta, &running_mean, &running_var}) {
     CheckChannels(*t, d.c, "batch norm per-channel tensor");
+  }
+  if (a.nhwc) {
+    kernels::BatchNormInferenceNhwc(
+        d.n * d.hw, d.c, a.eps, a.relu, x.raw(), xt, gamma.data<float>(), beta.data<float>(),
+        running_mean.data<float>(), running_var.data<float>(), y->raw(), yt, stream_);
+    return;
   }
   kernels::BatchNormInference(d.n, d.c, d.hw, a.eps, a.relu, x.data<float>(), gamma.data<float>(),
                               beta.data<float>(), running_mean.data<float>(),
@@ -80,21 +112,22 @@ void CudaBackend::BatchNormForwardInference(const BatchNormArgs& a, const Tensor
 
 // beta is not read: the gate comes from relu_y (the kernels may contract the forward's
 // x * scale + shift into one multiply-add, so recomputing it here need not give the same bits).
+// relu_y is the forward's y: bf16 where the forward wrote it so (a.y_bf16).
 void CudaBackend::BatchNormBackward(const BatchNormArgs& a, const Tensor& x, const Tensor& dy,
                                     const Tensor* relu_y, const Tensor& gamma,
                                     const Tensor& /*beta*/, const Tensor& save_mean,
                                     const Tensor& save_invstd, Tensor* dx, Tensor* dgamma,
                                     Tensor* dbeta, bool accumulate) {
   OpScope scope(this, "batchnorm_bwd");
-  DPT_CHECK(!a.nhwc)
-      << "cuda: batch norm on channels-last activations (PrefersChannelsLast is false)";
-  CheckF32(x, "batch norm x");
+  DPT_CHECK(Supports(a)) << "cuda: 16-bit batch-norm tensors on NCHW activations";
+  const kernels::Elem xt = BnElem(x, a.x_bf16, "batch norm x");
   CheckF32(dy, "batch norm dy");
-  CheckF32(*dx, "batch norm dx");
+  const kernels::Elem dxt = BnElem(*dx, a.dx_bf16, "batch norm dx");
   CheckSame(x, dy, "batch norm backward");
   CheckSame(x, *dx, "batch norm backward");
+  kernels::Elem gt = kernels::Elem::kF32;
   if (relu_y != nullptr) {
-    CheckF32(*relu_y, "batch norm relu output");
+    gt = BnElem(*relu_y, a.y_bf16, "batch norm relu output");
     CheckSame(x, *relu_y, "batch norm backward (relu output)");
   }
   const BatchNormDims d = BatchNormShape(x.shape());
@@ -102,11 +135,19 @@ void CudaBackend::BatchNormBackward(const BatchNormArgs& a, const Tensor& x, con
                           static_cast<const Tensor*>(dbeta)}) {
     CheckChannels(*t, d.c, "batch norm per-channel tensor");
   }
+  if (a.nhwc) {
+    kernels::BatchNormBackwardNhwc(
+        d.n * d.hw, d.c, x.raw(), xt, dy.data<float>(), relu_y != nullptr ? relu_y->raw() : nullptr,
+        gt, gamma.data<float>(), save_mean.data<float>(), save_invstd.data<float>(), dx->raw(), dxt,
+        dgamma->data<float>(), dbeta->data<float>(), accumulate, BatchNormScratch(d, true),
+        stream_);
+    return;
+  }
   kernels::BatchNormBackward(d.n, d.c, d.hw, x.data<float>(), dy.data<float>(),
                              relu_y != nullptr ? relu_y->data<float>() : nullptr,
                              gamma.data<float>(), save_mean.data<float>(),
                              save_invstd.data<float>(), dx->data<float>(), dgamma->data<float>(),
-                             dbeta->data<float>(), accumulate, BatchNormScratch(d), stream_);
+                             dbeta->data<float>(), accumulate, BatchNormScratch(d, false), stream_);
 }
 
 // ---- losses -------------------------------------------------------------------------------------

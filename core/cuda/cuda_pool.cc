@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// CUDA backend: max and average pooling on dptrain's own kernels (kernels.cu); max pooling
+// CUDA backend: max and average pooling on dptrain's own kernels (kernels.cu), NCHW or
+// channels-last (PoolDesc::nhwc, and y_nchw: a channels-last x pooled into an NCHW y); max pooling
 // records each window's argmax position in the caller's workspace for the backward pass.
 #include <cstddef>
 #include <cstdint>
@@ -17,6 +18,7 @@ namespace {
 struct PoolPlan final : OpPlan {
   PoolDesc d;
   kernels::PoolGeom g{};
+  kernels::PoolLayout l{};
 };
 
 }  // namespace
@@ -24,13 +26,15 @@ struct PoolPlan final : OpPlan {
 std::shared_ptr<OpPlan> CudaBackend::PreparePool(const PoolDesc& d) {
   if (!Supports(d)) DPT_THROW(UnsupportedError) << "cuda: pool " << d.ToString();
   std::lock_guard<std::mutex> lock(mu_);
-  auto& slot = pool_plans_[std::make_tuple(static_cast<int>(d.kind), d.n, d.c, d.h, d.w, d.kernel,
-                                           d.stride, d.pad, d.ceil_mode, d.count_include_pad)];
+  auto& slot =
+      pool_plans_[std::make_tuple(static_cast<int>(d.kind), d.n, d.c, d.h, d.w, d.kernel, d.stride,
+                                  d.pad, d.ceil_mode, d.count_include_pad, d.nhwc, d.y_nchw)];
   if (slot) return slot;
   auto p = std::make_shared<PoolPlan>();
   p->d = d;
   p->g = kernels::PoolGeom{d.n * d.c, d.h,      d.w,   d.out_h(),          d.out_w(),
                            d.kernel,  d.stride, d.pad, d.count_include_pad};
+  p->l = kernels::PoolLayout{d.c, d.nhwc, d.nhwc && !d.y_nchw};
   p->workspace_bytes =
       d.kind == PoolKind::kMax ? static_cast<size_t>(d.n * d.c * d.out_h() * d.out_w()) * 4 : 0;
   slot = p;
@@ -45,7 +49,7 @@ void CudaBackend::PoolForward(const OpPlan& plan, const Tensor& x, Tensor* y, Te
   CheckNumel(x, p.d.n * p.d.c * p.d.h * p.d.w, "pool x", p.d.ToString());
   CheckNumel(*y, p.d.n * p.d.c * p.d.out_h() * p.d.out_w(), "pool y", p.d.ToString());
   if (p.d.kind == PoolKind::kAvg) {
-    kernels::AvgPoolForward(p.g, x.data<float>(), y->data<float>(), stream_);
+    kernels::AvgPoolForward(p.g, p.l, x.data<float>(), y->data<float>(), stream_);
     return;
   }
   int32_t* argmax = nullptr;
@@ -54,7 +58,7 @@ void CudaBackend::PoolForward(const OpPlan& plan, const Tensor& x, Tensor* y, Te
     DPT_CHECK(ws->bytes() >= p.workspace_bytes) << "pool workspace too small";
     argmax = ws->data<int32_t>();
   }
-  kernels::MaxPoolForward(p.g, x.data<float>(), y->data<float>(), argmax, stream_);
+  kernels::MaxPoolForward(p.g, p.l, x.data<float>(), y->data<float>(), argmax, stream_);
 }
 
 void CudaBackend::PoolBackward(const OpPlan& plan, const Tensor& dy, const Tensor* ws, Tensor* dx) {
@@ -65,13 +69,14 @@ void CudaBackend::PoolBackward(const OpPlan& plan, const Tensor& dy, const Tenso
   CheckNumel(dy, p.d.n * p.d.c * p.d.out_h() * p.d.out_w(), "pool dy", p.d.ToString());
   CheckNumel(*dx, p.d.n * p.d.c * p.d.h * p.d.w, "pool dx", p.d.ToString());
   if (p.d.kind == PoolKind::kAvg) {
-    kernels::AvgPoolBackward(p.g, dy.data<float>(), dx->data<float>(), stream_);
+    kernels::AvgPoolBackward(p.g, p.l, dy.data<float>(), dx->data<float>(), stream_);
     return;
   }
   DPT_CHECK(ws != nullptr) << "max-pool backward needs the forward workspace";
   CheckDev(*ws, "pool workspace");
   DPT_CHECK(ws->bytes() >= p.workspace_bytes) << "pool workspace too small";
-  kernels::MaxPoolBackward(p.g, dy.data<float>(), ws->data<int32_t>(), dx->data<float>(), stream_);
+  kernels::MaxPoolBackward(p.g, p.l, dy.data<float>(), ws->data<int32_t>(), dx->data<float>(),
+                           stream_);
 }
 
 }  // namespace dptrain::cuda

@@ -76,6 +76,15 @@ int64_t BatchNormParts(int64_t n, int64_t c, int64_t hw) {
   return std::clamp<int64_t>(std::min(by_blocks, by_size), 1, n);
 }
 
+int64_t BatchNormNhwcParts(int64_t m, int64_t c) {
+  constexpr int64_t kTargetBlocks = 1024, kMinRows = 64, kMaxParts = 65535;
+  if (m <= 0 || c <= 0) return 1;
+  const int64_t tiles = (c + 31) / 32;
+  const int64_t by_blocks = (kTargetBlocks + tiles - 1) / tiles;
+  const int64_t by_size = std::max<int64_t>(1, m / kMinRows);
+  return std::clamp<int64_t>(std::min(by_blocks, by_size), 1, kMaxParts);
+}
+
 std::string DeviceUuidString(const Uuid& device, const std::optional<Uuid>& gpu) {
   static const char* hex = "0123456789abcdef";
   std::string s = gpu.has_value() && *gpu != device ? "MIG-" : "GPU-";

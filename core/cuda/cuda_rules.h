@@ -51,9 +51,11 @@ enum class Determinism {
 //   2. a precise algorithm (not FFT or non-fused Winograd), in every precision: in 16 bits their
 //      transforms round in 16 bits too (on an H100 they put resnet50_cifar's bf16 loss 3.2% from
 //      fp32, against 0.7% on the CPU backend),
-//   3. fp32: FMA math, no tensor-op (TF32) algorithm; relaxed to CUDNN_DEFAULT math, never to a
-//      tensor-op one. The caller sets the descriptor to the math type cuDNN reported for the
-//      chosen algorithm, so it is never forced onto one it does not support,
+//   3. fp32 with `fp32_strict` (train.tf32 = false): FMA math, no tensor-op (TF32) algorithm;
+//      relaxed to CUDNN_DEFAULT math, never to a tensor-op one. With train.tf32 an fp32
+//      convolution is not strict: cuDNN's order decides, tensor-op (TF32) algorithms included. The
+//      caller sets the descriptor to the math type cuDNN reported for the chosen algorithm, so it
+//      is never forced onto one it does not support,
 //   4. determinism, only when Determinism::kPreferred.
 // `relaxed` (optional) receives what had to be given up, "" when nothing.
 std::optional<size_t> PickConvAlgo(const std::vector<AlgoCandidate>& perfs, bool fp32_strict,
@@ -66,6 +68,12 @@ std::optional<size_t> PickConvAlgo(const std::vector<AlgoCandidate>& perfs, bool
 // the memory bound), at least 4096 elements a block, at most n. A function of the shape alone,
 // so the fixed-order reduction gives the same result on every GPU; c * parts <= c + 512.
 int64_t BatchNormParts(int64_t n, int64_t c, int64_t hw);
+
+// Parts the rows of a channels-last batch norm over m = N * H * W rows of c channels are split into
+// (blocks of 32 channels x a run of rows): enough that the blocks fill the GPU (about 1024 of
+// them), at least 64 rows a part, at most 65535 (the grid's y). A function of the shape alone, as
+// BatchNormParts.
+int64_t BatchNormNhwcParts(int64_t m, int64_t c);
 
 using Uuid = std::array<unsigned char, 16>;
 // The device's name as nvidia-smi -L and CUDA_VISIBLE_DEVICES write it. `device` is what

@@ -150,19 +150,9 @@ __device__ inline float Widen(float v) { return v; }
 __device__ inline float Widen(uint16_t v) { return ew::Bf16ToFloat(v); }
 __device__ inline float Widen(__half v) { return __half2float(v); }
 
-// src: the f32 output itself (in place), or its bf16 / fp16 result.
-template <class Src>
-__global__ void ConvEpilogueKernel(const Src* src, const float* b, bool relu, float* y, int64_t k,
-                                   int64_t hw, int64_t total) {
-  DPT_GRID_LOOP(i, total) {
-    float v = Widen(src[i]);
-    if (b != nullptr) v += b[(i / hw) % k];
-    y[i] = relu ? ew::Relu(v) : v;
-  }
-}
-
-// ---- channels-last staging: (planes, c, hw) <-> (planes, hw, c), through 32 x 32 tiles in shared
-// memory so that both the read and the write run along contiguous memory ------------------------
+// ---- conversions between element types and layouts (Convert): (planes, c, hw) <-> (planes, hw,
+// c) through 32 x 32 tiles in shared memory, so that both the read and the write run along
+// contiguous memory; element by element when the layouts agree ----------------------------------
 
 constexpr int kTile = 32;
 constexpr int kTileRows = 8;  // blockDim = (kTile, kTileRows): each thread moves 4 elements
@@ -171,38 +161,51 @@ __device__ inline void Narrow(float v, float* out) { *out = v; }
 __device__ inline void Narrow(float v, uint16_t* out) { *out = ew::FloatToBf16(v); }
 __device__ inline void Narrow(float v, __half* out) { *out = __float2half_rn(v); }
 
+// v [+ b[ci]], max(., 0) when relu, [added to *out when accumulate], stored as out's type.
+template <class D>
+__device__ inline void Finish(float v, const float* b, int64_t ci, bool relu, bool accumulate,
+                              D* out) {
+  if (b != nullptr) v += b[ci];
+  if (relu) v = ew::Relu(v);
+  if (accumulate) v += Widen(*out);
+  Narrow(v, out);
+}
+
+// y (planes, hw, c) = [y +] convert(x (planes, c, hw)) [+ b[c]], max(., 0) when relu.
 // grid: (tiles along hw, tiles along c, planes in steps of gridDim.z)
-template <class H>
-__global__ void ToChannelsLastKernel(const float* x, H* y, int64_t planes, int64_t c, int64_t hw) {
+template <class S, class D>
+__global__ void ToChannelsLastKernel(const S* x, const float* b, bool relu, bool accumulate, D* y,
+                                     int64_t planes, int64_t c, int64_t hw) {
   __shared__ float tile[kTile][kTile + 1];  // +1: no bank conflicts on the transposed read
   const int64_t p0 = static_cast<int64_t>(blockIdx.x) * kTile;
   const int64_t c0 = static_cast<int64_t>(blockIdx.y) * kTile;
-  for (int64_t b = blockIdx.z; b < planes; b += gridDim.z) {
-    const float* xb = x + b * c * hw;
-    H* yb = y + b * c * hw;
+  for (int64_t n = blockIdx.z; n < planes; n += gridDim.z) {
+    const S* xb = x + n * c * hw;
+    D* yb = y + n * c * hw;
     for (int k = threadIdx.y; k < kTile; k += kTileRows) {  // rows of c, along hw
       const int64_t ci = c0 + k, pi = p0 + threadIdx.x;
-      if (ci < c && pi < hw) tile[k][threadIdx.x] = xb[ci * hw + pi];
+      if (ci < c && pi < hw) tile[k][threadIdx.x] = Widen(xb[ci * hw + pi]);
     }
     __syncthreads();
     for (int k = threadIdx.y; k < kTile; k += kTileRows) {  // rows of hw, along c
       const int64_t pi = p0 + k, ci = c0 + threadIdx.x;
-      if (pi < hw && ci < c) Narrow(tile[threadIdx.x][k], &yb[pi * c + ci]);
+      if (pi < hw && ci < c)
+        Finish(tile[threadIdx.x][k], b, ci, relu, accumulate, &yb[pi * c + ci]);
     }
     __syncthreads();
   }
 }
 
-// y (planes, c, hw) = [y +] widen(x (planes, hw, c)) [+ b[c]], then max(., 0) when relu.
-template <class H>
-__global__ void FromChannelsLastKernel(const H* x, const float* b, bool relu, bool accumulate,
-                                       float* y, int64_t planes, int64_t c, int64_t hw) {
+// y (planes, c, hw) = [y +] convert(x (planes, hw, c)) [+ b[c]], then max(., 0) when relu.
+template <class S, class D>
+__global__ void FromChannelsLastKernel(const S* x, const float* b, bool relu, bool accumulate, D* y,
+                                       int64_t planes, int64_t c, int64_t hw) {
   __shared__ float tile[kTile][kTile + 1];
   const int64_t p0 = static_cast<int64_t>(blockIdx.x) * kTile;
   const int64_t c0 = static_cast<int64_t>(blockIdx.y) * kTile;
   for (int64_t n = blockIdx.z; n < planes; n += gridDim.z) {
-    const H* xb = x + n * c * hw;
-    float* yb = y + n * c * hw;
+    const S* xb = x + n * c * hw;
+    D* yb = y + n * c * hw;
     for (int k = threadIdx.y; k < kTile; k += kTileRows) {  // rows of hw, along c
       const int64_t pi = p0 + k, ci = c0 + threadIdx.x;
       if (pi < hw && ci < c) tile[k][threadIdx.x] = Widen(xb[pi * c + ci]);
@@ -210,15 +213,20 @@ __global__ void FromChannelsLastKernel(const H* x, const float* b, bool relu, bo
     __syncthreads();
     for (int k = threadIdx.y; k < kTile; k += kTileRows) {  // rows of c, along hw
       const int64_t ci = c0 + k, pi = p0 + threadIdx.x;
-      if (ci < c && pi < hw) {
-        float v = tile[threadIdx.x][k];
-        if (b != nullptr) v += b[ci];
-        if (relu) v = ew::Relu(v);
-        float& out = yb[ci * hw + pi];
-        out = accumulate ? out + v : v;
-      }
+      if (ci < c && pi < hw)
+        Finish(tile[threadIdx.x][k], b, ci, relu, accumulate, &yb[ci * hw + pi]);
     }
     __syncthreads();
+  }
+}
+
+// The same layout on both sides: element by element (in place when x == y and S == D, without
+// accumulate).
+template <class S, class D>
+__global__ void ConvertKernel(const S* x, const float* b, bool relu, bool accumulate, D* y,
+                              int64_t c, int64_t hw, bool nhwc, int64_t total) {
+  DPT_GRID_LOOP(i, total) {
+    Finish(Widen(x[i]), b, nhwc ? i % c : (i / hw) % c, relu, accumulate, &y[i]);
   }
 }
 
@@ -244,16 +252,22 @@ __global__ void ColumnSumsKernel(const float* dy, int64_t rows, int64_t cols, fl
 
 // ---- pooling ------------------------------------------------------------------------------------
 
-__global__ void MaxPoolForwardKernel(PoolGeom g, const float* x, float* y, int32_t* argmax) {
+// Every kernel runs over its output in memory order (coalesced in either layout): the plane and
+// position of each element come from ew::PlanePosition, x and y each in their own layout
+// (PoolLayout).
+__global__ void MaxPoolForwardKernel(PoolGeom g, PoolLayout l, const float* x, float* y,
+                                     int32_t* argmax) {
+  const int64_t step = ew::PlaneStep(l.c, l.x_nhwc);
   DPT_GRID_LOOP(o, g.planes * g.p * g.q) {
-    const int64_t plane = o / (g.p * g.q), rem = o % (g.p * g.q);
+    int64_t plane = 0, rem = 0;
+    ew::PlanePosition(o, l.c, g.p * g.q, l.y_nhwc, &plane, &rem);
     const ew::PoolWindow win = ew::WindowOf(g, rem / g.q, rem % g.q);
-    const float* in = x + plane * g.h * g.w;
+    const float* in = x + ew::PlaneIndex(plane, 0, l.c, g.h * g.w, l.x_nhwc);
     float best = 0.f;
     int64_t arg = -1;
     for (int64_t ih = win.h0; ih < win.h1; ++ih) {
       for (int64_t iw = win.w0; iw < win.w1; ++iw) {
-        const float v = in[ih * g.w + iw];
+        const float v = in[(ih * g.w + iw) * step];
         // Strictly greater: the first maximum in row-major window order wins ties. A NaN wins,
         // as in PyTorch, so a diverging model shows it.
         if (arg < 0 || v > best || isnan(v)) {
@@ -263,20 +277,20 @@ __global__ void MaxPoolForwardKernel(PoolGeom g, const float* x, float* y, int32
       }
     }
     y[o] = best;
-    if (argmax != nullptr) argmax[o] = static_cast<int32_t>(arg);
+    if (argmax != nullptr) argmax[o] = static_cast<int32_t>(arg);  // y's layout, x's position
   }
 }
 
-__global__ void MaxPoolBackwardKernel(PoolGeom g, const float* dy, const int32_t* argmax,
-                                      float* dx) {
+__global__ void MaxPoolBackwardKernel(PoolGeom g, PoolLayout l, const float* dy,
+                                      const int32_t* argmax, float* dx) {
   DPT_GRID_LOOP(e, g.planes * g.h * g.w) {
-    const int64_t plane = e / (g.h * g.w), pos = e % (g.h * g.w);
+    int64_t plane = 0, pos = 0;
+    ew::PlanePosition(e, l.c, g.h * g.w, l.x_nhwc, &plane, &pos);
     const ew::PoolCover win = ew::Covering(g, pos / g.w, pos % g.w);
-    const int64_t base = plane * g.p * g.q;
     float s = 0.f;
     for (int64_t p = win.p0; p < win.p1; ++p) {
       for (int64_t q = win.q0; q < win.q1; ++q) {
-        const int64_t o = base + p * g.q + q;
+        const int64_t o = ew::PlaneIndex(plane, p * g.q + q, l.c, g.p * g.q, l.y_nhwc);
         if (argmax[o] == pos) s += dy[o];
       }
     }
@@ -284,17 +298,21 @@ __global__ void MaxPoolBackwardKernel(PoolGeom g, const float* dy, const int32_t
   }
 }
 
-__global__ void AvgPoolForwardKernel(PoolGeom g, const float* x, float* y) {
+__global__ void AvgPoolForwardKernel(PoolGeom g, PoolLayout l, const float* x, float* y) {
   DPT_GRID_LOOP(o, g.planes * g.p * g.q) {
-    const int64_t plane = o / (g.p * g.q), rem = o % (g.p * g.q);
-    y[o] = ew::AvgPoolAt(g, x + plane * g.h * g.w, rem / g.q, rem % g.q);
+    int64_t plane = 0, rem = 0;
+    ew::PlanePosition(o, l.c, g.p * g.q, l.y_nhwc, &plane, &rem);
+    y[o] = ew::AvgPoolAt(g, x + ew::PlaneIndex(plane, 0, l.c, g.h * g.w, l.x_nhwc), rem / g.q,
+                         rem % g.q, ew::PlaneStep(l.c, l.x_nhwc));
   }
 }
 
-__global__ void AvgPoolBackwardKernel(PoolGeom g, const float* dy, float* dx) {
+__global__ void AvgPoolBackwardKernel(PoolGeom g, PoolLayout l, const float* dy, float* dx) {
   DPT_GRID_LOOP(e, g.planes * g.h * g.w) {
-    const int64_t plane = e / (g.h * g.w), pos = e % (g.h * g.w);
-    dx[e] = ew::AvgPoolGradAt(g, dy + plane * g.p * g.q, pos / g.w, pos % g.w);
+    int64_t plane = 0, pos = 0;
+    ew::PlanePosition(e, l.c, g.h * g.w, l.x_nhwc, &plane, &pos);
+    dx[e] = ew::AvgPoolGradAt(g, dy + ew::PlaneIndex(plane, 0, l.c, g.p * g.q, l.y_nhwc), pos / g.w,
+                              pos % g.w, ew::PlaneStep(l.c, l.y_nhwc));
   }
 }
 
@@ -439,6 +457,146 @@ __global__ void BnBackwardApplyKernel(int64_t n, int64_t c, int64_t hw, int64_t 
   BnForEach(n0, n1, c, hw, ch,
             [&](int64_t i) { dx[i] = ew::BnDx(BnGatedDy(dy, relu_y, i), x[i], mean, f.dx); });
   if (p == 0 && threadIdx.x == 0) {
+    dgamma[ch] = ew::BnParamGrad(f.sum_dy_xhat, dgamma[ch], accumulate);
+    dbeta[ch] = ew::BnParamGrad(s_dy, dbeta[ch], accumulate);
+  }
+}
+
+// ---- batch norm, channels-last: x as (m = N * HW rows, c), blocks of 32 channels x 8 row lanes
+// over BatchNormNhwcParts() parts of the rows; a warp reads 32 neighbouring channels of one row
+// (contiguous). The same two passes for the statistics and the same per-element math as above, each
+// channel's per-part sums reduced over the row lanes and then over the parts in a fixed order. x,
+// y, the ReLU gate and dx are each f32 or bf16 (Widen / Narrow); dy is f32.
+// ----------------------------
+
+constexpr int kBnTileC = 32, kBnTileRows = 8;
+
+// The sum of v over the block's row lanes (threadIdx.y), in their order, valid in row lane 0.
+__device__ double BnRowLaneSum(double v) {
+  __shared__ double lanes[kBnTileRows][kBnTileC];
+  lanes[threadIdx.y][threadIdx.x] = v;
+  __syncthreads();
+  double t = 0;
+  if (threadIdx.y == 0) {
+    for (int k = 0; k < kBnTileRows; ++k) t += lanes[k][threadIdx.x];
+  }
+  __syncthreads();  // `lanes` may be reused by the next call
+  return t;
+}
+
+// Pass 1 (sums == nullptr): each part's sum of x; pass 2: of (x - mean)^2.
+template <class TX>
+__global__ void BnNhwcStatsKernel(int64_t m, int64_t c, int64_t parts, const TX* x,
+                                  const double* sums, double* out) {
+  const int64_t ch = static_cast<int64_t>(blockIdx.x) * kBnTileC + threadIdx.x, p = blockIdx.y;
+  int64_t r0 = 0, r1 = 0;
+  BnPartRange(m, parts, p, &r0, &r1);
+  double acc = 0;
+  if (ch < c) {
+    const double mean = sums != nullptr ? BnTotal(sums, ch, parts) / static_cast<double>(m) : 0;
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += kBnTileRows) {
+      const double v = Widen(x[r * c + ch]);
+      acc += sums != nullptr ? (v - mean) * (v - mean) : v;
+    }
+  }
+  acc = BnRowLaneSum(acc);
+  if (threadIdx.y == 0 && ch < c) out[ch * parts + p] = acc;
+}
+
+template <class TX, class TY>
+__global__ void BnNhwcApplyKernel(int64_t m, int64_t c, int64_t parts, double momentum, double eps,
+                                  bool relu, const TX* x, const float* gamma, const float* beta,
+                                  const double* sums, const double* sqs, float* running_mean,
+                                  float* running_var, TY* y, float* save_mean, float* save_invstd) {
+  const int64_t ch = static_cast<int64_t>(blockIdx.x) * kBnTileC + threadIdx.x, p = blockIdx.y;
+  if (ch >= c) return;  // no barrier below
+  int64_t r0 = 0, r1 = 0;
+  BnPartRange(m, parts, p, &r0, &r1);
+  const double mean = BnTotal(sums, ch, parts) / static_cast<double>(m);
+  const double var = BnTotal(sqs, ch, parts) / static_cast<double>(m);
+  const double invstd = ew::BnInvStd(var, eps);
+  const ew::BnAffine affine = ew::BnFold(gamma[ch], beta[ch], static_cast<float>(mean), invstd);
+  for (int64_t r = r0 + threadIdx.y; r < r1; r += kBnTileRows) {
+    const float v = ew::BnApply(Widen(x[r * c + ch]), affine);
+    Narrow(relu ? ew::Relu(v) : v, &y[r * c + ch]);
+  }
+  if (p == 0 && threadIdx.y == 0) {
+    save_mean[ch] = static_cast<float>(mean);
+    save_invstd[ch] = static_cast<float>(invstd);
+    running_mean[ch] = ew::BnRunning(running_mean[ch], mean, momentum);
+    running_var[ch] = ew::BnRunning(running_var[ch], ew::BnUnbiasedVar(var, m), momentum);
+  }
+}
+
+template <class TX, class TY>
+__global__ void BnNhwcInferenceKernel(int64_t m, int64_t c, int64_t parts, double eps, bool relu,
+                                      const TX* x, const float* gamma, const float* beta,
+                                      const float* running_mean, const float* running_var, TY* y) {
+  const int64_t ch = static_cast<int64_t>(blockIdx.x) * kBnTileC + threadIdx.x, p = blockIdx.y;
+  if (ch >= c) return;
+  int64_t r0 = 0, r1 = 0;
+  BnPartRange(m, parts, p, &r0, &r1);
+  const double invstd = ew::BnInvStd(running_var[ch], eps);
+  const ew::BnAffine affine = ew::BnFold(gamma[ch], beta[ch], running_mean[ch], invstd);
+  for (int64_t r = r0 + threadIdx.y; r < r1; r += kBnTileRows) {
+    const float v = ew::BnApply(Widen(x[r * c + ch]), affine);
+    Narrow(relu ? ew::Relu(v) : v, &y[r * c + ch]);
+  }
+}
+
+// dy as the batch norm's own output sees it: gated by the folded ReLU's output (relu_y, f32 or
+// bf16: a bf16 y is zero exactly where the f32 one is) when there is one.
+template <class TG>
+__device__ float BnNhwcGatedDy(const float* dy, const TG* relu_y, int64_t i) {
+  return relu_y != nullptr ? ew::ReluGrad(Widen(relu_y[i]), dy[i]) : dy[i];
+}
+
+template <class TX, class TG>
+__global__ void BnNhwcBackwardSumsKernel(int64_t m, int64_t c, int64_t parts, const TX* x,
+                                         const float* dy, const TG* relu_y, const float* save_mean,
+                                         double* s_dy, double* s_dy_xc) {
+  const int64_t ch = static_cast<int64_t>(blockIdx.x) * kBnTileC + threadIdx.x, p = blockIdx.y;
+  int64_t r0 = 0, r1 = 0;
+  BnPartRange(m, parts, p, &r0, &r1);
+  double a = 0, b = 0;
+  if (ch < c) {
+    const float mean = save_mean[ch];
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += kBnTileRows) {
+      const int64_t i = r * c + ch;
+      const float g = BnNhwcGatedDy(dy, relu_y, i);
+      a += g;
+      b += ew::BnDyXc(g, Widen(x[i]), mean);
+    }
+  }
+  a = BnRowLaneSum(a);
+  b = BnRowLaneSum(b);
+  if (threadIdx.y == 0 && ch < c) {
+    s_dy[ch * parts + p] = a;
+    s_dy_xc[ch * parts + p] = b;
+  }
+}
+
+// dx may be relu_y (both f32): each thread reads its element before it writes it.
+template <class TX, class TG, class TD>
+__global__ void BnNhwcBackwardApplyKernel(int64_t m, int64_t c, int64_t parts, const TX* x,
+                                          const float* dy, const TG* relu_y, const float* gamma,
+                                          const float* save_mean, const float* save_invstd,
+                                          const double* s_dy_parts, const double* s_dy_xc_parts,
+                                          TD* dx, float* dgamma, float* dbeta, bool accumulate) {
+  const int64_t ch = static_cast<int64_t>(blockIdx.x) * kBnTileC + threadIdx.x, p = blockIdx.y;
+  if (ch >= c) return;
+  int64_t r0 = 0, r1 = 0;
+  BnPartRange(m, parts, p, &r0, &r1);
+  const float mean = save_mean[ch];
+  const double invstd = save_invstd[ch];
+  const double s_dy = BnTotal(s_dy_parts, ch, parts);
+  const ew::BnGradFolded f = ew::BnGradFold(gamma[ch], invstd, static_cast<double>(m), s_dy,
+                                            BnTotal(s_dy_xc_parts, ch, parts));
+  for (int64_t r = r0 + threadIdx.y; r < r1; r += kBnTileRows) {
+    const int64_t i = r * c + ch;
+    Narrow(ew::BnDx(BnNhwcGatedDy(dy, relu_y, i), Widen(x[i]), mean, f.dx), &dx[i]);
+  }
+  if (p == 0 && threadIdx.y == 0) {
     dgamma[ch] = ew::BnParamGrad(f.sum_dy_xhat, dgamma[ch], accumulate);
     dbeta[ch] = ew::BnParamGrad(s_dy, dbeta[ch], accumulate);
   }
@@ -671,57 +829,56 @@ void HalfToF32(Half kind, const void* x, float* y, int64_t n, bool accumulate, c
   }
 }
 
-void ConvEpilogue(Half kind, const void* x16, const float* b, bool relu, float* y, int64_t n,
-                  int64_t k, int64_t hw, cudaStream_t s) {
-  const int64_t total = n * k * hw;
-  if (total == 0) return;
-  if (x16 == nullptr) {
-    DPT_LAUNCH(ConvEpilogueKernel<float>, Blocks(total), kThreads, s, y, b, relu, y, k, hw, total);
-  } else if (kind == Half::kBF16) {
-    DPT_LAUNCH(ConvEpilogueKernel<uint16_t>, Blocks(total), kThreads, s,
-               static_cast<const uint16_t*>(x16), b, relu, y, k, hw, total);
-  } else {
-    DPT_LAUNCH(ConvEpilogueKernel<__half>, Blocks(total), kThreads, s,
-               static_cast<const __half*>(x16), b, relu, y, k, hw, total);
+// Calls f(T{}) with T the C++ type of elements of type e.
+template <class F>
+void WithElem(Elem e, F&& f) {
+  switch (e) {
+    case Elem::kF32:
+      f(float{});
+      return;
+    case Elem::kBF16:
+      f(uint16_t{});
+      return;
+    case Elem::kF16:
+      f(__half{});
+      return;
   }
 }
 
-void F32ToHalfChannelsLast(Half kind, const float* x, void* y, int64_t planes, int64_t c,
-                           int64_t hw, cudaStream_t s) {
-  if (planes * c * hw == 0) return;
-  const dim3 grid = ChannelsLastGrid(planes, c, hw), block(kTile, kTileRows);
-  if (kind == Half::kBF16) {
-    DPT_LAUNCH(ToChannelsLastKernel<uint16_t>, grid, block, s, x, static_cast<uint16_t*>(y), planes,
-               c, hw);
-  } else {
-    DPT_LAUNCH(ToChannelsLastKernel<__half>, grid, block, s, x, static_cast<__half*>(y), planes, c,
-               hw);
-  }
+void Convert(const void* x, Elem xt, bool x_nhwc, void* y, Elem yt, bool y_nhwc, const float* b,
+             bool relu, bool accumulate, int64_t planes, int64_t c, int64_t hw, cudaStream_t s) {
+  const int64_t total = planes * c * hw;
+  if (total == 0) return;
+  WithElem(xt, [&](auto sx) {
+    WithElem(yt, [&](auto dy) {
+      using S = decltype(sx);
+      using D = decltype(dy);
+      const S* in = static_cast<const S*>(x);
+      D* out = static_cast<D*>(y);
+      if (x_nhwc == y_nhwc) {
+        const auto convert = ConvertKernel<S, D>;
+        DPT_LAUNCH(convert, Blocks(total), kThreads, s, in, b, relu, accumulate, out, c, hw, x_nhwc,
+                   total);
+        return;
+      }
+      const dim3 grid = ChannelsLastGrid(planes, c, hw), block(kTile, kTileRows);
+      if (y_nhwc) {
+        const auto to_channels_last = ToChannelsLastKernel<S, D>;
+        DPT_LAUNCH(to_channels_last, grid, block, s, in, b, relu, accumulate, out, planes, c, hw);
+      } else {
+        const auto from_channels_last = FromChannelsLastKernel<S, D>;
+        DPT_LAUNCH(from_channels_last, grid, block, s, in, b, relu, accumulate, out, planes, c, hw);
+      }
+    });
+  });
 }
 
 void ToChannelsLast(const float* x, float* y, int64_t n, int64_t c, int64_t hw, cudaStream_t s) {
-  if (n * c * hw == 0) return;
-  const dim3 grid = ChannelsLastGrid(n, c, hw), block(kTile, kTileRows);
-  DPT_LAUNCH(ToChannelsLastKernel<float>, grid, block, s, x, y, n, c, hw);
+  Convert(x, Elem::kF32, false, y, Elem::kF32, true, nullptr, false, false, n, c, hw, s);
 }
 
 void FromChannelsLast(const float* x, float* y, int64_t n, int64_t c, int64_t hw, cudaStream_t s) {
-  if (n * c * hw == 0) return;
-  const dim3 grid = ChannelsLastGrid(n, c, hw), block(kTile, kTileRows);
-  DPT_LAUNCH(FromChannelsLastKernel<float>, grid, block, s, x, nullptr, false, false, y, n, c, hw);
-}
-
-void HalfChannelsLastToF32(Half kind, const void* x, const float* b, bool relu, bool accumulate,
-                           float* y, int64_t planes, int64_t c, int64_t hw, cudaStream_t s) {
-  if (planes * c * hw == 0) return;
-  const dim3 grid = ChannelsLastGrid(planes, c, hw), block(kTile, kTileRows);
-  if (kind == Half::kBF16) {
-    DPT_LAUNCH(FromChannelsLastKernel<uint16_t>, grid, block, s, static_cast<const uint16_t*>(x), b,
-               relu, accumulate, y, planes, c, hw);
-  } else {
-    DPT_LAUNCH(FromChannelsLastKernel<__half>, grid, block, s, static_cast<const __half*>(x), b,
-               relu, accumulate, y, planes, c, hw);
-  }
+  Convert(x, Elem::kF32, true, y, Elem::kF32, false, nullptr, false, false, n, c, hw, s);
 }
 
 void AddBiasRows(float* y, const float* b, int64_t rows, int64_t cols, cudaStream_t s) {
@@ -734,22 +891,25 @@ void ColumnSums(const float* dy, int64_t rows, int64_t cols, float* db, bool acc
     DPT_LAUNCH(ColumnSumsKernel, Blocks(cols), kThreads, s, dy, rows, cols, db, accumulate);
 }
 
-void MaxPoolForward(const PoolGeom& g, const float* x, float* y, int32_t* argmax, cudaStream_t s) {
+void MaxPoolForward(const PoolGeom& g, const PoolLayout& l, const float* x, float* y,
+                    int32_t* argmax, cudaStream_t s) {
   const int64_t n = g.planes * g.p * g.q;
-  if (n > 0) DPT_LAUNCH(MaxPoolForwardKernel, Blocks(n), kThreads, s, g, x, y, argmax);
+  if (n > 0) DPT_LAUNCH(MaxPoolForwardKernel, Blocks(n), kThreads, s, g, l, x, y, argmax);
 }
-void MaxPoolBackward(const PoolGeom& g, const float* dy, const int32_t* argmax, float* dx,
+void MaxPoolBackward(const PoolGeom& g, const PoolLayout& l, const float* dy, const int32_t* argmax,
+                     float* dx, cudaStream_t s) {
+  const int64_t n = g.planes * g.h * g.w;
+  if (n > 0) DPT_LAUNCH(MaxPoolBackwardKernel, Blocks(n), kThreads, s, g, l, dy, argmax, dx);
+}
+void AvgPoolForward(const PoolGeom& g, const PoolLayout& l, const float* x, float* y,
+                    cudaStream_t s) {
+  const int64_t n = g.planes * g.p * g.q;
+  if (n > 0) DPT_LAUNCH(AvgPoolForwardKernel, Blocks(n), kThreads, s, g, l, x, y);
+}
+void AvgPoolBackward(const PoolGeom& g, const PoolLayout& l, const float* dy, float* dx,
                      cudaStream_t s) {
   const int64_t n = g.planes * g.h * g.w;
-  if (n > 0) DPT_LAUNCH(MaxPoolBackwardKernel, Blocks(n), kThreads, s, g, dy, argmax, dx);
-}
-void AvgPoolForward(const PoolGeom& g, const float* x, float* y, cudaStream_t s) {
-  const int64_t n = g.planes * g.p * g.q;
-  if (n > 0) DPT_LAUNCH(AvgPoolForwardKernel, Blocks(n), kThreads, s, g, x, y);
-}
-void AvgPoolBackward(const PoolGeom& g, const float* dy, float* dx, cudaStream_t s) {
-  const int64_t n = g.planes * g.h * g.w;
-  if (n > 0) DPT_LAUNCH(AvgPoolBackwardKernel, Blocks(n), kThreads, s, g, dy, dx);
+  if (n > 0) DPT_LAUNCH(AvgPoolBackwardKernel, Blocks(n), kThreads, s, g, l, dy, dx);
 }
 
 void BatchNormTraining(int64_t n, int64_t c, int64_t hw, double momentum, double eps, bool relu,
@@ -789,6 +949,89 @@ void BatchNormBackward(int64_t n, int64_t c, int64_t hw, const float* x, const f
              s_dy, s_dy_xc);
   DPT_LAUNCH(BnBackwardApplyKernel, grid, kBnThreads, s, n, c, hw, parts, x, dy, relu_y, gamma,
              save_mean, save_invstd, s_dy, s_dy_xc, dx, dgamma, dbeta, accumulate);
+}
+
+// Calls f(T{}) with T float or uint16_t (bf16): the element types of the channels-last batch norm.
+template <class F>
+void WithF32OrBf16(Elem e, F&& f) {
+  DPT_CHECK(e != Elem::kF16) << "channels-last batch norm: f32 or bf16 tensors only";
+  if (e == Elem::kBF16) {
+    f(uint16_t{});
+  } else {
+    f(float{});
+  }
+}
+
+dim3 BnNhwcGrid(int64_t c, int64_t parts) {
+  return dim3(static_cast<unsigned>((c + kBnTileC - 1) / kBnTileC), static_cast<unsigned>(parts));
+}
+
+void BatchNormTrainingNhwc(int64_t m, int64_t c, double momentum, double eps, bool relu,
+                           const void* x, Elem xt, const float* gamma, const float* beta,
+                           float* running_mean, float* running_var, void* y, Elem yt,
+                           float* save_mean, float* save_invstd, double* scratch, cudaStream_t s) {
+  if (c == 0 || m == 0) return;
+  const int64_t parts = BatchNormNhwcParts(m, c);
+  double* sums = scratch;
+  double* sqs = scratch + c * parts;
+  const dim3 grid = BnNhwcGrid(c, parts), block(kBnTileC, kBnTileRows);
+  WithF32OrBf16(xt, [&](auto tx) {
+    using TX = decltype(tx);
+    const TX* xp = static_cast<const TX*>(x);
+    const auto stats = BnNhwcStatsKernel<TX>;
+    DPT_LAUNCH(stats, grid, block, s, m, c, parts, xp, nullptr, sums);
+    DPT_LAUNCH(stats, grid, block, s, m, c, parts, xp, sums, sqs);
+    WithF32OrBf16(yt, [&](auto ty) {
+      using TY = decltype(ty);
+      const auto apply = BnNhwcApplyKernel<TX, TY>;
+      DPT_LAUNCH(apply, grid, block, s, m, c, parts, momentum, eps, relu, xp, gamma, beta, sums,
+                 sqs, running_mean, running_var, static_cast<TY*>(y), save_mean, save_invstd);
+    });
+  });
+}
+
+void BatchNormInferenceNhwc(int64_t m, int64_t c, double eps, bool relu, const void* x, Elem xt,
+                            const float* gamma, const float* beta, const float* running_mean,
+                            const float* running_var, void* y, Elem yt, cudaStream_t s) {
+  if (c == 0 || m == 0) return;
+  const int64_t parts = BatchNormNhwcParts(m, c);
+  const dim3 grid = BnNhwcGrid(c, parts), block(kBnTileC, kBnTileRows);
+  WithF32OrBf16(xt, [&](auto tx) {
+    WithF32OrBf16(yt, [&](auto ty) {
+      using TX = decltype(tx);
+      using TY = decltype(ty);
+      const auto infer = BnNhwcInferenceKernel<TX, TY>;
+      DPT_LAUNCH(infer, grid, block, s, m, c, parts, eps, relu, static_cast<const TX*>(x), gamma,
+                 beta, running_mean, running_var, static_cast<TY*>(y));
+    });
+  });
+}
+
+void BatchNormBackwardNhwc(int64_t m, int64_t c, const void* x, Elem xt, const float* dy,
+                           const void* relu_y, Elem gt, const float* gamma, const float* save_mean,
+                           const float* save_invstd, void* dx, Elem dxt, float* dgamma,
+                           float* dbeta, bool accumulate, double* scratch, cudaStream_t s) {
+  if (c == 0 || m == 0) return;
+  const int64_t parts = BatchNormNhwcParts(m, c);
+  double* s_dy = scratch;
+  double* s_dy_xc = scratch + c * parts;
+  const dim3 grid = BnNhwcGrid(c, parts), block(kBnTileC, kBnTileRows);
+  WithF32OrBf16(xt, [&](auto tx) {
+    WithF32OrBf16(gt, [&](auto tg) {
+      using TX = decltype(tx);
+      using TG = decltype(tg);
+      const TX* xp = static_cast<const TX*>(x);
+      const TG* gp = static_cast<const TG*>(relu_y);
+      const auto sums = BnNhwcBackwardSumsKernel<TX, TG>;
+      DPT_LAUNCH(sums, grid, block, s, m, c, parts, xp, dy, gp, save_mean, s_dy, s_dy_xc);
+      WithF32OrBf16(dxt, [&](auto td) {
+        using TD = decltype(td);
+        const auto apply = BnNhwcBackwardApplyKernel<TX, TG, TD>;
+        DPT_LAUNCH(apply, grid, block, s, m, c, parts, xp, dy, gp, gamma, save_mean, save_invstd,
+                   s_dy, s_dy_xc, static_cast<TD*>(dx), dgamma, dbeta, accumulate);
+      });
+    });
+  });
 }
 
 void SoftmaxXent(int64_t n, int64_t k, const float* logits, const int32_t* labels, float eps,

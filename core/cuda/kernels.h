@@ -49,20 +49,16 @@ enum class Half : uint8_t { kBF16, kF16 };
 void F32ToHalf(Half kind, const float* x, void* y, int64_t n, cudaStream_t s);
 void HalfToF32(Half kind, const void* x, float* y, int64_t n, bool accumulate, cudaStream_t s);
 
-// A convolution's output (n, k, hw) finished in one pass: y = v + b[channel] (b nullable), then
-// max(., 0) when relu, where v is x16 widened (x16 nullable: v = y, in place).
-void ConvEpilogue(Half kind, const void* x16, const float* b, bool relu, float* y, int64_t n,
-                  int64_t k, int64_t hw, cudaStream_t s);
-
-// Channels-last staging of 16-bit convolution operands (tensor cores read NHWC without
-// transposes of their own). x (planes, c, hw) f32 into y (planes, hw, c) in 16 bits: NCHW
-// activations into NHWC, or KCRS filters into KRSC (planes = K, c = C, hw = R * S).
-void F32ToHalfChannelsLast(Half kind, const float* x, void* y, int64_t planes, int64_t c,
-                           int64_t hw, cudaStream_t s);
-// The way back, finishing the result: r = widen(x (planes, hw, c)) [+ b[c]] (b nullable), max(r, 0)
-// when relu, stored into y (planes, c, hw), or added to it when accumulate.
-void HalfChannelsLastToF32(Half kind, const void* x, const float* b, bool relu, bool accumulate,
-                           float* y, int64_t planes, int64_t c, int64_t hw, cudaStream_t s);
+// Element types of Convert and of the channels-last batch norm (bf16 and fp16 as bit patterns).
+enum class Elem : uint8_t { kF32, kBF16, kF16 };
+inline Elem ElemOf(Half h) { return h == Half::kBF16 ? Elem::kBF16 : Elem::kF16; }
+// x (planes, c, hw) into y, each in its own element type and layout (channels-last: (planes, hw,
+// c)), finishing a convolution's result on the way: v = widen(x) [+ b[channel]] (b nullable),
+// max(v, 0) when relu, added to y's value when accumulate, rounded to y's type (to nearest even).
+// The convolution's staging (16-bit operands, NHWC for tensor cores) and its epilogue. In place
+// (x == y) only with equal types and layouts and without accumulate.
+void Convert(const void* x, Elem xt, bool x_nhwc, void* y, Elem yt, bool y_nhwc, const float* b,
+             bool relu, bool accumulate, int64_t planes, int64_t c, int64_t hw, cudaStream_t s);
 // The same tiles in f32 (Backend::ToChannelsLast / FromChannelsLast): x (n, c, hw) into y
 // (n, hw, c), and back. c at most 65535 * 32 (the tiles of c are the grid's y).
 void ToChannelsLast(const float* x, float* y, int64_t n, int64_t c, int64_t hw, cudaStream_t s);
@@ -76,13 +72,23 @@ void ColumnSums(const float* dy, int64_t rows, int64_t cols, float* db, bool acc
 
 // ---- pooling over (N*C) planes of H x W into P x Q ----
 using ew::PoolGeom;  // core/pool_window.h: the window arithmetic shared with the CPU
-// argmax (nullable): int32 position ih * W + iw of each window's first maximum (row-major order).
-void MaxPoolForward(const PoolGeom& g, const float* x, float* y, int32_t* argmax, cudaStream_t s);
-void MaxPoolBackward(const PoolGeom& g, const float* dy, const int32_t* argmax, float* dx,
-                     cudaStream_t s);
+// The layouts of x (and dx) and of y (and dy, argmax), each NCHW or channels-last, of c channels
+// (planes = N * c).
+struct PoolLayout {
+  int64_t c = 1;
+  bool x_nhwc = false, y_nhwc = false;
+};
+// argmax (nullable): int32 position ih * W + iw of each window's first maximum (row-major order),
+// stored where y stores the window's output.
+void MaxPoolForward(const PoolGeom& g, const PoolLayout& l, const float* x, float* y,
+                    int32_t* argmax, cudaStream_t s);
+void MaxPoolBackward(const PoolGeom& g, const PoolLayout& l, const float* dy, const int32_t* argmax,
+                     float* dx, cudaStream_t s);
 // Average pooling with torch.nn.AvgPool2d's divisor (ew::WindowOf).
-void AvgPoolForward(const PoolGeom& g, const float* x, float* y, cudaStream_t s);
-void AvgPoolBackward(const PoolGeom& g, const float* dy, float* dx, cudaStream_t s);
+void AvgPoolForward(const PoolGeom& g, const PoolLayout& l, const float* x, float* y,
+                    cudaStream_t s);
+void AvgPoolBackward(const PoolGeom& g, const PoolLayout& l, const float* dy, float* dx,
+                     cudaStream_t s);
 
 // ---- batch norm over (N, HW) per channel of x (N, C, HW); statistics in double ----
 // Training and backward need `scratch` of 2 * c * BatchNormParts(n, c, hw) doubles (cuda_rules.h).
@@ -99,6 +105,23 @@ void BatchNormBackward(int64_t n, int64_t c, int64_t hw, const float* x, const f
                        const float* relu_y, const float* gamma, const float* save_mean,
                        const float* save_invstd, float* dx, float* dgamma, float* dbeta,
                        bool accumulate, double* scratch, cudaStream_t s);
+
+// ---- batch norm on channels-last x: (m = N * HW rows, c channels), per channel over the rows ----
+// The same statistics, outputs and gradients as the NCHW kernels above (the same element math and
+// double sums, in another fixed order). x, y, relu_y and dx each f32 or bf16 (Elem::kF16 is an
+// InternalError); dy f32. Training and backward need `scratch` of 2 * c * BatchNormNhwcParts(m, c)
+// doubles (cuda_rules.h). relu_y nullable (then gt is ignored); dx may be relu_y when both are f32.
+void BatchNormTrainingNhwc(int64_t m, int64_t c, double momentum, double eps, bool relu,
+                           const void* x, Elem xt, const float* gamma, const float* beta,
+                           float* running_mean, float* running_var, void* y, Elem yt,
+                           float* save_mean, float* save_invstd, double* scratch, cudaStream_t s);
+void BatchNormInferenceNhwc(int64_t m, int64_t c, double eps, bool relu, const void* x, Elem xt,
+                            const float* gamma, const float* beta, const float* running_mean,
+                            const float* running_var, void* y, Elem yt, cudaStream_t s);
+void BatchNormBackwardNhwc(int64_t m, int64_t c, const void* x, Elem xt, const float* dy,
+                           const void* relu_y, Elem gt, const float* gamma, const float* save_mean,
+                           const float* save_invstd, void* dx, Elem dxt, float* dgamma,
+                           float* dbeta, bool accumulate, double* scratch, cudaStream_t s);
 
 // ---- losses ----
 // Per row of logits (n, k): probs, row_loss (double), row_hit (0/1). A row whose label is

@@ -406,5 +406,29 @@ TEST_P(PoolTest, MaxChannelsLastYInNchw) {
 
 INSTANTIATE_TEST_SUITE_P(All, PoolTest, ::testing::ValuesIn(TestBackends()), BackendParamName);
 
+// Where the CUDA pooling kernels find a plane's positions (ew::PlaneIndex, PlanePosition; shared
+// code, run here on the CPU): NCHW and channels-last, against the layouts' definitions.
+TEST(PoolLayoutTest, PlaneIndexAndPositionAreInverseInBothLayouts) {
+  const int64_t n = 2, c = 3, hw = 5;
+  for (const bool nhwc : {false, true}) {
+    std::vector<int> seen(static_cast<size_t>(n * c * hw), 0);
+    for (int64_t plane = 0; plane < n * c; ++plane) {
+      for (int64_t pos = 0; pos < hw; ++pos) {
+        const int64_t s = plane / c, ch = plane % c;
+        const int64_t want = nhwc ? (s * hw + pos) * c + ch : (s * c + ch) * hw + pos;
+        const int64_t e = ew::PlaneIndex(plane, pos, c, hw, nhwc);
+        EXPECT_EQ(e, want) << nhwc << " " << plane << " " << pos;
+        EXPECT_EQ(e - ew::PlaneIndex(plane, 0, c, hw, nhwc), pos * ew::PlaneStep(c, nhwc));
+        int64_t p2 = -1, q2 = -1;
+        ew::PlanePosition(e, c, hw, nhwc, &p2, &q2);
+        EXPECT_EQ(p2, plane);
+        EXPECT_EQ(q2, pos);
+        ++seen[static_cast<size_t>(e)];
+      }
+    }
+    for (int v : seen) EXPECT_EQ(v, 1) << "every element once";
+  }
+}
+
 }  // namespace
 }  // namespace dptrain::testing

@@ -115,6 +115,22 @@ TEST(CudaRulesTest, TensorOpMathIsNeverChosenForFp32) {
   EXPECT_EQ(PickConvAlgo({}, false, Determinism::kAny, 0), std::nullopt);
 }
 
+// train.tf32 (the default, as PyTorch's convolutions): an fp32 plan is not strict, so cuDNN's
+// fastest tensor-op (TF32) algorithm is taken as in 16 bits; the other rules still hold.
+TEST(CudaRulesTest, Tf32TakesTheFastestTensorOpAlgorithmForFp32) {
+  const std::vector<AlgoCandidate> perfs = {
+      Algo(true, kCudnnTensorOpMath, 0, true, /*precise=*/false),  // TF32 Winograd: not precise
+      Algo(false, kCudnnTensorOpMath, 0),                          // TF32, not deterministic
+      Algo(true, kCudnnDefaultMath, 0),                            // TF32 under default math
+      Algo(true, kCudnnFmaMath, 0),
+  };
+  const bool strict = false;  // fp32 with train.tf32
+  EXPECT_EQ(PickConvAlgo(perfs, strict, Determinism::kPreferred, 1 << 30), 2u);
+  EXPECT_EQ(PickConvAlgo(perfs, strict, Determinism::kAny, 1 << 30), 1u);
+  EXPECT_EQ(PickConvAlgo(perfs, /*fp32_strict=*/true, Determinism::kAny, 1 << 30), 3u)
+      << "train.tf32 = false: FMA only";
+}
+
 TEST(CudaRulesTest, MigInstancesAreNamedByTheirOwnUuid) {
   const Uuid gpu = {0x8f, 0x6c, 0x1a, 0x2e, 0x01, 0x23, 0x45, 0x67,
                     0x89, 0xab, 0xcd, 0xef, 0x10, 0x32, 0x54, 0x76};
@@ -141,6 +157,24 @@ TEST(CudaRulesTest, BatchNormPartsFillTheGpuWithoutTinyBlocks) {
   EXPECT_EQ(BatchNormParts(64, 8, 16), 1) << "at least 4096 elements a block";
   for (int64_t c : {1, 3, 64, 1000, 4096}) {
     EXPECT_LE(c * BatchNormParts(1 << 16, c, 1 << 10), c + 512) << c;
+  }
+}
+
+// The channels-last batch norm's split of the rows: a function of the shape alone, about 1024
+// blocks of 32 channels, at least 64 rows a part, within the grid's y; the scratch it needs is
+// 2 * c * parts doubles.
+TEST(CudaRulesTest, BatchNormNhwcPartsFillTheGpuWithinTheGrid) {
+  EXPECT_EQ(BatchNormNhwcParts(256 * 32 * 32, 64), 512) << "resnet18_cifar's first layers";
+  EXPECT_EQ(BatchNormNhwcParts(64 * 7 * 7, 2048), 16) << "resnet50's last: 64 channel tiles";
+  EXPECT_EQ(BatchNormNhwcParts(100, 3), 1) << "at least 64 rows a part";
+  EXPECT_EQ(BatchNormNhwcParts(0, 64), 1);
+  EXPECT_EQ(BatchNormNhwcParts(1 << 30, 1), 1024);
+  for (int64_t c : {1, 31, 32, 33, 1000, 100000}) {
+    const int64_t parts = BatchNormNhwcParts(int64_t{1} << 24, c);
+    EXPECT_GE(parts, 1) << c;
+    EXPECT_LE(parts, 65535) << c;
+    const int64_t tiles = (c + 31) / 32;
+    EXPECT_LE(tiles * parts, 1024 + tiles) << c << ": about 1024 blocks, one part at least";
   }
 }
 

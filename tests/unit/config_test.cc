@@ -66,6 +66,7 @@ eval_every_epochs = 2
 deterministic = true
 cudnn_benchmark = true
 winograd = true
+tf32 = false
 profile = true
 
 [checkpoint]
@@ -119,6 +120,7 @@ TEST(ConfigTest, DefaultsWhenKeysAbsent) {
   EXPECT_DOUBLE_EQ(c.train.weight_decay, 5e-4);
   EXPECT_EQ(ConfigName(c.train.schedule), "constant");
   EXPECT_EQ(ConfigName(c.train.precision), "fp32");
+  EXPECT_TRUE(c.train.tf32);  // as PyTorch's convolutions
 
   EXPECT_EQ(c.checkpoint, CheckpointConfig{});
   EXPECT_EQ(c.checkpoint.resume, "auto");
@@ -168,6 +170,7 @@ TEST(ConfigTest, FullConfigValues) {
   EXPECT_TRUE(c.train.deterministic);
   EXPECT_TRUE(c.train.cudnn_benchmark);
   EXPECT_TRUE(c.train.winograd);
+  EXPECT_FALSE(c.train.tf32);
   EXPECT_TRUE(c.train.profile);
   EXPECT_EQ(c.checkpoint.every_steps, 500);
   EXPECT_EQ(c.checkpoint.every_epochs, 0);
