@@ -13,6 +13,10 @@
 #     bandwidth as nccl-tests computes it (2 (n-1)/n x bytes / time), the bare ncclAllReduce and
 #     the Reducer's 25 MB buckets.
 #
+#  2b. The GPU's idle time within a step: bench/device_step_bench runs the same model's step with
+#     the host's work removed (the batch on the device, nothing synchronised between steps);
+#     1 - its step time / the training step's is the share of the step the GPU waits for the host
+#     (the data loader, host copies, synchronisation). CUPTI is not used.
 #  3. PyTorch in the same run (bench/pytorch_baseline.py --device cuda: channels-last,
 #     cudnn.benchmark, autocast for bf16; fp32 both with TF32 as PyTorch's default and without),
 #     the best of GPU_BENCH_PYTORCH_REPEAT processes (default 5), and dptrain's samples/s over
@@ -29,12 +33,14 @@
 #                                      scripts/gpu-check.sh runs one row per GPU run, in rotation
 #   GPU_BENCH_NCCL=0                   leave out the NCCL part
 #   GPU_BENCH_PYTORCH=PYTHON           the python3 with PyTorch (default python3)
-#   DPTRAIN=PATH, ALLREDUCE_BENCH=PATH the binaries, when not in BUILD_DIR (a bundle's)
+#   DPTRAIN=PATH, ALLREDUCE_BENCH=PATH, DEVICE_STEP_BENCH=PATH
+#                                      the binaries, when not in BUILD_DIR (a bundle's)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
 dptrain=${DPTRAIN:-$build/launcher/dptrain}
 allreduce_bench=${ALLREDUCE_BENCH:-$build/bench/allreduce_bench}
+device_step_bench=${DEVICE_STEP_BENCH:-$build/bench/device_step_bench}
 jobs=${GPU_BENCH_JOBS:-resnet18_cifar 256 fp32;resnet18_cifar 256 tf32;resnet18_cifar 256 bf16;resnet50 64 fp32;resnet50 64 tf32;resnet50 64 bf16;resnet50 128 tf32;resnet50 128 bf16}
 torch_py=${GPU_BENCH_PYTORCH:-python3}
 # shellcheck source=scripts/mpi-env.sh
@@ -108,6 +114,23 @@ verdict = ("met" if ratio <= 1.2 else "NOT met") if timed == "device" else "ops 
 print(f"{model:<16} {batch:>6} {prec:>5} {sps:>11} {prof['step_ms']:>9.2f} {prof['ops_ms']:>9.2f} "
       f"{ratio:>9.2f}x <=1.2x {verdict}")
 EOF
+    # The GPU's idle time within a step: the same model's step with the host's work removed
+    # (device_step_bench: the batch already on the device, no synchronisation between steps)
+    # against the training step's wall time.
+    if [ -x "$device_step_bench" ]; then
+      train_ms=$(/usr/bin/env python3 -c 'import json, sys
+print([r for r in map(json.loads, open(sys.argv[1])) if r.get("kind") == "profile"][-1]["step_ms"])' \
+        "$dir/metrics.jsonl")
+      dev_line=$(CUDA_VISIBLE_DEVICES=${devices[0]} "$device_step_bench" --model "$model" \
+        --batch "$batch" --precision "$prec" --device cuda --steps "$steps" 2>&1 | tail -1)
+      echo "  $dev_line"
+      dev_ms=$(sed -n 's/.* step_ms \([0-9.]*\) .*/\1/p' <<<"$dev_line")
+      if [ -n "$dev_ms" ] && [ -n "$train_ms" ]; then
+        awk -v d="$dev_ms" -v t="$train_ms" -v m="$model" -v b="$batch" -v p="$prec" \
+          'BEGIN {printf "  idle %s %s %s: device step %.2f ms, training step %.2f ms: the GPU waits %.1f%% of the step (target: under 2%%, issue 66)\n",
+          m, b, p, d, t, 100 * (1 - d / t)}'
+      fi
+    fi
     [ -n "$torch_py" ] || continue
     # PyTorch in the same run: its best on this GPU, with TF32 as dptrain's row (off for strict
     # fp32, its default for tf32).

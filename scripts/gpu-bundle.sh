@@ -9,7 +9,7 @@
 #   bash scripts/gpu-bundle.sh --list [BUILD_DIR]        the files it would pack; no archive
 #
 # OUT_DIR/dptrain-gpu.tar.xz holds:
-#   bin/      dptrain, dptrain_hooked and the GPU test binaries (stripped)
+#   bin/      dptrain, dptrain_hooked, the GPU test binaries and device_step_bench (stripped)
 #   lib/      every shared library they and Open MPI load, except the C library and the GPU
 #             libraries the machine brings (libcuda, cuDNN, cuBLAS, NCCL); gpu-check.sh puts it
 #             first on LD_LIBRARY_PATH for everything but python3
@@ -34,7 +34,7 @@ die() {
 }
 
 bins=(launcher/dptrain tests/dptrain_hooked tests/conformance_tests tests/cuda/cuda_tests
-  tests/cuda/cuda_mpi_nccl tests/cuda/cuda_mpi_equivalence)
+  tests/cuda/cuda_mpi_nccl tests/cuda/cuda_mpi_equivalence bench/device_step_bench)
 for b in "${bins[@]}"; do
   [[ -x $build/$b ]] || die "$build/$b is missing: build with the CUDA backend first (make build)"
 done

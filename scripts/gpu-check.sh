@@ -223,6 +223,7 @@ tier_4() {
   fi
   local t0=$SECONDS rc=0
   GPU_BENCH_JOBS=${row#speed:} GPU_BENCH_NCCL=0 GPU_BENCH_STEPS=40 DPTRAIN="$GC_BIN/dptrain" \
+    DEVICE_STEP_BENCH="$GC_BIN/device_step_bench" \
     timeout -k 5 $((GC_TIER_END - SECONDS - 5)) bash "$SRC/bench/gpu.sh" || rc=$?
   local result=pass
   [[ $rc == 0 ]] || result=FAIL

@@ -416,8 +416,10 @@ bool CudaBackend::Supports(const LinearDesc& d) const {
 
 // Own kernels (kernels.cu): 64-bit indexing, but max pooling stores each window's argmax as an
 // int32 position within its H x W plane.
+// A bf16 input gradient from max pooling whose windows do not overlap (PoolDesc::dx_bf16).
 bool CudaBackend::Supports(const PoolDesc& d) const {
-  return d.Valid() && (d.nhwc || !d.y_nchw) && !d.dx_bf16 &&
+  return d.Valid() && (d.nhwc || !d.y_nchw) &&
+         (!d.dx_bf16 || (d.kind == PoolKind::kMax && d.stride >= d.kernel)) &&
          static_cast<double>(d.h) * static_cast<double>(d.w) <= INT_MAX;
 }
 

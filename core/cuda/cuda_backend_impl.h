@@ -80,10 +80,15 @@ class CudaBackend final : public Backend {
   // The profile times ops with events on the compute stream (no synchronisation per op).
   // Channels-last activations between convolutions, batch norms, pooling and the elementwise ops:
   // cuDNN's tensor-core convolutions read and write NHWC without transposes, and the batch norm
-  // and pooling kernels take either layout.
+  // and pooling kernels take either layout. A ResNet block's batch norms applied by its residual
+  // sum (AffineAdd, writing bf16 for the bf16 convolutions that read it), and gradients in two
+  // parts (ReluBackwardSum, BatchNormBackwardSum), as on the CPU.
   BackendCapabilities capabilities() const override {
     BackendCapabilities c;
     c.channels_last = true;
+    c.deferred_batch_norm = true;
+    c.bf16_sums = true;
+    c.gradient_parts = true;
     c.device_timers = true;
     return c;
   }
@@ -116,6 +121,10 @@ class CudaBackend final : public Backend {
 
   void ReluForward(const Tensor& x, Tensor* y);
   void ReluBackward(const Tensor& y, const Tensor& dy, Tensor* dx);
+  void ReluBackwardSum(const Tensor& y, const Tensor& dy_a, const Tensor& dy_b, int64_t b_stride,
+                       Tensor* dx);
+  void AffineAdd(const Tensor& x0, const Tensor* affine0, const Tensor& x1, const Tensor* affine1,
+                 bool relu, Tensor* y);
   void ActivationForward(const ew::Activation& f, const Tensor& x, Tensor* y);
   void ActivationBackward(const ew::Activation& f, const Tensor& x, const Tensor& y,
                           const Tensor& dy, Tensor* dx);
@@ -142,6 +151,17 @@ class CudaBackend final : public Backend {
                          const Tensor* relu_y, const Tensor& gamma, const Tensor& beta,
                          const Tensor& save_mean, const Tensor& save_invstd, Tensor* dx,
                          Tensor* dgamma, Tensor* dbeta, bool accumulate);
+
+  void BatchNormAffineTraining(const BatchNormArgs& a, const Tensor& x, const Tensor& gamma,
+                               const Tensor& beta, Tensor* running_mean, Tensor* running_var,
+                               Tensor* affine, Tensor* save_mean, Tensor* save_invstd);
+  void BatchNormAffineInference(const BatchNormArgs& a, const Tensor& gamma, const Tensor& beta,
+                                const Tensor& running_mean, const Tensor& running_var,
+                                Tensor* affine);
+  void BatchNormBackwardSum(const BatchNormArgs& a, const Tensor& x, const Tensor& dy_a,
+                            const Tensor& dy_b, const Tensor* relu_y, const Tensor& gamma,
+                            const Tensor& beta, const Tensor& save_mean, const Tensor& save_invstd,
+                            Tensor* dx, Tensor* dgamma, Tensor* dbeta, bool accumulate);
 
   void SoftmaxCrossEntropy(const Tensor& logits, const Tensor& labels, float label_smoothing,
                            Tensor* probs, Tensor* loss_sum, Tensor* correct);
@@ -251,7 +271,7 @@ class CudaBackend final : public Backend {
       conv_plans_;
   std::map<std::tuple<int64_t, int64_t, int64_t, bool, int>, std::shared_ptr<OpPlan>> linear_plans_;
   std::map<std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool,
-                      bool, bool, bool>,
+                      bool, bool, bool, bool>,
            std::shared_ptr<OpPlan>>
       pool_plans_;
 };

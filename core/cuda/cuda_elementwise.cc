@@ -24,14 +24,48 @@ void CudaBackend::ReluForward(const Tensor& x, Tensor* y) {
   kernels::Relu(x.data<float>(), y->data<float>(), x.numel(), stream_);
 }
 
+namespace {
+
+// The ReLU's output as its backward reads it: f32, or bf16 for a residual sum that only bf16
+// convolutions read (AffineAdd's bf16 y, BackendCapabilities::bf16_sums).
+kernels::Elem ReluYElem(const Tensor& y) {
+  CheckDev(y, "relu y");
+  DPT_CHECK(y.dtype() == DType::kF32 || y.dtype() == DType::kBF16)
+      << "relu y: " << DTypeName(y.dtype());
+  return y.dtype() == DType::kBF16 ? kernels::Elem::kBF16 : kernels::Elem::kF32;
+}
+
+}  // namespace
+
 void CudaBackend::ReluBackward(const Tensor& y, const Tensor& dy, Tensor* dx) {
   OpScope scope(this, "relu_bwd");
-  CheckF32(y, "relu y");
+  const kernels::Elem yt = ReluYElem(y);
   CheckF32(dy, "relu dy");
   CheckF32(*dx, "relu dx");
   CheckSame(y, dy, "relu backward");
   CheckSame(y, *dx, "relu backward");
-  kernels::ReluBackward(y.data<float>(), dy.data<float>(), dx->data<float>(), y.numel(), stream_);
+  if (yt == kernels::Elem::kF32) {
+    kernels::ReluBackward(y.data<float>(), dy.data<float>(), dx->data<float>(), y.numel(), stream_);
+  } else {
+    kernels::ReluBackwardTyped(y.raw(), yt, dy.data<float>(), nullptr, dx->data<float>(), y.numel(),
+                               stream_);
+  }
+}
+
+// No sampled part (b_stride 1): this backend writes no sampled input gradient (Conv2dDesc::dx_sub).
+void CudaBackend::ReluBackwardSum(const Tensor& y, const Tensor& dy_a, const Tensor& dy_b,
+                                  int64_t b_stride, Tensor* dx) {
+  OpScope scope(this, "relu_bwd");
+  DPT_CHECK(b_stride == 1) << "cuda: a sampled gradient part (stride " << b_stride << ")";
+  const kernels::Elem yt = ReluYElem(y);
+  CheckF32(dy_a, "relu dy");
+  CheckF32(dy_b, "relu dy");
+  CheckF32(*dx, "relu dx");
+  CheckSame(y, dy_a, "relu backward");
+  CheckSame(y, dy_b, "relu backward");
+  CheckSame(y, *dx, "relu backward");
+  kernels::ReluBackwardTyped(y.raw(), yt, dy_a.data<float>(), dy_b.data<float>(), dx->data<float>(),
+                             y.numel(), stream_);
 }
 
 void CudaBackend::ActivationForward(const ew::Activation& f, const Tensor& x, Tensor* y) {

@@ -137,10 +137,10 @@ void CudaBackend::BatchNormBackward(const BatchNormArgs& a, const Tensor& x, con
   }
   if (a.nhwc) {
     kernels::BatchNormBackwardNhwc(
-        d.n * d.hw, d.c, x.raw(), xt, dy.data<float>(), relu_y != nullptr ? relu_y->raw() : nullptr,
-        gt, gamma.data<float>(), save_mean.data<float>(), save_invstd.data<float>(), dx->raw(), dxt,
-        dgamma->data<float>(), dbeta->data<float>(), accumulate, BatchNormScratch(d, true),
-        stream_);
+        d.n * d.hw, d.c, x.raw(), xt, dy.data<float>(), nullptr,
+        relu_y != nullptr ? relu_y->raw() : nullptr, gt, gamma.data<float>(),
+        save_mean.data<float>(), save_invstd.data<float>(), dx->raw(), dxt, dgamma->data<float>(),
+        dbeta->data<float>(), accumulate, BatchNormScratch(d, true), stream_);
     return;
   }
   kernels::BatchNormBackward(d.n, d.c, d.hw, x.data<float>(), dy.data<float>(),
@@ -148,6 +148,112 @@ void CudaBackend::BatchNormBackward(const BatchNormArgs& a, const Tensor& x, con
                              gamma.data<float>(), save_mean.data<float>(),
                              save_invstd.data<float>(), dx->data<float>(), dgamma->data<float>(),
                              dbeta->data<float>(), accumulate, BatchNormScratch(d, false), stream_);
+}
+
+// ---- a batch norm applied by the sum that reads it; a gradient in two parts --------------------
+
+namespace {
+
+void CheckAffine(const Tensor& affine, int64_t c) {
+  CheckF32(affine, "batch norm affine");
+  DPT_CHECK(affine.numel() == 2 * c)
+      << "batch norm affine " << affine.shape().ToString() << " for " << c << " channels";
+}
+
+}  // namespace
+
+void CudaBackend::BatchNormAffineTraining(const BatchNormArgs& a, const Tensor& x,
+                                          const Tensor& gamma, const Tensor& beta,
+                                          Tensor* running_mean, Tensor* running_var, Tensor* affine,
+                                          Tensor* save_mean, Tensor* save_invstd) {
+  OpScope scope(this, "batchnorm_fwd");
+  DPT_CHECK(a.nhwc && !a.relu && !a.y_bf16)
+      << "cuda: a deferred batch norm is channels-last, without a folded ReLU or a bf16 output";
+  const kernels::Elem xt = BnElem(x, a.x_bf16, "batch norm x");
+  const BatchNormDims d = BatchNormShape(x.shape());
+  for (const Tensor* t :
+       {&gamma, &beta, static_cast<const Tensor*>(running_mean),
+        static_cast<const Tensor*>(running_var), static_cast<const Tensor*>(save_mean),
+        static_cast<const Tensor*>(save_invstd)}) {
+    CheckChannels(*t, d.c, "batch norm per-channel tensor");
+  }
+  CheckAffine(*affine, d.c);
+  kernels::BatchNormAffineTrainingNhwc(
+      d.n * d.hw, d.c, a.momentum, a.eps, x.raw(), xt, gamma.data<float>(), beta.data<float>(),
+      running_mean->data<float>(), running_var->data<float>(), affine->data<float>(),
+      save_mean->data<float>(), save_invstd->data<float>(), BatchNormScratch(d, true), stream_);
+}
+
+void CudaBackend::BatchNormAffineInference(const BatchNormArgs& a, const Tensor& gamma,
+                                           const Tensor& beta, const Tensor& running_mean,
+                                           const Tensor& running_var, Tensor* affine) {
+  OpScope scope(this, "batchnorm_infer");
+  const int64_t c = gamma.numel();
+  for (const Tensor* t : {&gamma, &beta, &running_mean, &running_var}) {
+    CheckChannels(*t, c, "batch norm per-channel tensor");
+  }
+  CheckAffine(*affine, c);
+  kernels::BatchNormAffineInference(c, a.eps, gamma.data<float>(), beta.data<float>(),
+                                    running_mean.data<float>(), running_var.data<float>(),
+                                    affine->data<float>(), stream_);
+}
+
+void CudaBackend::AffineAdd(const Tensor& x0, const Tensor* affine0, const Tensor& x1,
+                            const Tensor* affine1, bool relu, Tensor* y) {
+  OpScope scope(this, relu ? "bn_add_relu" : "bn_add");
+  // x0 and x1: f32, or bf16 where that input's batch norm reads a bf16 x (BatchNormArgs::x_bf16).
+  const auto elem = [](const Tensor& t, bool may_be_bf16, const char* what) {
+    CheckDev(t, what);
+    DPT_CHECK(t.dtype() == DType::kF32 || (may_be_bf16 && t.dtype() == DType::kBF16))
+        << what << ": " << DTypeName(t.dtype());
+    return t.dtype() == DType::kBF16 ? kernels::Elem::kBF16 : kernels::Elem::kF32;
+  };
+  const kernels::Elem t0 = elem(x0, affine0 != nullptr, "affine add x0");
+  const kernels::Elem t1 = elem(x1, affine1 != nullptr, "affine add x1");
+  const kernels::Elem ty = elem(*y, true, "affine add y");
+  CheckSame(x0, x1, "affine add");
+  CheckSame(x0, *y, "affine add");
+  DPT_CHECK(y->raw() != x0.raw() && y->raw() != x1.raw()) << "affine add: y aliases an input";
+  DPT_CHECK(x0.shape().rank() == 4) << "affine add of " << x0.shape().ToString();
+  DPT_CHECK(affine0 != nullptr || affine1 != nullptr) << "affine add without an affine: Add";
+  const int64_t c = x0.shape()[1];
+  if (affine0 != nullptr) CheckAffine(*affine0, c);
+  if (affine1 != nullptr) CheckAffine(*affine1, c);
+  kernels::AffineAdd(x0.raw(), t0, affine0 != nullptr ? affine0->data<float>() : nullptr, x1.raw(),
+                     t1, affine1 != nullptr ? affine1->data<float>() : nullptr, relu, y->raw(), ty,
+                     c, x0.numel(), stream_);
+}
+
+// BatchNormBackward of dy_a + dy_b, channels-last: the parts are added as the kernels read them.
+void CudaBackend::BatchNormBackwardSum(const BatchNormArgs& a, const Tensor& x, const Tensor& dy_a,
+                                       const Tensor& dy_b, const Tensor* relu_y,
+                                       const Tensor& gamma, const Tensor& /*beta*/,
+                                       const Tensor& save_mean, const Tensor& save_invstd,
+                                       Tensor* dx, Tensor* dgamma, Tensor* dbeta, bool accumulate) {
+  OpScope scope(this, "batchnorm_bwd");
+  DPT_CHECK(a.nhwc) << "cuda: a batch-norm gradient in two parts on NCHW activations";
+  const kernels::Elem xt = BnElem(x, a.x_bf16, "batch norm x");
+  CheckF32(dy_a, "batch norm dy");
+  CheckF32(dy_b, "batch norm dy");
+  const kernels::Elem dxt = BnElem(*dx, a.dx_bf16, "batch norm dx");
+  CheckSame(x, dy_a, "batch norm backward");
+  CheckSame(x, dy_b, "batch norm backward");
+  CheckSame(x, *dx, "batch norm backward");
+  kernels::Elem gt = kernels::Elem::kF32;
+  if (relu_y != nullptr) {
+    gt = BnElem(*relu_y, a.y_bf16, "batch norm relu output");
+    CheckSame(x, *relu_y, "batch norm backward (relu output)");
+  }
+  const BatchNormDims d = BatchNormShape(x.shape());
+  for (const Tensor* t : {&gamma, &save_mean, &save_invstd, static_cast<const Tensor*>(dgamma),
+                          static_cast<const Tensor*>(dbeta)}) {
+    CheckChannels(*t, d.c, "batch norm per-channel tensor");
+  }
+  kernels::BatchNormBackwardNhwc(
+      d.n * d.hw, d.c, x.raw(), xt, dy_a.data<float>(), dy_b.data<float>(),
+      relu_y != nullptr ? relu_y->raw() : nullptr, gt, gamma.data<float>(), save_mean.data<float>(),
+      save_invstd.data<float>(), dx->raw(), dxt, dgamma->data<float>(), dbeta->data<float>(),
+      accumulate, BatchNormScratch(d, true), stream_);
 }
 
 // ---- losses -------------------------------------------------------------------------------------

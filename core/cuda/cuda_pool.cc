@@ -26,9 +26,9 @@ struct PoolPlan final : OpPlan {
 std::shared_ptr<OpPlan> CudaBackend::PreparePool(const PoolDesc& d) {
   if (!Supports(d)) DPT_THROW(UnsupportedError) << "cuda: pool " << d.ToString();
   std::lock_guard<std::mutex> lock(mu_);
-  auto& slot =
-      pool_plans_[std::make_tuple(static_cast<int>(d.kind), d.n, d.c, d.h, d.w, d.kernel, d.stride,
-                                  d.pad, d.ceil_mode, d.count_include_pad, d.nhwc, d.y_nchw)];
+  auto& slot = pool_plans_[std::make_tuple(static_cast<int>(d.kind), d.n, d.c, d.h, d.w, d.kernel,
+                                           d.stride, d.pad, d.ceil_mode, d.count_include_pad,
+                                           d.nhwc, d.y_nchw, d.dx_bf16)];
   if (slot) return slot;
   auto p = std::make_shared<PoolPlan>();
   p->d = d;
@@ -65,7 +65,9 @@ void CudaBackend::PoolBackward(const OpPlan& plan, const Tensor& dy, const Tenso
   OpScope scope(this, "pool_bwd");
   const auto& p = static_cast<const PoolPlan&>(plan);
   CheckF32(dy, "pool dy");
-  CheckF32(*dx, "pool dx");
+  CheckDev(*dx, "pool dx");
+  DPT_CHECK(dx->dtype() == (p.d.dx_bf16 ? DType::kBF16 : DType::kF32))
+      << "pool dx: " << DTypeName(dx->dtype()) << " for " << p.d.ToString();
   CheckNumel(dy, p.d.n * p.d.c * p.d.out_h() * p.d.out_w(), "pool dy", p.d.ToString());
   CheckNumel(*dx, p.d.n * p.d.c * p.d.h * p.d.w, "pool dx", p.d.ToString());
   if (p.d.kind == PoolKind::kAvg) {
@@ -75,7 +77,7 @@ void CudaBackend::PoolBackward(const OpPlan& plan, const Tensor& dy, const Tenso
   DPT_CHECK(ws != nullptr) << "max-pool backward needs the forward workspace";
   CheckDev(*ws, "pool workspace");
   DPT_CHECK(ws->bytes() >= p.workspace_bytes) << "pool workspace too small";
-  kernels::MaxPoolBackward(p.g, p.l, dy.data<float>(), ws->data<int32_t>(), dx->data<float>(),
+  kernels::MaxPoolBackward(p.g, p.l, dy.data<float>(), ws->data<int32_t>(), dx->raw(), p.d.dx_bf16,
                            stream_);
 }
 

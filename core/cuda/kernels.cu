@@ -281,8 +281,11 @@ __global__ void MaxPoolForwardKernel(PoolGeom g, PoolLayout l, const float* x, f
   }
 }
 
+// dx f32, or bf16 (PoolDesc::dx_bf16: windows that do not overlap, so each element is one dy value
+// or zero, rounded).
+template <class D>
 __global__ void MaxPoolBackwardKernel(PoolGeom g, PoolLayout l, const float* dy,
-                                      const int32_t* argmax, float* dx) {
+                                      const int32_t* argmax, D* dx) {
   DPT_GRID_LOOP(e, g.planes * g.h * g.w) {
     int64_t plane = 0, pos = 0;
     ew::PlanePosition(e, l.c, g.h * g.w, l.x_nhwc, &plane, &pos);
@@ -294,7 +297,7 @@ __global__ void MaxPoolBackwardKernel(PoolGeom g, PoolLayout l, const float* dy,
         if (argmax[o] == pos) s += dy[o];
       }
     }
-    dx[e] = s;
+    Narrow(s, &dx[e]);
   }
 }
 
@@ -544,17 +547,19 @@ __global__ void BnNhwcInferenceKernel(int64_t m, int64_t c, int64_t parts, doubl
   }
 }
 
-// dy as the batch norm's own output sees it: gated by the folded ReLU's output (relu_y, f32 or
-// bf16: a bf16 y is zero exactly where the f32 one is) when there is one.
+// dy as the batch norm's own output sees it: dy + dy2 where the gradient comes in two parts
+// (dy2 non-null: BatchNormBackwardSum, summed in f32 in that order), gated by the folded ReLU's
+// output (relu_y, f32 or bf16: a bf16 y is zero exactly where the f32 one is) when there is one.
 template <class TG>
-__device__ float BnNhwcGatedDy(const float* dy, const TG* relu_y, int64_t i) {
-  return relu_y != nullptr ? ew::ReluGrad(Widen(relu_y[i]), dy[i]) : dy[i];
+__device__ float BnNhwcGatedDy(const float* dy, const float* dy2, const TG* relu_y, int64_t i) {
+  const float g = dy2 != nullptr ? dy[i] + dy2[i] : dy[i];
+  return relu_y != nullptr ? ew::ReluGrad(Widen(relu_y[i]), g) : g;
 }
 
 template <class TX, class TG>
 __global__ void BnNhwcBackwardSumsKernel(int64_t m, int64_t c, int64_t parts, const TX* x,
-                                         const float* dy, const TG* relu_y, const float* save_mean,
-                                         double* s_dy, double* s_dy_xc) {
+                                         const float* dy, const float* dy2, const TG* relu_y,
+                                         const float* save_mean, double* s_dy, double* s_dy_xc) {
   const int64_t ch = static_cast<int64_t>(blockIdx.x) * kBnTileC + threadIdx.x, p = blockIdx.y;
   int64_t r0 = 0, r1 = 0;
   BnPartRange(m, parts, p, &r0, &r1);
@@ -563,7 +568,7 @@ __global__ void BnNhwcBackwardSumsKernel(int64_t m, int64_t c, int64_t parts, co
     const float mean = save_mean[ch];
     for (int64_t r = r0 + threadIdx.y; r < r1; r += kBnTileRows) {
       const int64_t i = r * c + ch;
-      const float g = BnNhwcGatedDy(dy, relu_y, i);
+      const float g = BnNhwcGatedDy(dy, dy2, relu_y, i);
       a += g;
       b += ew::BnDyXc(g, Widen(x[i]), mean);
     }
@@ -579,10 +584,11 @@ __global__ void BnNhwcBackwardSumsKernel(int64_t m, int64_t c, int64_t parts, co
 // dx may be relu_y (both f32): each thread reads its element before it writes it.
 template <class TX, class TG, class TD>
 __global__ void BnNhwcBackwardApplyKernel(int64_t m, int64_t c, int64_t parts, const TX* x,
-                                          const float* dy, const TG* relu_y, const float* gamma,
-                                          const float* save_mean, const float* save_invstd,
-                                          const double* s_dy_parts, const double* s_dy_xc_parts,
-                                          TD* dx, float* dgamma, float* dbeta, bool accumulate) {
+                                          const float* dy, const float* dy2, const TG* relu_y,
+                                          const float* gamma, const float* save_mean,
+                                          const float* save_invstd, const double* s_dy_parts,
+                                          const double* s_dy_xc_parts, TD* dx, float* dgamma,
+                                          float* dbeta, bool accumulate) {
   const int64_t ch = static_cast<int64_t>(blockIdx.x) * kBnTileC + threadIdx.x, p = blockIdx.y;
   if (ch >= c) return;
   int64_t r0 = 0, r1 = 0;
@@ -594,11 +600,71 @@ __global__ void BnNhwcBackwardApplyKernel(int64_t m, int64_t c, int64_t parts, c
                                             BnTotal(s_dy_xc_parts, ch, parts));
   for (int64_t r = r0 + threadIdx.y; r < r1; r += kBnTileRows) {
     const int64_t i = r * c + ch;
-    Narrow(ew::BnDx(BnNhwcGatedDy(dy, relu_y, i), Widen(x[i]), mean, f.dx), &dx[i]);
+    Narrow(ew::BnDx(BnNhwcGatedDy(dy, dy2, relu_y, i), Widen(x[i]), mean, f.dx), &dx[i]);
   }
   if (p == 0 && threadIdx.y == 0) {
     dgamma[ch] = ew::BnParamGrad(f.sum_dy_xhat, dgamma[ch], accumulate);
     dbeta[ch] = ew::BnParamGrad(s_dy, dbeta[ch], accumulate);
+  }
+}
+
+// A deferred batch norm's per-channel scale and shift (`affine`: scale, then shift, 2 x c): from
+// the statistics' partial sums in training, with the saved and running statistics as
+// BnNhwcApplyKernel writes them; from the running statistics in inference. The same ew::BnFold
+// as the apply kernels, so AffineAddKernel gives their outputs' bits.
+__global__ void BnNhwcAffineKernel(int64_t m, int64_t c, int64_t parts, double momentum, double eps,
+                                   const float* gamma, const float* beta, const double* sums,
+                                   const double* sqs, float* running_mean, float* running_var,
+                                   float* affine, float* save_mean, float* save_invstd) {
+  DPT_GRID_LOOP(ch, c) {
+    const double mean = BnTotal(sums, ch, parts) / static_cast<double>(m);
+    const double var = BnTotal(sqs, ch, parts) / static_cast<double>(m);
+    const double invstd = ew::BnInvStd(var, eps);
+    const ew::BnAffine a = ew::BnFold(gamma[ch], beta[ch], static_cast<float>(mean), invstd);
+    affine[ch] = a.scale;
+    affine[c + ch] = a.shift;
+    save_mean[ch] = static_cast<float>(mean);
+    save_invstd[ch] = static_cast<float>(invstd);
+    running_mean[ch] = ew::BnRunning(running_mean[ch], mean, momentum);
+    running_var[ch] = ew::BnRunning(running_var[ch], ew::BnUnbiasedVar(var, m), momentum);
+  }
+}
+__global__ void BnAffineInferenceKernel(int64_t c, double eps, const float* gamma,
+                                        const float* beta, const float* running_mean,
+                                        const float* running_var, float* affine) {
+  DPT_GRID_LOOP(ch, c) {
+    const ew::BnAffine a =
+        ew::BnFold(gamma[ch], beta[ch], running_mean[ch], ew::BnInvStd(running_var[ch], eps));
+    affine[ch] = a.scale;
+    affine[c + ch] = a.shift;
+  }
+}
+
+// y = f0(x0) + f1(x1), max(., 0) when relu, f_k(x) = ew::BnApply(x, affine_k) per channel where
+// affine_k is given (scale then shift, 2 x c), x itself where null; channels-last, so channel
+// i % c. Each term as the batch norm's apply kernel computes it, summed in f32, rounded to y's
+// type.
+template <class X0, class X1, class Y>
+__global__ void AffineAddKernel(const X0* x0, const float* a0, const X1* x1, const float* a1,
+                                bool relu, Y* y, int64_t c, int64_t total) {
+  DPT_GRID_LOOP(i, total) {
+    const int64_t ch = i % c;
+    const float p = Widen(x0[i]), q = Widen(x1[i]);
+    const float u = a0 != nullptr ? ew::BnApply(p, ew::BnAffine{a0[ch], a0[c + ch]}) : p;
+    const float v = a1 != nullptr ? ew::BnApply(q, ew::BnAffine{a1[ch], a1[c + ch]}) : q;
+    const float sum = u + v;
+    Narrow(relu ? ew::Relu(sum) : sum, &y[i]);
+  }
+}
+
+// ReLU's backward gated by an f32 or bf16 y, of one gradient or of two parts (dy2 non-null,
+// summed in f32 in that order). dx may be y when both are f32.
+template <class Y>
+__global__ void ReluBackwardTypedKernel(const Y* y, const float* dy, const float* dy2, float* dx,
+                                        int64_t n) {
+  DPT_GRID_LOOP(i, n) {
+    const float g = dy2 != nullptr ? dy[i] + dy2[i] : dy[i];
+    dx[i] = ew::ReluGrad(Widen(y[i]), g);
   }
 }
 
@@ -897,9 +963,16 @@ void MaxPoolForward(const PoolGeom& g, const PoolLayout& l, const float* x, floa
   if (n > 0) DPT_LAUNCH(MaxPoolForwardKernel, Blocks(n), kThreads, s, g, l, x, y, argmax);
 }
 void MaxPoolBackward(const PoolGeom& g, const PoolLayout& l, const float* dy, const int32_t* argmax,
-                     float* dx, cudaStream_t s) {
+                     void* dx, bool dx_bf16, cudaStream_t s) {
   const int64_t n = g.planes * g.h * g.w;
-  if (n > 0) DPT_LAUNCH(MaxPoolBackwardKernel, Blocks(n), kThreads, s, g, l, dy, argmax, dx);
+  if (n == 0) return;
+  if (dx_bf16) {
+    DPT_LAUNCH(MaxPoolBackwardKernel<uint16_t>, Blocks(n), kThreads, s, g, l, dy, argmax,
+               static_cast<uint16_t*>(dx));
+  } else {
+    DPT_LAUNCH(MaxPoolBackwardKernel<float>, Blocks(n), kThreads, s, g, l, dy, argmax,
+               static_cast<float*>(dx));
+  }
 }
 void AvgPoolForward(const PoolGeom& g, const PoolLayout& l, const float* x, float* y,
                     cudaStream_t s) {
@@ -1008,9 +1081,10 @@ void BatchNormInferenceNhwc(int64_t m, int64_t c, double eps, bool relu, const v
 }
 
 void BatchNormBackwardNhwc(int64_t m, int64_t c, const void* x, Elem xt, const float* dy,
-                           const void* relu_y, Elem gt, const float* gamma, const float* save_mean,
-                           const float* save_invstd, void* dx, Elem dxt, float* dgamma,
-                           float* dbeta, bool accumulate, double* scratch, cudaStream_t s) {
+                           const float* dy2, const void* relu_y, Elem gt, const float* gamma,
+                           const float* save_mean, const float* save_invstd, void* dx, Elem dxt,
+                           float* dgamma, float* dbeta, bool accumulate, double* scratch,
+                           cudaStream_t s) {
   if (c == 0 || m == 0) return;
   const int64_t parts = BatchNormNhwcParts(m, c);
   double* s_dy = scratch;
@@ -1023,14 +1097,72 @@ void BatchNormBackwardNhwc(int64_t m, int64_t c, const void* x, Elem xt, const f
       const TX* xp = static_cast<const TX*>(x);
       const TG* gp = static_cast<const TG*>(relu_y);
       const auto sums = BnNhwcBackwardSumsKernel<TX, TG>;
-      DPT_LAUNCH(sums, grid, block, s, m, c, parts, xp, dy, gp, save_mean, s_dy, s_dy_xc);
+      DPT_LAUNCH(sums, grid, block, s, m, c, parts, xp, dy, dy2, gp, save_mean, s_dy, s_dy_xc);
       WithF32OrBf16(dxt, [&](auto td) {
         using TD = decltype(td);
         const auto apply = BnNhwcBackwardApplyKernel<TX, TG, TD>;
-        DPT_LAUNCH(apply, grid, block, s, m, c, parts, xp, dy, gp, gamma, save_mean, save_invstd,
-                   s_dy, s_dy_xc, static_cast<TD*>(dx), dgamma, dbeta, accumulate);
+        DPT_LAUNCH(apply, grid, block, s, m, c, parts, xp, dy, dy2, gp, gamma, save_mean,
+                   save_invstd, s_dy, s_dy_xc, static_cast<TD*>(dx), dgamma, dbeta, accumulate);
       });
     });
+  });
+}
+
+void BatchNormAffineTrainingNhwc(int64_t m, int64_t c, double momentum, double eps, const void* x,
+                                 Elem xt, const float* gamma, const float* beta,
+                                 float* running_mean, float* running_var, float* affine,
+                                 float* save_mean, float* save_invstd, double* scratch,
+                                 cudaStream_t s) {
+  if (c == 0 || m == 0) return;
+  const int64_t parts = BatchNormNhwcParts(m, c);
+  double* sums = scratch;
+  double* sqs = scratch + c * parts;
+  const dim3 grid = BnNhwcGrid(c, parts), block(kBnTileC, kBnTileRows);
+  WithF32OrBf16(xt, [&](auto tx) {
+    using TX = decltype(tx);
+    const TX* xp = static_cast<const TX*>(x);
+    const auto stats = BnNhwcStatsKernel<TX>;
+    DPT_LAUNCH(stats, grid, block, s, m, c, parts, xp, nullptr, sums);
+    DPT_LAUNCH(stats, grid, block, s, m, c, parts, xp, sums, sqs);
+  });
+  DPT_LAUNCH(BnNhwcAffineKernel, Blocks(c), kThreads, s, m, c, parts, momentum, eps, gamma, beta,
+             sums, sqs, running_mean, running_var, affine, save_mean, save_invstd);
+}
+
+void BatchNormAffineInference(int64_t c, double eps, const float* gamma, const float* beta,
+                              const float* running_mean, const float* running_var, float* affine,
+                              cudaStream_t s) {
+  if (c > 0) {
+    DPT_LAUNCH(BnAffineInferenceKernel, Blocks(c), kThreads, s, c, eps, gamma, beta, running_mean,
+               running_var, affine);
+  }
+}
+
+void AffineAdd(const void* x0, Elem x0t, const float* affine0, const void* x1, Elem x1t,
+               const float* affine1, bool relu, void* y, Elem yt, int64_t c, int64_t total,
+               cudaStream_t s) {
+  if (total == 0) return;
+  WithF32OrBf16(x0t, [&](auto t0) {
+    WithF32OrBf16(x1t, [&](auto t1) {
+      WithF32OrBf16(yt, [&](auto ty) {
+        using X0 = decltype(t0);
+        using X1 = decltype(t1);
+        using Y = decltype(ty);
+        const auto add = AffineAddKernel<X0, X1, Y>;
+        DPT_LAUNCH(add, Blocks(total), kThreads, s, static_cast<const X0*>(x0), affine0,
+                   static_cast<const X1*>(x1), affine1, relu, static_cast<Y*>(y), c, total);
+      });
+    });
+  });
+}
+
+void ReluBackwardTyped(const void* y, Elem yt, const float* dy, const float* dy2, float* dx,
+                       int64_t n, cudaStream_t s) {
+  if (n == 0) return;
+  WithF32OrBf16(yt, [&](auto ty) {
+    using Y = decltype(ty);
+    const auto relu_backward = ReluBackwardTypedKernel<Y>;
+    DPT_LAUNCH(relu_backward, Blocks(n), kThreads, s, static_cast<const Y*>(y), dy, dy2, dx, n);
   });
 }
 

@@ -82,8 +82,9 @@ struct PoolLayout {
 // stored where y stores the window's output.
 void MaxPoolForward(const PoolGeom& g, const PoolLayout& l, const float* x, float* y,
                     int32_t* argmax, cudaStream_t s);
+// dx f32, or bf16 where dx_bf16 (windows that do not overlap: PoolDesc::dx_bf16).
 void MaxPoolBackward(const PoolGeom& g, const PoolLayout& l, const float* dy, const int32_t* argmax,
-                     float* dx, cudaStream_t s);
+                     void* dx, bool dx_bf16, cudaStream_t s);
 // Average pooling with torch.nn.AvgPool2d's divisor (ew::WindowOf).
 void AvgPoolForward(const PoolGeom& g, const PoolLayout& l, const float* x, float* y,
                     cudaStream_t s);
@@ -118,10 +119,33 @@ void BatchNormTrainingNhwc(int64_t m, int64_t c, double momentum, double eps, bo
 void BatchNormInferenceNhwc(int64_t m, int64_t c, double eps, bool relu, const void* x, Elem xt,
                             const float* gamma, const float* beta, const float* running_mean,
                             const float* running_var, void* y, Elem yt, cudaStream_t s);
+// dy2 (nullable): the gradient's second part, added to dy in f32 as it is read
+// (Backend::BatchNormBackwardSum).
 void BatchNormBackwardNhwc(int64_t m, int64_t c, const void* x, Elem xt, const float* dy,
-                           const void* relu_y, Elem gt, const float* gamma, const float* save_mean,
-                           const float* save_invstd, void* dx, Elem dxt, float* dgamma,
-                           float* dbeta, bool accumulate, double* scratch, cudaStream_t s);
+                           const float* dy2, const void* relu_y, Elem gt, const float* gamma,
+                           const float* save_mean, const float* save_invstd, void* dx, Elem dxt,
+                           float* dgamma, float* dbeta, bool accumulate, double* scratch,
+                           cudaStream_t s);
+// A batch norm applied by the sum that reads it (Backend::BatchNormAffineTraining, AffineAdd):
+// the training statistics as BatchNormTrainingNhwc computes them, written as the per-channel
+// scale and shift `affine` (2 x c f32) instead of an output; in inference from the running ones.
+void BatchNormAffineTrainingNhwc(int64_t m, int64_t c, double momentum, double eps, const void* x,
+                                 Elem xt, const float* gamma, const float* beta,
+                                 float* running_mean, float* running_var, float* affine,
+                                 float* save_mean, float* save_invstd, double* scratch,
+                                 cudaStream_t s);
+void BatchNormAffineInference(int64_t c, double eps, const float* gamma, const float* beta,
+                              const float* running_mean, const float* running_var, float* affine,
+                              cudaStream_t s);
+// y = f0(x0) + f1(x1) (then ReLU) over channels-last (total / c, c), f_k applying affine_k
+// (nullable: x_k itself); x0, x1 and y f32 or bf16. The same bits as the batch norms' apply
+// kernels then Add / AddRelu.
+void AffineAdd(const void* x0, Elem x0t, const float* affine0, const void* x1, Elem x1t,
+               const float* affine1, bool relu, void* y, Elem yt, int64_t c, int64_t total,
+               cudaStream_t s);
+// dx = ReluGrad(y, dy [+ dy2]) with y f32 or bf16 (a bf16 residual sum), dy2 nullable.
+void ReluBackwardTyped(const void* y, Elem yt, const float* dy, const float* dy2, float* dx,
+                       int64_t n, cudaStream_t s);
 
 // ---- losses ----
 // Per row of logits (n, k): probs, row_loss (double), row_hit (0/1). A row whose label is
