@@ -245,15 +245,14 @@ struct BackendOptions {
   // (linear layers) stay fp32 either way, as PyTorch's default
   // torch.backends.cuda.matmul.allow_tf32 = False. Ignored by backends without TF32 (the CPU).
   bool tf32 = false;
-  // Whether the CPU backend's Supports offers what it runs between layers: the bf16 handoffs
-  // (Conv2dDesc::dy_bf16 and x_bf16, BatchNormArgs::dx_bf16 and y_bf16, PoolDesc::dx_bf16), the
-  // fused convolution + pool (ConvPoolDesc) and the capabilities below that depend on them; and
-  // whether a plan that layers share keeps a staged input per layer (one per plan, as on CUDA,
-  // without) and a convolution's input gradient may run with a flipped copy of its kernel
-  // (CpuBackend::FlipsBackwardData). `dptrain plan` sizing a GPU job where there is no GPU
-  // builds the model on the CPU backend with them off, so that it plans about the tensors the
-  // CUDA backend allocates (which now takes the convolution and batch-norm handoffs too: an
-  // over-estimate of those in bf16). Ignored by backends without them.
+  // Whether the CPU backend offers what only it runs: the fused convolution + pool (ConvPoolDesc),
+  // the sampled input gradient (Conv2dDesc::dx_sub), the bf16 handoffs the CUDA backend refuses
+  // (a bf16 y or dy with a bias; 16-bit batch-norm tensors on NCHW activations), its own
+  // convolution algorithms, a staged input per layer where layers share a plan (one per plan, as
+  // on CUDA, without) and a convolution's input gradient with a flipped copy of its kernel
+  // (CpuBackend::FlipsBackwardData). `dptrain plan` sizing a GPU job where there is no GPU builds
+  // the model on the CPU backend with them off, so that it plans the tensors the CUDA backend
+  // allocates. Ignored by backends without them.
   bool cpu_fusions = true;
 };
 

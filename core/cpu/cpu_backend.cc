@@ -116,10 +116,13 @@ void CpuBackend::Fill(Tensor* t, float value) {
 
 // fp32 runs natively, fp16 is emulated (operands and results rounded to fp16, see Staged), bf16
 // needs oneDNN's bf16 kernels.
+// Without cpu_fusions (planning for the CUDA backend), the bf16 hand-offs that backend takes: no
+// bf16 y or dy with a bias (CudaBackend::Supports).
 bool CpuBackend::Supports(const Conv2dDesc& d) const {
+  const bool handoff = d.dy_bf16 || d.x_bf16 || d.y_bf16;
+  const bool as_cuda = !((d.y_bf16 || d.dy_bf16) && d.bias);
   return d.Valid() && PrecisionOk(d.precision) &&
-         ((!d.dy_bf16 && !d.x_bf16 && !d.y_bf16) ||
-          (d.precision == Precision::kBF16 && fusions_)) &&
+         (!handoff || (d.precision == Precision::kBF16 && (fusions_ || as_cuda))) &&
          (!d.y_bf16 || (!d.relu && d.y_nhwc)) && (!d.dx_sub || PlansSubsample(d));
 }
 bool CpuBackend::Supports(const LinearDesc& d) const {
@@ -129,12 +132,12 @@ bool CpuBackend::Supports(const PoolDesc& d) const {
   // dx in bf16 with a channels-last window over 16 x 16 would run on oneDNN 2.6's bf16 backward,
   // which put gradients where the f32 one does not (PoolTest, a 17 x 17 window): refused.
   // y in NCHW from channels-last x (y_nchw): the own max pooling only.
+  // The CUDA backend runs both too: they do not depend on cpu_fusions.
   return d.Valid() &&
-         (!d.dx_bf16 || (d.kind == PoolKind::kMax && d.stride >= d.kernel &&
-                         (!d.nhwc || d.kernel <= kOwnMaxPoolKernel) &&
-                         PrecisionOk(Precision::kBF16) && fusions_)) &&
-         (!d.y_nchw ||
-          (d.nhwc && d.kind == PoolKind::kMax && d.kernel <= kOwnMaxPoolKernel && fusions_));
+         (!d.dx_bf16 ||
+          (d.kind == PoolKind::kMax && d.stride >= d.kernel &&
+           (!d.nhwc || d.kernel <= kOwnMaxPoolKernel) && PrecisionOk(Precision::kBF16))) &&
+         (!d.y_nchw || (d.nhwc && d.kind == PoolKind::kMax && d.kernel <= kOwnMaxPoolKernel));
 }
 
 std::string OneDnnVersion() {

@@ -20,11 +20,12 @@ class CpuBackend final : public Backend {
 
   Device device() const override { return Device::kCpu; }
   std::string name() const override { return "cpu"; }
-  // channels_last always; deferred batch norm, bf16 sums and gradient parts with cpu_fusions.
+  // Every capability but the device timers, with or without cpu_fusions (the CUDA backend has
+  // them too).
   BackendCapabilities capabilities() const override {
     BackendCapabilities c;
     c.channels_last = true;
-    c.deferred_batch_norm = c.bf16_sums = c.gradient_parts = fusions_;
+    c.deferred_batch_norm = c.bf16_sums = c.gradient_parts = true;
     return c;
   }
   // "" for fp32 where oneDNN has a Winograd kernel for this CPU (probed once: AVX-512).
@@ -57,8 +58,9 @@ class CpuBackend final : public Backend {
   bool Supports(const LinearDesc& d) const override;
   bool Supports(const PoolDesc& d) const;
   bool Supports(const ConvPoolDesc& d) const override;  // fp32 and bf16 (cpu_conv_pool.cc)
+  // Without cpu_fusions, the CUDA backend's: 16-bit tensors on channels-last activations only.
   bool Supports(const BatchNormArgs& a) const override {
-    return (fusions_ || (!a.dx_bf16 && !a.y_bf16 && !a.x_bf16)) && (!a.x_bf16 || a.nhwc);
+    return (fusions_ || a.nhwc || (!a.dx_bf16 && !a.y_bf16 && !a.x_bf16)) && (!a.x_bf16 || a.nhwc);
   }
   // Whether conv2d computes its weight gradient as one GEMM over the input unfolded (im2col)
   // rather than oneDNN's convolution kernel: bf16, channels-last on both sides, not grouped, at

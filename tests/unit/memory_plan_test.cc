@@ -232,11 +232,12 @@ TEST(MemoryPlanTest, GradientsNeverPlansAboveOptimizer) {
   }
 }
 
-// `dptrain plan` for a GPU job where there is no GPU builds the model on the CPU backend with its
-// own fusions and bf16 handoffs off (Backend::SetCpuFusions): then a bf16 model plans the f32
-// activations and gradients of the fp32 one, as the CUDA backend allocates them; with them on
-// (training on the CPU) bf16 holds less.
-TEST(MemoryPlanTest, WithoutCpuFusionsBf16PlansTheTensorsOfFp32) {
+// `dptrain plan` for a GPU job where there is no GPU builds the model on the CPU backend with what
+// only it runs off (Backend::SetCpuFusions), so that it plans the tensors the CUDA backend
+// allocates: the bf16 hand-offs between convolutions without a bias and batch norms (resnet8 holds
+// less in bf16 than in fp32), none for convolutions with a bias (ref_cnn: the same as fp32); the
+// CPU backend's own hand-offs (with them on, training on the CPU) hold less again.
+TEST(MemoryPlanTest, WithoutCpuFusionsBf16PlansTheTensorsOfTheCudaBackend) {
   Backend& be = GetBackend("cpu");
   if (!be.Supports(Conv2dDesc{1, 1, 1, 1, 1, 1, 1, 1, 0, true, Precision::kBF16})) {
     GTEST_SKIP() << "no bf16 convolutions on this CPU";
@@ -247,11 +248,15 @@ TEST(MemoryPlanTest, WithoutCpuFusionsBf16PlansTheTensorsOfFp32) {
     m.Setup(8, p);
     return PlanMemory(m, 1, LossKind::kCrossEntropy, 0).activations();
   };
-  for (const auto& [zoo, in] :
-       {std::pair{"resnet8", Shape{3, 32, 32}}, std::pair{"ref_cnn", Shape{1, 28, 28}}}) {
+  const Shape rgb{3, 32, 32}, gray{1, 28, 28};
+  EXPECT_LT(activations("resnet8", rgb, Precision::kBF16, false),
+            activations("resnet8", rgb, Precision::kF32, false));
+  EXPECT_EQ(activations("ref_cnn", gray, Precision::kBF16, false),
+            activations("ref_cnn", gray, Precision::kF32, false));
+  for (const auto& [zoo, in] : {std::pair{"resnet8", rgb}, std::pair{"ref_cnn", gray}}) {
     SCOPED_TRACE(zoo);
-    EXPECT_EQ(activations(zoo, in, Precision::kBF16, false),
-              activations(zoo, in, Precision::kF32, false));
+    EXPECT_LE(activations(zoo, in, Precision::kBF16, true),
+              activations(zoo, in, Precision::kBF16, false));
     EXPECT_LT(activations(zoo, in, Precision::kBF16, true),
               activations(zoo, in, Precision::kF32, true));
   }
