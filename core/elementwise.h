@@ -115,6 +115,19 @@ DPT_HD float Dropout(float x, uint64_t seed, uint64_t index, float p) {
 // The reductions (sums over the channel) stay in each backend (OpenMP loops, block sums); what
 // they feed is written here once so the CPU reference and the CUDA kernels agree to the bit.
 DPT_HD double BnInvStd(double var, double eps) { return 1.0 / sqrt(var + eps); }
+// A channel's mean and (biased) variance in one pass: the sums of d = x - shift and of d^2 (in
+// double, combined in any fixed order), shift one of the channel's own values, so that d is small
+// where the data's mean is large and the variance does not cancel (the CUDA backend's channels-last
+// kernels; Welford's update would divide per element, slow on GPUs with few f64 units). The
+// variance is clamped at 0.
+struct BnMoments {
+  double mean, var;
+};
+DPT_HD BnMoments BnShiftedMoments(double shift, double s1, double s2, double m) {
+  const double d = s1 / m;
+  const double var = s2 / m - d * d;
+  return {shift + d, var > 0 ? var : 0};
+}
 // y = x * scale + shift folds normalisation and the affine transform (f32, as both backends).
 struct BnAffine {
   float scale;

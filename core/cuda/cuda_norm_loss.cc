@@ -25,8 +25,9 @@ void CheckChannels(const Tensor& t, int64_t c, const char* what) {
 }  // namespace
 
 double* CudaBackend::BatchNormScratch(const BatchNormDims& d, bool nhwc) {
-  const int64_t parts = nhwc ? BatchNormNhwcParts(d.n * d.hw, d.c) : BatchNormParts(d.n, d.c, d.hw);
-  const int64_t bytes = 2 * d.c * parts * static_cast<int64_t>(sizeof(double));
+  const int64_t doubles =
+      nhwc ? BatchNormNhwcScratch(d.n * d.hw, d.c) : 2 * d.c * BatchNormParts(d.n, d.c, d.hw);
+  const int64_t bytes = doubles * static_cast<int64_t>(sizeof(double));
   // One stream: a replaced buffer's last reader runs before the allocator hands it out again.
   if (!bn_partials_.defined() || bn_partials_.numel() < bytes) {
     bn_partials_ = Empty(Shape{bytes}, DType::kU8, "batch norm partials");
@@ -100,9 +101,10 @@ void CudaBackend::BatchNormForwardInference(const BatchNormArgs& a, const Tensor
     CheckChannels(*t, d.c, "batch norm per-channel tensor");
   }
   if (a.nhwc) {
-    kernels::BatchNormInferenceNhwc(
-        d.n * d.hw, d.c, a.eps, a.relu, x.raw(), xt, gamma.data<float>(), beta.data<float>(),
-        running_mean.data<float>(), running_var.data<float>(), y->raw(), yt, stream_);
+    kernels::BatchNormInferenceNhwc(d.n * d.hw, d.c, a.eps, a.relu, x.raw(), xt,
+                                    gamma.data<float>(), beta.data<float>(),
+                                    running_mean.data<float>(), running_var.data<float>(), y->raw(),
+                                    yt, BatchNormScratch(d, true), stream_);
     return;
   }
   kernels::BatchNormInference(d.n, d.c, d.hw, a.eps, a.relu, x.data<float>(), gamma.data<float>(),

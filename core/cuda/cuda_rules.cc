@@ -85,6 +85,10 @@ int64_t BatchNormNhwcParts(int64_t m, int64_t c) {
   return std::clamp<int64_t>(std::min(by_blocks, by_size), 1, kMaxParts);
 }
 
+int64_t BatchNormNhwcScratch(int64_t m, int64_t c) {
+  return 2 * c * (BatchNormNhwcParts(m, c) + 1);
+}
+
 std::string DeviceUuidString(const Uuid& device, const std::optional<Uuid>& gpu) {
   static const char* hex = "0123456789abcdef";
   std::string s = gpu.has_value() && *gpu != device ? "MIG-" : "GPU-";

@@ -74,6 +74,9 @@ int64_t BatchNormParts(int64_t n, int64_t c, int64_t hw);
 // them), at least 64 rows a part, at most 65535 (the grid's y). A function of the shape alone, as
 // BatchNormParts.
 int64_t BatchNormNhwcParts(int64_t m, int64_t c);
+// The doubles of scratch the channels-last batch norm needs: the parts' two sums per channel, then
+// per-channel terms (at most 4 floats a channel).
+int64_t BatchNormNhwcScratch(int64_t m, int64_t c);
 
 using Uuid = std::array<unsigned char, 16>;
 // The device's name as nvidia-smi -L and CUDA_VISIBLE_DEVICES write it. `device` is what

@@ -467,10 +467,11 @@ __global__ void BnBackwardApplyKernel(int64_t n, int64_t c, int64_t hw, int64_t 
 
 // ---- batch norm, channels-last: x as (m = N * HW rows, c), blocks of 32 channels x 8 row lanes
 // over BatchNormNhwcParts() parts of the rows; a warp reads 32 neighbouring channels of one row
-// (contiguous). The same two passes for the statistics and the same per-element math as above, each
-// channel's per-part sums reduced over the row lanes and then over the parts in a fixed order. x,
-// y, the ReLU gate and dx are each f32 or bf16 (Widen / Narrow); dy is f32.
-// ----------------------------
+// (contiguous). One pass over x for the statistics (ew::BnShiftedMoments: sums of x - shift and
+// its square, shift the channel's value in row 0), one small per-channel kernel that folds them
+// (the mean, the variance, the scale and shift; the running and saved statistics), one pass that
+// applies them. Each channel's per-part sums are reduced over the row lanes, then over the parts,
+// in a fixed order. x, y, the ReLU gate and dx are each f32 or bf16 (Widen / Narrow); dy is f32.
 
 constexpr int kBnTileC = 32, kBnTileRows = 8;
 
@@ -487,63 +488,79 @@ __device__ double BnRowLaneSum(double v) {
   return t;
 }
 
-// Pass 1 (sums == nullptr): each part's sum of x; pass 2: of (x - mean)^2.
+// Each part's sums of d = x - shift and of d^2, shift = x[0, ch].
 template <class TX>
-__global__ void BnNhwcStatsKernel(int64_t m, int64_t c, int64_t parts, const TX* x,
-                                  const double* sums, double* out) {
+__global__ void BnNhwcStatsKernel(int64_t m, int64_t c, int64_t parts, const TX* x, double* s1,
+                                  double* s2) {
   const int64_t ch = static_cast<int64_t>(blockIdx.x) * kBnTileC + threadIdx.x, p = blockIdx.y;
   int64_t r0 = 0, r1 = 0;
   BnPartRange(m, parts, p, &r0, &r1);
-  double acc = 0;
+  double a = 0, b = 0;
   if (ch < c) {
-    const double mean = sums != nullptr ? BnTotal(sums, ch, parts) / static_cast<double>(m) : 0;
+    const double shift = Widen(x[ch]);
     for (int64_t r = r0 + threadIdx.y; r < r1; r += kBnTileRows) {
-      const double v = Widen(x[r * c + ch]);
-      acc += sums != nullptr ? (v - mean) * (v - mean) : v;
+      const double d = static_cast<double>(Widen(x[r * c + ch])) - shift;
+      a += d;
+      b += d * d;
     }
   }
-  acc = BnRowLaneSum(acc);
-  if (threadIdx.y == 0 && ch < c) out[ch * parts + p] = acc;
+  a = BnRowLaneSum(a);
+  b = BnRowLaneSum(b);
+  if (threadIdx.y == 0 && ch < c) {
+    s1[ch * parts + p] = a;
+    s2[ch * parts + p] = b;
+  }
 }
 
+// Per channel: the statistics from the parts' sums, folded into `affine` (scale, then shift, 2 x c:
+// the apply kernel's, or a deferred batch norm's output), the saved statistics and the running
+// ones. Runs before the apply kernel writes y, which may be x.
+template <class TX>
+__global__ void BnNhwcFoldKernel(int64_t m, int64_t c, int64_t parts, double momentum, double eps,
+                                 const TX* x, const float* gamma, const float* beta,
+                                 const double* s1, const double* s2, float* running_mean,
+                                 float* running_var, float* affine, float* save_mean,
+                                 float* save_invstd) {
+  DPT_GRID_LOOP(ch, c) {
+    const ew::BnMoments mo = ew::BnShiftedMoments(Widen(x[ch]), BnTotal(s1, ch, parts),
+                                                  BnTotal(s2, ch, parts), static_cast<double>(m));
+    const double invstd = ew::BnInvStd(mo.var, eps);
+    const ew::BnAffine a = ew::BnFold(gamma[ch], beta[ch], static_cast<float>(mo.mean), invstd);
+    affine[ch] = a.scale;
+    affine[c + ch] = a.shift;
+    save_mean[ch] = static_cast<float>(mo.mean);
+    save_invstd[ch] = static_cast<float>(invstd);
+    running_mean[ch] = ew::BnRunning(running_mean[ch], mo.mean, momentum);
+    running_var[ch] = ew::BnRunning(running_var[ch], ew::BnUnbiasedVar(mo.var, m), momentum);
+  }
+}
+
+// y = BnApply(x, affine) (then ReLU) per channel; in training `affine` is the fold kernel's, in
+// inference the running statistics' (BnAffineInferenceKernel).
 template <class TX, class TY>
-__global__ void BnNhwcApplyKernel(int64_t m, int64_t c, int64_t parts, double momentum, double eps,
-                                  bool relu, const TX* x, const float* gamma, const float* beta,
-                                  const double* sums, const double* sqs, float* running_mean,
-                                  float* running_var, TY* y, float* save_mean, float* save_invstd) {
+__global__ void BnNhwcApplyKernel(int64_t m, int64_t c, int64_t parts, bool relu, const TX* x,
+                                  const float* affine, TY* y) {
   const int64_t ch = static_cast<int64_t>(blockIdx.x) * kBnTileC + threadIdx.x, p = blockIdx.y;
   if (ch >= c) return;  // no barrier below
   int64_t r0 = 0, r1 = 0;
   BnPartRange(m, parts, p, &r0, &r1);
-  const double mean = BnTotal(sums, ch, parts) / static_cast<double>(m);
-  const double var = BnTotal(sqs, ch, parts) / static_cast<double>(m);
-  const double invstd = ew::BnInvStd(var, eps);
-  const ew::BnAffine affine = ew::BnFold(gamma[ch], beta[ch], static_cast<float>(mean), invstd);
+  const ew::BnAffine a{affine[ch], affine[c + ch]};
   for (int64_t r = r0 + threadIdx.y; r < r1; r += kBnTileRows) {
-    const float v = ew::BnApply(Widen(x[r * c + ch]), affine);
+    const float v = ew::BnApply(Widen(x[r * c + ch]), a);
     Narrow(relu ? ew::Relu(v) : v, &y[r * c + ch]);
-  }
-  if (p == 0 && threadIdx.y == 0) {
-    save_mean[ch] = static_cast<float>(mean);
-    save_invstd[ch] = static_cast<float>(invstd);
-    running_mean[ch] = ew::BnRunning(running_mean[ch], mean, momentum);
-    running_var[ch] = ew::BnRunning(running_var[ch], ew::BnUnbiasedVar(var, m), momentum);
   }
 }
 
-template <class TX, class TY>
-__global__ void BnNhwcInferenceKernel(int64_t m, int64_t c, int64_t parts, double eps, bool relu,
-                                      const TX* x, const float* gamma, const float* beta,
-                                      const float* running_mean, const float* running_var, TY* y) {
-  const int64_t ch = static_cast<int64_t>(blockIdx.x) * kBnTileC + threadIdx.x, p = blockIdx.y;
-  if (ch >= c) return;
-  int64_t r0 = 0, r1 = 0;
-  BnPartRange(m, parts, p, &r0, &r1);
-  const double invstd = ew::BnInvStd(running_var[ch], eps);
-  const ew::BnAffine affine = ew::BnFold(gamma[ch], beta[ch], running_mean[ch], invstd);
-  for (int64_t r = r0 + threadIdx.y; r < r1; r += kBnTileRows) {
-    const float v = ew::BnApply(Widen(x[r * c + ch]), affine);
-    Narrow(relu ? ew::Relu(v) : v, &y[r * c + ch]);
+// The scale and shift of inference, from the running statistics (the deferred batch norm's
+// BatchNormAffineInference, and the apply kernel's in inference).
+__global__ void BnAffineInferenceKernel(int64_t c, double eps, const float* gamma,
+                                        const float* beta, const float* running_mean,
+                                        const float* running_var, float* affine) {
+  DPT_GRID_LOOP(ch, c) {
+    const ew::BnAffine a =
+        ew::BnFold(gamma[ch], beta[ch], running_mean[ch], ew::BnInvStd(running_var[ch], eps));
+    affine[ch] = a.scale;
+    affine[c + ch] = a.shift;
   }
 }
 
@@ -556,6 +573,7 @@ __device__ float BnNhwcGatedDy(const float* dy, const float* dy2, const TG* relu
   return relu_y != nullptr ? ew::ReluGrad(Widen(relu_y[i]), g) : g;
 }
 
+// Each part's sums of dy and of dy * (x - mean) (ew::BnDyXc: f32 terms, double sums).
 template <class TX, class TG>
 __global__ void BnNhwcBackwardSumsKernel(int64_t m, int64_t c, int64_t parts, const TX* x,
                                          const float* dy, const float* dy2, const TG* relu_y,
@@ -581,62 +599,38 @@ __global__ void BnNhwcBackwardSumsKernel(int64_t m, int64_t c, int64_t parts, co
   }
 }
 
-// dx may be relu_y (both f32): each thread reads its element before it writes it.
-template <class TX, class TG, class TD>
-__global__ void BnNhwcBackwardApplyKernel(int64_t m, int64_t c, int64_t parts, const TX* x,
-                                          const float* dy, const float* dy2, const TG* relu_y,
-                                          const float* gamma, const float* save_mean,
-                                          const float* save_invstd, const double* s_dy_parts,
-                                          const double* s_dy_xc_parts, TD* dx, float* dgamma,
-                                          float* dbeta, bool accumulate) {
-  const int64_t ch = static_cast<int64_t>(blockIdx.x) * kBnTileC + threadIdx.x, p = blockIdx.y;
-  if (ch >= c) return;
-  int64_t r0 = 0, r1 = 0;
-  BnPartRange(m, parts, p, &r0, &r1);
-  const float mean = save_mean[ch];
-  const double invstd = save_invstd[ch];
-  const double s_dy = BnTotal(s_dy_parts, ch, parts);
-  const ew::BnGradFolded f = ew::BnGradFold(gamma[ch], invstd, static_cast<double>(m), s_dy,
-                                            BnTotal(s_dy_xc_parts, ch, parts));
-  for (int64_t r = r0 + threadIdx.y; r < r1; r += kBnTileRows) {
-    const int64_t i = r * c + ch;
-    Narrow(ew::BnDx(BnNhwcGatedDy(dy, dy2, relu_y, i), Widen(x[i]), mean, f.dx), &dx[i]);
-  }
-  if (p == 0 && threadIdx.y == 0) {
+// Per channel: the sums folded into dx's terms (3 x c: a, b, c of ew::BnDxTerms) and the
+// parameter gradients.
+__global__ void BnNhwcBackwardFoldKernel(int64_t m, int64_t c, int64_t parts, const float* gamma,
+                                         const float* save_invstd, const double* s_dy_parts,
+                                         const double* s_dy_xc_parts, float* terms, float* dgamma,
+                                         float* dbeta, bool accumulate) {
+  DPT_GRID_LOOP(ch, c) {
+    const double s_dy = BnTotal(s_dy_parts, ch, parts);
+    const ew::BnGradFolded f = ew::BnGradFold(gamma[ch], save_invstd[ch], static_cast<double>(m),
+                                              s_dy, BnTotal(s_dy_xc_parts, ch, parts));
+    terms[ch] = f.dx.a;
+    terms[c + ch] = f.dx.b;
+    terms[2 * c + ch] = f.dx.c;
     dgamma[ch] = ew::BnParamGrad(f.sum_dy_xhat, dgamma[ch], accumulate);
     dbeta[ch] = ew::BnParamGrad(s_dy, dbeta[ch], accumulate);
   }
 }
 
-// A deferred batch norm's per-channel scale and shift (`affine`: scale, then shift, 2 x c): from
-// the statistics' partial sums in training, with the saved and running statistics as
-// BnNhwcApplyKernel writes them; from the running statistics in inference. The same ew::BnFold
-// as the apply kernels, so AffineAddKernel gives their outputs' bits.
-__global__ void BnNhwcAffineKernel(int64_t m, int64_t c, int64_t parts, double momentum, double eps,
-                                   const float* gamma, const float* beta, const double* sums,
-                                   const double* sqs, float* running_mean, float* running_var,
-                                   float* affine, float* save_mean, float* save_invstd) {
-  DPT_GRID_LOOP(ch, c) {
-    const double mean = BnTotal(sums, ch, parts) / static_cast<double>(m);
-    const double var = BnTotal(sqs, ch, parts) / static_cast<double>(m);
-    const double invstd = ew::BnInvStd(var, eps);
-    const ew::BnAffine a = ew::BnFold(gamma[ch], beta[ch], static_cast<float>(mean), invstd);
-    affine[ch] = a.scale;
-    affine[c + ch] = a.shift;
-    save_mean[ch] = static_cast<float>(mean);
-    save_invstd[ch] = static_cast<float>(invstd);
-    running_mean[ch] = ew::BnRunning(running_mean[ch], mean, momentum);
-    running_var[ch] = ew::BnRunning(running_var[ch], ew::BnUnbiasedVar(var, m), momentum);
-  }
-}
-__global__ void BnAffineInferenceKernel(int64_t c, double eps, const float* gamma,
-                                        const float* beta, const float* running_mean,
-                                        const float* running_var, float* affine) {
-  DPT_GRID_LOOP(ch, c) {
-    const ew::BnAffine a =
-        ew::BnFold(gamma[ch], beta[ch], running_mean[ch], ew::BnInvStd(running_var[ch], eps));
-    affine[ch] = a.scale;
-    affine[c + ch] = a.shift;
+// dx may be relu_y (both f32): each thread reads its element before it writes it.
+template <class TX, class TG, class TD>
+__global__ void BnNhwcBackwardApplyKernel(int64_t m, int64_t c, int64_t parts, const TX* x,
+                                          const float* dy, const float* dy2, const TG* relu_y,
+                                          const float* save_mean, const float* terms, TD* dx) {
+  const int64_t ch = static_cast<int64_t>(blockIdx.x) * kBnTileC + threadIdx.x, p = blockIdx.y;
+  if (ch >= c) return;
+  int64_t r0 = 0, r1 = 0;
+  BnPartRange(m, parts, p, &r0, &r1);
+  const float mean = save_mean[ch];
+  const ew::BnDxTerms t{terms[ch], terms[c + ch], terms[2 * c + ch]};
+  for (int64_t r = r0 + threadIdx.y; r < r1; r += kBnTileRows) {
+    const int64_t i = r * c + ch;
+    Narrow(ew::BnDx(BnNhwcGatedDy(dy, dy2, relu_y, i), Widen(x[i]), mean, t), &dx[i]);
   }
 }
 
@@ -1039,43 +1033,66 @@ dim3 BnNhwcGrid(int64_t c, int64_t parts) {
   return dim3(static_cast<unsigned>((c + kBnTileC - 1) / kBnTileC), static_cast<unsigned>(parts));
 }
 
+// The statistics pass and the fold: `affine` (2 x c) and the saved and running statistics.
+template <class TX>
+void BnNhwcStatistics(int64_t m, int64_t c, double momentum, double eps, const TX* x,
+                      const float* gamma, const float* beta, float* running_mean,
+                      float* running_var, float* affine, float* save_mean, float* save_invstd,
+                      double* scratch, cudaStream_t s) {
+  const int64_t parts = BatchNormNhwcParts(m, c);
+  double* s1 = scratch;
+  double* s2 = scratch + c * parts;
+  const dim3 grid = BnNhwcGrid(c, parts), block(kBnTileC, kBnTileRows);
+  const auto stats = BnNhwcStatsKernel<TX>;
+  DPT_LAUNCH(stats, grid, block, s, m, c, parts, x, s1, s2);
+  const auto fold = BnNhwcFoldKernel<TX>;
+  DPT_LAUNCH(fold, Blocks(c), kThreads, s, m, c, parts, momentum, eps, x, gamma, beta, s1, s2,
+             running_mean, running_var, affine, save_mean, save_invstd);
+}
+
+// The per-channel terms after the partial sums in the scratch (BatchNormNhwcScratch).
+float* BnNhwcTerms(double* scratch, int64_t m, int64_t c) {
+  return reinterpret_cast<float*>(scratch + 2 * c * BatchNormNhwcParts(m, c));
+}
+
 void BatchNormTrainingNhwc(int64_t m, int64_t c, double momentum, double eps, bool relu,
                            const void* x, Elem xt, const float* gamma, const float* beta,
                            float* running_mean, float* running_var, void* y, Elem yt,
                            float* save_mean, float* save_invstd, double* scratch, cudaStream_t s) {
   if (c == 0 || m == 0) return;
   const int64_t parts = BatchNormNhwcParts(m, c);
-  double* sums = scratch;
-  double* sqs = scratch + c * parts;
+  float* affine = BnNhwcTerms(scratch, m, c);
   const dim3 grid = BnNhwcGrid(c, parts), block(kBnTileC, kBnTileRows);
   WithF32OrBf16(xt, [&](auto tx) {
     using TX = decltype(tx);
     const TX* xp = static_cast<const TX*>(x);
-    const auto stats = BnNhwcStatsKernel<TX>;
-    DPT_LAUNCH(stats, grid, block, s, m, c, parts, xp, nullptr, sums);
-    DPT_LAUNCH(stats, grid, block, s, m, c, parts, xp, sums, sqs);
+    BnNhwcStatistics(m, c, momentum, eps, xp, gamma, beta, running_mean, running_var, affine,
+                     save_mean, save_invstd, scratch, s);
     WithF32OrBf16(yt, [&](auto ty) {
       using TY = decltype(ty);
       const auto apply = BnNhwcApplyKernel<TX, TY>;
-      DPT_LAUNCH(apply, grid, block, s, m, c, parts, momentum, eps, relu, xp, gamma, beta, sums,
-                 sqs, running_mean, running_var, static_cast<TY*>(y), save_mean, save_invstd);
+      DPT_LAUNCH(apply, grid, block, s, m, c, parts, relu, xp, affine, static_cast<TY*>(y));
     });
   });
 }
 
 void BatchNormInferenceNhwc(int64_t m, int64_t c, double eps, bool relu, const void* x, Elem xt,
                             const float* gamma, const float* beta, const float* running_mean,
-                            const float* running_var, void* y, Elem yt, cudaStream_t s) {
+                            const float* running_var, void* y, Elem yt, double* scratch,
+                            cudaStream_t s) {
   if (c == 0 || m == 0) return;
   const int64_t parts = BatchNormNhwcParts(m, c);
+  float* affine = BnNhwcTerms(scratch, m, c);
+  DPT_LAUNCH(BnAffineInferenceKernel, Blocks(c), kThreads, s, c, eps, gamma, beta, running_mean,
+             running_var, affine);
   const dim3 grid = BnNhwcGrid(c, parts), block(kBnTileC, kBnTileRows);
   WithF32OrBf16(xt, [&](auto tx) {
     WithF32OrBf16(yt, [&](auto ty) {
       using TX = decltype(tx);
       using TY = decltype(ty);
-      const auto infer = BnNhwcInferenceKernel<TX, TY>;
-      DPT_LAUNCH(infer, grid, block, s, m, c, parts, eps, relu, static_cast<const TX*>(x), gamma,
-                 beta, running_mean, running_var, static_cast<TY*>(y));
+      const auto apply = BnNhwcApplyKernel<TX, TY>;
+      DPT_LAUNCH(apply, grid, block, s, m, c, parts, relu, static_cast<const TX*>(x), affine,
+                 static_cast<TY*>(y));
     });
   });
 }
@@ -1089,6 +1106,7 @@ void BatchNormBackwardNhwc(int64_t m, int64_t c, const void* x, Elem xt, const f
   const int64_t parts = BatchNormNhwcParts(m, c);
   double* s_dy = scratch;
   double* s_dy_xc = scratch + c * parts;
+  float* terms = BnNhwcTerms(scratch, m, c);
   const dim3 grid = BnNhwcGrid(c, parts), block(kBnTileC, kBnTileRows);
   WithF32OrBf16(xt, [&](auto tx) {
     WithF32OrBf16(gt, [&](auto tg) {
@@ -1098,11 +1116,13 @@ void BatchNormBackwardNhwc(int64_t m, int64_t c, const void* x, Elem xt, const f
       const TG* gp = static_cast<const TG*>(relu_y);
       const auto sums = BnNhwcBackwardSumsKernel<TX, TG>;
       DPT_LAUNCH(sums, grid, block, s, m, c, parts, xp, dy, dy2, gp, save_mean, s_dy, s_dy_xc);
+      DPT_LAUNCH(BnNhwcBackwardFoldKernel, Blocks(c), kThreads, s, m, c, parts, gamma, save_invstd,
+                 s_dy, s_dy_xc, terms, dgamma, dbeta, accumulate);
       WithF32OrBf16(dxt, [&](auto td) {
         using TD = decltype(td);
         const auto apply = BnNhwcBackwardApplyKernel<TX, TG, TD>;
-        DPT_LAUNCH(apply, grid, block, s, m, c, parts, xp, dy, dy2, gp, gamma, save_mean,
-                   save_invstd, s_dy, s_dy_xc, static_cast<TD*>(dx), dgamma, dbeta, accumulate);
+        DPT_LAUNCH(apply, grid, block, s, m, c, parts, xp, dy, dy2, gp, save_mean, terms,
+                   static_cast<TD*>(dx));
       });
     });
   });
@@ -1114,19 +1134,11 @@ void BatchNormAffineTrainingNhwc(int64_t m, int64_t c, double momentum, double e
                                  float* save_mean, float* save_invstd, double* scratch,
                                  cudaStream_t s) {
   if (c == 0 || m == 0) return;
-  const int64_t parts = BatchNormNhwcParts(m, c);
-  double* sums = scratch;
-  double* sqs = scratch + c * parts;
-  const dim3 grid = BnNhwcGrid(c, parts), block(kBnTileC, kBnTileRows);
   WithF32OrBf16(xt, [&](auto tx) {
     using TX = decltype(tx);
-    const TX* xp = static_cast<const TX*>(x);
-    const auto stats = BnNhwcStatsKernel<TX>;
-    DPT_LAUNCH(stats, grid, block, s, m, c, parts, xp, nullptr, sums);
-    DPT_LAUNCH(stats, grid, block, s, m, c, parts, xp, sums, sqs);
+    BnNhwcStatistics(m, c, momentum, eps, static_cast<const TX*>(x), gamma, beta, running_mean,
+                     running_var, affine, save_mean, save_invstd, scratch, s);
   });
-  DPT_LAUNCH(BnNhwcAffineKernel, Blocks(c), kThreads, s, m, c, parts, momentum, eps, gamma, beta,
-             sums, sqs, running_mean, running_var, affine, save_mean, save_invstd);
 }
 
 void BatchNormAffineInference(int64_t c, double eps, const float* gamma, const float* beta,

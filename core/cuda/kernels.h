@@ -108,17 +108,19 @@ void BatchNormBackward(int64_t n, int64_t c, int64_t hw, const float* x, const f
                        bool accumulate, double* scratch, cudaStream_t s);
 
 // ---- batch norm on channels-last x: (m = N * HW rows, c channels), per channel over the rows ----
-// The same statistics, outputs and gradients as the NCHW kernels above (the same element math and
-// double sums, in another fixed order). x, y, relu_y and dx each f32 or bf16 (Elem::kF16 is an
-// InternalError); dy f32. Training and backward need `scratch` of 2 * c * BatchNormNhwcParts(m, c)
-// doubles (cuda_rules.h). relu_y nullable (then gt is ignored); dx may be relu_y when both are f32.
+// The same outputs and gradients as the NCHW kernels above (the same element math; the statistics
+// in one pass, ew::BnShiftedMoments, reduced in another fixed order). x, y, relu_y and dx each f32
+// or bf16 (Elem::kF16 is an InternalError); dy f32. Every call needs `scratch` of
+// BatchNormNhwcScratch(m, c) doubles (cuda_rules.h). relu_y nullable (then gt is ignored); dx may
+// be relu_y when both are f32.
 void BatchNormTrainingNhwc(int64_t m, int64_t c, double momentum, double eps, bool relu,
                            const void* x, Elem xt, const float* gamma, const float* beta,
                            float* running_mean, float* running_var, void* y, Elem yt,
                            float* save_mean, float* save_invstd, double* scratch, cudaStream_t s);
 void BatchNormInferenceNhwc(int64_t m, int64_t c, double eps, bool relu, const void* x, Elem xt,
                             const float* gamma, const float* beta, const float* running_mean,
-                            const float* running_var, void* y, Elem yt, cudaStream_t s);
+                            const float* running_var, void* y, Elem yt, double* scratch,
+                            cudaStream_t s);
 // dy2 (nullable): the gradient's second part, added to dy in f32 as it is read
 // (Backend::BatchNormBackwardSum).
 void BatchNormBackwardNhwc(int64_t m, int64_t c, const void* x, Elem xt, const float* dy,

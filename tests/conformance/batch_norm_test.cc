@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -710,6 +711,38 @@ TEST_P(BatchNormTest, Bf16InputIsItsValuesWidened) {
 }
 
 INSTANTIATE_TEST_SUITE_P(All, BatchNormTest, ::testing::ValuesIn(TestBackends()), BackendParamName);
+
+// The CUDA backend's one-pass channels-last statistics (ew::BnShiftedMoments, shared code run here
+// on the CPU): sums of x - shift and its square give the two-pass mean and variance within
+// double rounding, also where the mean is 10^4 standard deviations from 0 (a naive one-pass sum of
+// squares loses more than half of the variance's digits there).
+TEST(BatchNormMomentsTest, ShiftedOnePassMatchesTwoPass) {
+  for (const double mean : {0.0, 3.0, 1e4}) {
+    std::vector<double> x(4096);
+    uint32_t r = 7;
+    for (double& v : x) {
+      r = r * 1664525u + 1013904223u;
+      v = mean + (static_cast<double>(r >> 8) / 16777216.0 - 0.5);
+    }
+    const double m = static_cast<double>(x.size());
+    double sum = 0, sq = 0;
+    for (double v : x) sum += v;
+    const double ref_mean = sum / m;
+    for (double v : x) sq += (v - ref_mean) * (v - ref_mean);
+    const double ref_var = sq / m;
+    const double shift = static_cast<float>(x[0]);  // the kernels widen an f32 (or bf16) value
+    double s1 = 0, s2 = 0;
+    for (double v : x) {
+      s1 += v - shift;
+      s2 += (v - shift) * (v - shift);
+    }
+    const ew::BnMoments mo = ew::BnShiftedMoments(shift, s1, s2, m);
+    EXPECT_NEAR(mo.mean, ref_mean, 1e-12 * std::max(1.0, std::abs(ref_mean))) << mean;
+    EXPECT_NEAR(mo.var, ref_var, 1e-9 * ref_var) << mean;
+  }
+  EXPECT_EQ(ew::BnShiftedMoments(2.0, 0.0, 0.0, 8.0).var, 0.0) << "a constant channel";
+  EXPECT_EQ(ew::BnShiftedMoments(2.0, 1.0, 0.0, 1.0).var, 0.0) << "clamped, never negative";
+}
 
 }  // namespace
 }  // namespace dptrain::testing

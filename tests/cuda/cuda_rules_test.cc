@@ -175,6 +175,7 @@ TEST(CudaRulesTest, BatchNormNhwcPartsFillTheGpuWithinTheGrid) {
     EXPECT_LE(parts, 65535) << c;
     const int64_t tiles = (c + 31) / 32;
     EXPECT_LE(tiles * parts, 1024 + tiles) << c << ": about 1024 blocks, one part at least";
+    EXPECT_EQ(BatchNormNhwcScratch(int64_t{1} << 24, c), 2 * c * (parts + 1)) << c;
   }
 }
 
