@@ -177,6 +177,13 @@ class CudaBackend final : public Backend {
   double SumSquares(const Tensor& t) override;
 
  private:
+  // BatchNormBackward and BatchNormBackwardSum: the gradient dy, or dy + *dy2 (channels-last).
+  void BatchNormGrad(const BatchNormArgs& a, const Tensor& x, const Tensor& dy, const Tensor* dy2,
+                     const Tensor* relu_y, const Tensor& gamma, const Tensor& save_mean,
+                     const Tensor& save_invstd, Tensor* dx, Tensor* dgamma, Tensor* dbeta,
+                     bool accumulate);
+  // ReluBackward and ReluBackwardSum: gated by an f32 or bf16 y; dy, or dy + *dy2.
+  void ReluGrad(const Tensor& y, const Tensor& dy, const Tensor* dy2, Tensor* dx);
   // bn_partials_, at least the size kernels::BatchNormTraining and BatchNormBackward (their
   // channels-last forms with nhwc) need for d.
   double* BatchNormScratch(const BatchNormDims& d, bool nhwc);

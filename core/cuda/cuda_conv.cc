@@ -152,6 +152,8 @@ std::shared_ptr<OpPlan> CudaBackend::PrepareConv2d(const Conv2dDesc& d) {
   if (stage_x) p->xs = Empty(Shape{d.n * d.c * d.h * d.w}, ct, "conv2d staged x/dx");
   if (stage_y) p->ys = Empty(Shape{d.n * d.k * P * Q}, ct, "conv2d staged y/dy");
   if (stage_w) p->ws = Empty(Shape{d.weight_numel()}, ct, "conv2d staged w/dw");
+  // Counted by the memory plan (OpPlan::held_bytes), once per plan the layers of a shape share.
+  for (const Tensor* t : {&p->xs, &p->ys, &p->ws}) p->held_bytes += t->defined() ? t->bytes() : 0;
   slot = p;
   return p;
 }

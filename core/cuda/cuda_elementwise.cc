@@ -39,17 +39,7 @@ kernels::Elem ReluYElem(const Tensor& y) {
 
 void CudaBackend::ReluBackward(const Tensor& y, const Tensor& dy, Tensor* dx) {
   OpScope scope(this, "relu_bwd");
-  const kernels::Elem yt = ReluYElem(y);
-  CheckF32(dy, "relu dy");
-  CheckF32(*dx, "relu dx");
-  CheckSame(y, dy, "relu backward");
-  CheckSame(y, *dx, "relu backward");
-  if (yt == kernels::Elem::kF32) {
-    kernels::ReluBackward(y.data<float>(), dy.data<float>(), dx->data<float>(), y.numel(), stream_);
-  } else {
-    kernels::ReluBackwardTyped(y.raw(), yt, dy.data<float>(), nullptr, dx->data<float>(), y.numel(),
-                               stream_);
-  }
+  ReluGrad(y, dy, nullptr, dx);
 }
 
 // No sampled part (b_stride 1): this backend writes no sampled input gradient (Conv2dDesc::dx_sub).
@@ -57,15 +47,25 @@ void CudaBackend::ReluBackwardSum(const Tensor& y, const Tensor& dy_a, const Ten
                                   int64_t b_stride, Tensor* dx) {
   OpScope scope(this, "relu_bwd");
   DPT_CHECK(b_stride == 1) << "cuda: a sampled gradient part (stride " << b_stride << ")";
+  ReluGrad(y, dy_a, &dy_b, dx);
+}
+
+void CudaBackend::ReluGrad(const Tensor& y, const Tensor& dy, const Tensor* dy2, Tensor* dx) {
   const kernels::Elem yt = ReluYElem(y);
-  CheckF32(dy_a, "relu dy");
-  CheckF32(dy_b, "relu dy");
+  for (const Tensor* g : {&dy, dy2}) {
+    if (g == nullptr) continue;
+    CheckF32(*g, "relu dy");
+    CheckSame(y, *g, "relu backward");
+  }
   CheckF32(*dx, "relu dx");
-  CheckSame(y, dy_a, "relu backward");
-  CheckSame(y, dy_b, "relu backward");
   CheckSame(y, *dx, "relu backward");
-  kernels::ReluBackwardTyped(y.raw(), yt, dy_a.data<float>(), dy_b.data<float>(), dx->data<float>(),
-                             y.numel(), stream_);
+  if (yt == kernels::Elem::kF32 && dy2 == nullptr) {
+    kernels::ReluBackward(y.data<float>(), dy.data<float>(), dx->data<float>(), y.numel(), stream_);
+  } else {
+    kernels::ReluBackwardTyped(y.raw(), yt, dy.data<float>(),
+                               dy2 != nullptr ? dy2->data<float>() : nullptr, dx->data<float>(),
+                               y.numel(), stream_);
+  }
 }
 
 void CudaBackend::ActivationForward(const ew::Activation& f, const Tensor& x, Tensor* y) {

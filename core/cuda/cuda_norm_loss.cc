@@ -22,6 +22,15 @@ void CheckChannels(const Tensor& t, int64_t c, const char* what) {
   DPT_CHECK(t.numel() == c) << what << " " << t.shape().ToString() << " for " << c << " channels";
 }
 
+// The per-channel tensors of a training forward.
+void CheckTrainingChannels(int64_t c, const Tensor& gamma, const Tensor& beta,
+                           const Tensor& running_mean, const Tensor& running_var,
+                           const Tensor& save_mean, const Tensor& save_invstd) {
+  for (const Tensor* t : {&gamma, &beta, &running_mean, &running_var, &save_mean, &save_invstd}) {
+    CheckChannels(*t, c, "batch norm per-channel tensor");
+  }
+}
+
 }  // namespace
 
 double* CudaBackend::BatchNormScratch(const BatchNormDims& d, bool nhwc) {
@@ -68,12 +77,7 @@ void CudaBackend::BatchNormForwardTraining(const BatchNormArgs& a, const Tensor&
   const kernels::Elem yt = BnElem(*y, a.y_bf16, "batch norm y");
   CheckSame(x, *y, "batch norm");
   const BatchNormDims d = BatchNormShape(x.shape());
-  for (const Tensor* t :
-       {&gamma, &beta, static_cast<const Tensor*>(running_mean),
-        static_cast<const Tensor*>(running_var), static_cast<const Tensor*>(save_mean),
-        static_cast<const Tensor*>(save_invstd)}) {
-    CheckChannels(*t, d.c, "batch norm per-channel tensor");
-  }
+  CheckTrainingChannels(d.c, gamma, beta, *running_mean, *running_var, *save_mean, *save_invstd);
   if (a.nhwc) {
     kernels::BatchNormTrainingNhwc(
         d.n * d.hw, d.c, a.momentum, a.eps, a.relu, x.raw(), xt, gamma.data<float>(),
@@ -121,11 +125,34 @@ void CudaBackend::BatchNormBackward(const BatchNormArgs& a, const Tensor& x, con
                                     const Tensor& save_invstd, Tensor* dx, Tensor* dgamma,
                                     Tensor* dbeta, bool accumulate) {
   OpScope scope(this, "batchnorm_bwd");
+  BatchNormGrad(a, x, dy, nullptr, relu_y, gamma, save_mean, save_invstd, dx, dgamma, dbeta,
+                accumulate);
+}
+
+// BatchNormBackward of dy_a + dy_b, channels-last: the parts are added as the kernels read them.
+void CudaBackend::BatchNormBackwardSum(const BatchNormArgs& a, const Tensor& x, const Tensor& dy_a,
+                                       const Tensor& dy_b, const Tensor* relu_y,
+                                       const Tensor& gamma, const Tensor& /*beta*/,
+                                       const Tensor& save_mean, const Tensor& save_invstd,
+                                       Tensor* dx, Tensor* dgamma, Tensor* dbeta, bool accumulate) {
+  OpScope scope(this, "batchnorm_bwd");
+  DPT_CHECK(a.nhwc) << "cuda: a batch-norm gradient in two parts on NCHW activations";
+  BatchNormGrad(a, x, dy_a, &dy_b, relu_y, gamma, save_mean, save_invstd, dx, dgamma, dbeta,
+                accumulate);
+}
+
+void CudaBackend::BatchNormGrad(const BatchNormArgs& a, const Tensor& x, const Tensor& dy,
+                                const Tensor* dy2, const Tensor* relu_y, const Tensor& gamma,
+                                const Tensor& save_mean, const Tensor& save_invstd, Tensor* dx,
+                                Tensor* dgamma, Tensor* dbeta, bool accumulate) {
   DPT_CHECK(Supports(a)) << "cuda: 16-bit batch-norm tensors on NCHW activations";
   const kernels::Elem xt = BnElem(x, a.x_bf16, "batch norm x");
-  CheckF32(dy, "batch norm dy");
   const kernels::Elem dxt = BnElem(*dx, a.dx_bf16, "batch norm dx");
-  CheckSame(x, dy, "batch norm backward");
+  for (const Tensor* g : {&dy, dy2}) {
+    if (g == nullptr) continue;
+    CheckF32(*g, "batch norm dy");
+    CheckSame(x, *g, "batch norm backward");
+  }
   CheckSame(x, *dx, "batch norm backward");
   kernels::Elem gt = kernels::Elem::kF32;
   if (relu_y != nullptr) {
@@ -139,12 +166,14 @@ void CudaBackend::BatchNormBackward(const BatchNormArgs& a, const Tensor& x, con
   }
   if (a.nhwc) {
     kernels::BatchNormBackwardNhwc(
-        d.n * d.hw, d.c, x.raw(), xt, dy.data<float>(), nullptr,
-        relu_y != nullptr ? relu_y->raw() : nullptr, gt, gamma.data<float>(),
-        save_mean.data<float>(), save_invstd.data<float>(), dx->raw(), dxt, dgamma->data<float>(),
-        dbeta->data<float>(), accumulate, BatchNormScratch(d, true), stream_);
+        d.n * d.hw, d.c, x.raw(), xt, dy.data<float>(),
+        dy2 != nullptr ? dy2->data<float>() : nullptr, relu_y != nullptr ? relu_y->raw() : nullptr,
+        gt, gamma.data<float>(), save_mean.data<float>(), save_invstd.data<float>(), dx->raw(), dxt,
+        dgamma->data<float>(), dbeta->data<float>(), accumulate, BatchNormScratch(d, true),
+        stream_);
     return;
   }
+  DPT_CHECK(dy2 == nullptr) << "cuda: a batch-norm gradient in two parts on NCHW activations";
   kernels::BatchNormBackward(d.n, d.c, d.hw, x.data<float>(), dy.data<float>(),
                              relu_y != nullptr ? relu_y->data<float>() : nullptr,
                              gamma.data<float>(), save_mean.data<float>(),
@@ -173,12 +202,7 @@ void CudaBackend::BatchNormAffineTraining(const BatchNormArgs& a, const Tensor& 
       << "cuda: a deferred batch norm is channels-last, without a folded ReLU or a bf16 output";
   const kernels::Elem xt = BnElem(x, a.x_bf16, "batch norm x");
   const BatchNormDims d = BatchNormShape(x.shape());
-  for (const Tensor* t :
-       {&gamma, &beta, static_cast<const Tensor*>(running_mean),
-        static_cast<const Tensor*>(running_var), static_cast<const Tensor*>(save_mean),
-        static_cast<const Tensor*>(save_invstd)}) {
-    CheckChannels(*t, d.c, "batch norm per-channel tensor");
-  }
+  CheckTrainingChannels(d.c, gamma, beta, *running_mean, *running_var, *save_mean, *save_invstd);
   CheckAffine(*affine, d.c);
   kernels::BatchNormAffineTrainingNhwc(
       d.n * d.hw, d.c, a.momentum, a.eps, x.raw(), xt, gamma.data<float>(), beta.data<float>(),
@@ -224,38 +248,6 @@ void CudaBackend::AffineAdd(const Tensor& x0, const Tensor* affine0, const Tenso
   kernels::AffineAdd(x0.raw(), t0, affine0 != nullptr ? affine0->data<float>() : nullptr, x1.raw(),
                      t1, affine1 != nullptr ? affine1->data<float>() : nullptr, relu, y->raw(), ty,
                      c, x0.numel(), stream_);
-}
-
-// BatchNormBackward of dy_a + dy_b, channels-last: the parts are added as the kernels read them.
-void CudaBackend::BatchNormBackwardSum(const BatchNormArgs& a, const Tensor& x, const Tensor& dy_a,
-                                       const Tensor& dy_b, const Tensor* relu_y,
-                                       const Tensor& gamma, const Tensor& /*beta*/,
-                                       const Tensor& save_mean, const Tensor& save_invstd,
-                                       Tensor* dx, Tensor* dgamma, Tensor* dbeta, bool accumulate) {
-  OpScope scope(this, "batchnorm_bwd");
-  DPT_CHECK(a.nhwc) << "cuda: a batch-norm gradient in two parts on NCHW activations";
-  const kernels::Elem xt = BnElem(x, a.x_bf16, "batch norm x");
-  CheckF32(dy_a, "batch norm dy");
-  CheckF32(dy_b, "batch norm dy");
-  const kernels::Elem dxt = BnElem(*dx, a.dx_bf16, "batch norm dx");
-  CheckSame(x, dy_a, "batch norm backward");
-  CheckSame(x, dy_b, "batch norm backward");
-  CheckSame(x, *dx, "batch norm backward");
-  kernels::Elem gt = kernels::Elem::kF32;
-  if (relu_y != nullptr) {
-    gt = BnElem(*relu_y, a.y_bf16, "batch norm relu output");
-    CheckSame(x, *relu_y, "batch norm backward (relu output)");
-  }
-  const BatchNormDims d = BatchNormShape(x.shape());
-  for (const Tensor* t : {&gamma, &save_mean, &save_invstd, static_cast<const Tensor*>(dgamma),
-                          static_cast<const Tensor*>(dbeta)}) {
-    CheckChannels(*t, d.c, "batch norm per-channel tensor");
-  }
-  kernels::BatchNormBackwardNhwc(
-      d.n * d.hw, d.c, x.raw(), xt, dy_a.data<float>(), dy_b.data<float>(),
-      relu_y != nullptr ? relu_y->raw() : nullptr, gt, gamma.data<float>(), save_mean.data<float>(),
-      save_invstd.data<float>(), dx->raw(), dxt, dgamma->data<float>(), dbeta->data<float>(),
-      accumulate, BatchNormScratch(d, true), stream_);
 }
 
 // ---- losses -------------------------------------------------------------------------------------
