@@ -11,11 +11,12 @@
 #       from the file's own initializers in DIR/after.pt, taken by PyTorch in float32 (NCHW and
 #       channels_last) and in float64.
 #   onnx_oracle.py model MODEL DIR   only DIR/model.onnx, as `export` writes it (move_check.sh)
-#   onnx_oracle.py compare MODEL DIR CKPT [channels_last]   every parameter of the dptrain
-#       checkpoint equals PyTorch's step to 1e-3 of the update's size, every batch-norm buffer to
-#       1e-4, and the checkpoint loads into torchvision's MODEL with strict=True. With
-#       channels_last (a run with model.channels_last = true), PyTorch's own float32 error below
-#       is the larger of its NCHW and its channels_last step's.
+#   onnx_oracle.py compare MODEL DIR CKPT [LAYOUT] [CKPT LAYOUT ...]   every parameter of each
+#       dptrain checkpoint equals PyTorch's step to 1e-3 of the update's size, every batch-norm
+#       buffer to 1e-4, and the checkpoint loads into torchvision's MODEL with strict=True. With
+#       LAYOUT channels_last (a run with model.channels_last = true), PyTorch's own float32 error
+#       below is the larger of its NCHW and its channels_last step's; nchw (the default) its NCHW
+#       step's. Several checkpoints share one load of DIR/after.pt (vgg11_bn's is 2.6 GB: 20 s).
 #
 # "PyTorch's step" is its float64 step: the exact answer both float32 programs approximate. At
 # 32x32 the last stages of the deeper models see 1x1 maps, where batch norm over 16 values
@@ -233,11 +234,19 @@ def fuse_pad(src, dst):
     onnx.save(m, dst)
 
 
-def compare(name, out, ckpt, layout="nchw"):
+def compare(name, out, *runs):
+    """Each (checkpoint, layout) of `runs` against PyTorch's step; exits 1 if any is off."""
     ref = torch.load(f"{out}/after.pt")
+    params = {n for n, _ in build(name).named_parameters()}
+    runs = list(runs) + ([] if len(runs) % 2 == 0 else ["nchw"])
+    ok = [compare_one(name, ref, params, runs[i], runs[i + 1]) for i in range(0, len(runs), 2)]
+    if not all(ok):
+        sys.exit(1)
+
+
+def compare_one(name, ref, params, ckpt, layout):
     before, after = ref["before"], ref["after64"]
     after32 = [ref["after32"]] + ([ref["after32cl"]] if layout == "channels_last" else [])
-    params = {n for n, _ in build(name).named_parameters()}
     state = {}
     with h5py.File(ckpt, "r") as f:
         for k, d in f["params"].items():
@@ -282,12 +291,14 @@ def compare(name, out, ckpt, layout="nchw"):
             bad.append(f"{k}: max |dptrain - torch fp64| {err:.3g} > {tol:.3g} "
                        f"(torch fp32: {torch_err:.3g})")
     if bad:
+        print(f"{name} ({layout}, {ckpt}):")
         print("\n".join(bad[:20]))
-        sys.exit(1)
-    print(f"{name}: {len(after)} tensors agree with PyTorch's float64 step; closest to its bound: "
-          f"{worst[1]} at {worst[0]:.2f}x; {slack} need the float32 allowance; "
+        return False
+    print(f"{name} ({layout}): {len(after)} tensors agree with PyTorch's float64 step; closest to "
+          f"its bound: {worst[1]} at {worst[0]:.2f}x; {slack} need the float32 allowance; "
           f"{ref['gates']} ReLU gates within float32 rounding of zero, which {gated} need")
     load(name, ckpt, state)
+    return True
 
 
 def load(name, ckpt, state=None):
@@ -358,4 +369,4 @@ if __name__ == "__main__":
     elif sys.argv[1] == "close":
         close(sys.argv[2], sys.argv[3], sys.argv[4])
     else:
-        compare(*sys.argv[2:6])
+        compare(*sys.argv[2:])
