@@ -305,8 +305,23 @@ inline void CheckSame(const Tensor& a, const Tensor& b, const char* what) {
   DPT_CHECK(a.numel() == b.numel())
       << what << ": " << a.shape().ToString() << " vs " << b.shape().ToString();
 }
-inline void CheckNumel(const Tensor& t, int64_t want, const char* what, const std::string& desc) {
-  DPT_CHECK(t.numel() == want) << what << " " << t.shape().ToString() << " for " << desc;
+// `desc` (an op's descriptor) is formatted only when the check fails: these run on every op.
+template <class Desc>
+inline void CheckNumel(const Tensor& t, int64_t want, const char* what, const Desc& desc) {
+  DPT_CHECK(t.numel() == want) << what << " " << t.shape().ToString() << " for " << desc.ToString();
+}
+// A 16-bit hand-off's tensor (Conv2dDesc::x_bf16, BatchNormArgs::y_bf16, ...): bf16 where `bf16`
+// says so, f32 otherwise, as kernels::Elem.
+inline kernels::Elem ExpectElem(const Tensor& t, bool bf16, const char* what) {
+  CheckDev(t, what);
+  const DType want = bf16 ? DType::kBF16 : DType::kF32;
+  DPT_CHECK(t.dtype() == want) << what << ": expected " << DTypeName(want) << ", got "
+                               << DTypeName(t.dtype());
+  return bf16 ? kernels::Elem::kBF16 : kernels::Elem::kF32;
+}
+// A tensor that may be either (a residual sum's output, bf16 where only bf16 convolutions read it).
+inline kernels::Elem F32OrBf16Elem(const Tensor& t, const char* what) {
+  return ExpectElem(t, t.dtype() == DType::kBF16, what);
 }
 
 inline bool FitsInt(int64_t v) { return v >= 0 && v <= INT_MAX; }

@@ -13,7 +13,6 @@
 #include <cstdio>
 #include <memory>
 #include <mutex>
-#include <string>
 #include <tuple>
 
 #include "core/cuda/cuda_backend_impl.h"
@@ -25,29 +24,19 @@
 namespace dptrain::cuda {
 namespace {
 
-// The element type a tensor of an op holds: bf16 where the descriptor's hand-off says so
-// (Conv2dDesc::x_bf16, y_bf16, dy_bf16), f32 otherwise.
-kernels::Elem OperandElem(const Tensor& t, bool bf16, const char* what, const std::string& desc) {
-  CheckDev(t, what);
-  const DType want = bf16 ? DType::kBF16 : DType::kF32;
-  DPT_CHECK(t.dtype() == want) << what << ": expected " << DTypeName(want) << ", got "
-                               << DTypeName(t.dtype()) << " for " << desc;
-  return bf16 ? kernels::Elem::kBF16 : kernels::Elem::kF32;
-}
+// Whether a tensor of element type et and layout nhwc is one cuDNN reads or writes as it is (else
+// through staging: Stage, Unstage).
+bool Direct(const ConvPlan& p, kernels::Elem et, bool nhwc) { return et == p.ct && nhwc == p.nhwc; }
 
 // The operand t (planes, c, hw) of element type et and layout nhwc as cuDNN reads it: t itself
 // where it is in the plan's compute type and layout already, else converted into `staging`.
 const void* Stage(const ConvPlan& p, const Tensor& t, kernels::Elem et, bool nhwc,
                   const Tensor& staging, int64_t planes, int64_t c, int64_t hw, cudaStream_t s) {
-  if (et == p.ct && nhwc == p.nhwc) return t.raw();
+  if (Direct(p, et, nhwc)) return t.raw();
   kernels::Convert(t.raw(), et, nhwc, staging.raw(), p.ct, p.nhwc, nullptr, false, false, planes, c,
                    hw, s);
   return staging.raw();
 }
-
-// Whether a result of element type et and layout nhwc is written by cuDNN as it is (else into
-// staging, then converted by Unstage).
-bool Direct(const ConvPlan& p, kernels::Elem et, bool nhwc) { return et == p.ct && nhwc == p.nhwc; }
 
 // A result cuDNN wrote into `staging` into t (element type et, layout nhwc), with the bias b
 // (nullable) and a folded ReLU, or added into t (accumulate; then neither b nor relu).
@@ -163,18 +152,17 @@ void CudaBackend::Conv2dForward(const OpPlan& plan, const Tensor& x, const Tenso
   OpScope scope(this, "conv2d_fwd");
   const auto& p = static_cast<const ConvPlan&>(plan);
   const Conv2dDesc& d = p.d;
-  const std::string desc = d.ToString();
   scope.set_flops(d.flops());
-  const kernels::Elem xt = OperandElem(x, d.x_bf16, "conv2d x", desc);
-  const kernels::Elem yt = OperandElem(*y, d.y_bf16, "conv2d y", desc);
+  const kernels::Elem xt = ExpectElem(x, d.x_bf16, "conv2d x");
+  const kernels::Elem yt = ExpectElem(*y, d.y_bf16, "conv2d y");
   CheckF32(w, "conv2d w");
-  CheckNumel(x, d.n * d.c * d.h * d.w, "conv2d x", desc);
-  CheckNumel(w, d.weight_numel(), "conv2d w", desc);
-  CheckNumel(*y, d.n * d.k * d.out_h() * d.out_w(), "conv2d y", desc);
+  CheckNumel(x, d.n * d.c * d.h * d.w, "conv2d x", d);
+  CheckNumel(w, d.weight_numel(), "conv2d w", d);
+  CheckNumel(*y, d.n * d.k * d.out_h() * d.out_w(), "conv2d y", d);
   DPT_CHECK(!d.bias || b != nullptr) << "conv2d with bias needs a bias tensor";
   if (d.bias) {
     CheckF32(*b, "conv2d b");
-    CheckNumel(*b, d.k, "conv2d b", desc);
+    CheckNumel(*b, d.k, "conv2d b", d);
   }
   const float one = 1.f, zero = 0.f;
   const int64_t hw = d.h * d.w, pq = d.out_h() * d.out_w(), rs = d.r * d.s;
@@ -200,7 +188,7 @@ void CudaBackend::Conv2dForward(const OpPlan& plan, const Tensor& x, const Tenso
     std::fprintf(stderr,
                  "%sdptrain: note: cuDNN's fused bias+ReLU convolution is not available for %s "
                  "(%s); running the convolution and its epilogue separately\n",
-                 RankTag().c_str(), desc.c_str(),
+                 RankTag().c_str(), d.ToString().c_str(),
                  detail::CudnnStatusText(static_cast<int>(st)).c_str());
     p.fused = false;  // the epilogue from now on
   }
@@ -222,13 +210,12 @@ void CudaBackend::Conv2dBackwardData(const OpPlan& plan, const Tensor& dy, const
   OpScope scope(this, "conv2d_bwd_data");
   const auto& p = static_cast<const ConvPlan&>(plan);
   const Conv2dDesc& d = p.d;
-  const std::string desc = d.ToString();
   scope.set_flops(d.flops());
-  const kernels::Elem dyt = OperandElem(dy, d.dy_bf16, "conv2d dy", desc);
+  const kernels::Elem dyt = ExpectElem(dy, d.dy_bf16, "conv2d dy");
   CheckF32(w, "conv2d w");
   CheckF32(*dx, "conv2d dx");
-  CheckNumel(dy, d.n * d.k * d.out_h() * d.out_w(), "conv2d dy", desc);
-  CheckNumel(*dx, d.n * d.c * d.h * d.w, "conv2d dx", desc);
+  CheckNumel(dy, d.n * d.k * d.out_h() * d.out_w(), "conv2d dy", d);
+  CheckNumel(*dx, d.n * d.c * d.h * d.w, "conv2d dx", d);
   const float one = 1.f, zero = 0.f;
   const int64_t hw = d.h * d.w;
   const void* dyin = Stage(p, dy, dyt, d.y_nhwc, p.ys, d.n, d.k, d.out_h() * d.out_w(), stream_);
@@ -250,14 +237,13 @@ void CudaBackend::Conv2dBackwardWeights(const OpPlan& plan, const Tensor& x, con
   OpScope scope(this, "conv2d_bwd_weights");
   const auto& p = static_cast<const ConvPlan&>(plan);
   const Conv2dDesc& d = p.d;
-  const std::string desc = d.ToString();
   scope.set_flops(d.flops());
-  const kernels::Elem xt = OperandElem(x, d.x_bf16, "conv2d x", desc);
-  const kernels::Elem dyt = OperandElem(dy, d.dy_bf16, "conv2d dy", desc);
+  const kernels::Elem xt = ExpectElem(x, d.x_bf16, "conv2d x");
+  const kernels::Elem dyt = ExpectElem(dy, d.dy_bf16, "conv2d dy");
   CheckF32(*dw, "conv2d dw");
-  CheckNumel(x, d.n * d.c * d.h * d.w, "conv2d x", desc);
-  CheckNumel(dy, d.n * d.k * d.out_h() * d.out_w(), "conv2d dy", desc);
-  CheckNumel(*dw, d.weight_numel(), "conv2d dw", desc);
+  CheckNumel(x, d.n * d.c * d.h * d.w, "conv2d x", d);
+  CheckNumel(dy, d.n * d.k * d.out_h() * d.out_w(), "conv2d dy", d);
+  CheckNumel(*dw, d.weight_numel(), "conv2d dw", d);
   const float one = 1.f, zero = 0.f;
   const int64_t pq = d.out_h() * d.out_w();
   const void* xin = Stage(p, x, xt, d.x_nhwc, p.xs, d.n, d.c, d.h * d.w, stream_);
@@ -277,7 +263,7 @@ void CudaBackend::Conv2dBackwardWeights(const OpPlan& plan, const Tensor& x, con
   if (d.bias) {
     DPT_CHECK(db != nullptr) << "conv2d with bias needs a bias gradient";
     CheckF32(*db, "conv2d db");
-    CheckNumel(*db, d.k, "conv2d db", desc);
+    CheckNumel(*db, d.k, "conv2d db", d);
     // dy is f32 here (Supports: no bf16 dy with a bias): NCHW on cuDNN, channels-last as the
     // column sums of (N * P * Q, K), summed in double.
     if (d.y_nhwc) {

@@ -24,19 +24,6 @@ void CudaBackend::ReluForward(const Tensor& x, Tensor* y) {
   kernels::Relu(x.data<float>(), y->data<float>(), x.numel(), stream_);
 }
 
-namespace {
-
-// The ReLU's output as its backward reads it: f32, or bf16 for a residual sum that only bf16
-// convolutions read (AffineAdd's bf16 y, BackendCapabilities::bf16_sums).
-kernels::Elem ReluYElem(const Tensor& y) {
-  CheckDev(y, "relu y");
-  DPT_CHECK(y.dtype() == DType::kF32 || y.dtype() == DType::kBF16)
-      << "relu y: " << DTypeName(y.dtype());
-  return y.dtype() == DType::kBF16 ? kernels::Elem::kBF16 : kernels::Elem::kF32;
-}
-
-}  // namespace
-
 void CudaBackend::ReluBackward(const Tensor& y, const Tensor& dy, Tensor* dx) {
   OpScope scope(this, "relu_bwd");
   ReluGrad(y, dy, nullptr, dx);
@@ -51,7 +38,8 @@ void CudaBackend::ReluBackwardSum(const Tensor& y, const Tensor& dy_a, const Ten
 }
 
 void CudaBackend::ReluGrad(const Tensor& y, const Tensor& dy, const Tensor* dy2, Tensor* dx) {
-  const kernels::Elem yt = ReluYElem(y);
+  // y: f32, or bf16 for a residual sum that only bf16 convolutions read (bf16_sums).
+  const kernels::Elem yt = F32OrBf16Elem(y, "relu y");
   for (const Tensor* g : {&dy, dy2}) {
     if (g == nullptr) continue;
     CheckF32(*g, "relu dy");

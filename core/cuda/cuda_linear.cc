@@ -73,9 +73,9 @@ void CudaBackend::LinearForward(const OpPlan& plan, const Tensor& x, const Tenso
   CheckF32(x, "linear x");
   CheckF32(w, "linear w");
   CheckF32(*y, "linear y");
-  CheckNumel(x, d.n * d.in, "linear x", d.ToString());
-  CheckNumel(w, d.out * d.in, "linear w", d.ToString());
-  CheckNumel(*y, d.n * d.out, "linear y", d.ToString());
+  CheckNumel(x, d.n * d.in, "linear x", d);
+  CheckNumel(w, d.out * d.in, "linear w", d);
+  CheckNumel(*y, d.n * d.out, "linear y", d);
   DPT_CHECK(!d.bias || b != nullptr) << "linear with bias needs a bias tensor";
   const void* xa = x.raw();
   const void* wa = w.raw();
@@ -89,7 +89,7 @@ void CudaBackend::LinearForward(const OpPlan& plan, const Tensor& x, const Tenso
        y->data<float>(), d.out, p.ab);
   if (d.bias) {
     CheckF32(*b, "linear b");
-    CheckNumel(*b, d.out, "linear b", d.ToString());
+    CheckNumel(*b, d.out, "linear b", d);
     kernels::AddBiasRows(y->data<float>(), b->data<float>(), d.n, d.out, stream_);
   }
 }
@@ -103,9 +103,9 @@ void CudaBackend::LinearBackwardData(const OpPlan& plan, const Tensor& dy, const
   CheckF32(dy, "linear dy");
   CheckF32(w, "linear w");
   CheckF32(*dx, "linear dx");
-  CheckNumel(dy, d.n * d.out, "linear dy", d.ToString());
-  CheckNumel(w, d.out * d.in, "linear w", d.ToString());
-  CheckNumel(*dx, d.n * d.in, "linear dx", d.ToString());
+  CheckNumel(dy, d.n * d.out, "linear dy", d);
+  CheckNumel(w, d.out * d.in, "linear w", d);
+  CheckNumel(*dx, d.n * d.in, "linear dx", d);
   const void* dya = dy.raw();
   const void* wa = w.raw();
   if (p.half) {
@@ -127,9 +127,9 @@ void CudaBackend::LinearBackwardWeights(const OpPlan& plan, const Tensor& x, con
   CheckF32(x, "linear x");
   CheckF32(dy, "linear dy");
   CheckF32(*dw, "linear dw");
-  CheckNumel(x, d.n * d.in, "linear x", d.ToString());
-  CheckNumel(dy, d.n * d.out, "linear dy", d.ToString());
-  CheckNumel(*dw, d.out * d.in, "linear dw", d.ToString());
+  CheckNumel(x, d.n * d.in, "linear x", d);
+  CheckNumel(dy, d.n * d.out, "linear dy", d);
+  CheckNumel(*dw, d.out * d.in, "linear dw", d);
   const void* xa = x.raw();
   const void* dya = dy.raw();
   if (p.half) {
@@ -144,7 +144,7 @@ void CudaBackend::LinearBackwardWeights(const OpPlan& plan, const Tensor& x, con
   if (d.bias) {
     DPT_CHECK(db != nullptr) << "linear with bias needs a bias gradient";
     CheckF32(*db, "linear db");
-    CheckNumel(*db, d.out, "linear db", d.ToString());
+    CheckNumel(*db, d.out, "linear db", d);
     kernels::ColumnSums(dy.data<float>(), d.n, d.out, db->data<float>(), accumulate, stream_);
   }
 }

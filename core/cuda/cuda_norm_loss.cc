@@ -44,20 +44,6 @@ double* CudaBackend::BatchNormScratch(const BatchNormDims& d, bool nhwc) {
   return bn_partials_.data<double>();
 }
 
-namespace {
-
-// A batch-norm activation: f32, or bf16 where the arguments say so (channels-last only:
-// Supports(BatchNormArgs)).
-kernels::Elem BnElem(const Tensor& t, bool bf16, const char* what) {
-  CheckDev(t, what);
-  const DType want = bf16 ? DType::kBF16 : DType::kF32;
-  DPT_CHECK(t.dtype() == want) << what << ": expected " << DTypeName(want) << ", got "
-                               << DTypeName(t.dtype());
-  return bf16 ? kernels::Elem::kBF16 : kernels::Elem::kF32;
-}
-
-}  // namespace
-
 // ---- batch norm ---------------------------------------------------------------------------------
 // NCHW: f32 only, kernels::BatchNorm*; channels-last (a.nhwc): kernels::BatchNorm*Nhwc, with x, y
 // and dx in bf16 where a.x_bf16, y_bf16 and dx_bf16 say (the 16-bit hand-offs with the bf16
@@ -73,8 +59,8 @@ void CudaBackend::BatchNormForwardTraining(const BatchNormArgs& a, const Tensor&
                                            Tensor* save_mean, Tensor* save_invstd) {
   OpScope scope(this, "batchnorm_fwd");
   DPT_CHECK(Supports(a)) << "cuda: 16-bit batch-norm tensors on NCHW activations";
-  const kernels::Elem xt = BnElem(x, a.x_bf16, "batch norm x");
-  const kernels::Elem yt = BnElem(*y, a.y_bf16, "batch norm y");
+  const kernels::Elem xt = ExpectElem(x, a.x_bf16, "batch norm x");
+  const kernels::Elem yt = ExpectElem(*y, a.y_bf16, "batch norm y");
   CheckSame(x, *y, "batch norm");
   const BatchNormDims d = BatchNormShape(x.shape());
   CheckTrainingChannels(d.c, gamma, beta, *running_mean, *running_var, *save_mean, *save_invstd);
@@ -97,8 +83,8 @@ void CudaBackend::BatchNormForwardInference(const BatchNormArgs& a, const Tensor
                                             Tensor* y) {
   OpScope scope(this, "batchnorm_infer");
   DPT_CHECK(Supports(a)) << "cuda: 16-bit batch-norm tensors on NCHW activations";
-  const kernels::Elem xt = BnElem(x, a.x_bf16, "batch norm x");
-  const kernels::Elem yt = BnElem(*y, a.y_bf16, "batch norm y");
+  const kernels::Elem xt = ExpectElem(x, a.x_bf16, "batch norm x");
+  const kernels::Elem yt = ExpectElem(*y, a.y_bf16, "batch norm y");
   CheckSame(x, *y, "batch norm");
   const BatchNormDims d = BatchNormShape(x.shape());
   for (const Tensor* t : {&gamma, &beta, &running_mean, &running_var}) {
@@ -146,8 +132,8 @@ void CudaBackend::BatchNormGrad(const BatchNormArgs& a, const Tensor& x, const T
                                 const Tensor& save_mean, const Tensor& save_invstd, Tensor* dx,
                                 Tensor* dgamma, Tensor* dbeta, bool accumulate) {
   DPT_CHECK(Supports(a)) << "cuda: 16-bit batch-norm tensors on NCHW activations";
-  const kernels::Elem xt = BnElem(x, a.x_bf16, "batch norm x");
-  const kernels::Elem dxt = BnElem(*dx, a.dx_bf16, "batch norm dx");
+  const kernels::Elem xt = ExpectElem(x, a.x_bf16, "batch norm x");
+  const kernels::Elem dxt = ExpectElem(*dx, a.dx_bf16, "batch norm dx");
   for (const Tensor* g : {&dy, dy2}) {
     if (g == nullptr) continue;
     CheckF32(*g, "batch norm dy");
@@ -156,7 +142,7 @@ void CudaBackend::BatchNormGrad(const BatchNormArgs& a, const Tensor& x, const T
   CheckSame(x, *dx, "batch norm backward");
   kernels::Elem gt = kernels::Elem::kF32;
   if (relu_y != nullptr) {
-    gt = BnElem(*relu_y, a.y_bf16, "batch norm relu output");
+    gt = ExpectElem(*relu_y, a.y_bf16, "batch norm relu output");
     CheckSame(x, *relu_y, "batch norm backward (relu output)");
   }
   const BatchNormDims d = BatchNormShape(x.shape());
@@ -200,7 +186,7 @@ void CudaBackend::BatchNormAffineTraining(const BatchNormArgs& a, const Tensor& 
   OpScope scope(this, "batchnorm_fwd");
   DPT_CHECK(a.nhwc && !a.relu && !a.y_bf16)
       << "cuda: a deferred batch norm is channels-last, without a folded ReLU or a bf16 output";
-  const kernels::Elem xt = BnElem(x, a.x_bf16, "batch norm x");
+  const kernels::Elem xt = ExpectElem(x, a.x_bf16, "batch norm x");
   const BatchNormDims d = BatchNormShape(x.shape());
   CheckTrainingChannels(d.c, gamma, beta, *running_mean, *running_var, *save_mean, *save_invstd);
   CheckAffine(*affine, d.c);
@@ -229,14 +215,11 @@ void CudaBackend::AffineAdd(const Tensor& x0, const Tensor* affine0, const Tenso
   OpScope scope(this, relu ? "bn_add_relu" : "bn_add");
   // x0 and x1: f32, or bf16 where that input's batch norm reads a bf16 x (BatchNormArgs::x_bf16).
   const auto elem = [](const Tensor& t, bool may_be_bf16, const char* what) {
-    CheckDev(t, what);
-    DPT_CHECK(t.dtype() == DType::kF32 || (may_be_bf16 && t.dtype() == DType::kBF16))
-        << what << ": " << DTypeName(t.dtype());
-    return t.dtype() == DType::kBF16 ? kernels::Elem::kBF16 : kernels::Elem::kF32;
+    return may_be_bf16 ? F32OrBf16Elem(t, what) : ExpectElem(t, false, what);
   };
   const kernels::Elem t0 = elem(x0, affine0 != nullptr, "affine add x0");
   const kernels::Elem t1 = elem(x1, affine1 != nullptr, "affine add x1");
-  const kernels::Elem ty = elem(*y, true, "affine add y");
+  const kernels::Elem ty = F32OrBf16Elem(*y, "affine add y");
   CheckSame(x0, x1, "affine add");
   CheckSame(x0, *y, "affine add");
   DPT_CHECK(y->raw() != x0.raw() && y->raw() != x1.raw()) << "affine add: y aliases an input";

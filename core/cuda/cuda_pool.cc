@@ -46,8 +46,8 @@ void CudaBackend::PoolForward(const OpPlan& plan, const Tensor& x, Tensor* y, Te
   const auto& p = static_cast<const PoolPlan&>(plan);
   CheckF32(x, "pool x");
   CheckF32(*y, "pool y");
-  CheckNumel(x, p.d.n * p.d.c * p.d.h * p.d.w, "pool x", p.d.ToString());
-  CheckNumel(*y, p.d.n * p.d.c * p.d.out_h() * p.d.out_w(), "pool y", p.d.ToString());
+  CheckNumel(x, p.d.n * p.d.c * p.d.h * p.d.w, "pool x", p.d);
+  CheckNumel(*y, p.d.n * p.d.c * p.d.out_h() * p.d.out_w(), "pool y", p.d);
   if (p.d.kind == PoolKind::kAvg) {
     kernels::AvgPoolForward(p.g, p.l, x.data<float>(), y->data<float>(), stream_);
     return;
@@ -68,8 +68,8 @@ void CudaBackend::PoolBackward(const OpPlan& plan, const Tensor& dy, const Tenso
   CheckDev(*dx, "pool dx");
   DPT_CHECK(dx->dtype() == (p.d.dx_bf16 ? DType::kBF16 : DType::kF32))
       << "pool dx: " << DTypeName(dx->dtype()) << " for " << p.d.ToString();
-  CheckNumel(dy, p.d.n * p.d.c * p.d.out_h() * p.d.out_w(), "pool dy", p.d.ToString());
-  CheckNumel(*dx, p.d.n * p.d.c * p.d.h * p.d.w, "pool dx", p.d.ToString());
+  CheckNumel(dy, p.d.n * p.d.c * p.d.out_h() * p.d.out_w(), "pool dy", p.d);
+  CheckNumel(*dx, p.d.n * p.d.c * p.d.h * p.d.w, "pool dx", p.d);
   if (p.d.kind == PoolKind::kAvg) {
     kernels::AvgPoolBackward(p.g, p.l, dy.data<float>(), dx->data<float>(), stream_);
     return;

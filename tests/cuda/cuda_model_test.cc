@@ -134,6 +134,22 @@ bool SupportsBf16(const Backend& be) {
   return be.Supports(probe);
 }
 
+// `next` on `be` for a scope, the options before it again however the scope ends (so that no later
+// test runs with them).
+class ScopedOptions {
+ public:
+  ScopedOptions(Backend* be, const BackendOptions& next) : be_(be), saved_(be->options()) {
+    be_->Configure(next);
+  }
+  ~ScopedOptions() { be_->Configure(saved_); }
+  ScopedOptions(const ScopedOptions&) = delete;
+  ScopedOptions& operator=(const ScopedOptions&) = delete;
+
+ private:
+  Backend* be_;
+  BackendOptions saved_;
+};
+
 class CudaModelTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(CudaModelTest, MatchesTheCpuBackend) {
@@ -153,17 +169,11 @@ TEST_P(CudaModelTest, MatchesTheCpuBackend) {
 TEST_P(CudaModelTest, TimedAlgorithmSearchMatchesTheCpuBackend) {
   DPT_BACKEND_OR_SKIP(cuda, "cuda");
   const ModelRun ref = ForwardBackward(GetBackend("cpu"), GetParam(), Precision::kF32);
-  // Off again however this test ends, so that no later test runs with it.
-  struct TimedSearch {
-    Backend* be;
-    explicit TimedSearch(Backend* b) : be(b) { be->SetTimedAlgorithmSearch(true); }
-    ~TimedSearch() { be->SetTimedAlgorithmSearch(false); }
-    TimedSearch(const TimedSearch&) = delete;
-    TimedSearch& operator=(const TimedSearch&) = delete;
-  };
   ModelRun got;
   {
-    const TimedSearch on(cuda);
+    BackendOptions timed = cuda->options();
+    timed.timed_algorithm_search = true;
+    const ScopedOptions on(cuda, timed);
     got = ForwardBackward(*cuda, GetParam(), Precision::kF32);
   }
   EXPECT_TRUE(AllClose(got.out, ToDouble(ref.out), kCrossBackendTol)) << "outputs";
@@ -178,16 +188,11 @@ TEST_P(CudaModelTest, TimedAlgorithmSearchMatchesTheCpuBackend) {
 TEST_P(CudaModelTest, Tf32StaysWithinOnePercentOfTheCpuBackend) {
   DPT_BACKEND_OR_SKIP(cuda, "cuda");
   const ModelRun ref = ForwardBackward(GetBackend("cpu"), GetParam(), Precision::kF32);
-  struct Tf32 {  // off again however this test ends
-    Backend* be;
-    explicit Tf32(Backend* b) : be(b) { be->SetTf32(true); }
-    ~Tf32() { be->SetTf32(false); }
-    Tf32(const Tf32&) = delete;
-    Tf32& operator=(const Tf32&) = delete;
-  };
   ModelRun got;
   {
-    const Tf32 on(cuda);
+    BackendOptions tf32 = cuda->options();
+    tf32.tf32 = true;
+    const ScopedOptions on(cuda, tf32);
     got = ForwardBackward(*cuda, GetParam(), Precision::kF32);
   }
   constexpr double kTf32Rel = 0.01;
